@@ -1,0 +1,34 @@
+"""Test set-up: JAX on CPU with 8 fake devices, so sharding code is exercised.
+
+The flag must be set before jax is imported anywhere, hence at the top of
+conftest (pytest imports it before any test module).
+"""
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+def _has_gpu() -> bool:
+  import jax
+
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+  """Skips `@pytest.mark.gpu` tests unless JAX sees a GPU.
+
+  The default platform here is CPU; run GPU tests with `JAX_PLATFORMS=cuda,cpu`.
+  """
+  gpu_items = [item for item in items if "gpu" in item.keywords]
+  if gpu_items and not _has_gpu():
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)")
+    for item in gpu_items:
+      item.add_marker(skip)
