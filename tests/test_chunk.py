@@ -1,0 +1,162 @@
+"""The chunker: constant-rate grid, sizes, rotation, failures, resume, CLI."""
+import json
+
+import av
+import numpy as np
+import pytest
+
+from vidjax.data import chunk, video
+import video_fixtures as vf
+
+
+def numbers(clip):
+  return [vf.frame_number(frame) for frame in clip]
+
+
+def test_manifest_and_chunk_files(tmp_path):
+  vf.write_numbered_video(tmp_path / "a.mp4", 35, fps=10, width=200, height=120)
+  opts = chunk.ChunkOptions(chunk_seconds=1.5, short_side=60)
+  chunk.chunk_videos(tmp_path / "a.mp4", tmp_path / "out", opts, progress=False)
+  (entry,) = chunk.read_manifest(tmp_path / "out").values()
+  assert entry["video_id"] == "a" and entry["fps"] == 10
+  assert entry["num_frames"] == 35 and entry["chunk_seconds"] == 1.5
+  assert (entry["width"], entry["height"]) == (100, 60)
+  names = sorted(p.name for p in (tmp_path / "out" / "a").iterdir())
+  assert names == ["0.mp4", "1.5.mp4", "3.mp4"]  # 15 + 15 + 5 frames.
+  with av.open(str(tmp_path / "out" / "a" / "3.mp4")) as c:
+    s = c.streams.video[0]
+    assert (s.width, s.height, s.codec_context.pix_fmt) == (100, 60, "yuv420p")
+    assert sum(1 for _ in c.decode(s)) == 5
+
+
+def test_odd_rates_and_fractional_chunks():
+  fps = chunk.fractions.Fraction(30000, 1001)
+  starts = chunk.chunk_start_frames(2000, fps, 15)
+  assert starts[:3] == [0, 450, 900]  # ceil(k * 15 * 29.97)
+  assert chunk.chunk_name(3, 0.5) == "1.5.mp4"
+  assert chunk.chunk_name(3, 15) == "45.mp4"
+
+
+def test_keep_size_and_even_dimensions():
+  assert chunk.output_size(201, 99, 0) == (200, 98)
+  assert chunk.output_size(1920, 1080, 288) == (512, 288)
+  assert chunk.output_size(1080, 1920, 288) == (288, 512)
+
+
+def test_resampled_rate_picks_nearest_source_frames(tmp_path):
+  vf.write_numbered_video(tmp_path / "v.mp4", 40, fps=20)
+  opts = chunk.ChunkOptions(chunk_seconds=1, short_side=0, fps=10)
+  chunk.chunk_videos(tmp_path / "v.mp4", tmp_path / "out", opts, progress=False)
+  clip = video.read_clip(tmp_path / "out", "v", range(20))
+  assert numbers(clip) == list(range(0, 40, 2))
+
+
+def test_variable_frame_rate_placed_on_grid_by_timestamp(tmp_path):
+  rng = np.random.default_rng(1)
+  times = np.concatenate([[0], np.cumsum(rng.uniform(0.021, 0.07, 59))])
+  times_ms = np.round(times * 1000).astype(int)  # The fixture stores ms.
+  vf.write_numbered_video(tmp_path / "vfr.mp4", 60, times=times)
+  opts = chunk.ChunkOptions(chunk_seconds=0.5, short_side=0, fps=25)
+  chunk.chunk_videos(tmp_path / "vfr.mp4", tmp_path / "out", opts,
+                     progress=False)
+  info = video.video_info(tmp_path / "out", "vfr")
+  grid_ms = np.arange(info.num_frames) * 40
+  # Nearest source frame; ties go to the earlier one (argmin's first).
+  nearest = np.abs(times_ms[None, :] - grid_ms[:, None]).argmin(axis=1)
+  clip = video.read_clip(tmp_path / "out", "vfr", range(info.num_frames))
+  assert numbers(clip) == nearest.tolist()
+  assert info.num_frames == times_ms[-1] // 40 + 1
+
+
+@pytest.mark.parametrize("rotation", [90, -90, 180])
+def test_rotated_input_comes_out_upright(tmp_path, rotation):
+  upright = np.zeros((64, 96, 3), np.uint8)
+  upright[:16, :16] = 255  # Marker in the top-left corner.
+  # Store the picture turned so that the display matrix turns it back.
+  stored = np.ascontiguousarray(np.rot90(upright, -rotation // 90))
+  vf.write_video(tmp_path / "r.mp4", [stored] * 3, rotation=rotation)
+  chunk.chunk_videos(tmp_path / "r.mp4", tmp_path / "out",
+                     chunk.ChunkOptions(short_side=0), progress=False)
+  entry = chunk.read_manifest(tmp_path / "out")["r"]
+  assert (entry["width"], entry["height"]) == (96, 64)
+  frame = video.read_clip(tmp_path / "out", "r", [1])[0].mean(axis=2)
+  assert frame[:16, :16].mean() > 200 and frame[-16:, -16:].mean() < 50
+  assert frame[:16, -16:].mean() < 50 and frame[-16:, :16].mean() < 50
+
+
+def _bad_inputs(folder):
+  vf.write_numbered_video(folder / "good1.mp4", 12, fps=10)
+  vf.write_numbered_video(folder / "good2.mp4", 12, fps=10)
+  vf.write_numbered_video(folder / "full.mp4", 300, fps=30)
+  data = (folder / "full.mp4").read_bytes()
+  (folder / "truncated.mp4").write_bytes(data[:len(data) // 2])
+  (folder / "full.mp4").unlink()
+  (folder / "empty.mp4").write_bytes(b"")
+  (folder / "notes.mp4").write_text("not a video\n" * 50)
+  vf.write_audio_only(folder / "audio.mp4")
+
+
+def test_failures_are_reported_and_listed_and_others_go_on(tmp_path, capsys):
+  src = tmp_path / "src"
+  src.mkdir()
+  _bad_inputs(src)
+  summary = chunk.chunk_videos(src, tmp_path / "out", progress=False)
+  assert summary["done"] == 2
+  failed = {f["video_id"]: f["error"] for f in summary["failed"]}
+  assert set(failed) == {"truncated", "empty", "notes", "audio"}
+  assert "audio-only" in failed["audio"]
+  assert all(str(src) in error for error in failed.values())
+  listed = [json.loads(line) for line in
+            (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+  assert {f["video_id"] for f in listed} == set(failed)
+  assert set(chunk.read_manifest(tmp_path / "out")) == {"good1", "good2"}
+  assert not (tmp_path / "out" / "audio").exists()
+  assert "FAILED" in capsys.readouterr().err
+
+
+def test_interrupted_run_resumes_cleanly(tmp_path):
+  src = tmp_path / "src"
+  src.mkdir()
+  for name in "abc":
+    vf.write_numbered_video(src / f"{name}.mp4", 25, fps=10)
+  out = tmp_path / "out"
+  opts = chunk.ChunkOptions(chunk_seconds=1, short_side=0)
+  chunk.chunk_videos(src, out, opts, progress=False)
+  # Simulate a kill while "c" was being written: its manifest line is missing,
+  # one chunk is finished, one is half-written under its temporary name.
+  lines = (out / "manifest.jsonl").read_text().splitlines()
+  kept = [l for l in lines if json.loads(l)["video_id"] != "c"]
+  (out / "manifest.jsonl").write_text("\n".join(kept) + "\n")
+  (out / "c" / "2.mp4").unlink()
+  (out / "c" / "2.tmp.mp4").write_bytes(b"\x00" * 100)
+  summary = chunk.chunk_videos(src, out, opts, progress=False)
+  assert (summary["done"], summary["skipped"]) == (1, 2)
+  entries = chunk.read_manifest(out)
+  assert sorted(entries) == ["a", "b", "c"]
+  assert len((out / "manifest.jsonl").read_text().splitlines()) == 3
+  assert sorted(p.name for p in (out / "c").iterdir()) == [
+      "0.mp4", "1.mp4", "2.mp4"]
+  assert numbers(video.read_clip(out, "c", [3, 14, 24])) == [3, 14, 24]
+  again = chunk.chunk_videos(src, out, opts, progress=False)
+  assert (again["done"], again["skipped"]) == (0, 3)
+
+
+def test_cli_with_list_file_and_workers(tmp_path, capsys):
+  for name in "xy":
+    vf.write_numbered_video(tmp_path / f"{name}.mp4", 15, fps=10)
+  (tmp_path / "list.txt").write_text(
+      f"# videos\n{tmp_path / 'x.mp4'}\n\n{tmp_path / 'y.mp4'}\n")
+  rc = chunk.main([str(tmp_path / "list.txt"), str(tmp_path / "out"),
+                   "--chunk-seconds", "1", "--short-side", "48", "--workers",
+                   "2", "--gop", "4"])
+  assert rc == 0
+  assert "chunked 2, already done 0, failed 0" in capsys.readouterr().out
+  assert numbers(video.read_clip(tmp_path / "out", "y", [0, 7, 14])) == [0, 7, 14]
+
+
+def test_duplicate_video_ids_are_refused(tmp_path):
+  for sub in ("p", "q"):
+    (tmp_path / sub).mkdir()
+    vf.write_numbered_video(tmp_path / sub / "same.mp4", 5, fps=10)
+  with pytest.raises(ValueError, match="same"):
+    chunk.chunk_videos(tmp_path, tmp_path / "out", progress=False)

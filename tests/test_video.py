@@ -1,0 +1,154 @@
+"""read_clip: right frames, fused crop quality, errors, memory."""
+import json
+import os
+import resource
+import shutil
+
+import av
+import numpy as np
+import pytest
+
+from vidjax.data import chunk, video
+import video_fixtures as vf
+
+OPTS = chunk.ChunkOptions(chunk_seconds=1, short_side=0, gop=8, bframes=3)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+  """Chunked store: a numbered 10 fps video (4.5 chunks of 10 frames) and a
+  textured one."""
+  src = tmp_path_factory.mktemp("src")
+  vf.write_numbered_video(src / "numbered.mp4", 45, fps=10)
+  vf.write_video(src / "textured.mp4", vf.textured_frames(30), fps=10)
+  dst = tmp_path_factory.mktemp("store")
+  summary = chunk.chunk_videos(src, dst, OPTS, progress=False)
+  assert summary["failed"] == [], summary
+  return dst
+
+
+def numbers(clip):
+  return [vf.frame_number(frame) for frame in clip]
+
+
+def test_frame_i_is_source_frame_i_across_chunks(store):
+  ids = [0, 3, 9, 10, 11, 19, 20, 33, 44]
+  assert numbers(video.read_clip(store, "numbered", ids)) == ids
+
+
+def test_unordered_repeated_and_clamped_ids(store):
+  clip = video.read_clip(store, "numbered", [12, 5, 5, 12, 44, 60, -2])
+  assert numbers(clip) == [12, 5, 5, 12, 44, 44, 0]
+
+
+def test_every_stride_and_phase(store):
+  for stride in (1, 2, 3, 4):
+    for start in range(stride + 4):
+      ids = list(range(start, 45, stride))[:12]
+      assert numbers(video.read_clip(store, "numbered", ids)) == ids
+
+
+def test_skips_unneeded_b_frames(store):
+  stats = video.DecodeStats()
+  ids = np.arange(1, 41, 4)  # Mostly B-frame positions at GOP 8, 3 B-frames.
+  video.read_clip(store, "numbered", ids, stats=stats)
+  assert stats.packets_skipped > 0
+  assert stats.decoded / stats.delivered <= 2.5
+
+
+def test_fused_crop_matches_decode_then_crop_then_resize(store):
+  cv2 = pytest.importorskip("cv2")
+  x, y, w, h = 36, 20, 200, 150
+  ids = [2, 9, 15, 27]
+  fused = video.read_clip(store, "textured", ids, crop=(x, y, w, h),
+                          size=(112, 128))
+  full = video.read_clip(store, "textured", ids)  # Whole frames, no scaling.
+  for got, frame in zip(fused, full):
+    want = cv2.resize(frame[y:y + h, x:x + w], (128, 112),
+                      interpolation=cv2.INTER_AREA)
+    mse = np.mean((got.astype(np.float64) - want) ** 2)
+    assert 10 * np.log10(255 ** 2 / mse) >= 35
+
+
+def test_decoded_whole_frames_match_source_decode(store):
+  """Full frames out of read_clip equal a plain decode of the chunk files."""
+  info = video.video_info(store, "textured")
+  plain = []
+  for k in range(len(info.chunk_starts)):
+    with av.open(str(store / "textured" / chunk.chunk_name(k, 1))) as c:
+      plain += [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+  ids = np.arange(30)
+  got = video.read_clip(store, "textured", ids)
+  diff = np.abs(got.astype(int) - np.stack(plain)[ids].astype(int))
+  assert diff.mean() < 1.0
+
+
+def test_one_crop_for_the_whole_clip_across_chunks(store):
+  # A clip spanning three chunks: every frame is cut from the same window.
+  ids = [5, 15, 25]
+  full = video.read_clip(store, "textured", ids)
+  cropped = video.read_clip(store, "textured", ids, crop=(40, 30, 100, 80))
+  np.testing.assert_allclose(cropped, full[:, 30:110, 40:140], atol=3)
+
+
+def test_hflip(store):
+  clip = video.read_clip(store, "textured", [3, 14], crop=(10, 10, 64, 64),
+                         size=(32, 32))
+  flipped = video.read_clip(store, "textured", [3, 14], crop=(10, 10, 64, 64),
+                            size=(32, 32), hflip=True)
+  np.testing.assert_array_equal(flipped, clip[:, :, ::-1])
+
+
+def test_output_shape_and_dtype(store):
+  clip = video.read_clip(store, "textured", range(16), crop=(0, 0, 100, 100),
+                         size=(56, 48))
+  assert clip.shape == (16, 56, 48, 3) and clip.dtype == np.uint8
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero_byte", "not_video",
+                                    "audio_only", "missing"])
+def test_bad_chunks_raise_video_read_error(store, tmp_path, damage):
+  root = tmp_path / "store"
+  shutil.copytree(store, root)
+  path = root / "numbered" / "1.mp4"  # Frames 10-19.
+  if damage == "truncated":
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+  elif damage == "zero_byte":
+    path.write_bytes(b"")
+  elif damage == "not_video":
+    path.write_text("this is not a video\n" * 100)
+  elif damage == "audio_only":
+    vf.write_audio_only(path)
+  else:
+    path.unlink()
+  assert numbers(video.read_clip(root, "numbered", [1, 25])) == [1, 25]
+  with pytest.raises(video.VideoReadError, match=r"1\.mp4"):
+    video.read_clip(root, "numbered", [8, 12, 16])
+
+
+def test_unknown_video_and_missing_manifest(store, tmp_path):
+  with pytest.raises(video.VideoReadError, match="no video 'nope'"):
+    video.read_clip(store, "nope", [0])
+  with pytest.raises(video.VideoReadError, match="no manifest"):
+    video.read_clip(tmp_path, "numbered", [0])
+
+
+def test_rss_stable_over_2000_clips(store):
+  rng = np.random.default_rng(0)
+
+  def clips(n):
+    for _ in range(n):
+      start = rng.integers(0, 30)
+      video.read_clip(store, "textured", np.arange(start, start + 16, 2),
+                      crop=(rng.integers(0, 60), rng.integers(0, 40), 200, 140),
+                      size=(64, 64), hflip=bool(rng.integers(2)))
+
+  def rss_mb():
+    with open(f"/proc/{os.getpid()}/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+  clips(100)  # Warm up caches and allocator pools.
+  before = rss_mb()
+  clips(2000)
+  assert rss_mb() - before < 50

@@ -1,0 +1,398 @@
+"""Long videos -> short constant-rate H.264 chunks + a manifest.
+
+    python -m vidjax.data.chunk SRC DST [--chunk-seconds 15] [--short-side 288]
+        [--fps N] [--gop N] [--bframes N] [--workers N]
+
+writes `DST/<video_id>/<start_second>.mp4` and one line per finished video in
+`DST/manifest.jsonl` (`video_id`, `fps`, `num_frames`, `width`, `height`,
+`chunk_seconds`, plus `frame_rate` as an exact fraction and `source`).
+Videos that fail are listed with the reason in `DST/errors.jsonl`; the others
+go on. Re-running skips the videos already in the manifest.
+
+Why chunks: a clip then opens a small file and decodes from a keyframe a few
+frames back, instead of seeking in an hour-long file with keyframes seconds
+apart. Frame `i` of a video (on the constant-rate grid at `fps`) lives in
+chunk `k = floor(i / fps / chunk_seconds)`, at local index
+`i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
+
+Encoding defaults (measured with `python -m vidjax.bench.loader`, see
+BENCHMARKS.md): keyframe every `--gop 32` frames (closed GOPs), `--bframes 3`
+non-reference B-frames (`b-pyramid=none`) between P-frames. A random clip
+then decodes from a keyframe at most 31 frames back, and the reader drops the
+packets of B-frames that no requested frame needs before they reach the
+decoder, so a 16-frame stride-4 clip decodes ~2 frames per delivered frame.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import dataclasses
+import fractions
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+import tqdm
+
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg",
+                    ".mpeg", ".flv", ".wmv", ".ts", ".3gp")
+MANIFEST = "manifest.jsonl"
+ERRORS = "errors.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkOptions:
+  """How chunks are encoded. See the module docstring for the defaults' why."""
+  chunk_seconds: float = 15
+  short_side: int = 288  # 0 keeps the source resolution.
+  fps: float | None = None  # None keeps the source's average rate.
+  gop: int = 32
+  bframes: int = 3
+  crf: int = 23
+  preset: str = "veryfast"
+  threads: int = 0  # x264 threads; 0 = auto.
+
+
+class ChunkError(Exception):
+  """A source video could not be chunked; the message names file and reason."""
+
+
+def chunk_start_frames(num_frames: int, fps: fractions.Fraction,
+                       chunk_seconds: float) -> list[int]:
+  """First global frame index of every chunk: `ceil(k * chunk_seconds * fps)`.
+
+  Args:
+    num_frames: frames in the video on the constant-rate grid.
+    fps: exact frame rate.
+    chunk_seconds: nominal chunk length in seconds.
+
+  Returns:
+    Increasing start indices, the first one 0; chunk k holds frames
+    `[starts[k], starts[k+1])` (the last one up to `num_frames`).
+  """
+  step = _seconds(chunk_seconds) * fps
+  starts, k = [], 0
+  while (start := math.ceil(k * step)) < max(num_frames, 1):
+    starts.append(start)
+    k += 1
+  return starts
+
+
+def chunk_name(k: int, chunk_seconds: float) -> str:
+  """File name of chunk k: its start second, e.g. `0.mp4`, `15.mp4`, `7.5.mp4`."""
+  start = _seconds(chunk_seconds) * k
+  return f"{int(start) if start.denominator == 1 else float(start)}.mp4"
+
+
+def _seconds(chunk_seconds: float) -> fractions.Fraction:
+  # Through str so that 0.1 means 1/10, not the nearest binary fraction.
+  return fractions.Fraction(str(chunk_seconds))
+
+
+def output_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+  """(width, height) with the short side scaled to `short_side`, both even."""
+  if short_side <= 0:  # Keep the size: drop an odd last row/column.
+    return max(2, width // 2 * 2), max(2, height // 2 * 2)
+  scale = short_side / min(width, height)
+  return (max(2, round(width * scale / 2) * 2),
+          max(2, round(height * scale / 2) * 2))
+
+
+def find_videos(src: str | os.PathLike) -> list[Path]:
+  """Source videos: one file, a folder (searched recursively) or a list file.
+
+  A `.txt` file lists one path per line (blank lines and `#` comments skipped).
+  """
+  src = Path(src)
+  if src.is_dir():
+    return sorted(p for p in src.rglob("*")
+                  if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+  if src.suffix.lower() == ".txt":
+    lines = (line.strip() for line in src.read_text().splitlines())
+    return [Path(line) for line in lines if line and not line.startswith("#")]
+  if src.is_file():
+    return [src]
+  raise FileNotFoundError(f"{src}: no such file or folder")
+
+
+def read_manifest(dst: str | os.PathLike) -> dict[str, dict]:
+  """Manifest entries by video id ({} when there is no manifest yet)."""
+  path = Path(dst) / MANIFEST
+  if not path.exists():
+    return {}
+  entries = {}
+  for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    if line.strip():
+      try:
+        entry = json.loads(line)
+        entries[entry["video_id"]] = entry
+      except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"{path}:{lineno}: bad manifest line ({e})") from e
+  return entries
+
+
+def _source_frames(container, stream) -> Iterator[tuple[float, av.VideoFrame]]:
+  """Decoded frames with their time in seconds from the stream's start."""
+  start = stream.start_time or 0
+  tb = float(stream.time_base)
+  last = None
+  for frame in container.decode(stream):
+    if frame.pts is not None:
+      t = (frame.pts - start) * tb
+    else:  # No timestamp: assume the nominal rate after the previous frame.
+      t = 0.0 if last is None else last + 1 / float(stream.average_rate or 30)
+    if last is not None and t <= last:  # Drop duplicates/out-of-order stamps.
+      continue
+    last = t
+    yield t, frame
+
+
+def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
+                   fps: fractions.Fraction) -> Iterator[av.VideoFrame]:
+  """Places frames on the grid t_i = i / fps: output i shows the source frame
+  nearest to t_i (ties to the earlier), duplicating or dropping as needed."""
+  i, prev = 0, None
+  for t, frame in frames:
+    if prev is not None:
+      midpoint = (prev[0] + t) / 2
+      while i / fps <= midpoint + 1e-9:
+        yield prev[1]
+        i += 1
+    prev = (t, frame)
+  if prev is not None:
+    while i / fps <= prev[0] + 1e-9 or i == 0:
+      yield prev[1]
+      i += 1
+
+
+def _upright(frame: av.VideoFrame, width: int, height: int,
+             rotation: int) -> av.VideoFrame:
+  """Scales to (width, height) of the *displayed* picture, yuv420p, upright.
+
+  `rotation` is the display matrix's counter-clockwise angle (PyAV/FFmpeg).
+  """
+  quarter = (round(rotation / 90)) % 4
+  stored = (height, width) if quarter % 2 else (width, height)
+  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p")
+  if not quarter:
+    return out
+  planes = yuv_planes(out)
+  rotated = [np.ascontiguousarray(np.rot90(p, quarter)) for p in planes]
+  return yuv_frame(*rotated)
+
+
+def yuv_planes(frame: av.VideoFrame) -> list[np.ndarray]:
+  """Views of the Y, U, V planes of a yuv420p frame, without line padding."""
+  out = []
+  for plane in frame.planes:
+    rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
+    out.append(rows[:, :plane.width])
+  return out
+
+
+def yuv_frame(y: np.ndarray, u: np.ndarray, v: np.ndarray) -> av.VideoFrame:
+  """A yuv420p frame from uint8 planes Y [H, W], U and V [H/2, W/2]."""
+  h, w = y.shape
+  flat = np.concatenate([y.ravel(), u.ravel(), v.ravel()]).reshape(-1, w)
+  return av.VideoFrame.from_ndarray(flat, format="yuv420p")
+
+
+class _ChunkWriter:
+  """Writes one chunk to a temporary name; `close()` renames it into place."""
+
+  def __init__(self, path: Path, width: int, height: int,
+               fps: fractions.Fraction, opts: ChunkOptions):
+    self.path, self.tmp = path, path.with_name(path.stem + ".tmp.mp4")
+    self.container = av.open(str(self.tmp), "w")
+    self.stream = self.container.add_stream("libx264", rate=fps)
+    self.stream.width, self.stream.height = width, height
+    self.stream.pix_fmt = "yuv420p"
+    self.stream.codec_context.time_base = 1 / fps
+    self.stream.codec_context.thread_count = opts.threads
+    self.stream.codec_context.options = {
+        "crf": str(opts.crf),
+        "preset": opts.preset,
+        "x264-params": (f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
+                        f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:"
+                        "open-gop=0"),
+    }
+    self.count = 0
+
+  def write(self, frame: av.VideoFrame):
+    frame.pts, frame.time_base = self.count, self.stream.codec_context.time_base
+    frame.pict_type = av.video.frame.PictureType.NONE
+    self.container.mux(self.stream.encode(frame))
+    self.count += 1
+
+  def close(self):
+    self.container.mux(self.stream.encode(None))
+    self.container.close()
+    os.replace(self.tmp, self.path)
+
+
+def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
+                video_id: str | None = None,
+                opts: ChunkOptions = ChunkOptions()) -> dict:
+  """Chunks one video into `dst/<video_id>/` and returns its manifest entry.
+
+  Raises:
+    ChunkError: the file is missing, not a video, or undecodable/truncated.
+  """
+  src = Path(src)
+  video_id = video_id or src.stem
+  out_dir = Path(dst) / video_id
+  try:
+    container = av.open(str(src), metadata_errors="ignore")
+  except (av.error.FFmpegError, OSError) as e:
+    raise ChunkError(f"{src}: cannot open: {e}") from e
+  with container:
+    if not container.streams.video:
+      raise ChunkError(f"{src}: no video stream (audio-only or not a video)")
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    fps = fractions.Fraction(opts.fps).limit_denominator(1001) if opts.fps else (
+        stream.average_rate or stream.guessed_rate)
+    if not fps or fps <= 0:
+      raise ChunkError(f"{src}: unknown frame rate; pass --fps")
+    fps = fractions.Fraction(fps)
+    if out_dir.exists():  # Leftovers of an interrupted run: start over.
+      shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    step = _seconds(opts.chunk_seconds) * fps
+    writer, size, num_frames, next_start, k = None, None, 0, 0, 0
+    try:
+      for frame in _constant_rate(_source_frames(container, stream), fps):
+        if size is None:
+          rotation = int(frame.rotation or 0)
+          w, h = (frame.height, frame.width) if round(rotation / 90) % 2 else (
+              frame.width, frame.height)
+          size = output_size(w, h, opts.short_side)
+        if num_frames == next_start:  # First frame of chunk k.
+          if writer:
+            writer.close()
+          writer = _ChunkWriter(out_dir / chunk_name(k, opts.chunk_seconds),
+                                *size, fps, opts)
+          k += 1
+          next_start = math.ceil(k * step)
+        writer.write(_upright(frame, *size, rotation))
+        num_frames += 1
+    except av.error.FFmpegError as e:
+      raise ChunkError(f"{src}: decoding failed at frame {num_frames}: {e}") from e
+    if writer:
+      writer.close()
+    if not num_frames:
+      raise ChunkError(f"{src}: no decodable video frames")
+    expected = (float(container.duration) / av.time_base
+                if container.duration else None)
+    if expected and num_frames / fps < 0.9 * expected - 1:
+      raise ChunkError(f"{src}: truncated: decoded {float(num_frames / fps):.1f}"
+                       f" s of {expected:.1f} s")
+  return {"video_id": video_id, "fps": float(fps), "frame_rate": str(fps),
+          "num_frames": num_frames, "width": size[0], "height": size[1],
+          "chunk_seconds": opts.chunk_seconds, "source": str(src)}
+
+
+def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
+  try:
+    return chunk_video(src, dst, video_id, opts), None
+  except ChunkError as e:
+    shutil.rmtree(Path(dst) / video_id, ignore_errors=True)
+    return None, str(e)
+  except Exception as e:  # pylint: disable=broad-except  # One bad file never stops the rest.
+    shutil.rmtree(Path(dst) / video_id, ignore_errors=True)
+    return None, f"{src}: {type(e).__name__}: {e}"
+
+
+def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
+                 opts: ChunkOptions = ChunkOptions(), workers: int = 1,
+                 progress: bool = True) -> dict:
+  """Chunks every video under `src` into `dst`, skipping finished ones.
+
+  Returns:
+    Summary dict: `done` (newly chunked), `skipped` (already in the manifest),
+    `failed` (list of {"source", "video_id", "error"}).
+  """
+  dst = Path(dst)
+  dst.mkdir(parents=True, exist_ok=True)
+  sources = find_videos(src)
+  by_id: dict[str, Path] = {}
+  for path in sources:
+    if path.stem in by_id:
+      raise ValueError(f"two source videos map to video id {path.stem!r}: "
+                       f"{by_id[path.stem]} and {path}; rename one")
+    by_id[path.stem] = path
+  finished = read_manifest(dst)
+  todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
+  failed, done = [], 0
+  threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
+  opts = dataclasses.replace(opts, threads=threads)
+  bar = tqdm.tqdm(total=len(todo), unit="video", desc="chunking",
+                  disable=not progress or not todo)
+  with open(dst / MANIFEST, "a") as manifest:
+    def finish(vid, path, entry, error):
+      nonlocal done
+      if entry:
+        manifest.write(json.dumps(entry) + "\n")
+        manifest.flush()
+        done += 1
+      else:
+        failed.append({"source": str(path), "video_id": vid, "error": error})
+        tqdm.tqdm.write(f"FAILED {error}", file=sys.stderr)
+      bar.update()
+
+    if workers <= 1:
+      for vid, path in todo:
+        finish(vid, path, *_chunk_or_error(path, dst, vid, opts))
+    else:
+      ctx = multiprocessing.get_context("spawn")
+      with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = {pool.submit(_chunk_or_error, path, dst, vid, opts): (vid, path)
+                for vid, path in todo}
+        for job in futures.as_completed(jobs):
+          finish(*jobs[job], *job.result())
+  bar.close()
+  with open(dst / ERRORS, "w") as f:
+    for failure in failed:
+      f.write(json.dumps(failure) + "\n")
+  return {"done": done, "skipped": len(by_id) - len(todo), "failed": failed}
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m vidjax.data.chunk", description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("src", help="a video, a folder of videos, or a .txt list")
+  parser.add_argument("dst", help="output root (chunks + manifest.jsonl)")
+  d = ChunkOptions()
+  parser.add_argument("--chunk-seconds", type=float, default=d.chunk_seconds)
+  parser.add_argument("--short-side", type=int, default=d.short_side,
+                      help="output short side in pixels; 0 keeps the size")
+  parser.add_argument("--fps", type=float, default=None,
+                      help="output frame rate (default: the source's)")
+  parser.add_argument("--gop", type=int, default=d.gop, help="keyframe interval")
+  parser.add_argument("--bframes", type=int, default=d.bframes,
+                      help="non-reference B-frames between P-frames")
+  parser.add_argument("--crf", type=int, default=d.crf)
+  parser.add_argument("--preset", default=d.preset, help="x264 preset")
+  parser.add_argument("--workers", type=int, default=1,
+                      help="videos chunked in parallel")
+  args = parser.parse_args(argv)
+  opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
+                      short_side=args.short_side, fps=args.fps, gop=args.gop,
+                      bframes=args.bframes, crf=args.crf, preset=args.preset)
+  summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
+  print(f"chunked {summary['done']}, already done {summary['skipped']}, "
+        f"failed {len(summary['failed'])}"
+        + (f" (listed in {Path(args.dst) / ERRORS})" if summary["failed"] else ""))
+  return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,286 @@
+"""A clip from chunk files: fused decode-crop -> uint8 RGB frames.
+
+`read_clip(root, video_id, frame_ids, crop=..., size=..., hflip=...)` reads the
+chunks written by `vidjax.data.chunk` and does the least work that yields the
+requested frames:
+
+1. Frame ids are grouped by chunk (a clip may span several chunks; the whole
+   clip gets the one crop it was given).
+2. In each chunk it seeks to the keyframe at or before the first frame needed
+   and stops demuxing once every needed frame has been sent to the decoder.
+3. Packets that nothing needs never reach the decoder: the packets before that
+   keyframe, and non-reference frames (H.264 `nal_ref_idc == 0`, the chunker's
+   B-frames) that were not requested.
+4. Only requested frames are converted: the crop is cut from the YUV 4:2:0
+   planes first, and one swscale pass scales the window and converts it to
+   RGB. Nothing outside the crop is ever scaled or colour-converted.
+
+Ids past the last frame are clamped to the last frame (and negative ids to 0),
+so samplers may overshoot at the end of a video. Any failure to produce a
+frame raises `VideoReadError` naming the file and the frame.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import fractions
+import functools
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidjax.data import chunk as chunk_lib
+
+
+class VideoReadError(Exception):
+  """A clip could not be read: missing or corrupt chunk, unknown video."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoInfo:
+  """One video of a chunk store (a line of manifest.jsonl)."""
+  video_id: str
+  frame_rate: fractions.Fraction
+  num_frames: int
+  width: int
+  height: int
+  chunk_seconds: float
+
+  @functools.cached_property
+  def chunk_starts(self) -> list[int]:
+    return chunk_lib.chunk_start_frames(self.num_frames, self.frame_rate,
+                                        self.chunk_seconds)
+
+
+@dataclasses.dataclass
+class DecodeStats:
+  """Counters of one `read_clip` call, for benchmarks."""
+  decoded: int = 0    # frames out of the decoder
+  delivered: int = 0  # frames returned (with repeats)
+  packets_sent: int = 0
+  packets_skipped: int = 0
+
+
+@functools.lru_cache(maxsize=16)
+def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
+  del mtime  # Part of the cache key only: a rewritten manifest is reloaded.
+  videos = {}
+  for entry in chunk_lib.read_manifest(Path(path).parent).values():
+    rate = fractions.Fraction(entry.get("frame_rate", entry["fps"]))
+    videos[entry["video_id"]] = VideoInfo(
+        entry["video_id"], rate, int(entry["num_frames"]), int(entry["width"]),
+        int(entry["height"]), entry["chunk_seconds"])
+  return videos
+
+
+def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
+  """Videos of the chunk store at `root`, by id (cached; reloaded on change)."""
+  path = os.path.join(root, chunk_lib.MANIFEST)
+  try:
+    mtime = os.stat(path).st_mtime
+  except FileNotFoundError:
+    raise VideoReadError(f"{path}: no manifest; chunk the videos first "
+                         "(python -m vidjax.data.chunk SRC DST)") from None
+  return _load_manifest(path, mtime)
+
+
+def video_info(root: str | os.PathLike, video_id: str) -> VideoInfo:
+  try:
+    return manifest(root)[video_id]
+  except KeyError:
+    raise VideoReadError(f"{os.path.join(root, chunk_lib.MANIFEST)}: "
+                         f"no video {video_id!r}") from None
+
+
+def read_clip(root: str | os.PathLike, video_id: str,
+              frame_ids: Sequence[int] | np.ndarray, *,
+              crop: tuple[int, int, int, int] | None = None,
+              size: tuple[int, int] | None = None, hflip: bool = False,
+              stats: DecodeStats | None = None) -> np.ndarray:
+  """Decodes frames of a chunked video, cropped and scaled in the decoder.
+
+  Args:
+    root: chunk store written by `python -m vidjax.data.chunk`.
+    video_id: a video of the store's manifest.
+    frame_ids: int[T] indices on the video's timeline at the manifest fps, in
+      any order, repeats allowed; clamped to [0, num_frames - 1].
+    crop: (x, y, w, h) window in stored pixels, the same for every frame;
+      rounded to even offsets and sizes (4:2:0 chroma). None: the whole frame.
+    size: (H, W) output size; None keeps the crop's size.
+    hflip: mirror the output horizontally.
+    stats: if given, decode counters are added to it.
+
+  Returns:
+    uint8[T, H, W, 3] RGB frames.
+
+  Raises:
+    VideoReadError: unknown video, missing chunk, or undecodable data; the
+      message names the file and the frame.
+  """
+  info = video_info(root, video_id)
+  ids = np.clip(np.asarray(frame_ids, dtype=np.int64).reshape(-1), 0,
+                info.num_frames - 1)
+  window = _even_window(crop, info.width, info.height)
+  out_h, out_w = size if size is not None else (window[3], window[2])
+  stats = stats if stats is not None else DecodeStats()
+  frames: dict[int, np.ndarray] = {}
+  starts = info.chunk_starts
+  by_chunk: dict[int, list[int]] = {}
+  for i in np.unique(ids).tolist():
+    by_chunk.setdefault(bisect.bisect_right(starts, i) - 1, []).append(i)
+  for k, global_ids in by_chunk.items():
+    path = os.path.join(root, video_id,
+                        chunk_lib.chunk_name(k, info.chunk_seconds))
+    local = {i - starts[k]: i for i in global_ids}
+    for j, rgb in _decode_chunk(path, info.frame_rate, local, window,
+                                (out_w, out_h), stats):
+      frames[local[j]] = rgb
+  clip = np.stack([frames[i] for i in ids.tolist()])
+  stats.delivered += len(ids)
+  return clip[:, :, ::-1] if hflip else clip
+
+
+def _even_window(crop, width: int, height: int) -> tuple[int, int, int, int]:
+  """The crop snapped to even numbers (4:2:0 chroma) and clipped to the frame."""
+  if crop is None:
+    return 0, 0, width, height
+  x, y, w, h = (int(round(v)) for v in crop)
+  if w <= 0 or h <= 0:
+    raise ValueError(f"crop {crop} has no area")
+  x, y = min(max(x // 2 * 2, 0), width - 2), min(max(y // 2 * 2, 0), height - 2)
+  w = min(max(2, (w + 1) // 2 * 2), width - x)
+  h = min(max(2, (h + 1) // 2 * 2), height - y)
+  return x, y, w, h
+
+
+def _is_reference(packet: av.Packet, length_size: int) -> bool:
+  """Whether an H.264 (AVCC) packet may be referenced by other frames.
+
+  A packet is disposable when all its slice NAL units have nal_ref_idc == 0.
+  """
+  data = bytes(packet)
+  pos = 0
+  while pos + length_size < len(data):
+    n = int.from_bytes(data[pos:pos + length_size], "big")
+    header = data[pos + length_size]
+    if header & 0x1F in (1, 5):  # Coded slice (non-IDR or IDR).
+      if header >> 5:
+        return True
+    pos += length_size + n
+  return False
+
+
+_reformatters = threading.local()
+
+
+def _reformatter() -> av.video.reformatter.VideoReformatter:
+  # One per thread: it caches the swscale context between same-shaped frames.
+  if not hasattr(_reformatters, "value"):
+    _reformatters.value = av.video.reformatter.VideoReformatter()
+  return _reformatters.value
+
+
+def _crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
+  """Cuts the window from the YUV planes, then scales + converts in one pass."""
+  x, y, w, h = window
+  if frame.format.name not in ("yuv420p", "yuvj420p"):
+    frame = frame.reformat(format="yuv420p")
+  if (x, y, w, h) != (0, 0, frame.width, frame.height):
+    planes = chunk_lib.yuv_planes(frame)
+    y_plane = planes[0][y:y + h, x:x + w]
+    u, v = (p[y // 2:(y + h) // 2, x // 2:(x + w) // 2] for p in planes[1:])
+    frame = chunk_lib.yuv_frame(y_plane, u, v)
+  rgb = _reformatter().reformat(frame, width=out_wh[0], height=out_wh[1],
+                                format="rgb24",
+                                interpolation=av.video.reformatter.Interpolation.BILINEAR)
+  return rgb.to_ndarray()
+
+
+def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
+                  window, out_wh, stats: DecodeStats):
+  """Yields (local index, uint8[H, W, 3]) for each needed local frame."""
+  first, todo = min(needed), set(needed)
+  current = None
+  try:
+    with av.open(path) as container:
+      stream = container.streams.video[0]
+      ctx = stream.codec_context
+      ctx.thread_count = 1  # Parallelism comes from loader workers.
+      tb, start = stream.time_base, stream.start_time or 0
+      h264 = ctx.name == "h264" and ctx.extradata and ctx.extradata[0] == 1
+      length_size = (ctx.extradata[4] & 3) + 1 if h264 else 0
+
+      def index(pts: int) -> int:
+        return round((pts - start) * tb * rate)
+
+      pending: list[av.Packet] = []  # The current GOP, until a needed frame.
+      started, unsent = False, set(needed)
+      for packet in _packets_from(container, stream, first, rate):
+        current = j = index(packet.pts)
+        if not started:
+          if packet.is_keyframe and j <= first:
+            pending = []
+          pending.append(packet)
+          if j < first:
+            continue
+          started, batch = True, pending
+        else:
+          batch = [packet]
+        for p in batch:
+          pj = index(p.pts)
+          if (pj not in needed and length_size and not p.is_keyframe
+              and not _is_reference(p, length_size)):
+            stats.packets_skipped += 1
+            continue
+          stats.packets_sent += 1
+          unsent.discard(pj)
+          for frame in ctx.decode(p):
+            yield from _deliver(frame, index, todo, window, out_wh, stats)
+        if not unsent:
+          break
+      for frame in ctx.decode(None):
+        yield from _deliver(frame, index, todo, window, out_wh, stats)
+  except FileNotFoundError:
+    raise VideoReadError(f"{path}: missing chunk (needed for local frame "
+                         f"{first})") from None
+  except (av.error.FFmpegError, OSError, IndexError, ValueError) as e:
+    raise VideoReadError(f"{path}: cannot decode near local frame "
+                         f"{current if current is not None else first}: "
+                         f"{type(e).__name__}: {e}") from e
+  if todo:
+    raise VideoReadError(f"{path}: local frames {sorted(todo)[:5]} not found "
+                         "(truncated or corrupt chunk)")
+
+
+def _packets_from(container, stream, first: int, rate: fractions.Fraction):
+  """Packets in decode order from a keyframe at or before local frame `first`.
+
+  The mp4 index is by decode time, so the seek aims a few frames early; if it
+  still lands past `first`, the chunk is read from its start.
+  """
+  tb, start = stream.time_base, stream.start_time or 0
+  target = int(start + (first - 4) / rate / tb)
+  if target > start:
+    container.seek(target, stream=stream, backward=True, any_frame=False)
+    packets = container.demux(stream)
+    head = next(packets, None)
+    if head is not None and head.pts is not None and (
+        head.is_keyframe and round((head.pts - start) * tb * rate) <= first):
+      yield head
+      yield from (p for p in packets if p.pts is not None)
+      return
+    container.seek(start, stream=stream, backward=True, any_frame=False)
+  yield from (p for p in container.demux(stream) if p.pts is not None)
+
+
+def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
+  stats.decoded += 1
+  j = index(frame.pts)
+  if j in todo:
+    todo.discard(j)
+    yield j, _crop_to_rgb(frame, window, out_wh)
