@@ -1,0 +1,35 @@
+"""The synthetic corpus: real chunked H.264, annotations in two layouts."""
+import json
+
+import numpy as np
+
+from vidjax.data import annotations, synthetic, video
+
+
+def test_corpus_layout_and_content(tmp_path):
+  root = synthetic.make_corpus(tmp_path, num_videos=4, segment_seconds=2,
+                               progress=False)
+  names = json.loads((root / "classes.json").read_text())
+  assert names == synthetic.class_names() and len(names) == 48
+  train = annotations.load_jsonl(root / "train.jsonl")
+  val = annotations.load_jsonl(root / "val.jsonl")
+  assert len(train) == 6 and len(val) == 2  # 2 segments per video.
+  assert not {r.video_id for r in train} & {r.video_id for r in val}
+  for r in train + val:
+    assert r.text == names[r.label]
+  ek = annotations.load_ek100_cls(root / "ek100_train.csv", label="verb")
+  assert [r.start for r in ek] == [r.start for r in train]
+  assert [synthetic.class_names()[r.label].split()[-1] for r in train] == [
+      list(synthetic.MOTIONS)[r.label] for r in ek]
+  # The shape moves the way the caption says.
+  r = next(r for r in train if r.text.endswith(("left", "right")))
+  clip = video.read_clip(root / "chunks", r.video_id,
+                         [int(r.start * 8), int(r.end * 8) - 1])
+  colour = np.array(synthetic.COLOURS[r.text.split()[1]])
+  xs = [np.nonzero((np.abs(f.astype(int) - colour).sum(-1) < 60).any(0))[0].mean()
+        for f in clip]
+  assert (xs[1] > xs[0]) == r.text.endswith("right")
+  # A second call finds the corpus complete and does nothing.
+  mtime = (root / "train.jsonl").stat().st_mtime
+  synthetic.make_corpus(tmp_path, num_videos=4, progress=False)
+  assert (root / "train.jsonl").stat().st_mtime == mtime

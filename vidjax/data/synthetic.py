@@ -1,0 +1,170 @@
+"""A small synthetic corpus of real H.264 videos, for the demo and the tests.
+
+Each video is a few segments; in each segment one coloured shape moves across
+a textured background, e.g. "a red square moves left". The class label of a
+segment is its (shape, colour, motion) triple: 3 x 4 x 4 = 48 classes. Videos
+are encoded with libx264, then chunked with the chunker, so every part of the
+real pipeline runs on them.
+
+    make_corpus(root) ->
+      root/raw/vid000.mp4 ...          sources
+      root/chunks/...                  chunk store + manifest.jsonl
+      root/{train,val}.jsonl           generic JSONL (video_id, start, end,
+                                       text, label)
+      root/ek100_{train,val}.csv       the same segments in the EPIC-Kitchens-
+                                       100 action CSV layout (verb = motion,
+                                       noun = colour + shape)
+      root/classes.json                class names by label id
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import av
+import numpy as np
+
+from vidjax.data import annotations, chunk
+
+SHAPES = ("square", "circle", "triangle")
+COLOURS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 240),
+           "yellow": (240, 220, 40)}
+MOTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+EK100_COLUMNS = ("narration_id", "participant_id", "video_id",
+                 "narration_timestamp", "start_timestamp", "stop_timestamp",
+                 "start_frame", "stop_frame", "narration", "verb", "verb_class",
+                 "noun", "noun_class", "all_nouns", "all_noun_classes")
+
+
+def class_names() -> list[str]:
+  """The 48 captions, indexed by label: shape-major, then colour, motion."""
+  return [f"a {c} {s} moves {m}" for s in SHAPES for c in COLOURS
+          for m in MOTIONS]
+
+
+def label_of(shape: int, colour: int, motion: int) -> int:
+  return (shape * len(COLOURS) + colour) * len(MOTIONS) + motion
+
+
+def _shape_mask(shape: str, size: int) -> np.ndarray:
+  yy, xx = np.mgrid[0:size, 0:size] + 0.5
+  if shape == "square":
+    return np.ones((size, size), bool)
+  if shape == "circle":
+    return (yy - size / 2) ** 2 + (xx - size / 2) ** 2 <= (size / 2) ** 2
+  return np.abs(xx - size / 2) <= yy / 2  # Triangle pointing up.
+
+
+def render_segment(rng: np.random.Generator, shape: int, colour: int,
+                   motion: int, num_frames: int, height: int,
+                   width: int) -> np.ndarray:
+  """uint8[num_frames, height, width, 3]: one shape crossing a texture."""
+  base = rng.integers(40, 200, (height // 8 + 2, width // 8 + 2, 3))
+  background = np.repeat(np.repeat(base, 8, 0), 8, 1)[:height, :width]
+  background = (background * 0.5 + 40).astype(np.uint8)  # Muted, not black.
+  size = max(8, min(height, width) // 3)
+  mask = _shape_mask(SHAPES[shape], size)
+  dx, dy = MOTIONS[list(MOTIONS)[motion]]
+  # Start on one side, cross to the other along the motion axis.
+  cx0 = rng.uniform(0.3, 0.7) * (width - size) if dx == 0 else (
+      0 if dx > 0 else width - size)
+  cy0 = rng.uniform(0.3, 0.7) * (height - size) if dy == 0 else (
+      0 if dy > 0 else height - size)
+  frames = np.empty((num_frames, height, width, 3), np.uint8)
+  for k in range(num_frames):
+    t = k / max(num_frames - 1, 1)
+    x = int(round(cx0 + dx * t * (width - size)))
+    y = int(round(cy0 + dy * t * (height - size)))
+    frames[k] = background
+    frames[k, y:y + size, x:x + size][mask] = list(COLOURS.values())[colour]
+  return frames
+
+
+def _write_h264(path: Path, frames: np.ndarray, fps: int) -> None:
+  with av.open(str(path), "w") as out:
+    stream = out.add_stream("libx264", rate=fps)
+    stream.height, stream.width = frames.shape[1:3]
+    stream.pix_fmt = "yuv420p"
+    stream.codec_context.options = {"crf": "20", "preset": "veryfast"}
+    for k, image in enumerate(frames):
+      frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+      frame.pts = k
+      out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+
+
+def _timestamp(seconds: float) -> str:
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{int(h):02d}:{int(m):02d}:{s:05.2f}"
+
+
+def _write_ek100_csv(path: Path, records, fps: int) -> None:
+  nouns = [f"{c} {s}" for s in SHAPES for c in COLOURS]
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(EK100_COLUMNS)
+    for i, r in enumerate(records):
+      shape, colour, motion = r.extra["shape"], r.extra["colour"], r.extra["motion"]
+      noun_class = shape * len(COLOURS) + colour
+      verb = f"move-{list(MOTIONS)[motion]}"
+      writer.writerow([
+          f"{r.video_id}_{i}", "P01", r.video_id, _timestamp(r.start),
+          _timestamp(r.start), _timestamp(r.end), int(r.start * fps) + 1,
+          int(r.end * fps), r.text, verb, motion, nouns[noun_class], noun_class,
+          f"['{nouns[noun_class]}']", f"[{noun_class}]"])
+
+
+def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
+                segments_per_video: int = 2, segment_seconds: float = 3.0,
+                fps: int = 8, height: int = 96, width: int = 128,
+                val_fraction: float = 0.25, chunk_seconds: float = 2.0,
+                seed: int = 0, progress: bool = True) -> Path:
+  """Writes the corpus under `root` (skipped if it is already complete).
+
+  Returns:
+    `root` as a Path; `root/chunks` is the chunk store.
+  """
+  root = Path(root)
+  done = root / "classes.json"
+  if done.exists():
+    return root
+  raw = root / "raw"
+  raw.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  names = class_names()
+  records = []
+  seg_frames = int(round(segment_seconds * fps))
+  for v in range(num_videos):
+    video_id = f"vid{v:03d}"
+    parts = []
+    for s in range(segments_per_video):
+      shape, colour, motion = (int(rng.integers(n)) for n in (
+          len(SHAPES), len(COLOURS), len(MOTIONS)))
+      parts.append(render_segment(rng, shape, colour, motion, seg_frames,
+                                  height, width))
+      label = label_of(shape, colour, motion)
+      records.append(annotations.ClipRecord(
+          video_id, s * seg_frames / fps, (s + 1) * seg_frames / fps,
+          text=names[label], label=label,
+          extra={"shape": shape, "colour": colour, "motion": motion}))
+    _write_h264(raw / f"{video_id}.mp4", np.concatenate(parts), fps)
+  summary = chunk.chunk_videos(
+      raw, root / "chunks",
+      chunk.ChunkOptions(chunk_seconds=chunk_seconds, short_side=0, gop=8),
+      progress=progress)
+  if summary["failed"]:
+    raise RuntimeError(f"chunking the synthetic corpus failed: {summary}")
+  # Split by video so no validation video is seen in training.
+  num_val = max(1, int(round(num_videos * val_fraction)))
+  val_ids = {f"vid{v:03d}" for v in range(num_videos - num_val, num_videos)}
+  for split, keep in (("train", False), ("val", True)):
+    subset = [r for r in records if (r.video_id in val_ids) == keep]
+    annotations.write_jsonl(
+        [annotations.ClipRecord(r.video_id, r.start, r.end, r.text, r.label)
+         for r in subset], root / f"{split}.jsonl")
+    _write_ek100_csv(root / f"ek100_{split}.csv", subset, fps)
+  done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
+  return root
