@@ -215,32 +215,35 @@ def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
       h264 = ctx.name == "h264" and ctx.extradata and ctx.extradata[0] == 1
       length_size = (ctx.extradata[4] & 3) + 1 if h264 else 0
 
-      def index(pts: int) -> int:
-        return round((pts - start) * tb * rate)
+      frames_per_tick = float(tb * rate)  # Floats: Fractions cost 10% here.
 
-      pending: list[av.Packet] = []  # The current GOP, until a needed frame.
-      started, unsent = False, set(needed)
+      def index(pts: int) -> int:
+        return round((pts - start) * frames_per_tick)
+
+      # References of the current GOP not yet sent: they go to the decoder
+      # only when a needed frame follows them; a new keyframe (closed GOPs)
+      # makes them useless. Unneeded non-reference packets are dropped.
+      pending: list[av.Packet] = []
+      unsent = set(needed)
       for packet in _packets_from(container, stream, first, rate):
         current = j = index(packet.pts)
-        if not started:
-          if packet.is_keyframe and j <= first:
-            pending = []
-          pending.append(packet)
-          if j < first:
-            continue
-          started, batch = True, pending
-        else:
-          batch = [packet]
-        for p in batch:
-          pj = index(p.pts)
-          if (pj not in needed and length_size and not p.is_keyframe
-              and not _is_reference(p, length_size)):
+        if packet.is_keyframe:
+          stats.packets_skipped += len(pending)
+          pending = []
+        if j not in needed:
+          if packet.is_keyframe or not length_size or _is_reference(
+              packet, length_size):
+            pending.append(packet)
+          else:
             stats.packets_skipped += 1
-            continue
+          continue
+        pending.append(packet)
+        for p in pending:
           stats.packets_sent += 1
-          unsent.discard(pj)
           for frame in ctx.decode(p):
             yield from _deliver(frame, index, todo, window, out_wh, stats)
+        pending = []
+        unsent.discard(j)
         if not unsent:
           break
       for frame in ctx.decode(None):
