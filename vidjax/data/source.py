@@ -1,0 +1,180 @@
+"""Grain element loader: clip record -> decoded uint8 clip + tokens / labels.
+
+`ClipLoader` is the per-element work that Grain runs in its worker processes
+(or threads). In training it is a random map: frame sampling, crop geometry
+and flip come from the `np.random.Generator` that Grain derives from the seed
+and the element's index, so a run's batches do not depend on the number of
+workers. In evaluation it is a plain map over (record, clip view, crop view).
+
+Every element is a dict of numpy arrays:
+  video    uint8[T, H, W, 3]   RGB frames
+  tokens   int32[77]           if the records have text and a tokenizer is set
+  label    int32[]             if the records have labels (also verb / noun for
+                               EPIC-Kitchens-100)
+  index    int32[]             the record actually loaded
+  view     int32[]             evaluation view (clip * num_crops + crop); 0 in training
+  valid    bool[]              False when no clip could be read
+  skipped  int32[]             failed reads before this element was produced
+  errors   str                 their messages ("" when none), for the report
+
+A video that fails to read (`VideoReadError`) is replaced in training by
+another record drawn from the element's own generator, so the replacement is
+deterministic; after `max_attempts` failures the element comes out invalid.
+In evaluation a failure gives an invalid element (masked out of the metrics).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from vidjax.data import annotations, crop as crop_lib, sampling, video
+
+CONTEXT_LENGTH = 77
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipSpec:
+  """How a record becomes a clip.
+
+  Attributes:
+    num_frames: frames per clip (T).
+    sampling: 'segment' (one frame in each of T equal segments: LaViLa/AVION)
+      or 'stride' (T frames `stride` apart: VideoMAE/Kinetics).
+    stride: frame stride for 'stride' sampling.
+    size: output (H, W).
+    crop: training crop, 'random_resized' (AVION; scale `crop_scale`),
+      'multi_scale' (VideoMAE) or 'center'.
+    crop_scale: area range of the random-resized crop.
+    hflip: probability of a decode-time horizontal flip in training.
+    eval_clips: clips per record in evaluation (spread evenly).
+    eval_crops: crops per clip in evaluation (1: centre; 3: along the long side).
+  """
+  num_frames: int = 16
+  sampling: str = "segment"
+  stride: int = 4
+  size: tuple[int, int] = (224, 224)
+  crop: str = "random_resized"
+  crop_scale: tuple[float, float] = (0.5, 1.0)
+  hflip: float = 0.5
+  eval_clips: int = 1
+  eval_crops: int = 1
+
+  def __post_init__(self):
+    if self.sampling not in ("segment", "stride"):
+      raise ValueError(f"sampling must be 'segment' or 'stride', got "
+                       f"{self.sampling!r}")
+    if self.crop not in ("random_resized", "multi_scale", "center"):
+      raise ValueError(f"crop must be 'random_resized', 'multi_scale' or "
+                       f"'center', got {self.crop!r}")
+
+  @property
+  def views(self) -> int:
+    return self.eval_clips * self.eval_crops
+
+
+class ClipLoader:
+  """Loads element `index` of a record list (see the module docstring)."""
+
+  def __init__(self, records: Sequence[annotations.ClipRecord], root: str,
+               spec: ClipSpec, tokenizer=None, max_attempts: int = 10):
+    if not records:
+      raise ValueError("no records: the annotation file is empty")
+    self.records, self.root, self.spec = list(records), str(root), spec
+    self.tokenizer, self.max_attempts = tokenizer, max_attempts
+    first = self.records[0]
+    self.has_text = tokenizer is not None and first.text is not None
+    self.has_label = first.label is not None
+    self.extra_labels = [k for k in ("verb_class", "noun_class")
+                         if k in first.extra]
+
+  # Grain calls this with (element, rng) in training (`random_map`).
+  def train_element(self, index: int, rng: np.random.Generator) -> dict:
+    index = int(index) % len(self.records)
+    errors = []
+    for _ in range(self.max_attempts):
+      try:
+        return self._element(index, rng, view=None, errors=errors)
+      except video.VideoReadError as e:
+        errors.append(str(e))
+        index = int(rng.integers(len(self.records)))
+    return self._invalid(index, 0, errors)
+
+  # And with the element alone in evaluation (`map`).
+  def eval_element(self, element: int) -> dict:
+    index, view = divmod(int(element), self.spec.views)
+    try:
+      return self._element(index, None, view=view, errors=[])
+    except video.VideoReadError as e:
+      return self._invalid(index, view, [str(e)])
+
+  def _element(self, index: int, rng, view: int | None,
+               errors: list[str]) -> dict:
+    record = self.records[index]
+    info = video.video_info(self.root, record.video_id)
+    lo, hi = sampling.clip_frame_range(record.start, record.end,
+                                       float(info.frame_rate), info.num_frames)
+    ids = self._frame_ids(lo, hi, rng, view)
+    box = self._crop(info.height, info.width, rng, view)
+    clip = video.read_clip(self.root, record.video_id, ids, crop=box.box,
+                           size=self.spec.size, hflip=box.hflip)
+    out = {"video": clip, **self._targets(record)}
+    out.update(index=np.int32(index), view=np.int32(view or 0),
+               valid=np.bool_(True), skipped=np.int32(len(errors)),
+               errors="\n".join(errors))
+    return out
+
+  def _frame_ids(self, lo: int, hi: int, rng, view) -> np.ndarray:
+    s = self.spec
+    if view is None or s.eval_clips == 1:
+      if s.sampling == "segment":
+        return sampling.segment_frame_ids(lo, hi, s.num_frames, rng)
+      return sampling.stride_frame_ids(lo, hi, s.num_frames, s.stride, rng)
+    clip = view // s.eval_crops
+    if s.sampling == "segment":  # Views shift the segment points evenly.
+      seg = (hi - lo) / s.num_frames
+      offset = (clip + 0.5) / s.eval_clips * seg
+      return np.minimum(lo + (np.arange(s.num_frames) * seg + offset).astype(
+          np.int64), max(hi - 1, lo))
+    return sampling.multi_view_frame_ids(lo, hi, s.num_frames, s.stride,
+                                         s.eval_clips)[clip]
+
+  def _crop(self, height: int, width: int, rng, view) -> crop_lib.Crop:
+    s = self.spec
+    if view is not None:
+      if s.eval_crops == 1:
+        return crop_lib.center_crop(None, height, width, s.size)
+      return crop_lib.spatial_views(height, width, s.size,
+                                    s.eval_crops)[view % s.eval_crops]
+    if s.crop == "random_resized":
+      return crop_lib.random_resized_crop(rng, height, width,
+                                          scale=s.crop_scale, flip_prob=s.hflip)
+    if s.crop == "multi_scale":
+      return crop_lib.multi_scale_crop(rng, height, width, s.size,
+                                       flip_prob=s.hflip)
+    return crop_lib.center_crop(rng, height, width, s.size, flip_prob=s.hflip)
+
+  def _targets(self, record: annotations.ClipRecord) -> dict:
+    out = {}
+    if self.has_text:
+      out["tokens"] = self.tokenizer(record.text or "")[0].astype(np.int32)
+    if self.has_label:
+      out["label"] = np.int32(record.label)
+    for key in self.extra_labels:
+      out[key.removesuffix("_class")] = np.int32(record.extra[key])
+    return out
+
+  def _invalid(self, index: int, view: int, errors: list[str]) -> dict:
+    """A zero clip marked invalid, same structure as a good element."""
+    h, w = self.spec.size
+    out = {"video": np.zeros((self.spec.num_frames, h, w, 3), np.uint8)}
+    if self.has_text:
+      out["tokens"] = np.zeros(CONTEXT_LENGTH, np.int32)
+    if self.has_label:
+      out["label"] = np.int32(0)
+    for key in self.extra_labels:
+      out[key.removesuffix("_class")] = np.int32(0)
+    out.update(index=np.int32(index), view=np.int32(view), valid=np.bool_(False),
+               skipped=np.int32(len(errors)), errors="\n".join(errors))
+    return out
