@@ -1,0 +1,171 @@
+"""Tests for vidjax.checkpoint: Orbax round trips, keep-last-K, resume order."""
+
+import os
+import signal
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from vidjax import checkpoint, sharding
+
+
+def _state(mesh, scale=1.0):
+  fsdp = NamedSharding(mesh, P("fsdp", None))
+  return {
+      "params": {"w": jax.device_put(jnp.arange(64.0).reshape(16, 4) * scale, fsdp),
+                 "b": jax.device_put(jnp.ones(4) * scale, sharding.replicated(mesh))},
+      "opt": {"count": jnp.int32(7)},
+  }
+
+
+def _config(**kw):
+  return ml_collections.ConfigDict({"resume": "", "init_from": "", **kw})
+
+
+def _grain_iter():
+  return iter(grain.MapDataset.range(40).shuffle(seed=5).batch(4).to_iter_dataset())
+
+
+def test_round_trip_sharded_state_iterator_step_rng(tmp_path):
+  mesh = sharding.make_mesh(fsdp=2)
+  state = _state(mesh)
+  it = _grain_iter()
+  for _ in range(3):
+    next(it)
+  data_state = it.get_state()
+  expected_next = next(it)
+  rng = jax.random.key(42)
+
+  with checkpoint.Checkpointer(tmp_path, every_steps=10,
+                               metadata={"config": {"seed": 1}}) as ckpt:
+    assert not ckpt.save(5, state, data_state=data_state, rng=rng)  # off schedule
+    assert ckpt.save(10, state, data_state=data_state, rng=rng)
+
+  # Restore onto a different sharding: arrays land where the target says.
+  other = sharding.make_mesh(fsdp=4)
+  target = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=sharding.replicated(other)), state)
+  target["params"]["w"] = jax.ShapeDtypeStruct(
+      (16, 4), jnp.float32, sharding=NamedSharding(other, P("fsdp", None)))
+  restored = checkpoint.restore_checkpoint(tmp_path, target)
+  assert restored.step == 10
+  w = restored.state["params"]["w"]
+  assert w.sharding.spec == P("fsdp", None) and w.sharding.mesh.shape["fsdp"] == 4
+  jax.tree.map(np.testing.assert_array_equal, restored.state, state)
+  assert restored.metadata == {"config": {"seed": 1}}
+  assert jax.random.key_data(restored.rng).tolist() == jax.random.key_data(rng).tolist()
+
+  resumed = _grain_iter()
+  resumed.set_state(restored.data_state)
+  np.testing.assert_array_equal(next(resumed), expected_next)
+
+
+def test_restores_nnx_and_optax_state_into_abstract_target(tmp_path):
+  mesh = sharding.make_mesh(fsdp=2)
+
+  def init(key):
+    params = nnx.state(nnx.Linear(64, 32, rngs=nnx.Rngs(params=key)), nnx.Param)
+    return params, optax.adamw(1e-3).init(params)
+
+  key = jax.random.key(0)
+  state, _ = sharding.create_sharded_state(init, mesh, key, min_size=1)
+  with checkpoint.Checkpointer(tmp_path, every_steps=1) as ckpt:
+    ckpt.save(1, state)
+  target = sharding.abstract_sharded_state(init, mesh, key, min_size=1)
+  restored = checkpoint.restore_checkpoint(tmp_path, target).state
+  assert restored[0]["kernel"][...].sharding.spec == P("fsdp", None)
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+
+
+def test_keeps_last_k_and_restores_latest(tmp_path):
+  mesh = sharding.make_mesh()
+  with checkpoint.Checkpointer(tmp_path, every_steps=2, keep=2) as ckpt:
+    for step in range(1, 9):
+      ckpt.save(step, _state(mesh, scale=step))
+    assert ckpt.save(9, _state(mesh, scale=9), force=True)
+    assert not ckpt.save(9, _state(mesh, scale=9), force=True)  # already there
+    ckpt.wait_until_finished()
+    assert ckpt.all_steps() == [8, 9]
+    restored = ckpt.restore(_state(mesh))
+  assert restored.step == 9 and restored.data_state is None and restored.rng is None
+  np.testing.assert_array_equal(restored.state["params"]["b"], np.full(4, 9.0))
+
+
+def test_half_written_checkpoint_is_ignored(tmp_path):
+  mesh = sharding.make_mesh()
+  ckpt_dir = checkpoint.checkpoint_dir(tmp_path)
+  with checkpoint.Checkpointer(ckpt_dir, every_steps=1) as ckpt:
+    ckpt.save(3, _state(mesh))
+  # A crash mid-save leaves Orbax's temporary directory behind.
+  os.makedirs(os.path.join(ckpt_dir, "4.orbax-checkpoint-tmp-1234", "state"))
+  assert checkpoint.latest_complete_step(ckpt_dir) == 3
+  assert checkpoint.resolve_start(tmp_path, _config()) == checkpoint.StartPoint(
+      "workdir", ckpt_dir, 3)
+  assert checkpoint.restore_checkpoint(ckpt_dir, _state(mesh)).step == 3
+
+
+def test_resolve_start_order(tmp_path):
+  mesh = sharding.make_mesh()
+  run_a, run_b = tmp_path / "a", tmp_path / "b"
+  weights = tmp_path / "clip.npz"
+  weights.write_bytes(b"x")
+
+  assert checkpoint.resolve_start(run_b, _config()).kind == "scratch"
+  assert checkpoint.resolve_start(run_b, _config(init_from=str(weights))) == (
+      checkpoint.StartPoint("init_from", str(weights)))
+
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_a), every_steps=5) as ckpt:
+    ckpt.save(5, _state(mesh))
+  a_dir = checkpoint.checkpoint_dir(run_a)
+  for spec in (run_a, a_dir):  # a workdir or its checkpoints dir
+    start = checkpoint.resolve_start(run_b, _config(resume=str(spec),
+                                                    init_from=str(weights)))
+    assert start == checkpoint.StartPoint("resume", a_dir, 5)
+  start = checkpoint.resolve_start(run_b, _config(resume=os.path.join(a_dir, "5")))
+  assert start == checkpoint.StartPoint("resume", a_dir, 5)
+
+  # Once run b has its own checkpoint, it wins over resume.
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_b), every_steps=5) as ckpt:
+    ckpt.save(10, _state(mesh))
+  start = checkpoint.resolve_start(run_b, _config(resume=str(run_a)))
+  assert start == checkpoint.StartPoint("workdir", checkpoint.checkpoint_dir(run_b), 10)
+
+  with pytest.raises(FileNotFoundError, match="config.resume"):
+    checkpoint.resolve_start(tmp_path / "c", _config(resume=str(tmp_path / "nope")))
+  with pytest.raises(FileNotFoundError, match="config.init_from"):
+    checkpoint.resolve_start(tmp_path / "c", _config(init_from=str(tmp_path / "nope")))
+
+
+def test_from_config_reads_checkpoint_keys(tmp_path):
+  config = ml_collections.ConfigDict(
+      {"checkpoint": {"every_steps": 7, "keep": 1, "async_save": False}})
+  with checkpoint.Checkpointer.from_config(tmp_path, config) as ckpt:
+    assert ckpt.every_steps == 7 and ckpt.should_save(14) and not ckpt.should_save(0)
+    assert str(ckpt.directory) == checkpoint.checkpoint_dir(tmp_path)
+
+
+def test_sigterm_sets_flag_and_restores_previous_handler():
+  before = signal.getsignal(signal.SIGTERM)
+  with checkpoint.PreemptionHandler() as preempt:
+    assert not preempt.should_stop(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert preempt.requested and preempt.should_stop(2)
+    assert preempt.signal_received == signal.SIGTERM
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_second_sigint_interrupts():
+  with checkpoint.PreemptionHandler() as preempt:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert preempt.requested
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,0 +1,106 @@
+"""Tests for vidjax.logging: JSONL rows, late fetching, timing/MFU, guard."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vidjax import logging as vlog
+
+
+def test_jsonl_rows_are_plain_json(tmp_path):
+  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    writer.write(1, {"train/loss": jnp.float32(2.5), "data/skipped": np.int64(3),
+                     "eval/t2v_r1": np.float64(0.25), "perf/mfu": 0.4})
+    writer.write(2, {"train/loss": jnp.array(float("nan")), "eval/name": "ek100"})
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  rows = [json.loads(line) for line in lines]  # strict JSON: no NaN tokens
+  assert rows[0] == {"step": 1, "train/loss": 2.5, "data/skipped": 3,
+                     "eval/t2v_r1": 0.25, "perf/mfu": 0.4}
+  assert type(rows[0]["data/skipped"]) is int
+  assert rows[1] == {"step": 2, "train/loss": None, "eval/name": "ek100"}
+  assert "NaN" not in lines[1]
+  assert vlog.read_metrics(tmp_path) == rows
+
+  # A resumed run appends to the same file.
+  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    writer.write(3, {"train/loss": 1.0})
+  assert [r["step"] for r in vlog.read_metrics(tmp_path)] == [1, 2, 3]
+
+
+def test_writer_rejects_arrays_and_other_processes_write_nothing(tmp_path):
+  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    with pytest.raises(ValueError, match="'train/logits' has shape"):
+      writer.write(1, {"train/logits": np.zeros(3)})
+  with vlog.MetricWriter(tmp_path / "other", enabled=False) as writer:
+    writer.write(1, {"train/loss": 1.0})
+  assert not (tmp_path / "other").exists()
+
+
+def test_tensorboard_events_when_available(tmp_path):
+  pytest.importorskip("tensorboardX")
+  with vlog.MetricWriter(tmp_path) as writer:
+    writer.write(1, {"train/loss": 1.0, "eval/name": "x"})
+  assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
+
+
+def test_late_metrics_returns_previous_step_as_floats():
+  late = vlog.LateMetrics()
+  assert late.push(1, {"train/loss": jnp.float32(3.0)}) is None
+  # Step 2's values are not touched when step 1's are handed back: this
+  # non-scalar would raise if they were converted now.
+  step, metrics = late.push(2, {"train/loss": jnp.zeros(2)})
+  assert step == 1 and metrics == {"train/loss": 3.0}
+  assert type(metrics["train/loss"]) is float
+  with pytest.raises(ValueError, match="shape"):
+    late.flush()
+  assert late.flush() is None
+
+
+def test_step_timer_splits_data_wait_and_computes_mfu():
+  now = [0.0]
+  timer = vlog.StepTimer(global_batch=64, flops_per_step=8e12, num_devices=8,
+                         peak_flops_per_device=1e12, clock=lambda: now[0])
+  for _ in range(4):
+    with timer.waiting_for_data():
+      now[0] += 0.1
+    now[0] += 0.4  # dispatch + device
+    timer.step()
+  perf = timer.summary()
+  assert perf["perf/step_time_s"] == pytest.approx(0.5)
+  assert perf["perf/data_wait_s"] == pytest.approx(0.1)
+  assert perf["perf/data_wait_frac"] == pytest.approx(0.2)
+  assert perf["perf/clips_per_s"] == pytest.approx(128.0)
+  # 8 TFLOP per step over 8 devices in 0.5 s = 2 TFLOP/s each; peak 1.
+  assert perf["perf/tflops_per_device"] == pytest.approx(2.0)
+  assert perf["perf/mfu"] == pytest.approx(2.0)
+  assert timer.summary() == {}  # the window was reset
+  assert vlog.model_flops_utilization(989e12 * 8 * 0.5, 1.0, 8, 989e12) == pytest.approx(0.5)
+
+
+def test_peak_flops_lookup():
+  assert vlog.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+  assert vlog.peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
+  assert vlog.peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+  assert vlog.peak_flops_per_device("cpu") is None
+
+
+def test_check_finite_names_metric_step_and_checkpoint():
+  vlog.check_finite({"train/loss": 1.0, "eval/name": "x"}, step=3)
+  with pytest.raises(vlog.NonFiniteError,
+                     match=r"non-finite train/loss \(nan\) at step 12; last good "
+                           r"checkpoint at step 10 is kept"):
+    vlog.check_finite({"train/loss": float("nan")}, step=12, last_checkpoint_step=10)
+  with pytest.raises(FloatingPointError, match="no checkpoint was saved yet"):
+    vlog.check_finite({"train/grad_norm": jnp.inf}, step=1)
+  with pytest.raises(vlog.NonFiniteError, match="train/loss"):  # None = was NaN
+    vlog.check_finite({"train/loss": None}, step=1)
+  vlog.check_finite({"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"])
+
+
+def test_progress_bar_moves_to_step(capsys):
+  bar = vlog.ProgressBar(10, start_step=2, enabled=True)
+  bar.update(5, {"train/loss": 0.5, "eval/name": "x"})
+  assert bar._bar.n == 5
+  bar.close()

@@ -1,0 +1,157 @@
+"""Whole input pipeline throughput: workers, threads, and time spent waiting.
+
+    python -m vidjax.bench.pipeline [--workers 0,1,2] [--threads 2]
+        [--batch 16] [--batches 20] [--frames 16] [--stride 4] [--size 224]
+        [--consumer-clips-per-s 0] [--memory-clips 0]
+
+Chunks a generated camera-like video (the loader benchmark's, reused if
+present), annotates random 4-second clips, and runs the real pipeline
+(Grain + `ClipLoader` + `read_clip` + device transfer) with each setting,
+printing clips/s and the speed-up over the single-worker run. With
+`--consumer-clips-per-s R` it also simulates a training loop that needs R
+clips/s and prints the share of its time spent waiting for data. With
+`--memory-clips N` it reports the host RSS (main process + workers) growth
+over N clips through 2 workers.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import psutil
+
+from vidjax import sharding
+from vidjax.bench import loader as loader_bench
+from vidjax.data import annotations, chunk, pipeline, video
+
+
+def make_store(work: Path) -> tuple[Path, Path]:
+  """A chunked 3-minute 568x320 video and 200 random 4 s clip records."""
+  source = work / "long_568x320_3min_gop250.mp4"
+  if not source.exists():
+    print(f"making a 3-minute video at {source} ...")
+    loader_bench.make_source(source, 3, 568, 320, 30, 250)
+  store = work / "chunks_default"
+  chunk.chunk_videos(source, store, chunk.ChunkOptions())
+  info = video.video_info(store, source.stem)
+  seconds = info.num_frames / float(info.frame_rate)
+  rng = np.random.default_rng(0)
+  starts = rng.uniform(0, seconds - 4, 200)
+  records = [annotations.ClipRecord(source.stem, float(s), float(s) + 4,
+                                    label=i % 10)
+             for i, s in enumerate(starts)]
+  path = work / "clips.jsonl"
+  annotations.write_jsonl(records, path)
+  return store, path
+
+
+def rss_mb(proc: psutil.Process) -> float:
+  """Resident memory of a process and its children (Grain workers), MB."""
+  total = proc.memory_info().rss
+  for child in proc.children(recursive=True):
+    try:
+      total += child.memory_info().rss
+    except psutil.NoSuchProcess:
+      pass
+  return total / 2**20
+
+
+def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
+  """clips/s after warm-up; with a consumer rate, the share of time waiting."""
+  pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
+  for _ in range(3):  # Worker start-up and first compilations.
+    jax.block_until_ready(next(pipe)["video"])
+  step = batch / consumer_rate if consumer_rate else 0.0
+  wait = 0.0
+  t0 = time.perf_counter()
+  for _ in range(batches):
+    t = time.perf_counter()
+    jax.block_until_ready(next(pipe)["video"])
+    wait += time.perf_counter() - t
+    if step:
+      time.sleep(step)  # The training step's compute.
+  total = time.perf_counter() - t0
+  pipe.close()
+  return {"clips_per_s": batch * batches / total, "wait_share": wait / total}
+
+
+def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
+  proc = psutil.Process()
+  pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
+  for _ in range(5):
+    next(pipe)
+  before = rss_mb(proc)
+  for _ in range(clips // batch):
+    jax.block_until_ready(next(pipe)["video"])
+  after = rss_mb(proc)
+  pipe.close()
+  return before, after
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(prog="python -m vidjax.bench.pipeline",
+                              description=__doc__.split("\n\n")[0])
+  p.add_argument("--workers", default="0,1,2",
+                 help="comma-separated worker counts")
+  p.add_argument("--threads", type=int, default=2,
+                 help="also run 0 workers with this many reader threads (0: skip)")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--batches", type=int, default=20)
+  p.add_argument("--frames", type=int, default=16)
+  p.add_argument("--stride", type=int, default=4)
+  p.add_argument("--size", type=int, default=224)
+  p.add_argument("--consumer-clips-per-s", type=float, default=0.0)
+  p.add_argument("--memory-clips", type=int, default=0)
+  p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
+                                                   "vidjax_bench_loader"))
+  args = p.parse_args(argv)
+  work = Path(args.workdir)
+  work.mkdir(parents=True, exist_ok=True)
+  store, records = make_store(work)
+  config = ml_collections.ConfigDict({"seed": 0,
+                                      "data": pipeline.default_data_config()})
+  config.data.update(root=str(store), train_annotations=str(records),
+                     num_frames=args.frames, sampling="stride",
+                     stride=args.stride, size=args.size)
+  mesh = sharding.make_mesh()
+  settings = [(int(w), 0) for w in args.workers.split(",")]
+  if args.threads:
+    settings.append((0, args.threads))
+  print(f"\n{args.batch} x {args.frames} frames (stride {args.stride}) -> "
+        f"{args.size}x{args.size} per batch, {args.batches} batches, "
+        f"{psutil.cpu_count()} CPUs\n")
+  print(f"{'workers':>7} {'threads':>7} {'clips/s':>8} {'vs 1 worker':>11}"
+        + (f" {'waiting':>8}" if args.consumer_clips_per_s else ""))
+  results = {}
+  for workers, threads in settings:
+    config.data.workers, config.data.threads = workers, threads
+    results[(workers, threads)] = run(config, mesh, args.batch, args.batches,
+                                      0.0)
+    if args.consumer_clips_per_s:
+      results[(workers, threads)]["wait_share"] = run(
+          config, mesh, args.batch, args.batches,
+          args.consumer_clips_per_s)["wait_share"]
+  one = results.get((1, 0), {}).get("clips_per_s")
+  for (workers, threads), r in results.items():
+    ratio = f"{r['clips_per_s'] / one:10.2f}x" if one else f"{'-':>11}"
+    wait = (f" {r['wait_share']:8.0%}" if args.consumer_clips_per_s else "")
+    print(f"{workers:7d} {threads:7d} {r['clips_per_s']:8.1f} {ratio}{wait}")
+  if args.consumer_clips_per_s:
+    print(f"\nwaiting: share of a training loop's time spent waiting for data "
+          f"when each step consumes {args.batch} clips at "
+          f"{args.consumer_clips_per_s:g} clips/s")
+  if args.memory_clips:
+    config.data.workers, config.data.threads = 2, 0
+    before, after = memory(config, mesh, args.batch, args.memory_clips)
+    print(f"\nhost RSS (main + 2 workers) over {args.memory_clips} clips: "
+          f"{before:.0f} MB -> {after:.0f} MB ({after - before:+.0f} MB)")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,385 @@
+"""Checkpoints with Orbax: train state, data iterator, RNG, metadata; resume.
+
+Layout: `WORKDIR/checkpoints/<step>/` with three items:
+
+* `state`: the train state pytree (params + optimizer state), possibly
+  sharded; restored straight into the target shardings.
+* `data`: the data iterator's state, one JSON file per process
+  (`process_<i>-of-<n>.json`), since every process reads its own shard.
+* `meta`: JSON with the step, the RNG key and run metadata (the config).
+
+Saves are asynchronous: `save` returns once the arrays are copied off the
+devices, and the files are written in the background. Orbax writes into
+`<step>.orbax-checkpoint-tmp*` and renames when complete, so a run killed
+mid-save leaves a temporary directory that is never picked up.
+
+Where a run starts (`resolve_start`): its own latest checkpoint; else
+`config.resume` (another run's checkpoints: full state); else
+`config.init_from` (weights only, loaded by the models module); else
+scratch. SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop
+checks each step to save and exit; rerunning the command resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+from absl import logging
+from etils import epath
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+# ---------------------------------------------------------------------------
+# Data iterator state: one JSON file per process.
+# ---------------------------------------------------------------------------
+def _process_file(directory: epath.Path) -> epath.Path:
+  return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+class _IteratorStateHandler(ocp.CheckpointHandler):
+  """Orbax handler writing this process's iterator state as JSON.
+
+  Grain's own handler calls `get_state()` on the live iterator at save
+  time, which is wrong once batches are prefetched; this one saves the
+  dict it is given (e.g. `DevicePrefetcher.get_state()`).
+  """
+
+  def save(self, directory: epath.Path, args: "IteratorStateSave"):
+    _process_file(directory).write_text(json.dumps(args.state))
+
+  def restore(self, directory: epath.Path, args: "IteratorStateRestore" = None):
+    path = _process_file(directory)
+    if not path.exists():
+      found = sorted(p.name for p in directory.iterdir())
+      raise FileNotFoundError(
+          f"{path} is missing (found {found}): the checkpoint was written by "
+          "a different number of processes; resume with the same number")
+    return json.loads(path.read_text())
+
+
+@ocp.args.register_with_handler(_IteratorStateHandler, for_save=True)
+@dataclasses.dataclass
+class IteratorStateSave(ocp.args.CheckpointArgs):
+  state: Any
+
+
+@ocp.args.register_with_handler(_IteratorStateHandler, for_restore=True)
+@dataclasses.dataclass
+class IteratorStateRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+# ---------------------------------------------------------------------------
+# RNG keys as JSON (typed `jax.random.key` or legacy uint32 keys).
+# ---------------------------------------------------------------------------
+def _rng_to_json(rng) -> dict:
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return {"impl": str(jax.random.key_impl(rng)),
+            "data": np.asarray(jax.random.key_data(rng)).tolist()}
+  return {"impl": None, "data": np.asarray(rng).tolist()}
+
+
+def _rng_from_json(blob: dict):
+  data = np.asarray(blob["data"], dtype=np.uint32)
+  if blob["impl"] is None:
+    return jax.numpy.asarray(data)
+  return jax.random.wrap_key_data(data, impl=blob["impl"])
+
+
+# ---------------------------------------------------------------------------
+# Saving and restoring.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Restored:
+  """What a checkpoint holds. `data_state`/`rng` are None if not saved."""
+  step: int
+  state: Any
+  data_state: Any
+  rng: Any
+  metadata: dict
+
+
+def _abstract(target: Any) -> Any:
+  """Arrays -> ShapeDtypeStruct keeping their sharding (restore target)."""
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+  return jax.tree.map(one, target)
+
+
+def _manager(directory, options: ocp.CheckpointManagerOptions) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+      epath.Path(directory), options=options,
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "data": _IteratorStateHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+
+
+def latest_complete_step(directory) -> int | None:
+  """Latest finalised checkpoint step in `directory`, None if none/absent.
+
+  Temporary (half-written) step directories are not counted.
+  """
+  if not epath.Path(directory).is_dir():
+    return None
+  with _manager(directory, ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    return mngr.latest_step()
+
+
+def restore_checkpoint(directory, target: Any, *, step: int | None = None) -> Restored:
+  """Restores a checkpoint written by `Checkpointer`.
+
+  Args:
+    directory: a checkpoints directory (`WORKDIR/checkpoints`).
+    target: pytree like the saved state: arrays or `jax.ShapeDtypeStruct`s
+      whose `.sharding` says where each restored array goes (e.g. the
+      shardings from `sharding.create_sharded_state`).
+    step: defaults to the latest complete step.
+
+  Returns:
+    `Restored` with the state placed on `target`'s shardings.
+  """
+  directory = epath.Path(directory)
+  with _manager(directory, ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    step = mngr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no complete checkpoint in {directory}")
+    items = {"state": ocp.args.StandardRestore(_abstract(target)),
+             "meta": ocp.args.JsonRestore()}
+    has_data = (directory / str(step) / "data").exists()
+    if has_data:
+      items["data"] = IteratorStateRestore()
+    out = mngr.restore(step, args=ocp.args.Composite(**items))
+  meta = dict(out["meta"])
+  rng = meta.pop("rng", None)
+  return Restored(step=step, state=out["state"],
+                  data_state=out["data"] if has_data else None,
+                  rng=None if rng is None else _rng_from_json(rng),
+                  metadata=meta.get("metadata", {}))
+
+
+class Checkpointer:
+  """Saves every `every_steps` (and on demand), keeps the last `keep`.
+
+  Usage:
+    ckpt = Checkpointer(checkpoint_dir(workdir), every_steps=1000, keep=3,
+                        metadata={"config": config.to_dict()})
+    ...
+    ckpt.save(step, state, data_state=prefetcher.get_state(), rng=rng)
+    ...
+    ckpt.close()  # waits for the last asynchronous save
+  """
+
+  def __init__(self, directory, *, every_steps: int, keep: int | None = 3,
+               async_save: bool = True, metadata: dict | None = None):
+    if every_steps <= 0:
+      raise ValueError(f"checkpoint.every_steps must be > 0, got {every_steps}")
+    self.directory = epath.Path(directory)
+    self.every_steps = every_steps
+    self._metadata = metadata or {}
+    # The save policy is ours (`should_save`); Orbax only keeps the last K.
+    self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=async_save))
+
+  @classmethod
+  def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
+    """Reads `checkpoint.every_steps`, `.keep` (3), `.async_save` (True)."""
+    ck = config.checkpoint
+    return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
+               keep=ck.get("keep", 3), async_save=ck.get("async_save", True),
+               **kwargs)
+
+  def should_save(self, step: int) -> bool:
+    return step > 0 and step % self.every_steps == 0
+
+  def save(self, step: int, state: Any, *, data_state: Any = None, rng=None,
+           force: bool = False) -> bool:
+    """Saves if `should_save(step)` or `force`; returns whether it did.
+
+    Args:
+      step: number of optimizer steps taken (resuming starts here).
+      state: train state pytree of jax arrays (sharded or not).
+      data_state: JSON-able iterator state *before* the first unconsumed
+        batch (see `sharding.DevicePrefetcher.get_state`).
+      rng: a PRNG key (typed or legacy uint32), restored as given.
+      force: save even off the schedule (preemption, end of training).
+    """
+    if not (force or self.should_save(step)):
+      return False
+    if step in self._mngr.all_steps():
+      return False  # e.g. a forced save right after a scheduled one
+    meta = {"step": step, "metadata": self._metadata}
+    if rng is not None:
+      meta["rng"] = _rng_to_json(rng)
+    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+    if data_state is not None:
+      items["data"] = IteratorStateSave(data_state)
+    saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    if saved:
+      logging.info("checkpoint: saving step %d to %s", step, self.directory)
+    return saved
+
+  def restore(self, target: Any, *, step: int | None = None) -> Restored:
+    """`restore_checkpoint` on this directory (waits for pending saves)."""
+    self._mngr.wait_until_finished()
+    return restore_checkpoint(self.directory, target, step=step)
+
+  def latest_step(self) -> int | None:
+    return self._mngr.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._mngr.all_steps())
+
+  def wait_until_finished(self):
+    self._mngr.wait_until_finished()
+
+  def close(self):
+    """Waits for pending saves and releases Orbax's resources."""
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+# ---------------------------------------------------------------------------
+# Where to start.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StartPoint:
+  """What a run loads before its first step.
+
+  kind: 'workdir' (own checkpoint: full state, data iterator, RNG),
+    'resume' (another run's checkpoint: full state), 'init_from'
+    (a weights file/dir for the models module: parameters only), or
+    'scratch'.
+  path: checkpoints directory ('workdir', 'resume') or weights path.
+  step: checkpoint step ('workdir', 'resume'), else None.
+  """
+  kind: str
+  path: str | None = None
+  step: int | None = None
+
+
+def checkpoint_dir(workdir) -> str:
+  return os.path.join(os.fspath(workdir), CHECKPOINT_SUBDIR)
+
+
+def _find_checkpoints(path: str) -> tuple[str, int | None]:
+  """Accepts a run's workdir, its checkpoints dir or one step's directory."""
+  p = epath.Path(path)
+  if (p / CHECKPOINT_SUBDIR).is_dir():
+    p = p / CHECKPOINT_SUBDIR
+  if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
+    return os.fspath(p.parent), int(p.name)
+  return os.fspath(p), latest_complete_step(p)
+
+
+def resolve_start(workdir, config) -> StartPoint:
+  """Decides what to load, in order: workdir, `resume`, `init_from`, scratch.
+
+  Reads `config.resume` and `config.init_from` (paths; empty/None = unset).
+  A complete checkpoint in the workdir wins, so a preempted run rerun with
+  the same command continues where it stopped, even if `resume` is set.
+
+  Raises:
+    FileNotFoundError: `resume` or `init_from` names a path with nothing
+      to load.
+  """
+  own = checkpoint_dir(workdir)
+  step = latest_complete_step(own)
+  if step is not None:
+    return StartPoint("workdir", own, step)
+  resume = config.get("resume") or None
+  if resume:
+    directory, step = _find_checkpoints(resume)
+    if step is None:
+      raise FileNotFoundError(
+          f"config.resume={resume!r}: no complete checkpoint found there "
+          "(expected a run's workdir, its checkpoints/ dir or a step dir)")
+    return StartPoint("resume", directory, step)
+  init_from = config.get("init_from") or None
+  if init_from:
+    if not epath.Path(init_from).exists():
+      raise FileNotFoundError(f"config.init_from={init_from!r} does not exist")
+    return StartPoint("init_from", os.fspath(init_from))
+  return StartPoint("scratch")
+
+
+# ---------------------------------------------------------------------------
+# Preemption: SIGTERM/SIGINT -> save at the current step and exit.
+# ---------------------------------------------------------------------------
+class PreemptionHandler:
+  """Turns SIGTERM/SIGINT into a flag the train loop polls.
+
+  with PreemptionHandler() as preempt:
+    for step in ...:
+      ...
+      if preempt.should_stop(step):
+        ckpt.save(step, state, ..., force=True); break
+
+  A second SIGINT (Ctrl-C twice) raises KeyboardInterrupt at once. The
+  previous handlers come back on exit. Install from the main thread.
+  With several processes, `should_stop` agrees across them (every
+  `sync_every` steps) so all save the same step.
+  """
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT), sync_every: int = 10):
+    self._signals = tuple(signals)
+    self._previous = {}
+    self._event = threading.Event()
+    self.signal_received: int | None = None
+    self.sync_every = sync_every
+
+  def _handle(self, signum, frame):
+    del frame
+    if signum == signal.SIGINT and self._event.is_set():
+      raise KeyboardInterrupt
+    self.signal_received = signum
+    self._event.set()
+    logging.warning("received %s: will save a checkpoint and stop",
+                    signal.Signals(signum).name)
+
+  def install(self) -> "PreemptionHandler":
+    for s in self._signals:
+      self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def uninstall(self):
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
+    self._previous = {}
+
+  @property
+  def requested(self) -> bool:
+    """True once a signal arrived in this process."""
+    return self._event.is_set()
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to save and stop now; the same answer on every process."""
+    if jax.process_count() == 1:
+      return self.requested
+    if step % self.sync_every:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    flags = multihost_utils.process_allgather(np.int32(self.requested))
+    return bool(np.any(flags))
+
+  def __enter__(self):
+    return self.install()
+
+  def __exit__(self, *exc):
+    self.uninstall()

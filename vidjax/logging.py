@@ -1,0 +1,314 @@
+"""Metrics out of the loop: JSONL/TensorBoard, progress bar, timing, MFU.
+
+* `MetricWriter`: `WORKDIR/metrics.jsonl` (one JSON object per line: `step`
+  plus names such as `train/loss`, `eval/t2v_r1`, `perf/mfu`,
+  `data/skipped`) and TensorBoard events when `tensorboardX` is installed.
+  Only process 0 writes.
+* `LateMetrics`: hands back step N's metrics as Python floats once step
+  N+1 is dispatched, so fetching them never stalls the device.
+* `StepTimer`: wall time split into waiting-for-data and the rest (device
+  compute, dispatch, logging); clips/s, TFLOP/s per device, MFU.
+* `check_finite`: stops a run on NaN/inf with a message naming the metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+import contextlib
+import json
+import math
+import numbers
+import os
+import time
+from typing import Any
+
+from absl import logging
+import jax
+import numpy as np
+import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+
+# Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
+# Matched in order against `device.device_kind` (lower case).
+PEAK_FLOPS_BY_DEVICE_KIND = (
+    ("h100 pcie", 756e12), ("h100", 989e12), ("h200", 989e12),
+    ("gh200", 989e12), ("b200", 2250e12), ("a100", 312e12),
+    ("l40s", 362e12), ("l4", 121e12), ("a10", 125e12),
+    ("tpu v4", 275e12), ("tpu v5 lite", 197e12), ("tpu v5e", 197e12),
+    ("tpu v5", 459e12), ("tpu v6", 918e12),
+)
+
+
+def peak_flops_per_device(device_kind: str | None = None) -> float | None:
+  """Known dense bf16 peak FLOP/s for a device kind; None if unknown (CPU)."""
+  kind = (device_kind or jax.devices()[0].device_kind).lower()
+  for name, flops in PEAK_FLOPS_BY_DEVICE_KIND:
+    if name in kind:
+      return flops
+  return None
+
+
+# ---------------------------------------------------------------------------
+# Values.
+# ---------------------------------------------------------------------------
+def _scalar(name: str, value: Any):
+  """Python scalar for JSON; non-finite floats become None (JSON null)."""
+  if isinstance(value, (str, bool)) or value is None:
+    return value
+  if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+    if np.ndim(value) != 0:
+      raise ValueError(f"metric '{name}' has shape {np.shape(value)}; "
+                       "log scalars (reduce it first)")
+    value = np.asarray(value).item()
+  if isinstance(value, numbers.Integral):
+    return int(value)
+  if isinstance(value, numbers.Real):
+    value = float(value)
+    return value if math.isfinite(value) else None
+  raise TypeError(f"metric '{name}' has type {type(value).__name__}; "
+                  "log numbers or strings")
+
+
+def to_python(metrics: Mapping[str, Any]) -> dict[str, Any]:
+  """Device/numpy scalars -> Python int/float (non-finite -> None).
+
+  Fetches all device values in one `jax.device_get`.
+  """
+  fetched = jax.device_get(dict(metrics))
+  return {name: _scalar(name, value) for name, value in fetched.items()}
+
+
+# ---------------------------------------------------------------------------
+# Writers.
+# ---------------------------------------------------------------------------
+def _tensorboard_writer(logdir: str):
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.info("tensorboardX is not installed: no TensorBoard events "
+                 "(metrics.jsonl is still written; `pip install tensorboardX`)")
+    return None
+  return SummaryWriter(logdir)
+
+
+class MetricWriter:
+  """Appends metrics to `WORKDIR/metrics.jsonl` (+ TensorBoard events).
+
+  A resumed run appends: steps after the last checkpoint appear twice, and
+  readers should keep the last line for each (step, name).
+  """
+
+  def __init__(self, workdir, *, tensorboard: bool = True,
+               enabled: bool | None = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.path = os.path.join(os.fspath(workdir), METRICS_FILE)
+    self._file = None
+    self._tb = None
+    if self.enabled:
+      os.makedirs(os.fspath(workdir), exist_ok=True)
+      self._file = open(self.path, "a", encoding="utf-8")
+      if tensorboard:
+        self._tb = _tensorboard_writer(os.fspath(workdir))
+
+  def write(self, step: int, metrics: Mapping[str, Any]):
+    """Writes one line `{"step": step, **metrics}`; values become Python."""
+    if not self.enabled:
+      return
+    row = {"step": int(step), **to_python(metrics)}
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for name, value in row.items():
+        if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+          self._tb.add_scalar(name, value, int(step))
+
+  def flush(self):
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self):
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def read_metrics(workdir) -> list[dict]:
+  """All rows of `WORKDIR/metrics.jsonl`, in order."""
+  with open(os.path.join(os.fspath(workdir), METRICS_FILE), encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class ProgressBar:
+  """tqdm bar over steps with rate and ETA; silent off process 0."""
+
+  def __init__(self, total_steps: int, start_step: int = 0, *,
+               enabled: bool | None = None, desc: str = "train"):
+    enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._bar = tqdm.tqdm(total=total_steps, initial=start_step, desc=desc,
+                          unit="step", dynamic_ncols=True, disable=not enabled,
+                          mininterval=1.0)
+    self._step = start_step
+
+  def update(self, step: int, metrics: Mapping[str, Any] | None = None):
+    """Moves the bar to `step`; shows a few metrics (Python floats) if given."""
+    self._bar.update(step - self._step)
+    self._step = step
+    if metrics:
+      self._bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in metrics.items()
+                             if isinstance(v, float)}, refresh=False)
+
+  def close(self):
+    self._bar.close()
+
+
+# ---------------------------------------------------------------------------
+# One step late.
+# ---------------------------------------------------------------------------
+class LateMetrics:
+  """Returns the previous step's metrics once the next step is dispatched.
+
+    late = LateMetrics()
+    for step in ...:
+      state, metrics = train_step(state, batch)   # asynchronous dispatch
+      done = late.push(step, metrics)             # step-1's, as floats
+      if done: log(*done)
+    done = late.flush()                           # the last step's
+
+  Converting step N's metrics waits only for step N, while step N+1 is
+  already queued, so the device never idles on the host.
+  """
+
+  def __init__(self):
+    self._pending: tuple[int, Mapping[str, Any]] | None = None
+
+  def push(self, step: int, metrics: Mapping[str, Any]
+           ) -> tuple[int, dict[str, Any]] | None:
+    previous, self._pending = self._pending, (step, metrics)
+    return None if previous is None else (previous[0], to_python(previous[1]))
+
+  def flush(self) -> tuple[int, dict[str, Any]] | None:
+    previous, self._pending = self._pending, None
+    return None if previous is None else (previous[0], to_python(previous[1]))
+
+
+# ---------------------------------------------------------------------------
+# Timing and MFU.
+# ---------------------------------------------------------------------------
+def model_flops_utilization(flops_per_step: float, seconds_per_step: float,
+                            num_devices: int, peak_flops_per_device: float) -> float:
+  """Achieved FLOP/s per device over the device's peak, in [0, 1].
+
+  Args:
+    flops_per_step: model FLOPs of one optimizer step over the global batch
+      (forward + backward, all devices together).
+    seconds_per_step: wall time of one step.
+    num_devices: devices sharing the step.
+    peak_flops_per_device: e.g. 989e12 for an H100 in bf16.
+  """
+  return flops_per_step / seconds_per_step / num_devices / peak_flops_per_device
+
+
+class StepTimer:
+  """Splits wall time into waiting for data and the rest, per log window.
+
+    timer = StepTimer(global_batch=256, flops_per_step=..., num_devices=8,
+                      peak_flops_per_device=989e12)
+    for step in ...:
+      with timer.waiting_for_data():
+        batch = next(batches)
+      ...dispatch the step...
+      timer.step()
+      if step % log_every == 0:
+        writer.write(step, timer.summary())   # perf/* since last summary
+
+  Call `reset()` after the first (compiling) step so it doesn't skew rates.
+  """
+
+  def __init__(self, *, global_batch: int, flops_per_step: float | None = None,
+               num_devices: int | None = None,
+               peak_flops_per_device: float | None = None, clock=time.perf_counter):
+    self.global_batch = global_batch
+    self.flops_per_step = flops_per_step
+    self.num_devices = num_devices or jax.device_count()
+    self.peak_flops_per_device = peak_flops_per_device
+    self._clock = clock
+    self.reset()
+
+  def reset(self):
+    self._start = self._clock()
+    self._data_wait = 0.0
+    self._steps = 0
+
+  @contextlib.contextmanager
+  def waiting_for_data(self):
+    start = self._clock()
+    try:
+      yield
+    finally:
+      self._data_wait += self._clock() - start
+
+  def step(self, n: int = 1):
+    self._steps += n
+
+  def summary(self) -> dict[str, float]:
+    """`perf/*` metrics over the window since the last summary; resets it."""
+    wall, steps, wait = self._clock() - self._start, self._steps, self._data_wait
+    self.reset()
+    if steps == 0 or wall <= 0:
+      return {}
+    out = {
+        "perf/step_time_s": wall / steps,
+        "perf/data_wait_s": wait / steps,
+        "perf/data_wait_frac": wait / wall,
+        "perf/steps_per_s": steps / wall,
+        "perf/clips_per_s": steps * self.global_batch / wall,
+    }
+    if self.flops_per_step:
+      out["perf/tflops_per_device"] = (
+          self.flops_per_step * steps / wall / self.num_devices / 1e12)
+      if self.peak_flops_per_device:
+        out["perf/mfu"] = model_flops_utilization(
+            self.flops_per_step, wall / steps, self.num_devices,
+            self.peak_flops_per_device)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Non-finite guard.
+# ---------------------------------------------------------------------------
+class NonFiniteError(FloatingPointError):
+  """A logged metric became NaN or infinite."""
+
+
+def check_finite(metrics: Mapping[str, Any], *, step: int,
+                 last_checkpoint_step: int | None = None,
+                 keys: Iterable[str] | None = None):
+  """Raises `NonFiniteError` if a metric is NaN/inf (or None from to_python).
+
+  Args:
+    metrics: Python or device scalars, e.g. from `LateMetrics.push`.
+    step: the step these metrics belong to.
+    last_checkpoint_step: named in the message; the caller keeps it.
+    keys: which metrics to check (default: all numeric ones).
+  """
+  names = list(metrics) if keys is None else list(keys)
+  for name in names:
+    value = metrics[name]
+    if isinstance(value, str) or isinstance(value, bool):
+      continue
+    if value is None or not math.isfinite(float(np.asarray(value))):
+      kept = ("no checkpoint was saved yet" if last_checkpoint_step is None else
+              f"last good checkpoint at step {last_checkpoint_step} is kept")
+      raise NonFiniteError(
+          f"non-finite {name} ({value}) at step {step}; {kept}. Try a lower "
+          "learning rate, more warmup or gradient clipping, then resume")

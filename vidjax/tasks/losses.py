@@ -1,0 +1,167 @@
+"""Loss functions, pure and written on global arrays.
+
+Every function takes the whole (global) batch. Under `jax.jit` with inputs
+sharded over the mesh, XLA gathers what it needs, so the contrastive loss
+sees every device's embeddings as negatives, as AVION's `gather_with_grad`
+all-gather does, with no per-device code to get wrong.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# CLIP's initial temperature 0.07, as a log-space logit scale (LaViLa/AVION).
+INIT_LOGIT_SCALE = math.log(1 / 0.07)
+# AVION clamps the log-space scale to [0, ln 100] after each update.
+MAX_LOGIT_SCALE = math.log(100.0)
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """x / max(||x||, eps) along the last axis (float32 norm)."""
+  norm = jnp.linalg.norm(x.astype(jnp.float32), axis=-1, keepdims=True)
+  return (x / jnp.maximum(norm, eps)).astype(x.dtype)
+
+
+def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
+                     logit_scale: jax.Array, *, normalize: bool = True
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Symmetric InfoNCE over the global batch (CLIP / LaViLa / AVION).
+
+  Pair i (video i, text i) is the positive; every other item of the global
+  batch is a negative. The loss is the mean of video->text and
+  text->video cross-entropies, without label smoothing, as in AVION's
+  `ClipLoss`.
+
+  Args:
+    video_emb: float[B, D] video embeddings (global batch).
+    text_emb: float[B, D] text embeddings, row i paired with video i.
+    logit_scale: float[] log-space scale (the model's learnable parameter,
+      initialised to `INIT_LOGIT_SCALE`); logits are multiplied by its exp.
+      AVION clamps it to [0, `MAX_LOGIT_SCALE`] after each optimizer step;
+      that is the train step's job, this function does not clip.
+    normalize: L2-normalise the embeddings first (AVION's model does).
+
+  Returns:
+    (loss float32[], metrics) with 'v2t_acc' and 't2v_acc' (fraction of
+    the batch whose argmax is the positive) and 'logit_scale' (exp).
+  """
+  video = video_emb.astype(jnp.float32)
+  text = text_emb.astype(jnp.float32)
+  if normalize:
+    video, text = l2_normalize(video), l2_normalize(text)
+  scale = jnp.exp(jnp.asarray(logit_scale, jnp.float32))
+  logits = scale * video @ text.T  # [B, B]: row = video, column = text
+  labels = jnp.arange(logits.shape[0])
+  v2t = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  t2v = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels)
+  loss = (v2t.mean() + t2v.mean()) / 2
+  metrics = {
+      "v2t_acc": jnp.mean(jnp.argmax(logits, axis=1) == labels),
+      "t2v_acc": jnp.mean(jnp.argmax(logits, axis=0) == labels),
+      "logit_scale": scale,
+  }
+  return loss, metrics
+
+
+def normalize_patches(patches: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """Per-patch, per-channel standardisation (VideoMAE's `norm_pix_loss`).
+
+  Args:
+    patches: float[B, N, K, C]: N patches of K pixels with C channels.
+    eps: added to the (unbiased) standard deviation, as VideoMAE/AVION do.
+
+  Returns:
+    float32[B, N, K, C] with zero mean and unit std over K in each channel.
+  """
+  x = patches.astype(jnp.float32)
+  mean = x.mean(axis=-2, keepdims=True)
+  std = jnp.sqrt(x.var(axis=-2, keepdims=True, ddof=1))
+  return (x - mean) / (std + eps)
+
+
+def mae_loss(pred: jax.Array, target: jax.Array, mask: jax.Array,
+             norm_pix: bool = True) -> jax.Array:
+  """Mean squared error on the masked patches only (VideoMAE / AVION).
+
+  Args:
+    pred: float[B, N, K * C] the decoder's pixel predictions for all N
+      patches, each flattened in (K, C) order.
+    target: float[B, N, K, C] the patchified input pixels (e.g. 0-255
+      before the model's normalisation; AVION normalises raw pixels).
+    mask: bool[B, N], True where a patch was masked (hidden from the
+      encoder); only these count.
+    norm_pix: standardise each target patch per channel first.
+
+  Returns:
+    float32[]: mean over masked patches of the per-patch mean squared error.
+    With a fixed number of masked patches per example this equals AVION's
+    `MSELoss` over the gathered masked patches.
+  """
+  b, n = mask.shape
+  if norm_pix:
+    target = normalize_patches(target)
+  target = target.reshape(b, n, -1).astype(jnp.float32)
+  if pred.shape != target.shape:
+    raise ValueError(f"mae_loss: pred {pred.shape} does not match the target "
+                     f"patches {target.shape}")
+  per_patch = jnp.mean((pred.astype(jnp.float32) - target) ** 2, axis=-1)
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(per_patch * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
+                          label_smoothing: float = 0.0) -> jax.Array:
+  """Mean cross-entropy against hard labels or soft (mixup/cutmix) targets.
+
+  Args:
+    logits: float[B, K].
+    targets: int[B] class ids, or float[B, K] probabilities.
+    label_smoothing: moves this much mass uniformly over the K classes
+      (targets * (1 - s) + s / K), for hard and soft targets alike.
+
+  Returns:
+    float32[] mean over the batch.
+  """
+  num_classes = logits.shape[-1]
+  if jnp.issubdtype(targets.dtype, jnp.integer):
+    targets = jax.nn.one_hot(targets, num_classes, dtype=jnp.float32)
+  targets = targets.astype(jnp.float32)
+  if label_smoothing:
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
+
+
+def max_margin_ranking_loss(similarity: jax.Array,
+                            relevancy: jax.Array | None = None,
+                            margin: float = 0.2) -> jax.Array:
+  """Bidirectional max-margin ranking loss (EK-100 MIR fine-tuning).
+
+  With s = similarity[i, j] (text i vs video j; pair i is the positive),
+  each off-diagonal (i, j) contributes relu(m_i - (s_ii - s_ij)) and
+  relu(m_i - (s_ii - s_ji)); the loss is their mean over 2 B (B - 1)
+  terms. This is AVION/LaViLa's `MaxMarginRankingLoss(fix_norm=True)`
+  with m_i = margin; both pass the batch relevancy but ignore it. Given
+  `relevancy`, m_i = relevancy[i] * margin instead (LaViLa/EgoVLP's
+  `AdaptiveMaxMarginRankingLoss`).
+
+  Args:
+    similarity: float[B, B] cosine similarities between L2-normalised text
+      (rows) and video (columns) embeddings of the global batch.
+    relevancy: optional float[B] relevancy of each positive pair, in [0, 1].
+    margin: the margin (AVION: 0.2).
+
+  Returns:
+    float32[].
+  """
+  s = similarity.astype(jnp.float32)
+  n = s.shape[0]
+  positive = jnp.diag(s)[:, None]  # s_ii, broadcast along each row
+  m = margin if relevancy is None else (relevancy.astype(jnp.float32) * margin)[:, None]
+  rows = jax.nn.relu(m - (positive - s))     # text i ranked against video j
+  cols = jax.nn.relu(m - (positive - s.T))   # video i ranked against text j
+  off_diagonal = 1.0 - jnp.eye(n, dtype=jnp.float32)
+  return jnp.sum((rows + cols) * off_diagonal) / (2 * n * (n - 1))
