@@ -168,3 +168,28 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
     _write_ek100_csv(root / f"ek100_{split}.csv", subset, fps)
   done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
   return root
+
+
+def write_vocab(path: str | os.PathLike) -> Path:
+  """A tiny CLIP-format BPE vocabulary covering the captions' words.
+
+  Each caption word gets merges that build it from its letters, so it
+  tokenizes to one id; anything else falls back to byte tokens. Written as
+  gzip text in the format of CLIP's `bpe_simple_vocab_16e6.txt.gz`.
+  """
+  import gzip  # pylint: disable=import-outside-toplevel
+  words = sorted({w for name in class_names() for w in name.split()})
+  merges, seen = [], set()
+  for word in words:
+    pieces = list(word[:-1]) + [word[-1] + "</w>"]
+    while len(pieces) > 1:  # Merge left to right: ((r e) d</w>).
+      pair = (pieces[0], pieces[1])
+      if pair not in seen:
+        seen.add(pair)
+        merges.append(pair)
+      pieces = [pieces[0] + pieces[1]] + pieces[2:]
+  path = Path(path)
+  with gzip.open(path, "wt", encoding="utf-8") as f:
+    f.write("#version: 0.2 - vidjax synthetic captions\n")
+    f.write("\n".join(f"{a} {b}" for a, b in merges) + "\n")
+  return path

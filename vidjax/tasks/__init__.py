@@ -1,1 +1,25 @@
-"""vidjax.tasks."""
+"""Training objectives: one module per task, all with the same small API.
+
+A task module defines:
+  NEEDS_TEXT: bool                      whether batches carry `tokens`
+  augment_config(config) -> dict        `vidjax.augment.make_augment` keys
+  loss(model, batch, key, config) -> (loss, metrics)
+      training loss on an augmented global batch; `key` feeds drop path
+  eval_outputs(model, batch) -> dict[str, Array]
+      per-example outputs [B, ...] of an evaluation batch
+  evaluate(outputs, config) -> dict[str, float]
+      metrics from the outputs of the whole evaluation set, concatenated on
+      the host together with the batch's `index`, `view`, `valid` and labels
+"""
+from __future__ import annotations
+
+import importlib
+import types
+
+TASKS = ("contrastive", "mae", "classification", "retrieval")
+
+
+def get_task(name: str) -> types.ModuleType:
+  if name not in TASKS:
+    raise ValueError(f"config.task={name!r} is not one of {TASKS}")
+  return importlib.import_module(f"vidjax.tasks.{name}")

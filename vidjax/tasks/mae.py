@@ -1,0 +1,39 @@
+"""VideoMAE pretraining: reconstruct the pixels of masked tubes.
+
+The tube mask (ratio `augment.mask_ratio`, 0.9) is drawn on the device by
+`augment`; the model encodes visible tokens only and returns the MSE on masked
+patches of per-patch-normalised pixels. Eval: the same loss on held-out clips.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from vidjax.models import vit
+from vidjax.tasks import common
+
+NEEDS_TEXT = False
+
+
+def augment_config(config) -> dict:
+  patch = vit.parse_variant(config.model.variant)["patch_size"]
+  return {**dict(config.get("augment", {})), "mask_ratio": config.model.mask_ratio,
+          "tubelet": config.model.tubelet, "patch": patch}
+
+
+def loss(model, batch, key, config):
+  del config
+  value = model(batch["video"], batch["mask"], deterministic=False, rngs=key)
+  return value, {}
+
+
+def eval_outputs(model, batch):
+  # Per-example losses, so that padded rows can be dropped exactly.
+  _, predictions, targets = model(batch["video"], batch["mask"],
+                                  return_predictions=True)
+  return {"loss": ((predictions - targets) ** 2).mean(axis=(1, 2))}
+
+
+def evaluate(outputs, config) -> dict[str, float]:
+  del config
+  out = common.valid_outputs(outputs)
+  return {"loss": float(np.mean(out["loss"]))}

@@ -1,0 +1,287 @@
+"""The training loop, top to bottom: one generic loop for every task.
+
+    train_and_evaluate(config, workdir)   # what `python -m vidjax.main` calls
+
+Sections: setup -> data -> model and optimizer (created already sharded) ->
+resume -> jitted steps -> loop (log one step late, checkpoint, preemption,
+eval) -> final eval. The train state is a dict {step, params, opt}; model
+buffers that never train (`rest`) are rebuilt from the config at start-up.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from absl import logging
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from vidjax import augment, checkpoint, config as config_lib, models
+from vidjax import logging as log_lib, optim, sharding, tasks
+from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
+from vidjax.models import clip as clip_lib
+
+
+def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
+  """Writes the synthetic corpus under the workdir and points the data at it."""
+  spec = config.data.synthetic
+  root = synthetic.make_corpus(
+      workdir / "synthetic", num_videos=spec.num_videos,
+      segments_per_video=spec.segments_per_video,
+      segment_seconds=spec.segment_seconds, height=spec.height,
+      width=spec.width, seed=spec.seed, progress=jax.process_index() == 0)
+  with config.unlocked():
+    config.data.root = str(root / "chunks")
+    fmt = config.data.format
+    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv"}[fmt]
+    config.data.train_annotations = str(root / split.format("train"))
+    config.data.eval_annotations = str(root / split.format("val"))
+    if not config.data.vocab:
+      config.data.vocab = str(synthetic.write_vocab(root / "vocab.txt.gz"))
+
+
+def _clamp_logit_scale(params):
+  # CLIP/AVION clamp the learned temperature after each update (<= 100).
+  def clamp(path, x):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    return jnp.clip(x, 0.0, clip_lib.MAX_LOGIT_SCALE) if "logit_scale" in name else x
+  return jax.tree_util.tree_map_with_path(clamp, params)
+
+
+def _microbatches(batch: dict, accum: int) -> dict:
+  """[B, ...] -> [accum, B/accum, ...], microbatch a = examples a, a+accum, ...
+
+  Strided so that each device's contiguous shard of the batch holds an equal
+  part of every microbatch: no data moves between devices.
+  """
+  return jax.tree.map(
+      lambda x: jnp.moveaxis(x.reshape((-1, accum) + x.shape[1:]), 1, 0), batch)
+
+
+def _accumulate(grad_fn, accum: int, params, rest, batch, key):
+  """grad_fn over `accum` microbatches of the batch, averaged (lax.scan)."""
+  if accum == 1:
+    return grad_fn(params, rest, batch, key)
+  micro = _microbatches(batch, accum)
+  keys = jax.random.split(key, accum)
+  shapes = jax.eval_shape(grad_fn, params, rest,
+                          jax.tree.map(lambda x: x[0], micro), keys[0])
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def add(total, xs):
+    return jax.tree.map(jnp.add, total, grad_fn(params, rest, *xs)), None
+
+  total, _ = jax.lax.scan(add, zeros, (micro, keys))
+  return jax.tree.map(lambda x: x / accum, total)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted functions of a run, closed over the model structure."""
+  train: callable
+  eval: callable
+
+
+def make_steps(config, task, graphdef, tx, schedule) -> Steps:
+  accum = config.get("accum_steps", 1)
+  train_augment = augment.make_augment(task.augment_config(config))
+  eval_cfg = {k: v for k, v in task.augment_config(config).items()
+              if k in ("mean", "std", "dtype", "mask_ratio", "tubelet", "patch")}
+  eval_augment = augment.make_augment(eval_cfg)
+
+  def loss_fn(params, rest, batch, key):
+    model = nnx.merge(graphdef, params, rest)
+    return task.loss(model, batch, key, config)
+
+  def train_step(state, rest, batch, base_key):
+    key = jax.random.fold_in(base_key, state["step"])
+    aug_key, drop_key = jax.random.split(key)
+    batch = train_augment(batch, aug_key)
+    (loss, metrics), grads = _accumulate(
+        jax.value_and_grad(loss_fn, has_aux=True), accum, state["params"],
+        rest, batch, drop_key)
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
+    metrics = {f"train/{k}": v for k, v in metrics.items()}
+    metrics.update({"train/loss": loss, "train/grad_norm": optax.global_norm(grads),
+                    "train/lr": schedule(state["step"])})
+    return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
+
+  def eval_step(params, rest, batch):
+    batch = eval_augment(batch, jax.random.key(0))
+    out = task.eval_outputs(nnx.merge(graphdef, params, rest), batch)
+    keep = ("index", "view", "valid", "label", "verb", "noun")
+    return {**out, **{k: v for k, v in batch.items() if k in keep}}
+
+  return Steps(train=jax.jit(train_step, donate_argnums=0),
+               eval=jax.jit(eval_step))
+
+
+def run_eval(run: "Run", config) -> dict:
+  """Runs the evaluation set once; returns `eval/...` metrics."""
+  batches = pipeline.make_pipeline(
+      config, run.mesh, train=False, batch_size=config.eval.batch_size,
+      tokenizer=run.tokenizer)
+  outputs = []
+  for batch in batches:
+    out = run.steps.eval(run.state["params"], run.rest, batch)
+    outputs.append(jax.tree.map(np.asarray,
+                                multihost_utils.process_allgather(out, tiled=True)))
+  skipped = batches.skipped
+  batches.close()
+  merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  metrics = run.task.evaluate(merged, config)
+  return {**{f"eval/{k}": v for k, v in metrics.items()}, "eval/skipped": skipped}
+
+
+@dataclasses.dataclass
+class Run:
+  """What a run is built from: devices, task, state, jitted steps."""
+  mesh: jax.sharding.Mesh
+  task: object
+  tokenizer: object
+  state: dict
+  rest: object
+  steps: Steps
+  data_state: object = None
+
+
+def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
+  """Mesh, data paths, model and optimizer state (sharded), resume point."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  config_lib.validate(config, jax.device_count())
+  task = tasks.get_task(config.task)
+  if config.data.get("synthetic", None) and config.data.synthetic.enabled:
+    prepare_synthetic(config, workdir)
+  config_lib.save_config_json(config, workdir)
+  tokenizer = (tokenizer_lib.Tokenizer(config.data.vocab)
+               if task.NEEDS_TEXT else None)
+  if tokenizer and tokenizer.vocab_size > config.model.text.vocab_size:
+    raise ValueError(f"{config.data.vocab} has {tokenizer.vocab_size} tokens "
+                     f"but config.model.text.vocab_size is "
+                     f"{config.model.text.vocab_size}; raise it")
+
+  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
+
+  def build():
+    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+
+  def init():
+    _, params, rest = nnx.split(build(), nnx.Param, ...)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt": tx.init(params)}, rest
+
+  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  (state, rest), _ = sharding.create_sharded_state(init, mesh)
+  run = Run(mesh, task, tokenizer, state, rest,
+            make_steps(config, task, graphdef, tx, schedule))
+
+  start = checkpoint.resolve_start(workdir, config)
+  if start.kind in ("workdir", "resume"):
+    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
+    run.state, run.data_state = restored.state, restored.data_state
+    logging.info("resumed from %s at step %d", start.path, restored.step)
+  elif start.kind == "init_from":
+    run.state = dict(state, params=models.load_params(
+        start.path, config.model, state["params"]))
+    logging.info("initialised parameters from %s", start.path)
+  return run
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Evaluates the workdir's latest checkpoint (or `resume`/`init_from`)."""
+  workdir = Path(workdir)
+  run = setup(config, workdir)
+  metrics = run_eval(run, config)
+  with log_lib.MetricWriter(workdir) as writer:
+    writer.write(int(run.state["step"]), metrics)
+  logging.info("eval at step %d: %s", int(run.state["step"]), metrics)
+  return metrics
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (resuming if the workdir has a checkpoint) and evaluates.
+
+  Returns:
+    The last evaluation's metrics.
+  """
+  # ------------------------------------------------------------------ setup
+  workdir = Path(workdir)
+  run = setup(config, workdir)
+  state, rest, steps = run.state, run.rest, run.steps
+  first_step = int(state["step"])
+  writer = log_lib.MetricWriter(workdir)
+
+  # ------------------------------------------------------------------- data
+  train_batches = pipeline.make_pipeline(
+      config, run.mesh, train=True, batch_size=config.batch_size,
+      tokenizer=run.tokenizer)
+  if run.data_state is not None:
+    train_batches = train_batches.restored(run.data_state)
+
+  # ------------------------------------------------------------------- loop
+  base_key = jax.random.key(config.seed)
+  ckpt = checkpoint.Checkpointer.from_config(
+      workdir, config, metadata={"config": config.to_dict()})
+  flops = models.flops_per_example(config.model).get("train", 0.0)
+  timer = log_lib.StepTimer(
+      global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
+      peak_flops_per_device=config.get("peak_tflops", 0.0) * 1e12 or
+      log_lib.peak_flops_per_device())
+  late = log_lib.LateMetrics()
+  bar = log_lib.ProgressBar(config.total_steps, first_step)
+  eval_every = config.eval.get("every_steps", 0)
+  last_eval, last_saved, step = {}, first_step, first_step
+
+  def log(item):
+    if item is None:
+      return
+    logged_step, metrics = item
+    log_lib.check_finite(metrics, step=logged_step,
+                         last_checkpoint_step=last_saved)
+    if logged_step % config.log.every_steps == 0 or logged_step == config.total_steps:
+      metrics.update(timer.summary())
+      metrics["data/skipped"] = train_batches.skipped
+      writer.write(logged_step, metrics)
+    bar.update(logged_step, metrics)
+
+  with checkpoint.PreemptionHandler() as preemption:
+    while step < config.total_steps:
+      with timer.waiting_for_data():
+        batch = next(train_batches)
+      state, metrics = steps.train(state, rest, batch, base_key)
+      step += 1
+      timer.step()
+      if step == first_step + 1:
+        jax.block_until_ready(state)
+        timer.reset()  # The first step compiled; don't count it.
+      log(late.push(step, metrics))
+      stop = preemption.should_stop(step)
+      if ckpt.save(step, state, data_state=train_batches.get_state(),
+                   rng=base_key, force=stop or step == config.total_steps):
+        last_saved = step
+      if stop:
+        logging.warning("preempted: saved step %d; rerun the same command "
+                        "to resume", step)
+        break
+      if eval_every and step % eval_every == 0 and step < config.total_steps:
+        run.state = state
+        last_eval = run_eval(run, config)
+        writer.write(step, last_eval)
+  log(late.flush())
+  bar.close()
+  train_batches.close()
+  ckpt.close()
+  run.state = state
+  if step >= config.total_steps:
+    last_eval = run_eval(run, config)
+    writer.write(step, last_eval)
+    logging.info("final eval at step %d: %s", step, last_eval)
+  writer.close()
+  return last_eval
