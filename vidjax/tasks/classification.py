@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from vidjax import evaluate as eval_lib
+from vidjax.data import annotations
 from vidjax.tasks import common, losses
 
 NEEDS_TEXT = False
@@ -39,15 +40,18 @@ def evaluate(outputs, config) -> dict[str, float]:
   first = {int(i): k for k, i in reversed(list(enumerate(out["index"])))}
   labels = np.array([out["label"][first[int(i)]] for i in ids])
   metrics = eval_lib.topk_accuracy(probs, labels, ks=(1, 5))
-  if "verb" in out and "noun" in out and config.get("eval", {}).get(
-      "action_map", None):
-    verbs = np.array([out["verb"][first[int(i)]] for i in ids])
-    nouns = np.array([out["noun"][first[int(i)]] for i in ids])
-    pairs = config.eval.action_map  # action id -> (verb, noun)
-    verb_p, noun_p = eval_lib.marginalize_action_scores(
-        probs, pairs, int(verbs.max()) + 1, int(nouns.max()) + 1)
-    metrics.update(eval_lib.topk_accuracy(verb_p, verbs, ks=(1, 5),
-                                          prefix="verb_"))
-    metrics.update(eval_lib.topk_accuracy(noun_p, nouns, ks=(1, 5),
-                                          prefix="noun_"))
+  if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
+      and config.data.label == "action":
+    action_map = annotations.ek100_action_map(
+        [p for p in (config.data.train_annotations,
+                     config.data.eval_annotations) if p])
+    pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
+    for pair, action in action_map.items():
+      pairs[action] = pair
+    verb_p, noun_p = eval_lib.marginalize_action_scores(probs, pairs)
+    for name, p in (("verb", verb_p), ("noun", noun_p)):
+      truth = np.array([out[name][first[int(i)]] for i in ids])
+      if p.shape[1] > truth.max():
+        metrics.update(eval_lib.topk_accuracy(p, truth, ks=(1, 5),
+                                              prefix=f"{name}_"))
   return metrics

@@ -1,0 +1,202 @@
+"""The optax optimizer and learning-rate schedule, built from a config.
+
+`tx, schedule = make_optimizer(config, total_steps)` chains, in order:
+  clip by global norm -> AdamW / SGD / Lion (with masked weight decay)
+  -> layer-wise lr decay. (Gradient accumulation lives in the train step:
+  `config.accum_steps`, see `vidjax.train`.)
+
+Config keys (`default_optim_config()` has them all):
+  name: 'adamw', 'sgd' (heavy-ball momentum, torch-style coupled weight
+    decay) or 'lion'.
+  lr: peak learning rate, reached after warmup.
+  min_lr: final learning rate of the cosine schedule.
+  warmup_steps: linear warmup from 0 over this many optimizer steps.
+  schedule: 'cosine' (to min_lr at total_steps) or 'constant' (after warmup).
+  weight_decay: decoupled for AdamW and Lion, added to the gradient for SGD.
+    Never applied to params whose path matches `no_decay_names` or that have
+    fewer than 2 dims (biases, norm scales, scalars).
+  no_decay_names: substrings of a param path that exclude it from decay.
+  b1, b2: AdamW/Lion betas. eps: AdamW epsilon.
+  momentum, nesterov: SGD momentum; nesterov also selects NAdamW for 'adamw'.
+  clip_grad_norm: max global gradient norm; 0 disables clipping.
+  layer_decay: layer-wise lr decay for fine-tuning; 1.0 disables. A param of
+    layer id i gets lr * layer_decay ** (num_layers + 1 - i).
+  num_layers: number of transformer blocks L; 0 infers it from the paths.
+  layer_regex: regex whose group 1 is the block index in a param path.
+  embed_regex: regex for embedding params (layer id 0).
+  mu_dtype: dtype of first moments / momentum, e.g. 'bfloat16'; '' keeps the
+    params' dtype.
+
+Param paths are the pytree key path joined with '/', with the '.value' that
+flax nnx Variables add dropped: 'blocks/3/attn/qkv/kernel'. Layer ids follow
+BEiT/VideoMAE: embeddings (`embed_regex`) 0, block i (`layer_regex`, e.g.
+'blocks/<i>/', 'layers_<i>/', 'resblocks.<i>.') i + 1, everything else
+(final norm, head) L + 1, so the head keeps the full lr. Pass `layer_id_fn`
+to `make_optimizer` for another convention.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+LayerIdFn = Callable[[str, int], int]
+
+
+def default_optim_config() -> ml_collections.ConfigDict:
+  """The optimizer config with every key documented in the module docstring."""
+  return ml_collections.ConfigDict(dict(
+      name='adamw', lr=1e-4, min_lr=1e-6, warmup_steps=0, schedule='cosine',
+      weight_decay=0.05,
+      no_decay_names=('pos_embed', 'temporal_embed', 'cls_token', 'mask_token',
+                      'embedding', 'logit_scale'),
+      b1=0.9, b2=0.98, eps=1e-6, momentum=0.9, nesterov=False, clip_grad_norm=0.0,
+      layer_decay=1.0, num_layers=0,
+      layer_regex=r'(?:^|[/.])(?:blocks|layers|resblocks)[/_.]?(\d+)(?:[/.]|$)',
+      embed_regex=r'embed|cls_token|mask_token', mu_dtype=''))
+
+
+def param_path(key_path: Sequence[Any]) -> str:
+  """'/'-joined names of a pytree key path, e.g. 'blocks/0/mlp/fc1/kernel'."""
+  names = []
+  for key in key_path:
+    for attr in ('key', 'name', 'idx'):  # DictKey, GetAttrKey, SequenceKey...
+      if hasattr(key, attr):
+        names.append(str(getattr(key, attr)))
+        break
+    else:
+      names.append(str(key))
+  if key_path and isinstance(key_path[-1], jax.tree_util.GetAttrKey) and names[-1] == 'value':
+    names.pop()  # nnx.Variable's leaf attribute, not part of the param's name.
+  return '/'.join(names)
+
+
+def decay_mask(params, no_decay_names: Sequence[str]):
+  """Pytree of bools like `params`: True where weight decay applies."""
+  def decays(path, x):
+    name = param_path(path)
+    return len(jnp.shape(x)) >= 2 and not any(s in name for s in no_decay_names)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def regex_layer_id(layer_regex: str, embed_regex: str) -> LayerIdFn:
+  """A `layer_id_fn(path, num_layers)` from the two regexes of the config."""
+  layer_re, embed_re = re.compile(layer_regex), re.compile(embed_regex)
+
+  def layer_id(path: str, num_layers: int) -> int:
+    match = layer_re.search(path)
+    if match:
+      return int(match.group(1)) + 1
+    if embed_re.search(path):
+      return 0
+    return num_layers + 1
+  return layer_id
+
+
+def layer_scales(params, layer_decay: float, num_layers: int = 0,
+                 layer_id_fn: LayerIdFn | None = None, layer_regex: str | None = None):
+  """Pytree of floats like `params`: the lr multiplier of each param.
+
+  Args:
+    params: any pytree (dict, nnx.State, ...) of arrays.
+    layer_decay: decay factor d; scale = d ** (L + 1 - layer_id).
+    num_layers: L; 0 infers it as 1 + the largest block index matched by
+      `layer_regex` (defaults to the default config's).
+    layer_id_fn: maps (path, L) to a layer id in [0, L + 1].
+    layer_regex: used for inferring L (and by the default layer_id_fn).
+  """
+  defaults = default_optim_config()
+  layer_regex = layer_regex or defaults.layer_regex
+  layer_id_fn = layer_id_fn or regex_layer_id(layer_regex, defaults.embed_regex)
+  paths = [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  if num_layers <= 0:
+    blocks = [int(m.group(1)) for m in map(re.compile(layer_regex).search, paths) if m]
+    if not blocks:
+      raise ValueError(f'optim: layer_decay is set but no param path matches layer_regex '
+                       f'{layer_regex!r} (e.g. {paths[:3]}); set num_layers/layer_regex')
+    num_layers = max(blocks) + 1
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: float(layer_decay ** (num_layers + 1 - layer_id_fn(param_path(p), num_layers))),
+      params)
+
+
+def scale_by_layer(layer_decay: float, num_layers: int, layer_id_fn: LayerIdFn | None,
+                   layer_regex: str) -> optax.GradientTransformation:
+  """Multiplies each update by its `layer_scales` factor (constants at trace time)."""
+  def update(updates, state, params=None):
+    del params
+    scales = layer_scales(updates, layer_decay, num_layers, layer_id_fn, layer_regex)
+    return jax.tree.map(lambda u, s: u * jnp.asarray(s, u.dtype), updates, scales), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+  """Learning rate per optimizer step: linear warmup, then cosine or constant."""
+  lr, min_lr, warmup = float(config.lr), float(config.min_lr), int(config.warmup_steps)
+  if config.schedule not in ('cosine', 'constant'):
+    raise ValueError(f"optim: config.schedule must be 'cosine' or 'constant', "
+                     f'got {config.schedule!r}')
+  cosine = config.schedule == 'cosine'
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = lr * step / max(warmup, 1)
+    progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
+    after = min_lr + 0.5 * (lr - min_lr) * (1 + jnp.cos(jnp.pi * progress)) if cosine else lr
+    return jnp.where(step < warmup, warm, after)
+  return schedule
+
+
+def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
+                   layer_id_fn: LayerIdFn | None = None
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Builds the optimizer described in the module docstring.
+
+  Args:
+    config: optimizer config (see `default_optim_config`).
+    total_steps: number of optimizer updates of the run (for the schedule).
+    layer_id_fn: overrides the regex layer ids for layer decay.
+
+  Returns:
+    (tx, schedule): the optax GradientTransformation (call
+    `tx.update(grads, state, params)`; params are needed for weight decay)
+    and its base learning rate per optimizer step, for logging.
+  """
+  if total_steps <= 0:
+    raise ValueError(f'optim: total_steps must be positive, got {total_steps}')
+  defaults = default_optim_config()
+  get = lambda key: config.get(key, defaults[key])  # noqa: E731  (older configs lack keys)
+  schedule = make_schedule(config, total_steps)
+  mu_dtype = jnp.dtype(get('mu_dtype')) if get('mu_dtype') else None
+  wd = float(get('weight_decay'))
+  mask = lambda params: decay_mask(params, tuple(get('no_decay_names')))  # noqa: E731
+
+  name = get('name')
+  if name == 'adamw':
+    opt = optax.adamw(schedule, b1=get('b1'), b2=get('b2'), eps=get('eps'), mu_dtype=mu_dtype,
+                      weight_decay=wd, mask=mask, nesterov=bool(get('nesterov')))
+  elif name == 'lion':
+    opt = optax.lion(schedule, b1=get('b1'), b2=get('b2'), mu_dtype=mu_dtype,
+                     weight_decay=wd, mask=mask)
+  elif name == 'sgd':
+    opt = optax.sgd(schedule, momentum=get('momentum') or None, nesterov=bool(get('nesterov')),
+                    accumulator_dtype=mu_dtype)
+    if wd:  # torch.optim.SGD's weight decay: added to the gradient before momentum.
+      opt = optax.chain(optax.add_decayed_weights(wd, mask), opt)
+  else:
+    raise ValueError(f"optim: config.name must be 'adamw', 'sgd' or 'lion', got {name!r}")
+
+  parts = []
+  if get('clip_grad_norm') > 0:
+    parts.append(optax.clip_by_global_norm(float(get('clip_grad_norm'))))
+  parts.append(opt)
+  if get('layer_decay') != 1.0:
+    parts.append(scale_by_layer(float(get('layer_decay')), int(get('num_layers')), layer_id_fn
+                                or regex_layer_id(get('layer_regex'), get('embed_regex')),
+                                get('layer_regex')))
+  return optax.chain(*parts), schedule
