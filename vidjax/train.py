@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from vidjax import augment, checkpoint, config as config_lib, models
 from vidjax import logging as log_lib, optim, sharding, tasks
 from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
-from vidjax.models import clip as clip_lib
+from vidjax.models import clip as clip_lib, flops as flops_lib
 
 
 def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
@@ -229,7 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   base_key = jax.random.key(config.seed)
   ckpt = checkpoint.Checkpointer.from_config(
       workdir, config, metadata={"config": config.to_dict()})
-  flops = models.flops_per_example(config.model).get("train", 0.0)
+  flops = flops_lib.flops_per_example(config.model)["training"]
   timer = log_lib.StepTimer(
       global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
       peak_flops_per_device=config.get("peak_tflops", 0.0) * 1e12 or
