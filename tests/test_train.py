@@ -20,13 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 def cli(workdir, *overrides):
   return [sys.executable, "-m", "vidjax.main", "--config",
           str(REPO / "configs/demo.py:debug"), "--workdir", str(workdir),
-          "--config.total_steps=40", "--config.log.every_steps=1",
+          "--config.total_steps=24", "--config.log.every_steps=1",
           "--config.checkpoint.every_steps=1000", "--config.batch_size=32",
           *overrides]
 
 
 def losses(workdir):
   by_step = {}
+  if not (Path(workdir) / "metrics.jsonl").exists():
+    return by_step
   for row in log_lib.read_metrics(workdir):
     if "train/loss" in row:
       by_step[row["step"]] = row["train/loss"]  # Resumed runs append.
@@ -42,7 +44,6 @@ def uninterrupted(tmp_path_factory):
 
 def test_sigterm_then_resume_matches_uninterrupted_run(uninterrupted, tmp_path):
   workdir = tmp_path / "run"
-  # The synthetic corpus is deterministic: copy it so both runs start alike.
   proc = subprocess.Popen(cli(workdir), cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT)
   deadline = time.time() + 240
@@ -54,19 +55,19 @@ def test_sigterm_then_resume_matches_uninterrupted_run(uninterrupted, tmp_path):
   output = proc.communicate(timeout=240)[0].decode()
   assert proc.returncode == 0, output
   stopped_at = max(losses(workdir))
-  assert 5 <= stopped_at < 40, f"SIGTERM came too late ({stopped_at})"
+  assert 5 <= stopped_at < 24, f"SIGTERM came too late ({stopped_at})"
   ckpts = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                  if p.name.isdigit())
   assert ckpts and ckpts[-1] >= stopped_at
   subprocess.run(cli(workdir), check=True, cwd=REPO, capture_output=True)
   resumed, expected = losses(workdir), losses(uninterrupted)
-  assert sorted(resumed) == sorted(expected) == list(range(1, 41))
-  np.testing.assert_allclose([resumed[s] for s in range(1, 41)],
-                             [expected[s] for s in range(1, 41)], rtol=1e-5)
+  assert sorted(resumed) == sorted(expected) == list(range(1, 25))
+  np.testing.assert_allclose([resumed[s] for s in range(1, 25)],
+                             [expected[s] for s in range(1, 25)], rtol=1e-5)
   final = [r for r in log_lib.read_metrics(workdir) if "eval/t2v_r1" in r]
-  assert final and final[-1]["step"] == 40
+  assert final and final[-1]["step"] == 24
   config = json.loads((workdir / "config.json").read_text())
-  assert config["total_steps"] == 40
+  assert config["total_steps"] == 24
 
 
 def test_bad_config_stops_at_start_with_a_message(tmp_path):
