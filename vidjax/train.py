@@ -249,7 +249,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       metrics.update(timer.summary())
       metrics["data/skipped"] = train_batches.skipped
       writer.write(logged_step, metrics)
-    bar.update(logged_step, metrics)
+    bar.update(logged_step, {k: v for k, v in metrics.items()
+                             if k in ("train/loss", "perf/clips_per_s")})
 
   with checkpoint.PreemptionHandler() as preemption:
     while step < config.total_steps:
