@@ -1,0 +1,85 @@
+"""Attention: every implementation computes softmax(Q K^T / sqrt(d)) V."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidjax.models import attention
+
+
+def reference_attention(q, k, v, is_causal=False):
+  """Plain softmax(Q K^T / sqrt(d)) V over [B, T, N, H]."""
+  logits = jnp.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
+  if is_causal:
+    t, s = logits.shape[-2:]
+    logits = jnp.where(jnp.tril(jnp.ones((t, s), bool)), logits, -jnp.inf)
+  return jnp.einsum('bnts,bsnh->btnh', jax.nn.softmax(logits, axis=-1), v)
+
+
+def _qkv(dtype=jnp.float32, shape=(2, 13, 3, 16)):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return [jax.random.normal(key, shape, dtype) for key in keys]
+
+
+@pytest.mark.parametrize('implementation', ['xla', 'auto'])
+@pytest.mark.parametrize('is_causal', [False, True])
+def test_values_and_gradients_match_reference(implementation, is_causal):
+  q, k, v = _qkv()
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.sin(fn(q, k, v)))
+
+  ours = lambda q, k, v: attention.dot_product_attention(
+      q, k, v, implementation=implementation, is_causal=is_causal)
+  ref = lambda q, k, v: reference_attention(q, k, v, is_causal)
+  np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=1e-5)
+  grads = jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2))(q, k, v)
+  ref_grads = jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2))(q, k, v)
+  for g, rg in zip(grads, ref_grads):
+    np.testing.assert_allclose(g, rg, atol=1e-5)
+
+
+def test_cudnn_on_cpu_raises_a_clear_error():
+  q, k, v = _qkv(jnp.bfloat16)
+  with pytest.raises(ValueError, match="attention='cudnn'.*NVIDIA GPU"):
+    attention.dot_product_attention(q, k, v, implementation='cudnn')
+
+
+def test_auto_on_cpu_chooses_xla_and_unknown_names_fail():
+  assert attention.resolve_implementation('auto', 64, jnp.bfloat16) == 'xla'
+  with pytest.raises(ValueError, match='flash'):
+    attention.resolve_implementation('flash', 64, jnp.bfloat16)
+
+
+def test_multi_head_attention_splits_heads_like_torch():
+  """The fused kernel is [q | k | v], each split into heads in order."""
+  width, heads = 8, 2
+  layer = attention.MultiHeadAttention(width, heads, implementation='xla',
+                                       rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 5, width))
+  qkv = x @ layer.qkv.kernel[...] + layer.qkv.bias[...]
+  q, k, v = (qkv[..., i * width:(i + 1) * width].reshape(2, 5, heads, -1)
+             for i in range(3))
+  expected = (reference_attention(q, k, v).reshape(2, 5, width)
+              @ layer.out.kernel[...] + layer.out.bias[...])
+  np.testing.assert_allclose(layer(x), expected, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('is_causal', [False, True])
+def test_cudnn_matches_xla_in_bfloat16(is_causal):
+  q, k, v = _qkv(jnp.bfloat16, shape=(4, 197, 12, 64))
+
+  def run(implementation):
+    fn = lambda q, k, v: jnp.sum(attention.dot_product_attention(
+        q, k, v, implementation=implementation, is_causal=is_causal
+    ).astype(jnp.float32) ** 2)
+    return jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(q, k, v)
+
+  (loss, grads), (ref_loss, ref_grads) = run('cudnn'), run('xla')
+  np.testing.assert_allclose(loss, ref_loss, rtol=2e-2)
+  for g, rg in zip(grads, ref_grads):
+    np.testing.assert_allclose(np.asarray(g, np.float32),
+                               np.asarray(rg, np.float32), atol=5e-2,
+                               rtol=5e-2)

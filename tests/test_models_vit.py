@@ -1,0 +1,141 @@
+"""Video ViT: patch layout, positions, remat/scan equivalence, training use."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vidjax.models import build_model, default_model_config
+from vidjax.models.vit import VisionTransformer, parse_variant, patchify
+
+
+def tiny_vit(**overrides):
+  kwargs = dict(width=32, depth=2, heads=2, patch_size=8, image_size=16,
+                num_frames=4, tubelet=2, output_dim=8, attention='xla',
+                drop_path=0.2, rngs=nnx.Rngs(0))
+  kwargs.update(overrides)
+  return VisionTransformer(**kwargs)
+
+
+def video(shape=(2, 4, 16, 16, 3), seed=1):
+  return jax.random.normal(jax.random.key(seed), shape)
+
+
+def test_patch_embedding_is_a_strided_conv3d_in_time_row_column_order():
+  model = tiny_vit(pos_embed='sincos', class_token=False, pool='none')
+  x = video()
+  kernel = model.patch_embed.kernel[...].reshape(2, 8, 8, 3, 32)  # t p p C D
+  conv = jax.lax.conv_general_dilated(
+      x, kernel, window_strides=(2, 8, 8), padding='VALID',
+      dimension_numbers=('NTHWC', 'THWIO', 'NTHWC'))
+  np.testing.assert_allclose(model.patch_embed(patchify(x, 2, 8)),
+                             conv.reshape(2, -1, 32), atol=1e-4)
+
+
+def test_parse_variant_and_bad_inputs():
+  assert parse_variant('L/14') == dict(width=1024, depth=24, heads=16,
+                                       mlp_dim=4096, patch_size=14)
+  with pytest.raises(ValueError, match='variant'):
+    parse_variant('XL/16')
+  with pytest.raises(ValueError, match='does not match the model'):
+    tiny_vit()(video((2, 2, 16, 16, 3)))
+
+
+def test_temporal_embedding_starts_at_zero_so_one_frame_is_an_image_model():
+  model = tiny_vit(num_frames=1, tubelet=1, drop_path=0.0)
+  np.testing.assert_array_equal(model.temporal_pos[...], 0)
+  frame = video((2, 1, 16, 16, 3))
+  tokens = model.embed(frame)
+  expected = (model.patch_embed(patchify(frame, 1, 8))
+              + model.spatial_pos[...][1:])
+  np.testing.assert_allclose(tokens, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize('remat, scan', [('full', False),
+                                         ('dots_saveable', True)])
+def test_remat_and_scan_change_nothing_numerically(remat, scan):
+  base = tiny_vit()
+  other = tiny_vit(remat=remat, scan=scan)
+  # Same weights: copy the (unstacked) blocks into the stacked layout.
+  base_params = nnx.state(base, nnx.Param)
+  if scan:
+    layers = base_params['blocks']['layers']
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[layers[i] for i in
+                                                         range(2)])
+    base_params['blocks']['layers'] = stacked
+  nnx.update(other, base_params)
+  x = video()
+
+  def value_and_grad(model):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params):
+      model = nnx.merge(graphdef, params, rest)
+      out = model(x, rngs=jax.random.key(3), deterministic=False)
+      return jnp.sum(out**2)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  value, grads = value_and_grad(base)
+  other_value, other_grads = value_and_grad(other)
+  np.testing.assert_allclose(value, other_value, rtol=1e-5)
+  np.testing.assert_allclose(grads['patch_embed']['kernel'],
+                             other_grads['patch_embed']['kernel'], atol=1e-5)
+
+
+def test_drop_path_uses_the_dropout_stream_only_when_training():
+  model = tiny_vit()
+  x = video()
+  np.testing.assert_array_equal(model(x), model(x, deterministic=True))
+  first = model(x, deterministic=False)
+  second = model(x, deterministic=False)  # the stored stream advanced
+  assert not np.allclose(first, second)
+  keyed = model(x, deterministic=False, rngs=jax.random.key(5))
+  np.testing.assert_array_equal(
+      keyed, model(x, deterministic=False, rngs=jax.random.key(5)))
+  assert not np.allclose(keyed, model(x))
+
+
+def test_split_merge_inside_jit_trains_with_dropout_state_threaded():
+  model = tiny_vit()
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def step(params, rest, x):
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
+      loss = jnp.mean(model(x, deterministic=False) ** 2)
+      return loss, nnx.state(model, nnx.Not(nnx.Param))
+    (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return params, rest, loss
+
+  x = video()
+  params, rest1, loss1 = step(params, rest, x)
+  params, rest2, loss2 = step(params, rest1, x)
+  assert np.isfinite(loss1) and np.isfinite(loss2)
+  counts = [int(r['blocks']['dropout_rngs']['count'][...])
+            for r in (rest, rest1, rest2)]
+  assert counts == sorted(set(counts))  # a fresh drop-path mask each step
+
+
+def test_vit_b16_four_frames_forward_and_backward_on_cpu():
+  """The real ViT-B/16 width and token count (4 frames, 785 tokens)."""
+  config = default_model_config('clip')
+  config.update(variant='B/16', depth=1, num_frames=4, dtype='float32',
+                remat='full', attention='auto')
+  config.text.update(layers=1, width=64, heads=1, vocab_size=100)
+  model = build_model(config, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  @jax.jit
+  def grads(params, rest, x):
+    def loss(params):
+      model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest))
+      return jnp.sum(model.encode_video(x, deterministic=False) ** 2)
+    return jax.value_and_grad(loss)(params)
+
+  loss, g = grads(params, rest, video((1, 4, 224, 224, 3)))
+  assert np.isfinite(loss)
+  assert g['visual']['patch_embed']['kernel'].shape == (768, 768)
+  assert np.isfinite(np.asarray(g['visual']['patch_embed']['kernel'])).all()

@@ -1,0 +1,166 @@
+"""Multi-head attention on `jax.nn.dot_product_attention`, cuDNN flash or XLA.
+
+AVION's speed comes largely from FlashAttention. In JAX the same kernel is
+cuDNN's fused attention, reached through
+`jax.nn.dot_product_attention(..., implementation='cudnn')`. Two traps make an
+explicit choice necessary:
+
+* `implementation=None` means XLA even on a GPU, so the default never gives
+  flash attention;
+* cuDNN only takes bf16/fp16 inputs with a head size that is a multiple of 8
+  (at most 128 before Hopper, 256 from Hopper on), on an NVIDIA GPU of compute
+  capability 8.0 or newer; anything else raises deep inside JAX.
+
+`implementation` is therefore one of 'cudnn' (fail early, saying why),
+'xla', or 'auto' (cuDNN when the inputs allow it, else XLA, logged once).
+"""
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
+
+IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
+
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+_logged_choices: set[str] = set()
+
+
+def _gpu_compute_capability() -> tuple[int, int] | None:
+  """The first CUDA device's compute capability, or None without one."""
+  if jax.default_backend() != 'gpu':
+    return None
+  device = jax.devices()[0]
+  capability = getattr(device, 'compute_capability', None)
+  if not capability:  # ROCm devices have none; cuDNN is CUDA-only.
+    return None
+  major, minor = (int(part) for part in str(capability).split('.')[:2])
+  return major, minor
+
+
+def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
+  """Why cuDNN flash attention cannot run these inputs, or None if it can.
+
+  Args:
+    head_dim: size of one attention head (H).
+    dtype: dtype of the queries, keys and values.
+
+  Returns:
+    A sentence naming the first failed requirement, or None.
+  """
+  capability = _gpu_compute_capability()
+  if capability is None:
+    return (f'the default JAX backend is {jax.default_backend()!r}; cuDNN '
+            'attention needs an NVIDIA GPU')
+  if capability < (8, 0):
+    return (f'the GPU has compute capability {capability[0]}.{capability[1]}; '
+            'cuDNN flash attention needs 8.0 (Ampere) or newer')
+  if jnp.dtype(dtype) not in [jnp.dtype(d) for d in _CUDNN_DTYPES]:
+    return (f'the compute dtype is {jnp.dtype(dtype).name}; cuDNN attention '
+            'needs bfloat16 or float16 (set the model dtype to bfloat16)')
+  max_head_dim = 256 if capability >= (9, 0) else 128
+  if head_dim % 8 or head_dim > max_head_dim:
+    return (f'the head size is {head_dim}; cuDNN needs a multiple of 8 up to '
+            f'{max_head_dim} on this GPU')
+  return None
+
+
+def resolve_implementation(implementation: str, head_dim: int, dtype) -> str:
+  """Maps the configured implementation to 'cudnn' or 'xla'.
+
+  Args:
+    implementation: 'auto', 'xla' or 'cudnn'.
+    head_dim: size of one attention head.
+    dtype: dtype the attention runs in.
+
+  Returns:
+    'cudnn' or 'xla'.
+
+  Raises:
+    ValueError: for an unknown name, or for 'cudnn' when the device, dtype or
+      head size cannot use it.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'attention implementation must be one of '
+                     f'{IMPLEMENTATIONS}, got {implementation!r}')
+  if implementation == 'xla':
+    return 'xla'
+  reason = cudnn_unsupported_reason(head_dim, dtype)
+  if implementation == 'cudnn':
+    if reason:
+      raise ValueError(f"attention='cudnn' cannot be used: {reason}. "
+                       "Use attention='auto' to fall back to XLA.")
+    return 'cudnn'
+  choice = 'xla' if reason else 'cudnn'
+  message = (f"attention='auto' chose {choice} for head size {head_dim}, "
+             f'dtype {jnp.dtype(dtype).name}')
+  if reason:
+    message += f' ({reason})'
+  if message not in _logged_choices:  # once per distinct choice, not per layer
+    _logged_choices.add(message)
+    logging.info(message)
+  return choice
+
+
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                          *, implementation: str = 'auto',
+                          is_causal: bool = False) -> jax.Array:
+  """softmax(Q K^T / sqrt(H)) V with the chosen kernel.
+
+  Args:
+    query: [B, T, N, H] queries (T tokens, N heads of size H).
+    key: [B, S, N, H] keys.
+    value: [B, S, N, H] values.
+    implementation: 'auto', 'xla' or 'cudnn' (see the module docstring).
+    is_causal: token t attends to tokens <= t only (the text tower).
+
+  Returns:
+    [B, T, N, H] attention output, in the dtype of `query`.
+  """
+  chosen = resolve_implementation(implementation, query.shape[-1], query.dtype)
+  return jax.nn.dot_product_attention(
+      query, key, value, is_causal=is_causal, implementation=chosen)
+
+
+class MultiHeadAttention(nnx.Module):
+  """Self-attention with one fused QKV projection, as in CLIP and VideoMAE.
+
+  Parameters: `qkv` (kernel [D, 3D], laid out as [q | k | v], each split into
+  heads in order) and `out` (kernel [D, D]).
+  """
+
+  def __init__(self, width: int, heads: int, *, qkv_bias: bool = True,
+               implementation: str = 'auto', dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    if width % heads:
+      raise ValueError(f'attention width {width} is not divisible by '
+                       f'{heads} heads')
+    self.heads = heads
+    self.implementation = implementation
+    init = nnx.initializers.xavier_uniform()
+    self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype,
+                          kernel_init=init, rngs=rngs)
+    self.out = nnx.Linear(width, width, dtype=dtype, kernel_init=init,
+                          rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, is_causal: bool = False) -> jax.Array:
+    """Attends over the tokens of `x`.
+
+    Args:
+      x: [B, L, D] tokens.
+      is_causal: causal masking (text tower).
+
+    Returns:
+      [B, L, D].
+    """
+    batch, length, width = x.shape
+    qkv = self.qkv(x).reshape(batch, length, 3, self.heads, -1)
+    query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    attended = dot_product_attention(query, key, value, is_causal=is_causal,
+                                     implementation=self.implementation)
+    # Named so that remat policies can choose to keep it (see vit.py).
+    attended = checkpoint_name(attended, 'attention')
+    return self.out(attended.reshape(batch, length, width))

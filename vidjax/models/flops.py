@@ -1,0 +1,85 @@
+"""Model FLOPs per example, from the config, for TFLOP/s and MFU logging.
+
+Counts matrix multiplies (2 FLOPs per multiply-add) and attention's two
+batched matmuls (Q K^T and weights x V, over the full T x T matrix, as XLA
+computes them; causal masking is not discounted). Elementwise work (norms,
+softmax, activations) is left out, as usual for MFU. Training is 3x the
+forward pass (the backward pass costs two matmuls per forward one);
+rematerialisation's recompute is not counted, so MFU stays comparable
+across remat policies.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from vidjax.models import model_kwargs
+from vidjax.models.videomae import num_masked_tokens
+
+
+def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int
+                      ) -> int:
+  """Forward FLOPs of `depth` pre-LN blocks over `tokens` tokens."""
+  projections = 2 * tokens * width * (3 * width + width + 2 * mlp_dim)
+  attention = 2 * 2 * tokens * tokens * width
+  return depth * (projections + attention)
+
+
+def _grid(kwargs: dict) -> tuple[int, int, int]:
+  size = kwargs['image_size']
+  height, width = (size, size) if isinstance(size, int) else size
+  patch = kwargs['patch_size']
+  return (kwargs['num_frames'] // kwargs['tubelet'], height // patch,
+          width // patch)
+
+
+def _vision_flops(kwargs: dict, tokens: int, prefix: str = '') -> int:
+  """Patch embedding of all patches plus the blocks over `tokens` tokens."""
+  time, rows, columns = _grid(kwargs)
+  width = kwargs[f'{prefix}width']
+  patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
+  embed = 2 * time * rows * columns * patch_features * width
+  return embed + transformer_flops(tokens, width, kwargs[f'{prefix}depth'],
+                                   kwargs[f'{prefix}mlp_dim'])
+
+
+def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """FLOPs to process one example with the model `config` describes.
+
+  Args:
+    config: a model config (see `vidjax.models.default_model_config`).
+
+  Returns:
+    dict with 'forward' and 'training' (forward + backward) FLOPs per
+    example, plus the forward FLOPs of each part ('vision', 'text',
+    'decoder', 'head' where they exist).
+  """
+  kwargs = model_kwargs(config)
+  grid = _grid(kwargs)
+  patches = grid[0] * grid[1] * grid[2]
+  parts = {}
+  if config.name == 'clip':
+    width = kwargs['vision_width']
+    parts['vision'] = (_vision_flops(kwargs, patches + 1, prefix='vision_')
+                       + 2 * width * kwargs['embed_dim'])
+    text_width = kwargs['text_width']
+    parts['text'] = (
+        transformer_flops(kwargs['context_length'], text_width,
+                          kwargs['text_depth'], 4 * text_width)
+        + 2 * text_width * kwargs['embed_dim'])
+  elif config.name == 'videomae':
+    masked = num_masked_tokens(grid, kwargs['mask_ratio'])
+    visible = patches - masked
+    parts['vision'] = _vision_flops(kwargs, visible)
+    decoder_width = kwargs['decoder_width']
+    patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
+    parts['decoder'] = (
+        2 * visible * kwargs['width'] * decoder_width
+        + transformer_flops(patches, decoder_width, kwargs['decoder_depth'],
+                            4 * decoder_width)
+        + 2 * masked * decoder_width * patch_features)
+  else:
+    with_class_token = kwargs['backbone'] == 'clip'
+    parts['vision'] = _vision_flops(kwargs, patches + int(with_class_token))
+    parts['head'] = 2 * kwargs['width'] * kwargs['num_classes']
+  forward = sum(parts.values())
+  return dict(forward=forward, training=3 * forward, **parts)

@@ -1,0 +1,219 @@
+"""VideoMAE pretraining (masked tubelet reconstruction) and a video classifier.
+
+The encoder sees only the visible tokens (10% at the usual 90% tube masking),
+which is what makes VideoMAE cheap; a light decoder fills in the masked ones.
+`Classifier` fine-tunes a ViT from either pretraining: VideoMAE style (no
+class token, sinusoid positions, mean pooling) or CLIP style (class token,
+learned positions, token pooling).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vidjax.models.vit import (Transformer, VisionTransformer,
+                               dropout_stream, patchify, sincos_table)
+
+__all__ = ['BACKBONE_STYLES', 'Classifier', 'VideoMAE', 'num_masked_tokens',
+           'patchify']
+
+# Architecture switches that differ between the two pretrainings.
+BACKBONE_STYLES = {
+    'videomae': dict(class_token=False, pos_embed='sincos', pre_norm=False,
+                     patch_bias=True, act='gelu', norm_eps=1e-6),
+    'clip': dict(class_token=True, pos_embed='learned', pre_norm=True,
+                 patch_bias=False, act='quick_gelu', norm_eps=1e-5),
+}
+
+
+def num_masked_tokens(grid: tuple[int, int, int], mask_ratio: float) -> int:
+  """Masked tokens per clip under VideoMAE's tube masking.
+
+  Args:
+    grid: tokens along (time, rows, columns), i.e. (T/t, H/p, W/p).
+    mask_ratio: fraction of each frame's patches masked.
+
+  Returns:
+    int(mask_ratio * rows * columns) * time, as VideoMAE counts.
+  """
+  time, rows, columns = grid
+  return int(mask_ratio * rows * columns) * time
+
+
+def normalize_patches(patches: jax.Array, channels: int = 3) -> jax.Array:
+  """Per patch and channel: subtract the mean, divide by the (unbiased) std.
+
+  Args:
+    patches: [B, M, t*p*p*C] from `patchify`.
+    channels: C.
+
+  Returns:
+    float32 array of the same shape.
+  """
+  shape = patches.shape
+  x = patches.astype(jnp.float32).reshape(shape[:-1] + (-1, channels))
+  mean = x.mean(axis=-2, keepdims=True)
+  std = jnp.sqrt(x.var(axis=-2, keepdims=True, ddof=1))
+  return ((x - mean) / (std + 1e-6)).reshape(shape)
+
+
+def _split_key(rngs):
+  """Two independent dropout sources from a key (nnx.Rngs streams advance)."""
+  if rngs is None or isinstance(rngs, nnx.Rngs):
+    return rngs, rngs
+  return tuple(jax.random.split(rngs))
+
+
+class VideoMAE(nnx.Module):
+  """VideoMAE pretraining model.
+
+  Parameters: `encoder` (a VisionTransformer, VideoMAE style),
+  `encoder_to_decoder` (kernel [D, Dd], no bias), `mask_token` [Dd],
+  `decoder` (blocks), `decoder_norm`, `decoder_head` (kernel [Dd, t*p*p*3]).
+  """
+
+  def __init__(self, *, width: int = 768, depth: int = 12, heads: int = 12,
+               mlp_dim: int | None = None, patch_size: int = 16,
+               image_size=224, num_frames: int = 16, tubelet: int = 2,
+               decoder_width: int = 384, decoder_depth: int = 4,
+               decoder_heads: int = 6, mask_ratio: float = 0.9,
+               norm_pix_loss: bool = True, act: str = 'gelu',
+               norm_eps: float = 1e-6, drop_path: float = 0.0,
+               attention: str = 'auto', remat: str = 'none',
+               scan: bool = False, dtype=jnp.float32, rngs: nnx.Rngs):
+    style = dict(BACKBONE_STYLES['videomae'], act=act, norm_eps=norm_eps)
+    self.encoder = VisionTransformer(
+        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
+        patch_size=patch_size, image_size=image_size, num_frames=num_frames,
+        tubelet=tubelet, pool='none', output_dim=None, drop_path=drop_path,
+        attention=attention, remat=remat, scan=scan, dtype=dtype, rngs=rngs,
+        **style)
+    self.num_masked = num_masked_tokens(self.encoder.grid, mask_ratio)
+    if not 0 < self.num_masked < self.encoder.num_patches:
+      raise ValueError(f'mask_ratio={mask_ratio} masks {self.num_masked} of '
+                       f'{self.encoder.num_patches} tokens; need at least one '
+                       'masked and one visible')
+    self.norm_pix_loss = norm_pix_loss
+    self.decoder_width = decoder_width
+    self.encoder_to_decoder = nnx.Linear(
+        width, decoder_width, use_bias=False, dtype=dtype,
+        kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+    self.mask_token = nnx.Param(
+        nnx.initializers.normal(0.02)(rngs.params(), (decoder_width,)))
+    self.decoder = Transformer(
+        width=decoder_width, depth=decoder_depth, heads=decoder_heads,
+        mlp_dim=4 * decoder_width, act=act, norm_eps=norm_eps,
+        attention=attention, remat=remat, scan=scan, dtype=dtype, rngs=rngs)
+    self.decoder_norm = nnx.LayerNorm(decoder_width, epsilon=norm_eps,
+                                      rngs=rngs)
+    self.decoder_head = nnx.Linear(
+        decoder_width, tubelet * patch_size * patch_size * 3, dtype=dtype,
+        kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+
+  def __call__(self, video: jax.Array, mask: jax.Array, *,
+               deterministic: bool = True, rngs=None,
+               return_predictions: bool = False):
+    """Reconstruction loss on the masked tubelets.
+
+    Args:
+      video: float32[B, T, H, W, 3], normalised (the targets are these
+        values; with `norm_pix_loss` each target patch is renormalised, so
+        the input normalisation does not matter).
+      mask: bool[B, N], True = masked, N = (T/t)*(H/p)*(W/p) in (time, row,
+        column) order, exactly `self.num_masked` per example (tube masking at
+        the configured ratio). A different count gives a NaN loss.
+      deterministic: disables drop path when True.
+      rngs: optional nnx.Rngs or key for drop path.
+      return_predictions: also return the predictions and targets.
+
+    Returns:
+      float32 scalar loss (mean squared error over masked patches), or
+      (loss, predictions float32[B, M, t*p*p*3], targets of the same shape)
+      with M = `num_masked`, masked tokens in increasing index order.
+    """
+    encoder = self.encoder
+    num_patches, num_masked = encoder.num_patches, self.num_masked
+    if mask.shape != (video.shape[0], num_patches):
+      raise ValueError(f'mask of shape {mask.shape} does not match '
+                       f'[batch, {num_patches}] tokens')
+    # Stable sort puts visible (False) tokens first, each group in order.
+    order = jnp.argsort(mask.astype(jnp.int32), axis=1, stable=True)
+    visible_idx, masked_idx = order[:, :-num_masked], order[:, -num_masked:]
+
+    def gather(x, idx):
+      return jnp.take_along_axis(x, idx[..., None], axis=1)
+
+    tokens = gather(encoder.embed(video), visible_idx)
+    encoder_rngs, decoder_rngs = _split_key(rngs)
+    tokens = encoder.encode_tokens(tokens, deterministic=deterministic,
+                                   rngs=encoder_rngs)
+    tokens = self.encoder_to_decoder(encoder.head(tokens))
+
+    positions = jnp.asarray(sincos_table(num_patches, self.decoder_width))
+    positions = jnp.broadcast_to(positions, (video.shape[0],) + positions.shape)
+    visible = tokens.astype(jnp.float32) + gather(positions, visible_idx)
+    masked = self.mask_token[...] + gather(positions, masked_idx)
+    decoded = self.decoder(jnp.concatenate([visible, masked], axis=1),
+                           deterministic=deterministic, rngs=decoder_rngs)
+    predictions = self.decoder_head(
+        self.decoder_norm(decoded[:, -num_masked:])).astype(jnp.float32)
+
+    targets = gather(
+        patchify(video.astype(jnp.float32), encoder.tubelet,
+                 encoder.patch_size), masked_idx)
+    if self.norm_pix_loss:
+      targets = normalize_patches(targets)
+    loss = jnp.mean(jnp.square(predictions - targets))
+    counts_ok = jnp.all(mask.sum(axis=1) == num_masked)
+    loss = jnp.where(counts_ok, loss, jnp.nan)
+    if return_predictions:
+      return loss, predictions, targets
+    return loss
+
+
+class Classifier(nnx.Module):
+  """ViT + pooling + linear head, for fine-tuning either pretraining.
+
+  Parameters: `encoder` (VisionTransformer, pool 'mean' or 'token') and
+  `head` (kernel [D, num_classes]).
+  """
+
+  def __init__(self, *, num_classes: int, backbone: str = 'videomae',
+               pool: str | None = None, width: int = 768, depth: int = 12,
+               heads: int = 12, mlp_dim: int | None = None,
+               patch_size: int = 16, image_size=224, num_frames: int = 16,
+               tubelet: int = 2, act: str | None = None,
+               drop_path: float = 0.0, head_dropout: float = 0.0,
+               head_init_scale: float = 0.001, attention: str = 'auto',
+               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    if backbone not in BACKBONE_STYLES:
+      raise ValueError(f'backbone must be one of {sorted(BACKBONE_STYLES)}, '
+                       f'got {backbone!r}')
+    style = dict(BACKBONE_STYLES[backbone])
+    if act is not None:
+      style['act'] = act
+    pool = pool or ('token' if style['class_token'] else 'mean')
+    self.encoder = VisionTransformer(
+        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
+        patch_size=patch_size, image_size=image_size, num_frames=num_frames,
+        tubelet=tubelet, pool=pool, output_dim=None, drop_path=drop_path,
+        attention=attention, remat=remat, scan=scan, dtype=dtype, rngs=rngs,
+        **style)
+    self.head_dropout = nnx.Dropout(head_dropout, rngs=dropout_stream(rngs))
+    # Small head init (VideoMAE's init_scale) so fine-tuning starts gently.
+    self.head = nnx.Linear(
+        width, num_classes, dtype=dtype,
+        kernel_init=nnx.initializers.normal(0.02 * head_init_scale),
+        rngs=rngs)
+
+  def __call__(self, video: jax.Array, *, deterministic: bool = True,
+               rngs=None) -> jax.Array:
+    """float32[B, T, H, W, 3] normalised video -> float32[B, num_classes]."""
+    encoder_rngs, head_rngs = _split_key(rngs)
+    features = self.encoder(video, deterministic=deterministic,
+                            rngs=encoder_rngs)
+    features = self.head_dropout(features, deterministic=deterministic,
+                                 rngs=head_rngs)
+    return self.head(features).astype(jnp.float32)

@@ -1,0 +1,372 @@
+"""Video ViT: tubelet patches of all frames, joint space-time attention.
+
+The model AVION trains is CLIP's ViT applied to the patches of every frame at
+once. Positional information is CLIP's learned spatial table plus a learned
+temporal table initialised to zero, so an image CLIP given one frame computes
+exactly what it did before. VideoMAE instead uses a fixed 1-D sinusoid table
+over all tokens (`pos_embed='sincos'`).
+
+Numerics: parameters are float32; matmuls and attention run in the compute
+`dtype` (bfloat16 on GPU by default); the residual stream stays float32, as
+under PyTorch autocast.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vidjax.models.attention import MultiHeadAttention
+
+# name -> (width, depth, heads). MLP width is 4x. 'Ti' is for tests and demos.
+VARIANTS = {
+    'Ti': (192, 12, 3),
+    'S': (384, 12, 6),
+    'B': (768, 12, 12),
+    'L': (1024, 24, 16),
+    'H': (1280, 32, 16),
+}
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    # OpenAI CLIP's sigmoid approximation of GELU.
+    'quick_gelu': lambda x: x * jax.nn.sigmoid(1.702 * x),
+    # PyTorch's nn.GELU(): the exact erf form, not jax's tanh default.
+    'gelu': lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+# What a remat'd block keeps for the backward pass ('none' = no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots_saveable': jax.checkpoint_policies.dots_saveable,
+    'dots_with_no_batch_dims_saveable':
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    'save_attention':
+        jax.checkpoint_policies.save_only_these_names('attention'),
+}
+
+
+def parse_variant(variant: str) -> dict:
+  """'B/16' -> dict(width=768, depth=12, heads=12, mlp_dim=3072, patch_size=16).
+
+  Sizes are looked up in `VARIANTS`; the number after '/' is the patch side.
+  """
+  match = re.fullmatch(r'(\w+)/(\d+)', variant)
+  if not match or match.group(1) not in VARIANTS:
+    raise ValueError(f"model variant must look like 'B/16' with a size in "
+                     f'{sorted(VARIANTS)}, got {variant!r}')
+  width, depth, heads = VARIANTS[match.group(1)]
+  return dict(width=width, depth=depth, heads=heads, mlp_dim=4 * width,
+              patch_size=int(match.group(2)))
+
+
+def patchify(video: jax.Array, tubelet: int, patch: int) -> jax.Array:
+  """Cuts a video into flattened tubelets, in (time, row, column) order.
+
+  Args:
+    video: [B, T, H, W, C], T divisible by `tubelet`, H and W by `patch`.
+    tubelet: frames per tubelet (t).
+    patch: patch side in pixels (p).
+
+  Returns:
+    [B, N, t*p*p*C], N = (T/t)*(H/p)*(W/p); features ordered (t, p, p, C),
+    the order VideoMAE's reconstruction targets use.
+  """
+  batch, frames, height, width, channels = video.shape
+  if frames % tubelet or height % patch or width % patch:
+    raise ValueError(f'video of shape {video.shape} does not split into '
+                     f'{tubelet}x{patch}x{patch} tubelets')
+  x = video.reshape(batch, frames // tubelet, tubelet, height // patch, patch,
+                    width // patch, patch, channels)
+  x = x.transpose(0, 1, 3, 5, 2, 4, 6, 7)
+  return x.reshape(batch, -1, tubelet * patch * patch * channels)
+
+
+def sincos_table(length: int, dim: int) -> np.ndarray:
+  """VideoMAE's fixed 1-D sinusoid table: sin on even, cos on odd features.
+
+  Returns:
+    float32[length, dim].
+  """
+  position = np.arange(length, dtype=np.float64)[:, None]
+  rate = np.power(10000.0, 2 * (np.arange(dim) // 2) / dim)
+  angle = position / rate
+  table = np.where(np.arange(dim) % 2 == 0, np.sin(angle), np.cos(angle))
+  return table.astype(np.float32)
+
+
+def drop_path(x: jax.Array, rate, key: jax.Array | None) -> jax.Array:
+  """Stochastic depth: drops residual branches per example, rescales kept."""
+  if key is None:
+    return x
+  keep = 1.0 - rate
+  mask = jax.random.bernoulli(key, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+  return jnp.where(mask, x / keep, 0.0)
+
+
+def dropout_stream(rngs: nnx.Rngs) -> nnx.RngStream:
+  """A fork of the 'dropout' stream (or 'default'), with a clear error."""
+  try:
+    return rngs['dropout'].fork()
+  except KeyError:
+    raise ValueError("models need a 'dropout' (or 'default') stream in rngs, "
+                     'e.g. nnx.Rngs(params=0, dropout=1)') from None
+
+
+class Mlp(nnx.Module):
+  """Two linear layers with an activation between (CLIP's c_fc/c_proj)."""
+
+  def __init__(self, width: int, hidden: int, *, act: str, dtype,
+               rngs: nnx.Rngs):
+    if act not in ACTIVATIONS:
+      raise ValueError(f'act must be one of {sorted(ACTIVATIONS)}, got {act!r}')
+    self.act = act
+    init = nnx.initializers.xavier_uniform()
+    self.fc1 = nnx.Linear(width, hidden, dtype=dtype, kernel_init=init,
+                          rngs=rngs)
+    self.fc2 = nnx.Linear(hidden, width, dtype=dtype, kernel_init=init,
+                          rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.fc2(ACTIVATIONS[self.act](self.fc1(x)))
+
+
+class Block(nnx.Module):
+  """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+  def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str,
+               qkv_bias: bool, norm_eps: float, attention: str, dtype,
+               rngs: nnx.Rngs):
+    self.norm1 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
+    self.attn = MultiHeadAttention(width, heads, qkv_bias=qkv_bias,
+                                   implementation=attention, dtype=dtype,
+                                   rngs=rngs)
+    self.norm2 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
+    self.mlp = Mlp(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, drop_rate, key: jax.Array | None,
+               is_causal: bool = False) -> jax.Array:
+    keys = (None, None) if key is None else jax.random.split(key)
+    x = x + drop_path(self.attn(self.norm1(x), is_causal=is_causal), drop_rate,
+                      keys[0])
+    return x + drop_path(self.mlp(self.norm2(x)), drop_rate, keys[1])
+
+
+class Transformer(nnx.Module):
+  """A stack of blocks, with per-block remat and optional scan over depth.
+
+  Drop path grows linearly from 0 at the first block to `drop_path` at the
+  last. With `scan=True` the block parameters are stacked on a leading depth
+  axis (`layers.<name>` of shape [depth, ...]), which compiles one block
+  instead of `depth`; otherwise they are `layers.<i>.<name>`.
+  """
+
+  def __init__(self, *, width: int, depth: int, heads: int, mlp_dim: int,
+               act: str = 'quick_gelu', qkv_bias: bool = True,
+               norm_eps: float = 1e-5, drop_path: float = 0.0,
+               attention: str = 'auto', remat: str = 'none', scan: bool = False,
+               dtype=jnp.float32, rngs: nnx.Rngs):
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f'remat must be one of {sorted(REMAT_POLICIES)}, '
+                       f'got {remat!r}')
+    self.depth, self.remat, self.scan = depth, remat, scan
+    self.drop_rates = tuple(float(r) for r in np.linspace(0, drop_path, depth))
+
+    def make_block(block_rngs):
+      return Block(width, heads, mlp_dim, act=act, qkv_bias=qkv_bias,
+                   norm_eps=norm_eps, attention=attention, dtype=dtype,
+                   rngs=block_rngs)
+
+    if scan:
+      make_stack = nnx.split_rngs(splits=depth)(
+          nnx.vmap(make_block, in_axes=0, out_axes=0))
+      self.layers = make_stack(rngs)
+    else:
+      self.layers = nnx.List([make_block(rngs) for _ in range(depth)])
+    self.dropout_rngs = dropout_stream(rngs)
+
+  def __call__(self, x: jax.Array, *, deterministic: bool = True,
+               rngs: nnx.Rngs | jax.Array | None = None,
+               is_causal: bool = False) -> jax.Array:
+    """Runs the blocks.
+
+    Args:
+      x: [B, L, D] tokens (any float dtype; the stream is kept in float32).
+      deterministic: no drop path when True.
+      rngs: optional nnx.Rngs (its 'dropout' stream is used) or a key, in
+        place of the stream stored at construction.
+      is_causal: causal attention (text tower).
+
+    Returns:
+      float32[B, L, D].
+    """
+    x = x.astype(jnp.float32)
+    keys = None
+    if not deterministic and max(self.drop_rates) > 0:
+      if rngs is None:
+        key = self.dropout_rngs()
+      elif isinstance(rngs, nnx.Rngs):
+        key = rngs['dropout']()
+      else:
+        key = rngs
+      keys = jax.random.split(key, self.depth)
+
+    def run_block(block, x, rate, key):
+      return block(x, drop_rate=rate, key=key, is_causal=is_causal)
+
+    if self.remat != 'none':
+      run_block = nnx.remat(run_block, policy=REMAT_POLICIES[self.remat])
+    if self.scan:
+      scan_blocks = nnx.scan(run_block, in_axes=(0, nnx.Carry, 0, 0),
+                             out_axes=nnx.Carry)
+      return scan_blocks(self.layers, x, jnp.asarray(self.drop_rates), keys)
+    for i, block in enumerate(self.layers):
+      x = run_block(block, x, self.drop_rates[i],
+                    None if keys is None else keys[i])
+    return x
+
+
+def _pair(size) -> tuple[int, int]:
+  return (size, size) if isinstance(size, int) else tuple(size)
+
+
+class VisionTransformer(nnx.Module):
+  """Video ViT over tubelets of t frames x p x p pixels.
+
+  Parameters: `patch_embed` (kernel [t*p*p*3, D]), `class_token` [D],
+  `spatial_pos` [(1) + h*w, D] and `temporal_pos` [T/t, D] (learned mode),
+  `pre_norm` (CLIP's ln_pre), `blocks`, `norm`, `proj` (kernel [D, E]).
+  """
+
+  def __init__(self, *, width: int, depth: int, heads: int,
+               mlp_dim: int | None = None, patch_size: int = 16,
+               image_size=224, num_frames: int = 1, tubelet: int = 1,
+               class_token: bool = True, pos_embed: str = 'learned',
+               pre_norm: bool = True, pool: str = 'token',
+               output_dim: int | None = None, patch_bias: bool = False,
+               act: str = 'quick_gelu', qkv_bias: bool = True,
+               norm_eps: float = 1e-5, drop_path: float = 0.0,
+               attention: str = 'auto', remat: str = 'none',
+               scan: bool = False, dtype=jnp.float32, rngs: nnx.Rngs):
+    if pos_embed not in ('learned', 'sincos'):
+      raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
+                       f'got {pos_embed!r}')
+    if pool not in ('token', 'mean', 'none'):
+      raise ValueError(f"pool must be 'token', 'mean' or 'none', got {pool!r}")
+    if pool == 'token' and not class_token:
+      raise ValueError("pool='token' needs class_token=True")
+    if num_frames % tubelet:
+      raise ValueError(f'num_frames={num_frames} is not a multiple of '
+                       f'tubelet={tubelet}')
+    height, width_px = _pair(image_size)
+    if height % patch_size or width_px % patch_size:
+      raise ValueError(f'image_size {image_size} is not a multiple of '
+                       f'patch_size {patch_size}')
+    self.width, self.patch_size, self.tubelet = width, patch_size, tubelet
+    self.num_frames, self.image_size = num_frames, (height, width_px)
+    self.grid = (num_frames // tubelet, height // patch_size,
+                 width_px // patch_size)
+    self.pos_embed, self.pool, self.dtype = pos_embed, pool, dtype
+    self.has_class_token = class_token
+
+    self.patch_embed = nnx.Linear(
+        tubelet * patch_size * patch_size * 3, width, use_bias=patch_bias,
+        dtype=dtype, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+    normal = nnx.initializers.normal(0.02)
+    if class_token:
+      self.class_token = nnx.Param(normal(rngs.params(), (width,)))
+    if pos_embed == 'learned':
+      spatial_len = int(class_token) + self.grid[1] * self.grid[2]
+      self.spatial_pos = nnx.Param(normal(rngs.params(), (spatial_len, width)))
+      # Zero, so that one frame of an image CLIP is unchanged.
+      self.temporal_pos = nnx.Param(jnp.zeros((self.grid[0], width)))
+    self.pre_norm = (nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
+                     if pre_norm else None)
+    self.blocks = Transformer(
+        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim or 4 * width,
+        act=act, qkv_bias=qkv_bias, norm_eps=norm_eps, drop_path=drop_path,
+        attention=attention, remat=remat, scan=scan, dtype=dtype, rngs=rngs)
+    self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
+    self.proj = (nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
+                            kernel_init=normal, rngs=rngs)
+                 if output_dim else None)
+
+  @property
+  def num_patches(self) -> int:
+    """Tokens per clip, class token excluded: (T/t)*(H/p)*(W/p)."""
+    return math.prod(self.grid)
+
+  def embed(self, video: jax.Array) -> jax.Array:
+    """Patch and position embedding, before the class token is prepended.
+
+    Args:
+      video: float[B, T, H, W, 3], normalised.
+
+    Returns:
+      float32[B, N, D] patch tokens with their positions added.
+    """
+    if video.shape[1:4] != (self.num_frames,) + self.image_size:
+      raise ValueError(
+          f'video of shape {video.shape} does not match the model '
+          f'({self.num_frames} frames of {self.image_size}); build the model '
+          'with these sizes (weights.py interpolates positional embeddings)')
+    batch = video.shape[0]
+    tokens = self.patch_embed(
+        patchify(video.astype(self.dtype), self.tubelet, self.patch_size))
+    tokens = tokens.astype(jnp.float32)
+    if self.pos_embed == 'sincos':
+      return tokens + sincos_table(self.num_patches, self.width)
+    spatial = self.spatial_pos[...][int(self.has_class_token):]
+    tokens = tokens.reshape(batch, self.grid[0], -1, self.width)
+    temporal = self.temporal_pos[...][None, :, None]
+    tokens = tokens + spatial[None, None] + temporal
+    return tokens.reshape(batch, -1, self.width)
+
+  def prepend_class_token(self, tokens: jax.Array) -> jax.Array:
+    """[B, N, D] -> [B, 1 + N, D] (unchanged without a class token)."""
+    if not self.has_class_token:
+      return tokens
+    cls = self.class_token[...]
+    if self.pos_embed == 'learned':
+      cls = cls + self.spatial_pos[...][0]
+    cls = jnp.broadcast_to(cls, (tokens.shape[0], 1, self.width))
+    return jnp.concatenate([cls.astype(tokens.dtype), tokens], axis=1)
+
+  def encode_tokens(self, tokens: jax.Array, *, deterministic: bool = True,
+                    rngs=None) -> jax.Array:
+    """pre-norm and blocks on [B, L, D] tokens -> float32[B, L, D]."""
+    if self.pre_norm is not None:
+      tokens = self.pre_norm(tokens)
+    return self.blocks(tokens, deterministic=deterministic, rngs=rngs)
+
+  def head(self, tokens: jax.Array) -> jax.Array:
+    """Final norm, pooling and projection.
+
+    Args:
+      tokens: [B, L, D] block outputs.
+
+    Returns:
+      float32[B, E] (pooled, projected when `output_dim` is set) or
+      float32[B, L, D] for pool='none'.
+    """
+    if self.pool == 'token':
+      x = self.norm(tokens[:, 0])
+    elif self.pool == 'mean':
+      x = self.norm(tokens[:, int(self.has_class_token):].mean(axis=1))
+    else:
+      x = self.norm(tokens)
+    if self.proj is not None:
+      x = self.proj(x)
+    return x.astype(jnp.float32)
+
+  def __call__(self, video: jax.Array, *, deterministic: bool = True,
+               rngs=None) -> jax.Array:
+    """float[B, T, H, W, 3] normalised video -> see `head`."""
+    tokens = self.prepend_class_token(self.embed(video))
+    tokens = self.encode_tokens(tokens, deterministic=deterministic, rngs=rngs)
+    return self.head(tokens)
