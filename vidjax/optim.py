@@ -53,7 +53,7 @@ def default_optim_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       name='adamw', lr=1e-4, min_lr=1e-6, warmup_steps=0, schedule='cosine',
       weight_decay=0.05,
-      no_decay_names=('pos_embed', 'spatial_pos', 'temporal_pos', 'class_token',
+      no_decay_names=('pos_embed', 'spatial_pos', 'temporal_pos', 'class_token', 'cls_token',
                       'mask_token', 'embedding', 'logit_scale'),
       b1=0.9, b2=0.98, eps=1e-6, momentum=0.9, nesterov=False, clip_grad_norm=0.0,
       layer_decay=1.0, num_layers=0,
