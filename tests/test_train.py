@@ -96,3 +96,30 @@ def test_gradient_accumulation_matches_one_big_batch():
   four = train._accumulate(grad_fn, 4, params, None, batch, jax.random.key(0))
   for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
     np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_init_from_released_clip_weights(tmp_path):
+  from flax import nnx
+  from test_models_weights import random_clip_state_dict
+  from vidjax import config as config_lib
+  from vidjax.models import weights
+  rng = np.random.default_rng(1)
+  sd = random_clip_state_dict(layers=2)  # Width 64, patch 8, 16x16 images.
+  sd["positional_embedding"] = rng.standard_normal((77, 64)).astype(np.float32)
+  sd["token_embedding.weight"] = rng.standard_normal((1024, 64)).astype(
+      np.float32)
+  np.savez(tmp_path / "clip.npz", **sd)
+  config = config_lib.load_config(str(REPO / "configs/demo.py:debug"), [
+      f"--config.init_from={tmp_path / 'clip.npz'}", "--config.data.size=16",
+      "--config.model.variant=Ti/8", "--config.model.width=64",
+      "--config.model.heads=1", "--config.model.depth=2",
+      "--config.model.image_size=16", "--config.model.embed_dim=16",
+      "--config.model.text.heads=1"])
+  run = train.setup(config, tmp_path / "run")
+  expected = nnx.split(weights.clip_from_state_dict(sd, num_frames=4),
+                       nnx.Param, ...)[1]
+  for got, want in zip(jax.tree.leaves(run.state["params"]),
+                       jax.tree.leaves(expected)):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+  # And the step-0 optimizer state is fresh: training starts from these.
+  assert int(run.state["step"]) == 0

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from vidjax import augment, checkpoint, config as config_lib, models
 from vidjax import logging as log_lib, optim, sharding, tasks
 from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
-from vidjax.models import clip as clip_lib, flops as flops_lib
+from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
 
 def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
@@ -43,6 +43,45 @@ def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
     config.data.eval_annotations = str(root / split.format("val"))
     if not config.data.vocab:
       config.data.vocab = str(synthetic.write_vocab(root / "vocab.txt.gz"))
+
+
+def load_pretrained(path: str, model_config, params):
+  """Parameters from released weights (`config.init_from`), placed like `params`.
+
+  OpenAI/OpenCLIP CLIP (.pt, .safetensors, .npz) for 'clip' and for a
+  'classifier' with a CLIP backbone; VideoMAE checkpoints (original or
+  Hugging Face naming) for 'videomae' and 'classifier'. Sizes come from the
+  file; they must match `config.model` (the error lists what differs).
+  """
+  name, kw = model_config.name, models.model_kwargs(model_config)
+  keep = ("image_size", "num_frames", "tubelet", "dtype", "attention", "remat",
+          "scan", "drop_path")
+  overrides = {k: kw[k] for k in keep if k in kw}
+  state_dict = weights.load_state_dict(path)
+  if name == "clip":
+    overrides.update(act=kw["act"], learn_logit_scale=kw["learn_logit_scale"])
+    model = weights.clip_from_state_dict(state_dict, **overrides)
+  elif name == "videomae":
+    model = weights.videomae_from_state_dict(state_dict, **overrides)
+  else:
+    model = weights.classifier_from_state_dict(
+        state_dict, num_classes=kw["num_classes"], **overrides)
+  loaded = nnx.split(model, nnx.Param, ...)[1]
+  want = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+  got = jax.tree.map(lambda x: (x.shape, x.dtype), loaded)
+  if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
+    diff = sorted({str(k) for k in (set(_flat(want).items()) ^
+                                    set(_flat(got).items()))})[:10]
+    raise ValueError(f"config.init_from={path}: the weights do not fit "
+                     f"config.model (first differences: {diff})")
+  return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
+                      loaded, params)
+
+
+def _flat(tree) -> dict:
+  return {jax.tree_util.keystr(k): v
+          for k, v in jax.tree_util.tree_leaves_with_path(tree,
+                                                          is_leaf=lambda x: isinstance(x, tuple))}
 
 
 def _clamp_logit_scale(params):
@@ -188,7 +227,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
     run.state, run.data_state = restored.state, restored.data_state
     logging.info("resumed from %s at step %d", start.path, restored.step)
   elif start.kind == "init_from":
-    run.state = dict(state, params=models.load_params(
+    run.state = dict(state, params=load_pretrained(
         start.path, config.model, state["params"]))
     logging.info("initialised parameters from %s", start.path)
   return run
