@@ -187,6 +187,11 @@ class Checkpointer:
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
+    if jax.process_count() > 1:
+      # Other processes may still be checking whether this directory exists
+      # (resolve_start); creating it first would desync Orbax's barriers.
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("vidjax:Checkpointer")
     # The save policy is ours (`should_save`); Orbax only keeps the last K.
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save))

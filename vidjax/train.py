@@ -28,21 +28,36 @@ from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
 
 def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
-  """Writes the synthetic corpus under the workdir and points the data at it."""
-  spec = config.data.synthetic
-  root = synthetic.make_corpus(
-      workdir / "synthetic", num_videos=spec.num_videos,
-      segments_per_video=spec.segments_per_video,
-      segment_seconds=spec.segment_seconds, height=spec.height,
-      width=spec.width, seed=spec.seed, progress=jax.process_index() == 0)
+  """Writes the synthetic corpus under the workdir and points the data at it.
+
+  Process 0 writes it; the others wait, then find it complete (shared
+  workdir) or write their own copy (per-machine workdir).
+  """
+  spec, root = config.data.synthetic, workdir / "synthetic"
+
+  def make():
+    synthetic.make_corpus(
+        root, num_videos=spec.num_videos,
+        segments_per_video=spec.segments_per_video,
+        segment_seconds=spec.segment_seconds, height=spec.height,
+        width=spec.width, seed=spec.seed, progress=jax.process_index() == 0)
+    if not config.data.vocab and not (root / "vocab.txt.gz").exists():
+      synthetic.write_vocab(root / "vocab.txt.gz")
+
+  if jax.process_index() == 0:
+    make()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("vidjax:synthetic corpus")
+    if jax.process_index() != 0:
+      make()
   with config.unlocked():
     config.data.root = str(root / "chunks")
-    fmt = config.data.format
-    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv"}[fmt]
+    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv",
+             "ek100_mir": "ek100_{}.csv"}[config.data.format]
     config.data.train_annotations = str(root / split.format("train"))
     config.data.eval_annotations = str(root / split.format("val"))
     if not config.data.vocab:
-      config.data.vocab = str(synthetic.write_vocab(root / "vocab.txt.gz"))
+      config.data.vocab = str(root / "vocab.txt.gz")
 
 
 def load_pretrained(path: str, model_config, params):

@@ -1,0 +1,222 @@
+"""Two processes x 4 CPU devices train exactly like one process x 8 devices.
+
+Runs the real CLI (`python -m vidjax.main --config configs/demo.py:debug`)
+as subprocesses: once alone with 8 devices, once as 2 processes of 4 devices
+joined through `jax.distributed` on localhost (JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID, as `vidjax.main` reads them). Each
+process reads its own slice of every batch, the global batch is assembled
+across processes, and the contrastive loss is over the global batch, so the
+per-step loss and gradient norm must match the single-process run (the loss
+does not depend on the order of examples in the batch). Also checked: only
+process 0 writes metrics.jsonl, and the checkpoint holds every process's
+data-iterator state.
+
+Process 1 is made to lag at start-up (a `sitecustomize` hook delays its
+`checkpoint.resolve_start`), as a slow node would: a fresh workdir must
+still start cleanly when process 0 gets ahead and creates the checkpoint
+directory first.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from vidjax import config as config_lib
+from vidjax.data import synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "configs/demo.py:debug"
+STEPS = 4
+TIMEOUT_S = 240
+# No warmup and a large learning rate: later steps' losses then depend on
+# every earlier update, so a wrong gradient shows up in the comparison.
+OVERRIDES = (f"--config.total_steps={STEPS}", "--config.log.every_steps=1",
+             f"--config.checkpoint.every_steps={STEPS}",
+             "--config.optim.warmup_steps=0", "--config.optim.lr=0.01")
+
+
+# Imported by Python at start-up (PYTHONPATH): process 1 looks for a
+# checkpoint to resume only after process 0 has had time to go ahead.
+_LAG_HOOK = """
+import os, time
+if os.environ.get("JAX_PROCESS_ID") == "1":
+  from vidjax import checkpoint
+  _resolve_start = checkpoint.resolve_start
+  def _late_resolve_start(*args, **kwargs):
+    time.sleep(5)
+    return _resolve_start(*args, **kwargs)
+  checkpoint.resolve_start = _late_resolve_start
+"""
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int, **extra: str) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES",
+                              "JAX_PROCESS_ID"))}
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(
+      flags + [f"--xla_force_host_platform_device_count={devices}"])
+  env["JAX_PLATFORMS"] = "cpu"
+  env.update(extra)
+  return env
+
+
+def _start(workdir: Path, env: dict[str, str], log: Path,
+           extra: tuple[str, ...]) -> subprocess.Popen:
+  cmd = [sys.executable, "-m", "vidjax.main", f"--config={CONFIG}",
+         f"--workdir={workdir}", *OVERRIDES, *extra]
+  with open(log, "wb") as out:  # the child keeps its own copy
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+
+
+def _wait(procs: dict[str, subprocess.Popen], logs: dict[str, Path]):
+  try:
+    for proc in procs.values():
+      proc.wait(timeout=TIMEOUT_S)
+  finally:
+    for proc in procs.values():  # Only ours, by handle.
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  for name, proc in procs.items():
+    tail = logs[name].read_text(errors="replace")[-4000:]
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{tail}"
+
+
+def _prepare_corpus(workdir: Path) -> Path:
+  """Writes the corpus where `train.prepare_synthetic` looks for it.
+
+  Done once, before the processes start: two processes writing the same
+  files at once would race. Returns the vocabulary path to pass in.
+  """
+  spec = config_lib.load_config(str(REPO / CONFIG)).data.synthetic
+  root = synthetic.make_corpus(
+      workdir / "synthetic", num_videos=spec.num_videos,
+      segments_per_video=spec.segments_per_video,
+      segment_seconds=spec.segment_seconds, height=spec.height,
+      width=spec.width, seed=spec.seed, progress=False)
+  return synthetic.write_vocab(root / "vocab.txt.gz")
+
+
+def _by_step(workdir: Path, prefix: str) -> dict[int, dict[str, float]]:
+  rows = [json.loads(line) for line in
+          (workdir / "metrics.jsonl").read_text().splitlines() if line]
+  out: dict[int, dict[str, float]] = {}
+  for row in rows:
+    metrics = {k: v for k, v in row.items() if k.startswith(prefix)}
+    if metrics:
+      assert not set(metrics) & set(out.get(row["step"], {})), (
+          f"step {row['step']} logged twice: {row}")
+      out.setdefault(row["step"], {}).update(metrics)
+  return out
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+  single, multi = tmp_path / "single", tmp_path / "multi"
+  logs = {name: tmp_path / f"{name}.log" for name in ("single", "p0", "p1")}
+  vocab = {name: _prepare_corpus(w) for name, w in (("single", single),
+                                                     ("multi", multi))}
+  hook = tmp_path / "hook"
+  hook.mkdir()
+  (hook / "sitecustomize.py").write_text(_LAG_HOOK)
+  pythonpath = os.pathsep.join(
+      [str(hook)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+  address = f"127.0.0.1:{_free_port()}"
+  procs = {"single": _start(single, _env(8), logs["single"],
+                            (f"--config.data.vocab={vocab['single']}",))}
+  for i in range(2):
+    env = _env(4, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(i), PYTHONPATH=pythonpath)
+    procs[f"p{i}"] = _start(multi, env, logs[f"p{i}"],
+                            (f"--config.data.vocab={vocab['multi']}",))
+  _wait(procs, logs)
+  assert "process 1 of 2" in logs["p1"].read_text(errors="replace")
+
+  want, got = _by_step(single, "train/"), _by_step(multi, "train/")
+  assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+  for step in want:
+    for name in ("train/loss", "train/grad_norm", "train/lr"):
+      assert got[step][name] == pytest.approx(want[step][name], rel=1e-4), (
+          f"{name} at step {step}: 2 processes {got[step][name]}, "
+          f"1 process {want[step][name]}")
+  # Training moved: the comparison is not between untouched models.
+  assert want[STEPS]["train/loss"] != pytest.approx(want[1]["train/loss"],
+                                                    rel=1e-3)
+  # The final evaluation gathers every process's outputs.
+  want_eval, got_eval = _by_step(single, "eval/"), _by_step(multi, "eval/")
+  assert got_eval[STEPS] == pytest.approx(want_eval[STEPS], rel=1e-4)
+
+  data_dir = multi / "checkpoints" / str(STEPS) / "data"
+  assert sorted(p.name for p in data_dir.glob("*.json")) == [
+      "process_0-of-2.json", "process_1-of-2.json"]
+
+
+# ---------------------------------------------------------------------------
+# How vidjax.main calls jax.distributed.initialize (no processes started).
+# ---------------------------------------------------------------------------
+_LAUNCH_VARS = (
+    "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+    "JAX_LOCAL_DEVICE_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_NTASKS",
+    "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
+    "SLURM_GPUS_ON_NODE")
+
+
+def _initialize_kwargs(monkeypatch, **env) -> dict | None:
+  import jax  # pylint: disable=import-outside-toplevel
+  from vidjax import main  # pylint: disable=import-outside-toplevel
+  for name in _LAUNCH_VARS:
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize",
+                      lambda **kwargs: calls.append(kwargs))
+  main._maybe_initialize_distributed()  # pylint: disable=protected-access
+  return calls[0] if calls else None
+
+
+def test_slurm_one_task_per_node_drives_all_its_gpus(monkeypatch):
+  # JAX alone would give each SLURM task one GPU (number SLURM_LOCALID).
+  kwargs = _initialize_kwargs(
+      monkeypatch, SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
+      SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3")
+  assert kwargs == {"local_device_ids": [0, 1, 2, 3]}
+  kwargs = _initialize_kwargs(monkeypatch, SLURM_NTASKS="2", SLURM_NNODES="2",
+                              SLURM_GPUS_ON_NODE="8")
+  assert kwargs == {"local_device_ids": list(range(8))}
+
+
+def test_slurm_one_task_per_gpu_keeps_jax_defaults(monkeypatch):
+  assert _initialize_kwargs(
+      monkeypatch, SLURM_NTASKS="16", SLURM_STEP_NUM_TASKS="16",
+      SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7") == {}
+  assert _initialize_kwargs(  # the user chose the devices
+      monkeypatch, SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_GPUS_ON_NODE="8",
+      JAX_LOCAL_DEVICE_IDS="0,1") == {}
+
+
+def test_explicit_coordinator_skips_cluster_detection(monkeypatch):
+  kwargs = _initialize_kwargs(
+      monkeypatch, JAX_COORDINATOR_ADDRESS="10.0.0.1:1234",
+      JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1", SLURM_NTASKS="2")
+  assert kwargs == {"coordinator_address": "10.0.0.1:1234", "num_processes": 2,
+                    "process_id": 1, "cluster_detection_method": "deactivate"}
+
+
+def test_single_process_does_not_initialize(monkeypatch):
+  assert _initialize_kwargs(monkeypatch) is None
