@@ -14,6 +14,8 @@ real pipeline runs on them.
       root/ek100_{train,val}.csv       the same segments in the EPIC-Kitchens-
                                        100 action CSV layout (verb = motion,
                                        noun = colour + shape)
+      root/relevancy_val.npy           EK-100 MIR-style relevancy of the
+                                       validation clips (`write_relevancy`)
       root/classes.json                class names by label id
 """
 from __future__ import annotations
@@ -166,8 +168,34 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
         [annotations.ClipRecord(r.video_id, r.start, r.end, r.text, r.label)
          for r in subset], root / f"{split}.jsonl")
     _write_ek100_csv(root / f"ek100_{split}.csv", subset, fps)
+  write_relevancy(root)
   done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
   return root
+
+
+def write_relevancy(root: str | os.PathLike) -> Path:
+  """Writes `root/relevancy_val.npy`, the validation clips' relevancy matrix.
+
+  Graded like EPIC-Kitchens-100 MIR's (half for the verb, half for the noun):
+  1 for the same caption, 0.5 when two clips share only the motion (verb) or
+  only the coloured shape (noun), else 0. Rows and columns follow
+  `root/val.jsonl`, so it serves as `config.eval.relevancy` for retrieval on
+  the validation split (format 'jsonl' or 'ek100_mir' on `ek100_val.csv`,
+  which lists the same clips in the same order).
+
+  Returns:
+    The path of the float32[num_val, num_val] matrix.
+  """
+  root = Path(root)
+  labels = np.array([r.label for r in annotations.load_jsonl(root / "val.jsonl")])
+  # label = (shape * colours + colour) * motions + motion (`label_of`).
+  motion, noun = labels % len(MOTIONS), labels // len(MOTIONS)
+  same_verb = motion[:, None] == motion[None, :]
+  same_noun = noun[:, None] == noun[None, :]
+  relevancy = 0.5 * same_verb.astype(np.float32) + 0.5 * same_noun
+  path = root / "relevancy_val.npy"
+  np.save(path, relevancy.astype(np.float32), allow_pickle=False)
+  return path
 
 
 def write_vocab(path: str | os.PathLike) -> Path:

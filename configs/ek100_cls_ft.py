@@ -1,0 +1,135 @@
+r"""EPIC-Kitchens-100 action recognition: fine-tune the CLIP video tower.
+
+What it trains: the video ViT-B/16 of the contrastive dual encoder
+(`clip_vitb16_ego4d.py`) with a new linear head over the 3,806 EK-100
+actions (verb:noun pairs of the train + validation CSVs), on 16-frame clips,
+with mixup 0.8 / cutmix 1.0, label smoothing 0.1, head dropout 0.5 and drop
+path 0.1, SGD with momentum 0.9 for 100 epochs of the 67,217 training clips
+(global batch 512). Evaluation on the 9,668
+validation clips: action top-1/top-5 (`eval/top1`, `eval/top5`) and the verb
+and noun accuracies marginalised from the action scores (`eval/verb_top1`,
+`eval/noun_top1`).
+
+Data, once (the same chunks as `ek100_mir_ft.py`):
+
+    python -m vidjax.data.chunk /data/EPIC-KITCHENS /data/ek100_chunks \
+        --chunk-seconds 15 --short-side 320 --fps 30 --workers 16
+
+One 8-GPU machine (batch 64 per GPU, as AVION):
+
+    A=/data/epic-kitchens-100-annotations
+    python -m vidjax.main --config configs/ek100_cls_ft.py \
+        --workdir /runs/ek100_cls_ft \
+        --config.init_from=/runs/clip_vitb16_ego4d/checkpoints/9765 \
+        --config.data.root=/data/ek100_chunks \
+        --config.data.train_annotations=$A/EPIC_100_train.csv \
+        --config.data.eval_annotations=$A/EPIC_100_validation.csv
+
+All paths are the user's to give (they default to ''). `init_from` is the
+contrastive checkpoint (AVION: --pretrain-model); its vision tower becomes the
+backbone, its 4-frame temporal embedding is interpolated to 16 frames, and the
+head starts fresh (std 0.01). Both CSVs are needed: action ids come from
+their union, sorted as LaViLa/AVION number them.
+
+AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1
+verb / noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D
+pretraining, 70.0 / 59.4 / 49.5 from the LLM-augmented (LaViLa) one
+(docs/MODEL_ZOO.md). 8x NVIDIA A5000 (24 GB).
+
+Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
+scripts/main_lavila_finetune_cls.py (argparse defaults and the lr scaling
+by batch / 128); see `get_config`.
+`configs/ek100_cls_ft.py:debug`: the same task, model and annotation format,
+tiny, 2 steps on the synthetic corpus (CPU).
+"""
+import ml_collections
+
+from vidjax import models, optim
+from vidjax.data import pipeline
+
+EK100_TRAIN_CLIPS = 67_217  # EPIC_100_train.csv rows.
+EK100_ACTIONS = 3_806  # verb:noun pairs in EPIC_100_{train,validation}.csv.
+GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 64, 100, 2
+BATCH = GPUS * BATCH_PER_GPU  # 512
+STEPS_PER_EPOCH = EK100_TRAIN_CLIPS // BATCH  # 131 (drop_last)
+LR_SCALE = BATCH / 128  # AVION scales lr, lr_start and lr_end by batch / 128.
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = "classification"
+  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 13100
+  c.batch_size = BATCH
+  c.accum_steps = 1
+  c.fsdp = 1
+  c.resume = ""
+  c.init_from = ""  # The contrastive checkpoint (AVION: --pretrain-model).
+  c.peak_tflops = 0.0
+
+  c.data = pipeline.default_data_config()
+  c.data.update(
+      format="ek100_cls", label="action",
+      num_frames=16, sampling="segment", size=224,  # --clip-length 16
+      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.0,
+      eval_clips=1, eval_crops=1,  # --num-clips 1 --num-crops 1
+      workers=16, threads=4, device_prefetch=2)
+
+  c.model = models.default_model_config("classifier")
+  c.model.update(
+      backbone="clip", pool="",  # class token after the final LayerNorm
+      variant="B/16", image_size=224, num_frames=16, tubelet=1, act="",
+      num_classes=EK100_ACTIONS,
+      drop_path=0.1,  # --drop-path-rate 0.1
+      head_dropout=0.5,  # --dropout-rate 0.5
+      head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
+      remat="full",  # --grad-checkpointing
+      dtype="auto", attention="auto")
+
+  c.optim = optim.default_optim_config()
+  c.optim.update(
+      name="sgd", momentum=0.9, nesterov=False,  # momentum = betas[0]
+      lr=3e-3 * LR_SCALE,  # 0.012
+      min_lr=1e-5 * LR_SCALE,  # 4e-5
+      schedule="cosine", warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
+      weight_decay=4e-5, clip_grad_norm=0.0,
+      no_decay_names=("spatial_pos",))
+
+  c.augment = ml_collections.ConfigDict(dict(
+      hflip=False,  # CLIP mean/std (--norm-style openai).
+      mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
+      label_smoothing=0.1))
+  c.eval = ml_collections.ConfigDict(dict(
+      every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
+      batch_size=512))
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=5 * STEPS_PER_EPOCH, keep=2))
+  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+
+  if arg == "debug":
+    _debug(c)
+  elif arg:
+    raise ValueError(f"configs/ek100_cls_ft.py: unknown variant {arg!r} "
+                     "(try :debug)")
+  return c
+
+
+def _debug(c: ml_collections.ConfigDict) -> None:
+  """2 steps of a tiny model on the synthetic corpus, on CPU.
+
+  The corpus's `ek100_{train,val}.csv` are in the EK-100 action layout
+  (verb = motion, noun = coloured shape).
+  """
+  c.total_steps = 2
+  c.batch_size = 16
+  c.data.update(num_frames=4, size=64, workers=0, threads=2)
+  c.data.synthetic = ml_collections.ConfigDict(dict(
+      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
+      height=96, width=128, seed=0))
+  # The head must have exactly as many classes as the action map of the
+  # 8-video seed-0 corpus has verb:noun pairs (14), for the verb/noun scores.
+  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
+                 num_frames=4, num_classes=14, remat="none", dtype="float32")
+  c.eval.update(every_steps=0, batch_size=8)
+  c.checkpoint.every_steps = 2
+  c.log.every_steps = 1

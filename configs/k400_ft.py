@@ -1,0 +1,127 @@
+r"""Kinetics-400 classification: fine-tune the VideoMAE ViT-B/16 encoder.
+
+What it trains: the encoder of `videomae_vitb_k400_pretrain.py` with a mean
+pool, a LayerNorm and a new 400-way linear head (init x 0.001), on 16-frame
+stride-4 clips, with mixup 0.8 / cutmix 1.0, label smoothing 0.1, drop path
+0.1 and layer-wise lr decay 0.75, AdamW for 100 epochs of the ~240k training
+clips (global batch 256, cosine after 5 warmup epochs). Evaluation: 5 clips
+x 3 crops per validation video, softmax scores averaged (`eval/top1`,
+`eval/top5`).
+
+Data: the chunks of `videomae_vitb_k400_pretrain.py` (train and val).
+
+One 8-GPU machine (batch 32 per GPU, as AVION):
+
+    python -m vidjax.main --config configs/k400_ft.py \
+        --workdir /runs/k400_ft \
+        --config.init_from=/runs/videomae_vitb_k400/checkpoints/749600 \
+        --config.data.root=/data/k400_chunks \
+        --config.data.train_annotations=/data/k400/annotations/train.csv \
+        --config.data.eval_annotations=/data/k400/annotations/val.csv
+
+Paths are the user's to give (they default to ''). `init_from` is the
+pretrained VideoMAE (AVION: --finetune checkpoint_00800.pt); the decoder is
+dropped and the head starts fresh. Class ids: the class names of each CSV,
+sorted (both splits list all 400). `total_steps` assumes 240,000 training
+clips: set it to 100 x (your clips // 256) to match.
+
+Not reproduced from AVION's recipe: RandAugment (m7, n4) and random erasing
+(0.25) on the training clips; vidjax has neither yet.
+
+AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
+(README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch
+Lion pretraining; 8x NVIDIA A5000 for fine-tuning (MODEL_ZOO command).
+
+Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
+scripts/main_videomae_finetune.py (argparse defaults, lr scaled by
+batch / 256, test_num_segment=5, test_num_crop=3); see `get_config`.
+`configs/k400_ft.py:debug`: the same task, model and multi-view evaluation,
+tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
+"""
+import ml_collections
+
+from vidjax import augment, models, optim
+from vidjax.data import pipeline
+
+K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
+GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 32, 100, 5
+BATCH = GPUS * BATCH_PER_GPU  # 256
+STEPS_PER_EPOCH = K400_TRAIN_CLIPS // BATCH  # 937 (drop_last)
+LR_SCALE = BATCH / 256  # AVION scales lr, lr_start and lr_end by batch / 256.
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = "classification"
+  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 93700
+  c.batch_size = BATCH
+  c.accum_steps = 1
+  c.fsdp = 1
+  c.resume = ""
+  c.init_from = ""  # The VideoMAE pretraining checkpoint (AVION: --finetune).
+  c.peak_tflops = 0.0
+
+  c.data = pipeline.default_data_config()
+  c.data.update(
+      format="kinetics",
+      num_frames=16, sampling="stride", stride=4, size=224,  # 16 x 4
+      # RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)) + flip.
+      crop="random_resized", crop_scale=(0.08, 1.0), hflip=0.5,
+      eval_clips=5, eval_crops=3,  # test_num_segment=5, test_num_crop=3
+      workers=16, threads=4, device_prefetch=2)
+
+  c.model = models.default_model_config("classifier")
+  c.model.update(
+      backbone="videomae", pool="",  # mean pool + fc_norm
+      variant="B/16", image_size=224, num_frames=16, tubelet=2, act="",
+      num_classes=400,  # --nb-classes 400
+      drop_path=0.1,  # --drop-path-rate 0.1
+      head_dropout=0.0,  # --fc-drop-rate 0
+      head_init_scale=0.001,  # init_scale=0.001
+      remat="none",  # no --grad-checkpointing in AVION's command
+      dtype="auto", attention="auto")
+
+  c.optim = optim.default_optim_config()
+  c.optim.update(
+      name="adamw", lr=1.5e-3 * LR_SCALE, min_lr=1e-6 * LR_SCALE,
+      schedule="cosine", warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
+      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.05, clip_grad_norm=0.0,
+      layer_decay=0.75, num_layers=0)  # 0: inferred (12 blocks)
+
+  c.augment = ml_collections.ConfigDict(dict(
+      hflip=False,  # Flipped at decode time (data.hflip).
+      mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+      mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
+      label_smoothing=0.1))
+  c.eval = ml_collections.ConfigDict(dict(
+      every_steps=10 * STEPS_PER_EPOCH, batch_size=240))  # 16 clips x 15 views
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=5 * STEPS_PER_EPOCH, keep=2))
+  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+
+  if arg == "debug":
+    _debug(c)
+  elif arg:
+    raise ValueError(f"configs/k400_ft.py: unknown variant {arg!r} "
+                     "(try :debug)")
+  return c
+
+
+def _debug(c: ml_collections.ConfigDict) -> None:
+  """2 steps of a tiny model on the synthetic corpus, on CPU.
+
+  The corpus has no Kinetics CSV; its JSONL has 48 classes.
+  """
+  c.total_steps = 2
+  c.batch_size = 16
+  c.data.update(format="jsonl", num_frames=4, stride=4, size=64, workers=0,
+                threads=2)
+  c.data.synthetic = ml_collections.ConfigDict(dict(
+      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
+      height=96, width=128, seed=0))
+  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
+                 num_frames=4, num_classes=48, dtype="float32")
+  c.eval.update(every_steps=0, batch_size=8)
+  c.checkpoint.every_steps = 2
+  c.log.every_steps = 1
