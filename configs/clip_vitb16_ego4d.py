@@ -71,6 +71,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fsdp = 1
   c.resume = ""
   c.init_from = ""  # OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
+  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION.
+  c.init_keep = ("visual.proj", "text.proj", "logit_scale")
   c.peak_tflops = 0.0  # Per device; 0 = look the device kind up.
 
   c.data = pipeline.default_data_config()

@@ -20,7 +20,7 @@ CONFIG_PY = textwrap.dedent('''
       c.checkpoint = dict(every_steps=50, keep=2)
       c.log = dict(every_steps=10)
       c.data = dict(num_frames=16)
-      c.model = dict(tubelet_size=2, name="vit_b16")
+      c.model = dict(tubelet=2, name="vit_b16")
       if arg == "debug":
         c.total_steps = 4
         c.batch_size = 8
@@ -69,7 +69,7 @@ def test_validate_accepts_good_config(config_file):
     (["accum_steps=8"], r"'batch_size' = 32 / 'accum_steps' = 8 = 4 is not divisible "
                         r"by the 8 devices; use a multiple of 64"),
     (["data.num_frames=15"],
-     r"'data.num_frames' = 15 is not divisible by 'model.tubelet_size' = 2"),
+     r"'data.num_frames' = 15 is not divisible by 'model.tubelet' = 2"),
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
 ])
 def test_validate_reports_what_to_change(config_file, overrides, message):

@@ -123,3 +123,31 @@ def test_init_from_released_clip_weights(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-6)
   # And the step-0 optimizer state is fresh: training starts from these.
   assert int(run.state["step"]) == 0
+
+
+def test_init_from_keeps_named_params_at_init(tmp_path):
+  """AVION's Ego4D recipe: CLIP towers loaded, new 8-d projections kept."""
+  from test_models_weights import random_clip_state_dict
+  from vidjax import config as config_lib
+  rng = np.random.default_rng(1)
+  sd = random_clip_state_dict(layers=2)  # Embedding 16-d.
+  sd["positional_embedding"] = rng.standard_normal((77, 64)).astype(np.float32)
+  sd["token_embedding.weight"] = rng.standard_normal((1024, 64)).astype(
+      np.float32)
+  np.savez(tmp_path / "clip.npz", **sd)
+  overrides = [
+      f"--config.init_from={tmp_path / 'clip.npz'}", "--config.data.size=16",
+      "--config.model.variant=Ti/8", "--config.model.width=64",
+      "--config.model.heads=1", "--config.model.depth=2",
+      "--config.model.image_size=16", "--config.model.embed_dim=8",
+      "--config.model.text.heads=1"]
+  config = config_lib.load_config(str(REPO / "configs/demo.py:debug"),
+                                  overrides)
+  with pytest.raises(ValueError, match="proj"):
+    train.setup(config, tmp_path / "a")
+  with config.unlocked():
+    config.init_keep = ("visual.proj", "text.proj")
+  params = train.setup(config, tmp_path / "b").state["params"]
+  assert params["visual"]["proj"]["kernel"].shape == (64, 8)
+  np.testing.assert_allclose(params["text"]["token_embed"]["embedding"][...],
+                             sd["token_embedding.weight"], rtol=1e-6)

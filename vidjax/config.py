@@ -9,7 +9,7 @@ Keys every config has (DESIGN §3): `seed`, `total_steps`,
 `checkpoint.every_steps`, `log.every_steps`. `validate` also checks, when
 present: `batch_size` (global, all processes) against the devices and
 `accum_steps`, `eval.batch_size`, and `data.num_frames` against
-`model.tubelet_size`.
+`model.tubelet`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
-TUBELET_KEY = "model.tubelet_size"
+TUBELET_KEY = "model.tubelet"
 
 _MISSING = object()
 

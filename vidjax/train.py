@@ -10,6 +10,7 @@ buffers that never train (`rest`) are rebuilt from the config at start-up.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from absl import logging
@@ -58,15 +59,35 @@ def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
     config.data.eval_annotations = str(root / split.format("val"))
     if not config.data.vocab:
       config.data.vocab = str(root / "vocab.txt.gz")
+    if spec.get("relevancy", False):
+      config.eval.relevancy = str(root / "relevancy_val.npy")
 
 
-def load_pretrained(path: str, model_config, params):
+def check_paths(config: ml_collections.ConfigDict, needs_text: bool):
+  """Stops at start-up, naming every data path that is unset or missing."""
+  keys = ["data.root", "data.train_annotations", "data.eval_annotations"]
+  keys += ["data.vocab"] if needs_text else []
+  keys += ["eval.relevancy"] if config.eval.get("relevancy", "") else []
+  problems = []
+  for key in keys:
+    section, name = key.split(".")
+    value = config[section][name]
+    if not value or not os.path.exists(value):
+      problems.append(f"  {key} = {value!r} ({'unset' if not value else 'not found'});"
+                      f" set it with --config.{key}=PATH")
+  if problems:
+    raise ValueError("data paths to fix:\n" + "\n".join(problems))
+
+
+def load_pretrained(path: str, model_config, params, keep_init=()):
   """Parameters from released weights (`config.init_from`), placed like `params`.
 
   OpenAI/OpenCLIP CLIP (.pt, .safetensors, .npz) for 'clip' and for a
   'classifier' with a CLIP backbone; VideoMAE checkpoints (original or
   Hugging Face naming) for 'videomae' and 'classifier'. Sizes come from the
-  file; they must match `config.model` (the error lists what differs).
+  file; they must match `config.model` (the error lists what differs),
+  except for the CLIP parameters named in `keep_init` (`config.init_keep`,
+  e.g. the projections when `embed_dim` differs), which keep their init.
   """
   name, kw = model_config.name, models.model_kwargs(model_config)
   keep = ("image_size", "num_frames", "tubelet", "dtype", "attention", "remat",
@@ -74,8 +95,11 @@ def load_pretrained(path: str, model_config, params):
   overrides = {k: kw[k] for k in keep if k in kw}
   state_dict = weights.load_state_dict(path)
   if name == "clip":
-    overrides.update(act=kw["act"], learn_logit_scale=kw["learn_logit_scale"])
-    model = weights.clip_from_state_dict(state_dict, **overrides)
+    overrides.update(act=kw["act"], learn_logit_scale=kw["learn_logit_scale"],
+                     embed_dim=kw["embed_dim"],
+                     logit_scale_init=kw["logit_scale_init"])
+    model = weights.clip_from_state_dict(state_dict, keep_init=tuple(keep_init),
+                                         **overrides)
   elif name == "videomae":
     model = weights.videomae_from_state_dict(state_dict, **overrides)
   else:
@@ -213,6 +237,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
   task = tasks.get_task(config.task)
   if config.data.get("synthetic", None) and config.data.synthetic.enabled:
     prepare_synthetic(config, workdir)
+  check_paths(config, task.NEEDS_TEXT)
   config_lib.save_config_json(config, workdir)
   tokenizer = (tokenizer_lib.Tokenizer(config.data.vocab)
                if task.NEEDS_TEXT else None)
@@ -243,7 +268,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
     logging.info("resumed from %s at step %d", start.path, restored.step)
   elif start.kind == "init_from":
     run.state = dict(state, params=load_pretrained(
-        start.path, config.model, state["params"]))
+        start.path, config.model, state["params"],
+        keep_init=config.get("init_keep", ())))
     logging.info("initialised parameters from %s", start.path)
   return run
 

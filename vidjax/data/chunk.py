@@ -249,7 +249,7 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
   video_id = video_id or src.stem
   out_dir = Path(dst) / video_id
   try:
-    container = av.open(str(src), metadata_errors="ignore")
+    container = av.open(str(src))
   except (av.error.FFmpegError, OSError) as e:
     raise ChunkError(f"{src}: cannot open: {e}") from e
   with container:

@@ -321,7 +321,8 @@ def clip_config_from_state_dict(state_dict: dict) -> dict:
 
 def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
                          patch_inflation: str = 'center',
-                         rngs: nnx.Rngs | None = None, **overrides) -> CLIP:
+                         rngs: nnx.Rngs | None = None,
+                         keep_init: tuple[str, ...] = (), **overrides) -> CLIP:
   """A video-text CLIP from an OpenAI/OpenCLIP state dict.
 
   Args:
@@ -331,6 +332,9 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
       unless the state dict has 'visual.temporal_embedding'.
     patch_inflation: 'center' or 'average', when `tubelet` > 1.
     rngs: for the few variables not loaded (default nnx.Rngs(0)).
+    keep_init: model parameter prefixes (e.g. 'visual.proj', 'text.proj',
+      'logit_scale') left at their initial values instead of loaded, as
+      AVION does for the projections when it changes `embed_dim`.
     **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
       models trained with GELU (the state dict does not say), image_size
       (positional embeddings are interpolated), dtype, attention, remat.
@@ -342,8 +346,12 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
   kwargs = dict(clip_config_from_state_dict(state_dict),
                 num_frames=num_frames, **overrides)
   mapped, unexpected = _rename(state_dict, _clip_names(patch_inflation))
+  keep_init = tuple(keep_init)
+  mapped = {dst: item for dst, item in mapped.items()
+            if not dst.startswith(keep_init)}
   return _assemble(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)), mapped,
-                   unexpected=unexpected, optional=('visual.temporal_pos',),
+                   unexpected=unexpected,
+                   optional=('visual.temporal_pos',) + keep_init,
                    source='CLIP state dict')
 
 

@@ -48,7 +48,8 @@ def evaluate(outputs, config) -> dict[str, float]:
     pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
     for pair, action in action_map.items():
       pairs[action] = pair
-    verb_p, noun_p = eval_lib.marginalize_action_scores(probs, pairs)
+    verb_p, noun_p = eval_lib.marginalize_action_scores(
+        probs[:, :len(pairs)], pairs)  # Heads may be wider than the map.
     for name, p in (("verb", verb_p), ("noun", noun_p)):
       truth = np.array([out[name][first[int(i)]] for i in ids])
       if p.shape[1] > truth.max():
