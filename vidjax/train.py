@@ -63,11 +63,13 @@ def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
       config.eval.relevancy = str(root / "relevancy_val.npy")
 
 
-def check_paths(config: ml_collections.ConfigDict, needs_text: bool):
+def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
+                keys: list[str] | None = None):
   """Stops at start-up, naming every data path that is unset or missing."""
-  keys = ["data.root", "data.train_annotations", "data.eval_annotations"]
-  keys += ["data.vocab"] if needs_text else []
-  keys += ["eval.relevancy"] if config.eval.get("relevancy", "") else []
+  if keys is None:
+    keys = ["data.root", "data.train_annotations", "data.eval_annotations"]
+    keys += ["data.vocab"] if needs_text else []
+    keys += ["eval.relevancy"] if config.eval.get("relevancy", "") else []
   problems = []
   for key in keys:
     section, name = key.split(".")
@@ -237,8 +239,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
   task = tasks.get_task(config.task)
   if config.data.get("synthetic", None) and config.data.synthetic.enabled:
     prepare_synthetic(config, workdir)
-  check_paths(config, task.NEEDS_TEXT)
   config_lib.save_config_json(config, workdir)
+  if task.NEEDS_TEXT:
+    check_paths(config, True, keys=["data.vocab"])
   tokenizer = (tokenizer_lib.Tokenizer(config.data.vocab)
                if task.NEEDS_TEXT else None)
   if tokenizer and tokenizer.vocab_size > config.model.text.vocab_size:
@@ -278,6 +281,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the workdir's latest checkpoint (or `resume`/`init_from`)."""
   workdir = Path(workdir)
   run = setup(config, workdir)
+  check_paths(config, run.task.NEEDS_TEXT)
   metrics = run_eval(run, config)
   with log_lib.MetricWriter(workdir) as writer:
     writer.write(int(run.state["step"]), metrics)
@@ -294,6 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # ------------------------------------------------------------------ setup
   workdir = Path(workdir)
   run = setup(config, workdir)
+  check_paths(config, run.task.NEEDS_TEXT)
   state, rest, steps = run.state, run.rest, run.steps
   first_step = int(state["step"])
   writer = log_lib.MetricWriter(workdir)
