@@ -50,7 +50,7 @@ tiny, for 2 steps on the synthetic corpus (CPU, tests).
 """
 import ml_collections
 
-from vidjax import models, optim
+from vidjax import config as config_lib, models, optim
 from vidjax.data import pipeline
 
 # LaViLa's ego4d_train.pkl: "Corpus size 4.0M" (AVION docs/MODEL_ZOO.md).
@@ -117,15 +117,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU."""
-  c.total_steps = 2
-  c.batch_size = 16
-  c.data.update(format="jsonl", num_frames=4, size=64, workers=0, threads=2)
-  c.data.synthetic = ml_collections.ConfigDict(dict(
-      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
-      height=96, width=128, seed=0))
+  config_lib.debug_on_synthetic(c, format="jsonl")
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, embed_dim=64, remat="none", dtype="float32")
   c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)
-  c.eval.update(every_steps=0, batch_size=8)
-  c.checkpoint.every_steps = 2
-  c.log.every_steps = 1

@@ -44,7 +44,7 @@ tiny, 2 steps on the synthetic corpus (CPU).
 """
 import ml_collections
 
-from vidjax import models, optim
+from vidjax import config as config_lib, models, optim
 from vidjax.data import pipeline
 
 EK100_TRAIN_CLIPS = 67_217  # EPIC_100_train.csv rows.
@@ -120,16 +120,8 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   The corpus's `ek100_{train,val}.csv` are in the EK-100 action layout
   (verb = motion, noun = coloured shape).
   """
-  c.total_steps = 2
-  c.batch_size = 16
-  c.data.update(num_frames=4, size=64, workers=0, threads=2)
-  c.data.synthetic = ml_collections.ConfigDict(dict(
-      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
-      height=96, width=128, seed=0))
+  config_lib.debug_on_synthetic(c)
   # The head must have exactly as many classes as the action map of the
   # 8-video seed-0 corpus has verb:noun pairs (14), for the verb/noun scores.
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, num_classes=14, remat="none", dtype="float32")
-  c.eval.update(every_steps=0, batch_size=8)
-  c.checkpoint.every_steps = 2
-  c.log.every_steps = 1

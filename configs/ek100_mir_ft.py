@@ -52,7 +52,7 @@ tiny, 2 steps on the synthetic corpus with its relevancy matrix (CPU).
 """
 import ml_collections
 
-from vidjax import models, optim
+from vidjax import config as config_lib, models, optim
 from vidjax.data import pipeline
 
 EK100_MIR_TRAIN_CLIPS = 67_217  # EPIC_100_retrieval_train.csv rows.
@@ -123,15 +123,8 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   `relevancy_val.npy` (clips x clips of the validation split) becomes
   `eval.relevancy` (`synthetic.relevancy`).
   """
-  c.total_steps = 2
-  c.batch_size = 16
-  c.data.update(num_frames=4, size=64, workers=0, threads=2)
-  c.data.synthetic = ml_collections.ConfigDict(dict(
-      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
-      height=96, width=128, seed=0, relevancy=True))
+  config_lib.debug_on_synthetic(c)
+  c.data.synthetic.relevancy = True
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, embed_dim=64, remat="none", dtype="float32")
   c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)
-  c.eval.update(every_steps=0, batch_size=8)
-  c.checkpoint.every_steps = 2
-  c.log.every_steps = 1

@@ -45,7 +45,7 @@ tiny, 2 steps on the synthetic corpus (JSONL, CPU).
 """
 import ml_collections
 
-from vidjax import augment, models, optim
+from vidjax import config as config_lib, augment, models, optim
 from vidjax.data import pipeline
 
 K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
@@ -114,16 +114,7 @@ def _debug(c: ml_collections.ConfigDict) -> None:
 
   The corpus has no Kinetics CSV; its JSONL carries the same fields.
   """
-  c.total_steps = 2
-  c.batch_size = 16
-  c.data.update(format="jsonl", num_frames=4, stride=4, size=64, workers=0,
-                threads=2)
-  c.data.synthetic = ml_collections.ConfigDict(dict(
-      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
-      height=96, width=128, seed=0))
+  config_lib.debug_on_synthetic(c, format="jsonl", stride=4)
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, dtype="float32")
   c.model.decoder.update(width=32, depth=1, heads=2)
-  c.eval.update(every_steps=0, batch_size=8)
-  c.checkpoint.every_steps = 2
-  c.log.every_steps = 1

@@ -175,3 +175,23 @@ def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:
   with open(path, "w", encoding="utf-8") as f:
     f.write(text + "\n")
   return path
+
+
+def debug_on_synthetic(config: ml_collections.ConfigDict, **data) -> None:
+  """Turns a recipe into its `:debug` variant: 2 steps on CPU, synthetic data.
+
+  The part every recipe's `:debug` shares: a small synthetic corpus written
+  into the workdir, 4 frames of 64 px read by 2 threads, batch 16, a
+  checkpoint at step 2, metrics every step, one final eval. `data` adds or
+  overrides `config.data` keys (e.g. format="jsonl", stride=4). The recipe
+  then shrinks its model itself.
+  """
+  config.total_steps = 2
+  config.batch_size = 16
+  config.data.update(dict(num_frames=4, size=64, workers=0, threads=2, **data))
+  config.data.synthetic = ml_collections.ConfigDict(dict(
+      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
+      height=96, width=128, seed=0))
+  config.eval.update(every_steps=0, batch_size=8)
+  config.checkpoint.every_steps = 2
+  config.log.every_steps = 1
