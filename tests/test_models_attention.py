@@ -7,6 +7,8 @@ from flax import nnx
 
 from vidjax.models import attention
 
+from cuda_lowering import cudnn_attention_calls, forced_cudnn, lower_for_cuda
+
 
 def reference_attention(q, k, v, is_causal=False):
   """Plain softmax(Q K^T / sqrt(d)) V over [B, T, N, H]."""
@@ -66,10 +68,71 @@ def test_multi_head_attention_splits_heads_like_torch():
   np.testing.assert_allclose(layer(x), expected, atol=1e-5)
 
 
-@pytest.mark.gpu
+# Token counts of the towers vidjax trains: CLIP vision at 1, 4 and 16 frames
+# (1 + 196 T), the CLIP text tower (77, causal), VideoMAE / K400 (1568), the
+# VideoMAE encoder's visible tokens (160).
+TOWER_LENGTHS = [(197, False), (785, False), (3137, False), (77, True),
+                 (1568, False), (160, False)]
+
+
+@pytest.mark.parametrize('length,is_causal', TOWER_LENGTHS)
+def test_cudnn_training_path_lowers_for_cuda_at_every_tower_length(
+    length, is_causal):
+  """Forward and backward through cuDNN, traced as on an H100/H200.
+
+  JAX 0.10-0.11 raise `Unsupported sequence length` here for odd lengths
+  unless the tokens are padded (see attention.py).
+  """
+  q = jax.ShapeDtypeStruct((2, length, 12, 64), jnp.bfloat16)
+
+  def loss(q, k, v):
+    out = attention.dot_product_attention(q, k, v, implementation='cudnn',
+                                          is_causal=is_causal)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  with forced_cudnn():
+    hlo = lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, q, q)
+  calls = cudnn_attention_calls(hlo)
+  assert calls.get('__cudnn$fmhaSoftmax') == 1, calls
+  assert calls.get('__cudnn$fmhaSoftmaxBackward') == 1, calls
+
+
 @pytest.mark.parametrize('is_causal', [False, True])
-def test_cudnn_matches_xla_in_bfloat16(is_causal):
-  q, k, v = _qkv(jnp.bfloat16, shape=(4, 197, 12, 64))
+def test_cudnn_padding_and_masking_give_unpadded_attention(monkeypatch,
+                                                           is_causal):
+  """The padded cuDNN path, run by XLA on CPU, equals plain attention.
+
+  Only the kernel is swapped (cuDNN cannot run here); the padding, the key
+  masking through `key_value_seq_lengths` and the slicing are the real ones.
+  """
+  real = jax.nn.dot_product_attention
+
+  def as_xla(*args, implementation, **kwargs):
+    assert implementation == 'cudnn'
+    return real(*args, implementation='xla', **kwargs)
+
+  q, k, v = _qkv(shape=(2, 13, 3, 16))  # 13 tokens: padded to 16.
+  monkeypatch.setattr(attention, 'resolve_implementation', lambda *a: 'cudnn')
+  monkeypatch.setattr(attention.jax.nn, 'dot_product_attention', as_xla)
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.sin(fn(q, k, v)))
+
+  ours = lambda q, k, v: attention.dot_product_attention(
+      q, k, v, implementation='cudnn', is_causal=is_causal)
+  ref = lambda q, k, v: reference_attention(q, k, v, is_causal)
+  np.testing.assert_allclose(ours(q, k, v), ref(q, k, v), atol=1e-6)
+  grads = jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2))(q, k, v)
+  ref_grads = jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2))(q, k, v)
+  for g, rg in zip(grads, ref_grads):
+    np.testing.assert_allclose(g, rg, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('length', [197, 198, 785])
+@pytest.mark.parametrize('is_causal', [False, True])
+def test_cudnn_matches_xla_in_bfloat16(is_causal, length):
+  q, k, v = _qkv(jnp.bfloat16, shape=(4, length, 12, 64))
 
   def run(implementation):
     fn = lambda q, k, v: jnp.sum(attention.dot_product_attention(

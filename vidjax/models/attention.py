@@ -10,6 +10,14 @@ explicit choice necessary:
 * cuDNN only takes bf16/fp16 inputs with a head size that is a multiple of 8
   (at most 128 before Hopper, 256 from Hopper on), on an NVIDIA GPU of compute
   capability 8.0 or newer; anything else raises deep inside JAX.
+* In training (under `jax.grad`), JAX 0.10-0.11 reject odd sequence lengths
+  on the cuDNN path even without a bias ("Unsupported sequence length Q 785"):
+  `bias=None` becomes an empty placeholder that its checks count as a bias,
+  and cuDNN needs even lengths with a bias. CLIP's towers have odd lengths
+  (1 + 196 x frames vision tokens, 77 text tokens), so on the cuDNN path the
+  tokens are padded to a multiple of 8 and the padded keys masked out
+  (`key_value_seq_lengths`; causal attention masks them already), and the
+  output is sliced back. The padded rows cost < 1% at ViT-B shapes.
 
 `implementation` is therefore one of 'cudnn' (fail early, saying why),
 'xla', or 'auto' (cuDNN when the inputs allow it, else XLA, logged once).
@@ -26,6 +34,8 @@ from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+# Sequence lengths are padded to a multiple of this on the cuDNN path.
+CUDNN_LENGTH_MULTIPLE = 8
 _logged_choices: set[str] = set()
 
 
@@ -121,8 +131,36 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     [B, T, N, H] attention output, in the dtype of `query`.
   """
   chosen = resolve_implementation(implementation, query.shape[-1], query.dtype)
-  return jax.nn.dot_product_attention(
-      query, key, value, is_causal=is_causal, implementation=chosen)
+  if chosen == 'xla':
+    return jax.nn.dot_product_attention(
+        query, key, value, is_causal=is_causal, implementation='xla')
+  return _cudnn_attention(query, key, value, is_causal=is_causal)
+
+
+def _cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
+                     is_causal: bool) -> jax.Array:
+  """cuDNN flash attention with T and S padded to `CUDNN_LENGTH_MULTIPLE`.
+
+  Padded keys are masked by `key_value_seq_lengths` (for causal attention the
+  causal mask already hides them from every real query); padded query rows
+  are computed and dropped, so they receive no gradient.
+  """
+  length, kv_length = query.shape[1], key.shape[1]
+  if is_causal and length != kv_length:
+    raise ValueError(f'causal attention needs as many queries ({length}) as '
+                     f'keys ({kv_length})')
+
+  def pad(x):
+    extra = -x.shape[1] % CUDNN_LENGTH_MULTIPLE
+    return jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0))) if extra else x
+
+  kv_lengths = None
+  if kv_length % CUDNN_LENGTH_MULTIPLE and not is_causal:
+    kv_lengths = jnp.full((query.shape[0],), kv_length, jnp.int32)
+  out = jax.nn.dot_product_attention(
+      pad(query), pad(key), pad(value), is_causal=is_causal,
+      key_value_seq_lengths=kv_lengths, implementation='cudnn')
+  return out[:, :length]
 
 
 class MultiHeadAttention(nnx.Module):
