@@ -24,7 +24,8 @@ from jax.experimental import multihost_utils
 
 from vidjax import augment, checkpoint, config as config_lib, models
 from vidjax import logging as log_lib, optim, plot, sharding, tasks
-from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
+from vidjax.data import pipeline, synthetic, synthetic_annotations
+from vidjax.data import tokenizer as tokenizer_lib
 from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
 
@@ -51,16 +52,7 @@ def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
     multihost_utils.sync_global_devices("vidjax:synthetic corpus")
     if jax.process_index() != 0:
       make()
-  with config.unlocked():
-    config.data.root = str(root / "chunks")
-    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv",
-             "ek100_mir": "ek100_{}.csv"}[config.data.format]
-    config.data.train_annotations = str(root / split.format("train"))
-    config.data.eval_annotations = str(root / split.format("val"))
-    if not config.data.vocab:
-      config.data.vocab = str(root / "vocab.txt.gz")
-    if spec.get("relevancy", False):
-      config.eval.relevancy = str(root / "relevancy_val.npy")
+  synthetic_annotations.use_corpus(config, root)
 
 
 def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
