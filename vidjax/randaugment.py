@@ -150,7 +150,10 @@ def affine(x: Array, matrix: Array, fill: float = FILL) -> Array:
                  jnp.clip(ui, 0, w - 1).astype(jnp.int32)]
       out = out + weight[None, :, :, None] * pixels
       coverage = coverage + weight
-  return out + (1.0 - coverage)[None, :, :, None] * fill
+  # torchvision (so pytorchvideo) weighs the zero-padded sample by the
+  # coverage once more at the borders; kept so that the result is theirs.
+  coverage = coverage[None, :, :, None]
+  return out * coverage + (1.0 - coverage) * fill
 
 
 def geometric_matrix(op: str, value, height: int, width: int) -> Array:
@@ -225,11 +228,10 @@ def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
   level = jnp.clip(magnitude + std * jax.random.normal(
       k_level, (b, num_layers)), 0.0, 10.0)
   sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, (b, num_layers)), 1., -1.)
-  x = video.astype(jnp.float32)
   warp = jax.vmap(affine)
-  for layer in range(num_layers):
-    op, on = ops[:, layer], apply[:, layer]
-    lv, sg = level[:, layer], sign[:, layer]
+
+  def layer(x, draws):  # One op per clip; a scan compiles it once.
+    op, on, lv, sg = draws
     chosen = {name: on & (op == i) for i, name in enumerate(OPS)}
     # One warp per layer: the clip's geometric op as a matrix (or identity).
     matrix = jnp.broadcast_to(jnp.eye(2, 3), (b, 2, 3))
@@ -243,8 +245,11 @@ def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
       value = op_value(name, lv, sg)
       y = jax.vmap(fn)(x, jnp.zeros(b) if value is None else value)
       out = jnp.where(chosen[name][:, None, None, None, None], y, out)
-    x = out
-  return x
+    return out, None
+
+  draws = tuple(a.T for a in (ops, apply, level, sign))  # [layers, B] each
+  out = jax.lax.scan(layer, video.astype(jnp.float32), draws)[0]
+  return jnp.clip(out, 0.0, 255.0)  # Bilinear rounding can step out by 1e-6.
 
 
 def random_erase(video: Array, key: Array, *, prob: float = 0.25,
@@ -318,6 +323,9 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
   prob, std_level = float(get("randaugment_prob", 0.5)), float(
       get("randaugment_std", 0.5))
   mode = str(get("erase_mode", "pixel"))
+  if mode not in ("pixel", "rand", "const"):
+    raise ValueError(f"augment: erase_mode must be 'pixel', 'rand' or "
+                     f"'const', got {mode!r}")
 
   def clip_augment(video: Array, key: Array) -> Array:
     k_ra, k_erase = jax.random.split(key)
