@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vidjax import augment, sharding
-from vidjax.data import annotations, pipeline, synthetic
+from vidjax.data import annotations, ek100, pipeline, synthetic, synthetic_annotations
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +160,82 @@ def test_eval_views_each_once_and_padded(corpus, mesh):
       config, mesh, train=False, batch_size=32)]
   for a, b in zip(batches, again):
     assert_same(a, b)
+
+
+@pytest.fixture(scope="module")
+def tok(corpus):
+  from vidjax.data import tokenizer as tok_lib
+  return tok_lib.Tokenizer(synthetic.write_vocab(corpus / "vocab.txt.gz"))
+
+
+def corpus_config(corpus, data_format, **data):
+  """The corpus's files in `data_format`, as a `:debug` run points at them."""
+  config = config_for(corpus, format=data_format, **data)
+  with config.unlocked():
+    config.eval = ml_collections.ConfigDict(dict(relevancy="", sentences=""))
+  synthetic_annotations.use_corpus(config, corpus)
+  return config
+
+
+def caption_of(tokens, tok, captions):
+  """The caption whose tokens these are."""
+  matches = [i for i, c in enumerate(captions)
+             if np.array_equal(tok(c)[0], tokens)]
+  assert len(matches) == 1
+  return matches[0]
+
+
+def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
+    corpus, mesh, tok):
+  config = corpus_config(corpus, "ek100_mir")
+  data = config.data
+  records = pipeline.load_annotations(data, data.train_annotations)
+  captions = [t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)]
+  relevancy = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
+  assert len(captions) < len(records) == relevancy.shape[0]  # Captions repeat.
+  positives = pipeline.caption_positives(data, records)
+  rng = np.random.default_rng(0)
+  drawn = [[captions.index(positives.draw(i, rng)) for _ in range(40)]
+           for i in range(len(records))]
+  for i, columns in enumerate(drawn):  # 40 draws for each of the clips
+    assert (relevancy[i, columns] > 0.1).all()
+    assert set(columns) == set(np.flatnonzero(relevancy[i] > 0.1))
+  assert any(captions[c] != records[i].text for i, cs in enumerate(drawn) for c in cs)
+  # In the pipeline: each element's own generator, whatever the workers.
+  runs = []
+  for workers in (0, 2):
+    with config.unlocked():
+      config.data.workers = workers
+    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
+                                  tokenizer=tok)
+    runs.append(take(pipe, 2))
+    pipe.close()
+  for a, b in zip(*runs):
+    assert_same(a, b)
+  elements = [(i, t) for b in runs[0] for i, t in zip(b["index"], b["tokens"])]
+  chosen = [caption_of(t, tok, captions) for _, t in elements]
+  assert all(relevancy[i, c] > 0.1 for (i, _), c in zip(elements, chosen))
+
+
+def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
+    corpus, mesh, tok):
+  config = corpus_config(corpus, "ego4d", threads=2)
+  records = pipeline.load_annotations(config.data, config.data.train_annotations)
+  segments = annotations.load_jsonl(corpus / "train.jsonl")
+  assert len(records) == 2 * len(segments)  # Rephraser's, then narrator's.
+  assert all(len(r.extra["texts"]) == 3 for r in records)
+  epochs = []
+  for threads, seed in ((2, 3), (0, 3), (0, 4)):
+    with config.unlocked():
+      config.data.threads = threads
+    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
+                                  tokenizer=tok, num_epochs=1, seed=seed)
+    epochs.append([jax.tree.map(np.asarray, b) for b in pipe])
+  for a, b in zip(epochs[0], epochs[1]):
+    assert_same(a, b)
+  chosen = {seed: sorted((int(i), caption_of(t, tok, records[i].extra["texts"]))
+                         for b in run for i, t in zip(b["index"], b["tokens"]))
+            for seed, run in ((3, epochs[0]), (4, epochs[2]))}
+  assert [i for i, _ in chosen[3]] == list(range(len(records)))  # Each once.
+  assert len({k for _, k in chosen[3]}) == 3  # All list positions drawn.
+  assert chosen[3] != chosen[4]  # Another seed, other draws.
