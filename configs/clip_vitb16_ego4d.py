@@ -179,8 +179,11 @@ def _lavila(c: ml_collections.ConfigDict) -> None:
 
 
 def _debug(c: ml_collections.ConfigDict) -> None:
-  """2 steps of a tiny model on the synthetic corpus, on CPU."""
+  """2 steps of a tiny model on the synthetic corpus, on CPU; both sets
+  evaluated (the corpus has EK-100's retrieval files) and their embeddings
+  saved."""
   config_lib.debug_on_synthetic(c, format="jsonl")
+  c.eval.save_embeddings = True
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, embed_dim=64, remat="none", dtype="float32")
   c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)

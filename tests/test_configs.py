@@ -118,3 +118,7 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path, corpora):
   for key in ("eval/mAP_avg", "eval/ek100_mir/mAP_avg"):
     if key in final:
       assert 0 < final[key] <= 1
+  if config.eval.get("save_embeddings", False):  # One file per set and eval.
+    for name in [""] + list(config.eval.get("sets", {})):
+      saved = np.load(tmp_path / "embeddings" / name / "step_2.npz")
+      assert saved["video"].shape[1] == saved["text"].shape[1]
