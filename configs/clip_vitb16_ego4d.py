@@ -59,10 +59,13 @@ One 8-GPU machine (batch 256 per GPU, as AVION):
         --config.eval.sets.ek100_mir.sentences=$A/EPIC_100_retrieval_test_sentence.csv \
         --config.eval.sets.ek100_mir.relevancy=/data/ek100_relevancy_test.npy
 
-LLM-augmented (`:lavila`): the same command with `configs/clip_vitb16_ego4d.py:lavila`
-and both of LaViLa's files, concatenated as AVION's `ConcatDataset` does:
+LLM-augmented (`:lavila`): the same command with
+`configs/clip_vitb16_ego4d.py:lavila` and both of LaViLa's files,
+comma-separated, concatenated as AVION's `ConcatDataset` does:
 
-        --config.data.train_annotations=/data/ego4d_train.rephraser.no_punkt_top3.jsonl,/data/ego4d_train.narrator_63690737.return_10.jsonl
+        R=/data/ego4d_train.rephraser.no_punkt_top3.jsonl
+        N=/data/ego4d_train.narrator_63690737.return_10.jsonl
+        --config.data.train_annotations=$R,$N
 
 Their narrations are lists; each training element draws one with its own
 random generator (the same data for any number of workers, and on resume).

@@ -1,7 +1,6 @@
 """Evaluation sets and EK-100 MIR on clips x captions, as `--mode eval` runs
 them on the released layouts (built from the synthetic corpus)."""
 import csv
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 from vidjax import config as config_lib, eval_sets, train
 from vidjax import logging as log_lib
-from vidjax.data import ek100, synthetic, synthetic_annotations
+from vidjax.data import ek100
 from test_evaluate import _ndcg_loop, _official_ap_loop
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

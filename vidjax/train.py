@@ -19,7 +19,6 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from jax.experimental import multihost_utils
 

@@ -1,9 +1,9 @@
 """Action classification fine-tuning (Kinetics, EPIC-Kitchens-100).
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
-(from `augment`), or on hard labels, averaged over the valid examples. Eval: top-1 / top-5 with multi-view
-averaging of softmax scores; for EK-100 actions also verb and noun accuracy,
-marginalised from the action scores.
+(from `augment`), or on hard labels, averaged over the valid examples.
+Eval: top-1 / top-5 with multi-view averaging of softmax scores; for EK-100
+actions also verb and noun accuracy, marginalised from the action scores.
 """
 from __future__ import annotations
 
