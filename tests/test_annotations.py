@@ -137,6 +137,9 @@ def test_mir_positives_are_the_captions_above_the_threshold():
   assert [positives.draw(0, again) for _ in range(200)] == draws[0]
   wide = ek100.CaptionPositives.from_relevancy(relevancy, 'abcd', threshold=0.0)
   assert list(np.diff(wide.offsets)) == [3, 0, 4]
+  # Clips with the same positives share one stored set.
+  same = ek100.CaptionPositives.from_relevancy(relevancy[[0, 2, 0, 1, 2]], 'abcd')
+  assert list(same.row_of) == [0, 1, 0, 2, 1] and len(same.columns) == 5
 
 
 def test_ek100_mir_sentences_and_relevancy(tmp_path, epic_csv):

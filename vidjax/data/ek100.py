@@ -207,16 +207,19 @@ class CaptionPositives:
 
   AVION's EK-100 MIR fine-tuning pairs each training clip with a caption
   drawn uniformly among those whose relevancy to it exceeds 0.1 (its own
-  narration has relevancy 1). Stored compactly (CSR), so the table travels
-  to data-loading workers cheaply.
+  narration has relevancy 1). A shared verb alone gives 0.5, so a clip has
+  thousands of positives; clips with the same verb and nouns have the same
+  ones, so each distinct set is stored once (CSR), small enough to travel to
+  the data-loading workers.
 
   Attributes:
     captions: caption j's text.
-    offsets: int64[num_clips + 1]; clip i's captions are
-      `columns[offsets[i]:offsets[i + 1]]`.
-    columns: int32[num_positives], caption indices.
+    row_of: int32[num_clips], the positive set of each clip.
+    offsets: int64[num_sets + 1]; set k is `columns[offsets[k]:offsets[k+1]]`.
+    columns: uint16 or int32[num_positives], caption indices.
   """
   captions: tuple[str, ...]
+  row_of: np.ndarray
   offsets: np.ndarray
   columns: np.ndarray
 
@@ -225,20 +228,23 @@ class CaptionPositives:
                      threshold: float = POSITIVE_THRESHOLD
                      ) -> CaptionPositives:
     """Positives of every row of `relevancy` (float[clips, captions])."""
-    counts, columns = [], []
+    dtype = np.uint16 if relevancy.shape[1] <= 1 << 16 else np.int32
+    sets: dict[bytes, int] = {}
+    row_of = np.empty(relevancy.shape[0], np.int32)
     for start in range(0, relevancy.shape[0], _ROWS_PER_CHUNK):
-      rows, cols = np.nonzero(
-          np.asarray(relevancy[start:start + _ROWS_PER_CHUNK]) > threshold)
-      counts.append(np.bincount(rows, minlength=min(
-          _ROWS_PER_CHUNK, relevancy.shape[0] - start)))
-      columns.append(cols.astype(np.int32))
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts or [[]]))])
-    return cls(tuple(captions), offsets.astype(np.int64),
-               np.concatenate(columns or [np.zeros(0, np.int32)]))
+      block = np.asarray(relevancy[start:start + _ROWS_PER_CHUNK]) > threshold
+      for i, row in enumerate(block, start):
+        key = np.flatnonzero(row).astype(dtype).tobytes()
+        row_of[i] = sets.setdefault(key, len(sets))
+    columns = [np.frombuffer(key, dtype) for key in sets]  # In insertion order.
+    offsets = np.cumsum([0] + [len(c) for c in columns], dtype=np.int64)
+    return cls(tuple(captions), row_of, offsets,
+               np.concatenate(columns) if columns else np.zeros(0, dtype))
 
   def draw(self, index: int, rng: np.random.Generator) -> str | None:
     """A caption for clip `index`, uniform among its positives (None: none)."""
-    lo, hi = int(self.offsets[index]), int(self.offsets[index + 1])
+    k = self.row_of[index]
+    lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
     if hi == lo:
       return None
     return self.captions[int(self.columns[lo + int(rng.integers(hi - lo))])]
