@@ -1,14 +1,17 @@
 """Evaluation sets and EK-100 MIR on clips x captions, as `--mode eval` runs
 them on the released layouts (built from the synthetic corpus)."""
 import csv
+import pickle
 from pathlib import Path
 
+import ml_collections
 import numpy as np
 import pytest
 
-from vidjax import config as config_lib, eval_sets, train
+from vidjax import config as config_lib, eval_sets, evaluate as eval_lib, train
 from vidjax import logging as log_lib
 from vidjax.data import ek100
+from vidjax.tasks import contrastive
 from test_evaluate import _ndcg_loop, _official_ap_loop
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -113,3 +116,51 @@ def test_mismatched_files_stop_at_start_naming_both(evaluated, tmp_path):
     config.data.allow_pickle = False
   with pytest.raises(ValueError, match="allow_pickle"):
     train.check_paths(config, needs_text=True)
+
+
+def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
+  """Views averaged per clip, unreadable views left out; without a sentence
+  file the relevancy is clips x clips, with one it is clips x captions."""
+  rng = np.random.default_rng(0)
+  clips, views, captions, d = 6, 2, 4, 8
+  video = rng.normal(size=(clips, views, d))
+  text = rng.normal(size=(clips, d))
+  index = np.repeat(np.arange(clips), views)
+  valid = np.ones(clips * views, bool)
+  valid[[4, 5]] = False  # Clip 2 could not be read at all.
+  outputs = {"video_emb": video.reshape(-1, d), "index": index, "valid": valid,
+             "text_emb": np.repeat(text, views, axis=0), "view": index * 0}
+  square = rng.uniform(size=(clips, clips)).round(1)
+  np.save(tmp_path / "square.npy", square)
+  config = ml_collections.ConfigDict(dict(
+      data=dict(allow_pickle=False, eval_annotations="clips.csv"),
+      eval=dict(relevancy=str(tmp_path / "square.npy"), sentences="")))
+  kept = np.array([0, 1, 3, 4, 5])
+
+  def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+  mean_video = unit(unit(video).mean(1))[kept]
+  got = contrastive.evaluate(outputs, config)
+  want = eval_lib.ek100_mir_metrics(mean_video @ unit(text[kept]).T,
+                                    square[np.ix_(kept, kept)])
+  for key, value in want.items():
+    assert got[key] == pytest.approx(value, abs=1e-6), key
+  assert got["chance_r1"] == pytest.approx(1 / 5)
+  # Clips x captions: every caption embedded once, in the sentence file's order.
+  (tmp_path / "s.csv").write_text("narration_id,narration\n" + "".join(
+      f"c{j},caption {j}\n" for j in range(captions)))
+  rectangular = rng.uniform(size=(clips, captions)).round(1)
+  (tmp_path / "rel.pkl").write_bytes(pickle.dumps(rectangular))
+  caption_emb = rng.normal(size=(captions, d))
+  with config.unlocked():
+    config.eval.update(relevancy=str(tmp_path / "rel.pkl"),
+                       sentences=str(tmp_path / "s.csv"))
+    config.data.allow_pickle = True
+  got = contrastive.evaluate({**outputs, "caption_emb": caption_emb}, config)
+  want = eval_lib.ek100_mir_metrics(mean_video @ unit(caption_emb).T,
+                                    rectangular[kept])
+  for key, value in want.items():
+    assert got[key] == pytest.approx(value, abs=1e-6), key
+  with pytest.raises(ValueError, match="does not fit clips.csv and its 3 captions"):
+    contrastive.evaluate({**outputs, "caption_emb": caption_emb[:3]}, config)
