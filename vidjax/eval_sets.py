@@ -177,7 +177,8 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
     merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
                                         config.eval.batch_size)
   metrics = run.task.evaluate(merged, config)
-  if config.eval.get("save_embeddings", False) and run.workdir:
+  if (config.eval.get("save_embeddings", False) and run.workdir
+      and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
     emb = run.task.embeddings(merged, config)
     video_ids = _record_ids(records)[emb["index"]]
     text_ids = np.array([i for i, _ in captions]) if captions else video_ids

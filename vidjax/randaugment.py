@@ -21,9 +21,11 @@ probability `prob` (0.5) at a level ~ N(magnitude, std=0.5) clipped to
   shear_x, shear_y                              +- 0.3 level/10
   translate_x, translate_y                      +- 0.45 level/10 of the side
 
-Statistics (contrast's mean, autocontrast's range, equalize's histogram) are
-per frame and channel, as torchvision computes them on a (T, C, H, W) clip;
-geometric ops sample bilinearly and fill with grey (127.5).
+Statistics are per frame, as torchvision computes them on a (T, C, H, W)
+clip: contrast's mean grey level, and per channel autocontrast's range and
+equalize's histogram. Geometric ops sample bilinearly and fill with grey
+(127.5). Every op matches torchvision's (which pytorchvideo calls) to float
+rounding (tests/test_randaugment.py).
 
 Random erasing (timm's, AVION's `cube=True`): with probability `prob` a box
 of area U(0.02, 1/3) of the frame and aspect exp(U(log 0.3, log 1/0.3)) (up
