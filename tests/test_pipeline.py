@@ -239,3 +239,26 @@ def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
   assert [i for i, _ in chosen[3]] == list(range(len(records)))  # Each once.
   assert len({k for _, k in chosen[3]}) == 3  # All list positions drawn.
   assert chosen[3] != chosen[4]  # Another seed, other draws.
+
+
+def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
+  """AVION's `path num_frames label` lists: clips anywhere in the video."""
+  from vidjax.data import source
+  listing = tmp_path / "k400_val_list.txt"
+  listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
+  config = config_for(corpus, format="kinetics_list", sampling="stride",
+                      stride=2, eval_clips=2)
+  records = pipeline.load_annotations(config.data, str(listing))
+  loader = source.ClipLoader(records, config.data.root,
+                             pipeline.clip_spec(config.data))
+  last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
+  assert last["valid"] and last["label"] == 5
+  from vidjax.data import crop, sampling, video
+  info = video.video_info(config.data.root, "vid000")
+  ids = sampling.multi_view_frame_ids(0, info.num_frames, 4, 2, 2)[1]
+  assert ids[-1] > info.num_frames * 3 // 4  # The whole video's last part.
+  box = crop.center_crop(None, info.height, info.width, (32, 32))
+  np.testing.assert_array_equal(last["video"], video.read_clip(
+      config.data.root, "vid000", ids, crop=box.box, size=(32, 32)))
+  element = loader.train_element(3, np.random.default_rng(0))
+  assert element["valid"] and element["label"] == 7 and not element["errors"]
