@@ -1,4 +1,4 @@
-r"""Video-text CLIP ViT-B/16 on Ego4D narrations: AVION's baseline dual-encoder.
+r"""Video-text CLIP ViT-B/16 on Ego4D narrations: AVION's dual-encoder pretraining.
 
 What it trains: a 4-frame video ViT-B/16 and CLIP's 12-layer text tower,
 both initialised from OpenAI's CLIP ViT-B/16, with the symmetric InfoNCE loss
@@ -6,47 +6,90 @@ over the global batch of 2048 clip-narration pairs, for 5 epochs of the ~4.0M
 Ego4D narration clips at a constant learning rate (AVION's `--fix-lr`), with
 a frozen temperature of 0.07. The projections to the joint space (256-d) are
 trained from scratch, as in AVION (OpenAI's 512-d ones are not loaded).
+`configs/clip_vitb16_ego4d.py:lavila` is AVION's LLM-augmented (LaViLa)
+pretraining instead: the same model on LaViLa's rephrased and narrator-
+generated narrations (see below).
+
+Evaluation, every epoch: video<->text recall on held-out Ego4D narrations
+(`eval/t2v_r1`, `eval/v2t_r1`, `eval/chance_r1`) and, as AVION evaluates
+and selects its pretraining, zero-shot EK-100 multi-instance retrieval on
+the 9,668 test clips x 3,842 captions (`eval/ek100_mir/mAP_avg`,
+`eval/ek100_mir/nDCG_avg`, ...; the `eval.sets.ek100_mir` set, skipped while
+its files are unset). Keep the checkpoint with the best
+`eval/ek100_mir/mAP_avg` for fine-tuning.
+
+Files, in the names the datasets ship them:
+  Ego4D videos (v1/full_scale/<video_uid>.mp4)
+  LaViLa's narration pickles (dl.fbaipublicfiles.com/lavila/metadata/ego4d/):
+    ego4d_train.pkl, ego4d_val.pkl; for :lavila also
+    ego4d_train.rephraser.no_punkt_top3.pkl and
+    ego4d_train.narrator_63690737.return_10.pkl
+  ViT-B-16.pt (OpenAI CLIP), bpe_simple_vocab_16e6.txt.gz
+  for the zero-shot EK-100 evaluation: EK-100 videos,
+    retrieval_annotations/EPIC_100_retrieval_test.csv,
+    EPIC_100_retrieval_test_sentence.csv and
+    caption_relevancy_EPIC_100_retrieval_test.pkl (see `ek100_mir_ft.py`)
 
 Data, once:
 
     # Ego4D videos -> 15 s chunks, short side 288 (AVION's videos_288px_15sec)
     python -m vidjax.data.chunk /data/ego4d/v1/full_scale /data/ego4d_chunks \
         --chunk-seconds 15 --short-side 288 --workers 16
-    # LaViLa's narration pickle -> JSONL (unpickling runs code: trust the file)
-    python -m vidjax.data.annotations convert-ego4d \
-        /data/ego4d_train.pkl /data/ego4d_train.jsonl --allow-pickle
-    python -m vidjax.data.annotations convert-ego4d \
-        /data/ego4d_val.pkl /data/ego4d_val.jsonl --allow-pickle
+    # LaViLa's narration pickles -> JSONL (unpickling runs code: trust them)
+    for f in ego4d_train ego4d_val ego4d_train.rephraser.no_punkt_top3 \
+             ego4d_train.narrator_63690737.return_10; do
+      python -m vidjax.data.annotations convert-ego4d \
+          /data/$f.pkl /data/$f.jsonl --allow-pickle
+    done
     head -n 4096 /data/ego4d_val.jsonl > /data/ego4d_val_4k.jsonl
+    # EK-100 chunks and test relevancy: as in ek100_mir_ft.py.
 
 One 8-GPU machine (batch 256 per GPU, as AVION):
 
+    A=/data/epic-kitchens-100-annotations/retrieval_annotations
     python -m vidjax.main --config configs/clip_vitb16_ego4d.py \
         --workdir /runs/clip_vitb16_ego4d \
         --config.init_from=/weights/ViT-B-16.pt \
         --config.data.root=/data/ego4d_chunks \
         --config.data.train_annotations=/data/ego4d_train.jsonl \
         --config.data.eval_annotations=/data/ego4d_val_4k.jsonl \
-        --config.data.vocab=/weights/bpe_simple_vocab_16e6.txt.gz
+        --config.data.vocab=/weights/bpe_simple_vocab_16e6.txt.gz \
+        --config.eval.sets.ek100_mir.data.root=/data/ek100_chunks \
+        --config.eval.sets.ek100_mir.data.eval_annotations=$A/EPIC_100_retrieval_test.csv \
+        --config.eval.sets.ek100_mir.sentences=$A/EPIC_100_retrieval_test_sentence.csv \
+        --config.eval.sets.ek100_mir.relevancy=/data/ek100_relevancy_test.npy
+
+LLM-augmented (`:lavila`): the same command with
+`configs/clip_vitb16_ego4d.py:lavila` and both of LaViLa's files,
+comma-separated, concatenated as AVION's `ConcatDataset` does:
+
+        R=/data/ego4d_train.rephraser.no_punkt_top3.jsonl
+        N=/data/ego4d_train.narrator_63690737.return_10.jsonl
+        --config.data.train_annotations=$R,$N
+
+Their narrations are lists; each training element draws one with its own
+random generator (the same data for any number of workers, and on resume).
 
 Every path is the user's to give (they default to ''): `init_from` is
 OpenAI's `ViT-B-16.pt` (without it the run trains from scratch, which is not
 AVION's recipe), `vocab` CLIP's BPE vocabulary. The format 'ego4d' reads the
-converted JSONL and refuses pickles unless `data.allow_pickle=True`. The
-evaluation is video<->text recall on held-out narrations (`eval/t2v_r1`,
-`eval/v2t_r1`, `eval/chance_r1`): keep that file to a few thousand clips,
-since the similarity matrix is N x N. With less GPU memory, raise
-`accum_steps` (the global batch stays 2048) or keep `model.remat='full'`.
+converted JSONL and refuses pickles unless `data.allow_pickle=True`. Keep the
+Ego4D evaluation file to a few thousand clips, since its similarity matrix is
+N x N. With less GPU memory, raise `accum_steps` (the global batch stays
+2048) or keep `model.remat='full'`.
 
-AVION's reported numbers (not ours): EK-100 MIR zero-shot average mAP 27.4
-(README) and 27.5 / 28.4, average nDCG 29.1 / 29.5 (docs/MODEL_ZOO.md, its two
-figures), after ~130 GPU-hours on 8x NVIDIA A5000 (24 GB), 2x Xeon Gold
-5220R (96 threads), 19 GB of GPU memory at 256 clips per GPU.
+AVION's reported numbers (not ours), zero-shot EK-100 MIR: baseline average
+mAP 27.4 (README) and 27.5 / 28.4, average nDCG 29.1 / 29.5
+(docs/MODEL_ZOO.md, its two figures), after ~130 GPU-hours; `:lavila`
+average mAP 33.2 (README) and 31.1 / 32.9, average nDCG 31.9 / 32.7
+(MODEL_ZOO), after ~260 GPU-hours, and from it EK-100 MIR fine-tuning 52.0
+mAP / 66.5 nDCG and EK-100 action top-1 49.5. 8x NVIDIA A5000 (24 GB), 2x
+Xeon Gold 5220R (96 threads), 19 GB of GPU memory at 256 clips per GPU.
 
-Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
+Hyper-parameters: AVION docs/MODEL_ZOO.md (launch commands) and
 scripts/main_lavila_pretrain.py (argparse defaults); see `get_config`.
-`configs/clip_vitb16_ego4d.py:debug` runs the same task and model family,
-tiny, for 2 steps on the synthetic corpus (CPU, tests).
+`configs/clip_vitb16_ego4d.py:debug` runs the same task, model family and
+both evaluation sets, tiny, for 2 steps on the synthetic corpus (CPU, tests).
 """
 import ml_collections
 
@@ -59,6 +102,9 @@ EGO4D_TRAIN_CLIPS = 4_000_000
 GPUS, BATCH_PER_GPU, EPOCHS = 8, 256, 5
 BATCH = GPUS * BATCH_PER_GPU  # 2048
 STEPS_PER_EPOCH = EGO4D_TRAIN_CLIPS // BATCH  # 1953 (drop_last, as AVION)
+# :lavila: the rephraser and narrator files each hold the ~4.0M clips (with
+# lists of narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
+LAVILA_TRAIN_CLIPS = 2 * EGO4D_TRAIN_CLIPS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -103,21 +149,44 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.augment = ml_collections.ConfigDict(dict(hflip=False))  # CLIP mean/std.
   c.eval = ml_collections.ConfigDict(dict(
-      every_steps=STEPS_PER_EPOCH, batch_size=1024, relevancy=""))
+      every_steps=STEPS_PER_EPOCH, batch_size=1024, relevancy="",
+      sentences="", save_embeddings=False,
+      sets=ml_collections.ConfigDict(dict(ek100_mir=_ek100_mir_set()))))
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=2))
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
 
   if arg == "debug":
     _debug(c)
+  elif arg == "lavila":
+    _lavila(c)
   elif arg:
     raise ValueError(f"configs/clip_vitb16_ego4d.py: unknown variant {arg!r} "
-                     "(try :debug)")
+                     "(try :debug or :lavila)")
   return c
 
 
+def _ek100_mir_set() -> ml_collections.ConfigDict:
+  """Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
+  EPIC_100_retrieval_test.csv with its sentences and test relevancy: 4-frame
+  centre-cropped clips of the EK-100 chunks."""
+  return ml_collections.ConfigDict(dict(
+      data=ml_collections.ConfigDict(dict(
+          format="ek100_mir", root="", eval_annotations="",
+          allow_pickle=False)),
+      relevancy="", sentences=""))
+
+
+def _lavila(c: ml_collections.ConfigDict) -> None:
+  """AVION's LLM-augmented pretraining on LaViLa's two narration files."""
+  c.total_steps = EPOCHS * (LAVILA_TRAIN_CLIPS // BATCH)  # 19530
+
+
 def _debug(c: ml_collections.ConfigDict) -> None:
-  """2 steps of a tiny model on the synthetic corpus, on CPU."""
+  """2 steps of a tiny model on the synthetic corpus, on CPU; both sets
+  evaluated (the corpus has EK-100's retrieval files) and their embeddings
+  saved."""
   config_lib.debug_on_synthetic(c, format="jsonl")
+  c.eval.save_embeddings = True
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, embed_dim=64, remat="none", dtype="float32")
   c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)

@@ -10,6 +10,10 @@ validation clips: action top-1/top-5 (`eval/top1`, `eval/top5`) and the verb
 and noun accuracies marginalised from the action scores (`eval/verb_top1`,
 `eval/noun_top1`).
 
+Files, in the names the datasets ship them: the EK-100 videos (P01_01.MP4,
+...) and epic-kitchens-100-annotations' EPIC_100_train.csv and
+EPIC_100_validation.csv (both: action ids come from their union).
+
 Data, once (the same chunks as `ek100_mir_ft.py`):
 
     python -m vidjax.data.chunk /data/EPIC-KITCHENS /data/ek100_chunks \

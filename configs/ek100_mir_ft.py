@@ -2,11 +2,23 @@ r"""EPIC-Kitchens-100 multi-instance retrieval: fine-tune the video-text CLIP.
 
 What it trains: the ViT-B/16 dual encoder from `clip_vitb16_ego4d.py`, now
 on 16-frame clips, with the max-margin ranking loss (margin 0.2) over the
-global batch of 512 clip-narration pairs, for 100 epochs of the 67,217 EK-100
-retrieval training clips, AdamW with cosine decay. The temperature stays
-frozen (the ranking loss does not use it). Evaluation: mAP and nDCG over the
-9,668 test clips against the relevancy matrix (`eval/mAP_avg`,
-`eval/nDCG_avg`, ...), plus recall@K (`eval/t2v_r1`).
+global batch of 512 clip-caption pairs, for 100 epochs of the 67,217 EK-100
+retrieval training clips, AdamW with cosine decay. Each clip is paired with a
+caption drawn among those of relevancy > 0.1 to it (AVION), from the train
+sentence file and relevancy matrix. The temperature stays frozen (the ranking
+loss does not use it). Evaluation: mAP and nDCG of the 9,668 test clips
+against the 3,842 test captions (`eval/mAP_avg`, `eval/nDCG_avg`,
+`eval/mAP_v2t`, ...), plus clip-to-own-narration recall@K (`eval/t2v_r1`).
+
+Files, in the names the datasets ship them:
+  EK-100 videos (P01_01.MP4, ...; or AVION's EK100_320p_15sec_30fps_libx264)
+  epic-kitchens-100-annotations/retrieval_annotations/
+    EPIC_100_retrieval_train.csv, EPIC_100_retrieval_test.csv
+    EPIC_100_retrieval_train_sentence.csv, EPIC_100_retrieval_test_sentence.csv
+  caption_relevancy_EPIC_100_retrieval_train.pkl (67217 x 15989) and
+  caption_relevancy_EPIC_100_retrieval_test.pkl (9668 x 3842), from
+  LaViLa/AVION (dl.fbaipublicfiles.com/lavila/metadata/EK100/)
+  bpe_simple_vocab_16e6.txt.gz (CLIP's BPE vocabulary)
 
 Data, once:
 
@@ -14,11 +26,14 @@ Data, once:
     # EK100_320p_15sec_30fps_libx264); video ids are the file stems (P01_01).
     python -m vidjax.data.chunk /data/EPIC-KITCHENS /data/ek100_chunks \
         --chunk-seconds 15 --short-side 320 --fps 30 --workers 16
-    # The released relevancy pickle -> .npy (unpickling runs code).
+    # The relevancy pickles -> .npy (unpickling runs code; the training
+    # matrix, several GB, is then memory-mapped instead of read whole).
     A=/data/epic-kitchens-100-annotations/retrieval_annotations
-    python -m vidjax.data.annotations convert-relevancy \
-        $A/relevancy/caption_relevancy_EPIC_100_retrieval_test.pkl \
-        /data/ek100_relevancy_test.npy --allow-pickle
+    for split in train test; do
+      python -m vidjax.data.annotations convert-relevancy \
+          /data/caption_relevancy_EPIC_100_retrieval_$split.pkl \
+          /data/ek100_relevancy_$split.npy --allow-pickle
+    done
 
 One 8-GPU machine (batch 64 per GPU, as AVION):
 
@@ -27,28 +42,37 @@ One 8-GPU machine (batch 64 per GPU, as AVION):
         --config.init_from=/runs/clip_vitb16_ego4d/checkpoints/9765 \
         --config.data.root=/data/ek100_chunks \
         --config.data.train_annotations=$A/EPIC_100_retrieval_train.csv \
+        --config.data.train_sentences=$A/EPIC_100_retrieval_train_sentence.csv \
+        --config.data.train_relevancy=/data/ek100_relevancy_train.npy \
         --config.data.eval_annotations=$A/EPIC_100_retrieval_test.csv \
+        --config.eval.sentences=$A/EPIC_100_retrieval_test_sentence.csv \
         --config.eval.relevancy=/data/ek100_relevancy_test.npy \
         --config.data.vocab=/weights/bpe_simple_vocab_16e6.txt.gz
 
 All paths are the user's to give (they default to ''). `init_from` is the
 contrastive model to start from (AVION: --pretrain-model); its 4-frame
-temporal embedding is interpolated to 16 frames. `eval.relevancy` is the
-released test relevancy (caption_relevancy_EPIC_100_retrieval_test.pkl,
-converted above). Zero-shot evaluation of a pretrained model: the same
-command with `--mode eval` (and `data.num_frames` / `model.num_frames` 4, as
-AVION evaluates its pretraining).
+temporal embedding is interpolated to 16 frames. Without
+`data.train_relevancy` each clip trains against its own narration. The
+relevancy pickles also load as they are with `data.allow_pickle=True`.
+Zero-shot evaluation of a pretrained model: the same command with
+`--mode eval` (and `data.num_frames` / `model.num_frames` 4, as AVION
+evaluates its pretraining). `--config.eval.save_embeddings=True` writes the
+normalised clip and caption embeddings of each evaluation to
+`WORKDIR/embeddings/step_<N>.npz` (with their narration ids).
 
 AVION's reported numbers (not ours), fine-tuned from its LLM-augmented
-(LaViLa) ViT-B pretraining: V->T / T->V / avg mAP 55.7 / 48.2 / 52.0 and
-nDCG 67.8 / 65.3 / 66.5 (docs/MODEL_ZOO.md); README: 51.7 mAP, 66.8 nDCG.
-8x NVIDIA A5000 (24 GB). Starting from the baseline (not LLM-augmented)
-pretraining of `clip_vitb16_ego4d.py`, expect less.
+(LaViLa) ViT-B pretraining (`clip_vitb16_ego4d.py:lavila`): V->T / T->V /
+avg mAP 55.7 / 48.2 / 52.0 and nDCG 67.8 / 65.3 / 66.5 (docs/MODEL_ZOO.md);
+README: 51.7 mAP, 66.8 nDCG. 8x NVIDIA A5000 (24 GB). Starting from the
+baseline (not LLM-augmented) pretraining of `clip_vitb16_ego4d.py`, expect
+less.
 
 Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
 scripts/main_lavila_finetune_mir.py (argparse defaults); see `get_config`.
-`configs/ek100_mir_ft.py:debug`: the same task, model and annotation format,
-tiny, 2 steps on the synthetic corpus with its relevancy matrix (CPU).
+`configs/ek100_mir_ft.py:debug`: the same task, model and files in the
+released layouts (retrieval CSVs, sentence CSVs with fewer captions than
+clips, clips x captions relevancy pickles), tiny, 2 steps on the synthetic
+corpus (CPU).
 """
 import ml_collections
 
@@ -77,6 +101,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data = pipeline.default_data_config()
   c.data.update(
       format="ek100_mir",
+      # Positives: captions of relevancy > 0.1 (AVION's `self.relevancy`).
+      train_sentences="", train_relevancy="", positive_threshold=0.1,
       # --clip-length 16 segment frames (AVION's `get_frame_ids`).
       num_frames=16, sampling="segment", size=224,
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.0,
@@ -103,7 +129,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
       batch_size=512,
-      relevancy=""))  # caption_relevancy_EPIC_100_retrieval_test as .npy
+      relevancy="",  # caption_relevancy_EPIC_100_retrieval_test (.npy/.pkl)
+      sentences="",  # EPIC_100_retrieval_test_sentence.csv
+      save_embeddings=False))
   c.checkpoint = ml_collections.ConfigDict(dict(
       every_steps=5 * STEPS_PER_EPOCH, keep=2))
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
@@ -119,12 +147,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU.
 
-  The corpus's `ek100_{train,val}.csv` are in the EK-100 layout, and its
-  `relevancy_val.npy` (clips x clips of the validation split) becomes
-  `eval.relevancy` (`synthetic.relevancy`).
+  The corpus has EK-100's retrieval layouts: `ek100_retrieval_{train,val}
+  .csv` (captions repeat), their sentence CSVs and clips x captions relevancy
+  pickles, which the run points `data.train_*` and `eval.*` at.
   """
   config_lib.debug_on_synthetic(c)
-  c.data.synthetic.relevancy = True
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, embed_dim=64, remat="none", dtype="float32")
   c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)

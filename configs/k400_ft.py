@@ -2,11 +2,20 @@ r"""Kinetics-400 classification: fine-tune the VideoMAE ViT-B/16 encoder.
 
 What it trains: the encoder of `videomae_vitb_k400_pretrain.py` with a mean
 pool, a LayerNorm and a new 400-way linear head (init x 0.001), on 16-frame
-stride-4 clips, with mixup 0.8 / cutmix 1.0, label smoothing 0.1, drop path
-0.1 and layer-wise lr decay 0.75, AdamW for 100 epochs of the ~240k training
-clips (global batch 256, cosine after 5 warmup epochs). Evaluation: 5 clips
-x 3 crops per validation video, softmax scores averaged (`eval/top1`,
-`eval/top5`).
+stride-4 clips, with RandAugment (magnitude 7, 4 ops, one op sequence per
+clip), random erasing (p 0.25, per-pixel noise, one box for all frames),
+mixup 0.8 / cutmix 1.0, label smoothing 0.1, drop path 0.1 and layer-wise lr
+decay 0.75, AdamW for 100 epochs of the ~240k training clips (global batch
+256, cosine after 5 warmup epochs). Evaluation: 5 clips x 3 crops per
+validation video, softmax scores averaged (`eval/top1`, `eval/top5`).
+
+Files, in the names the datasets ship them: the Kinetics-400 videos
+(train/ and val/ of the cvdfoundation release, `<youtube_id>_<start>_<end>.mp4`,
+or AVION's train_320px/ and val_320px/) and either AVION's video lists
+k400_320p_train_list.txt / k400_val_list.txt (`path num_frames label` lines;
+`--config.data.format=kinetics_list`) or the release's annotations
+train.csv / val.csv (`label,youtube_id,time_start,time_end,split`; the
+default format `kinetics`).
 
 Data: the chunks of `videomae_vitb_k400_pretrain.py` (train and val).
 
@@ -22,11 +31,8 @@ One 8-GPU machine (batch 32 per GPU, as AVION):
 Paths are the user's to give (they default to ''). `init_from` is the
 pretrained VideoMAE (AVION: --finetune checkpoint_00800.pt); the decoder is
 dropped and the head starts fresh. Class ids: the class names of each CSV,
-sorted (both splits list all 400). `total_steps` assumes 240,000 training
-clips: set it to 100 x (your clips // 256) to match.
-
-Not reproduced from AVION's recipe: RandAugment (m7, n4) and random erasing
-(0.25) on the training clips; vidjax has neither yet.
+sorted (both splits list all 400); AVION's lists carry the ids. `total_steps`
+assumes 240,000 training clips: set it to 100 x (your clips // 256) to match.
 
 AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
 (README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch
@@ -93,7 +99,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       hflip=False,  # Flipped at decode time (data.hflip).
       mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
       mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
-      label_smoothing=0.1))
+      label_smoothing=0.1,
+      # pytorchvideo's RandAugment(magnitude=7, num_layers=4) (prob 0.5,
+      # level std 0.5) and RandomErasing(--reprob 0.25, mode='pixel',
+      # max_count=1, cube=True), as AVION's VideoClsDataset.
+      randaugment_layers=4, randaugment_magnitude=7, randaugment_prob=0.5,
+      randaugment_std=0.5, erase_prob=0.25, erase_mode="pixel"))
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=10 * STEPS_PER_EPOCH, batch_size=240))  # 16 clips x 15 views
   c.checkpoint = ml_collections.ConfigDict(dict(
@@ -109,7 +120,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _debug(c: ml_collections.ConfigDict) -> None:
-  """2 steps of a tiny model on the synthetic corpus, on CPU.
+  """2 steps of a tiny model on the synthetic corpus, on CPU, with the
+  recipe's augmentations (RandAugment, random erasing, mixup/cutmix).
 
   The corpus has no Kinetics CSV; its JSONL has 48 classes.
   """

@@ -28,7 +28,10 @@ batch of 256, so its learning rate and schedule apply unchanged):
         --config.data.eval_annotations=/data/k400/annotations/val.csv
 
 Paths are the user's to give (they default to ''). Annotations are the
-official Kinetics CSVs (label,youtube_id,time_start,time_end,split).
+official Kinetics CSVs (train.csv, val.csv:
+label,youtube_id,time_start,time_end,split), or AVION's video lists
+k400_320p_train_list.txt / k400_val_list.txt (`path num_frames label`) with
+`--config.data.format=kinetics_list`.
 `total_steps` assumes 240,000 training clips (the count depends on how many
 videos are still online): set it to 800 x (your clips // 256) to match.
 

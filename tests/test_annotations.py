@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from vidjax.data import annotations as ann
+from vidjax.data import annotations as ann, ek100
 from vidjax.data.annotations import ClipRecord
 
 EPIC_HEADER = ('narration_id,participant_id,video_id,narration_timestamp,start_timestamp,'
@@ -101,6 +101,45 @@ def test_ek100_test_timestamps_load_without_labels(tmp_path):
   assert (r.video_id, r.text, r.label) == ('P01_101', None, None)
   with pytest.raises(ValueError, match='verb_class/noun_class missing'):
     ann.load_ek100_cls(path, label='verb')
+
+
+def test_ek100_sentence_files_of_both_splits_and_releases(tmp_path):
+  train = _write(tmp_path / 'EPIC_100_retrieval_train_sentence.csv', [
+      'narration_id,narration,verb_class,noun_classes,verb,nouns',
+      'P01_01_0,open door,3,[3],open,[\'door\']',
+      'P01_01_1,"put plate, cup in sink",1,"[2, 13]",put,"[\'plate\', \'cup\']"'])
+  assert ann.load_ek100_mir_sentences(train) == [
+      ('P01_01_0', 'open door'), ('P01_01_1', 'put plate, cup in sink')]
+  old = _write(tmp_path / 'old_sentence.csv', ['index,sentence', 'P01_11_0,take plate'])
+  assert ann.load_ek100_mir_sentences(old) == [('P01_11_0', 'take plate')]
+
+
+def test_relevancy_shape_errors_name_both_files(tmp_path):
+  matrix = np.zeros((5, 3))
+  with pytest.raises(ValueError, match=r'rel.pkl is 5 x 3 but test.csv has 5 clips and '
+                                       r'test_sentence.csv has 4 captions'):
+    ann.check_relevancy_shape(matrix, tmp_path / 'rel.pkl', 5, 'test.csv', 4,
+                              'test_sentence.csv')
+  with pytest.raises(ValueError, match=r'rel.pkl is 5 x 3 but test.csv has 5 clips; without a '
+                                       r'sentence file it must be 5 x 5'):
+    ann.check_relevancy_shape(matrix, tmp_path / 'rel.pkl', 5, 'test.csv', 5, None)
+  ann.check_relevancy_shape(matrix, 'rel.pkl', 5, 'test.csv', 3, 'test_sentence.csv')
+
+
+def test_mir_positives_are_the_captions_above_the_threshold():
+  relevancy = np.array([[1.0, 0.1, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [0.11, 1.0, 0.05, 1.0]])
+  positives = ek100.CaptionPositives.from_relevancy(relevancy, ['a', 'b', 'c', 'd'])
+  rng = np.random.default_rng(0)
+  draws = [[positives.draw(i, rng) for _ in range(200)] for i in range(3)]
+  assert set(draws[0]) == {'a', 'c'} and set(draws[1]) == {None} and set(draws[2]) == {'a', 'b', 'd'}
+  assert abs(draws[0].count('a') - 100) < 30  # Uniform among the positives.
+  again = np.random.default_rng(0)
+  assert [positives.draw(0, again) for _ in range(200)] == draws[0]
+  wide = ek100.CaptionPositives.from_relevancy(relevancy, 'abcd', threshold=0.0)
+  assert list(np.diff(wide.offsets)) == [3, 0, 4]
+  # Clips with the same positives share one stored set.
+  same = ek100.CaptionPositives.from_relevancy(relevancy[[0, 2, 0, 1, 2]], 'abcd')
+  assert list(same.row_of) == [0, 1, 0, 2, 1] and len(same.columns) == 5
 
 
 def test_ek100_mir_sentences_and_relevancy(tmp_path, epic_csv):
@@ -224,6 +263,45 @@ def test_kinetics_test_split_without_labels_and_bad_rows(tmp_path):
   bad = _write(tmp_path / 'bad.csv', KINETICS[:3] + ['zumba,xyz,9,nine,train'])
   with pytest.raises(ValueError, match=r'bad.csv:4: start/end'):
     ann.load_kinetics(bad)
+
+
+def test_kinetics_video_lists_as_avion_ships_them(tmp_path):
+  path = _write(tmp_path / 'k400_320p_train_list.txt', [
+      'train_320px/0074cdXclLU_000047_000057.mp4 300 104',
+      'train_320px/my videos/0083lvylGBs_000165_000175.mp4 250 7', ''])
+  records = ann.load_records('kinetics_list', path)
+  assert [(r.video_id, r.label, r.start) for r in records] == [
+      ('0074cdXclLU_000047_000057', 104, 0.0), ('0083lvylGBs_000165_000175', 7, 0.0)]
+  assert records[0].end == float('inf')  # The whole video.
+  assert records[1].extra == {'path': 'train_320px/my videos/0083lvylGBs_000165_000175.mp4',
+                              'num_frames': 250}
+  _write(path, ['a.mp4 300 104', 'b.mp4 three 1'])
+  with pytest.raises(ValueError, match=r"k400_320p_train_list.txt:2: num_frames 'three'"):
+    ann.load_kinetics_list(path)
+  _write(path, ['a.mp4 300'])
+  with pytest.raises(ValueError, match=r'train_list.txt:1: expected "path num_frames label"'):
+    ann.load_kinetics_list(path)
+
+
+LAVILA_REPHRASED = [(UID1, 1.0, 2.0, ['c opens the tap', 'c turns the tap on', 'tap opened'])]
+LAVILA_NARRATED = [(UID1, 1.0, 2.0, ['#C C opens a tap', '#C C washes'], [0.31, 0.78]),
+                   (UID2, 4.0, 5.0, ['#C C cuts a carrot'], [np.float32(0.5)])]
+
+
+def test_lavila_llm_files_concatenated_with_list_narrations(tmp_path):
+  paths = [tmp_path / 'ego4d_train.rephraser.no_punkt_top3.pkl',
+           tmp_path / 'ego4d_train.narrator_63690737.return_10.pkl']
+  for path, entries in zip(paths, (LAVILA_REPHRASED, LAVILA_NARRATED)):
+    path.write_bytes(pickle.dumps(entries))
+  records = ann.load_records('ego4d', paths, allow_pickle=True)
+  assert len(records) == 3  # In order: the rephraser's, then the narrator's.
+  assert records[0].extra == {'texts': LAVILA_REPHRASED[0][3]}
+  assert records[1].extra == {'texts': ['#C C opens a tap', '#C C washes'], 'score': [0.31, 0.78]}
+  assert records[2].extra['score'] == [0.5] and records[2].video_id == UID2
+  for path in paths:  # The one-time conversion keeps the lists.
+    assert ann.main(['convert-ego4d', str(path), str(path.with_suffix('.jsonl')),
+                     '--allow-pickle']) == 0
+  assert ann.load_records('ego4d', [p.with_suffix('.jsonl') for p in paths]) == records
 
 
 def test_jsonl_records_and_errors(tmp_path):

@@ -78,6 +78,24 @@ def test_mixup_cutmix_targets_and_pixels(alphas):
   np.testing.assert_array_equal(mix(video, labels, key=key)[0], mixed)  # Same key, same mix.
 
 
+def test_mixing_leaves_out_invalid_partners():
+  """An unreadable clip (valid=False) mixes into nobody's pixels or targets."""
+  b = 6
+  video = jnp.broadcast_to(jnp.arange(1, b + 1, dtype=jnp.uint8)[:, None, None, None, None],
+                           (b, 2, 8, 8, 3))
+  labels = {'label': jnp.arange(b) % 4}
+  valid = jnp.array([True, True, False, True, True, True])  # 2 is 3's partner.
+  mixed, targets, lam = jax.jit(functools.partial(
+      augment.mixup_cutmix, num_classes={'label': 4}, mixup_alpha=0.8, cutmix_alpha=0.0,
+      label_smoothing=0.1))(video, labels, key=jax.random.key(1), valid=valid)
+  assert 0 < float(lam) < 1
+  y = np.asarray(augment.smooth_one_hot(labels['label'], 4, 0.1))
+  np.testing.assert_array_equal(mixed[3], video[3])
+  np.testing.assert_allclose(targets['label'][3], y[3], atol=1e-6)
+  np.testing.assert_allclose(targets['label'][1], lam * y[1] + (1 - lam) * y[4], atol=1e-6)
+  assert not np.allclose(mixed[1], video[1])
+
+
 @pytest.fixture(scope='module')
 def mix_params():
   """(lam, keep) for 4000 keys on 10x14 frames, drawn with timm's default recipe."""

@@ -19,7 +19,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Recipe -> the final evaluation metrics its task must report.
 RECIPES = {
     "demo": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1"),
-    "clip_vitb16_ego4d": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1"),
+    "clip_vitb16_ego4d": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1",
+                          "eval/ek100_mir/mAP_avg", "eval/ek100_mir/nDCG_avg"),
     "ek100_mir_ft": ("eval/t2v_r1", "eval/chance_r1", "eval/mAP_avg",
                      "eval/nDCG_avg"),
     "ek100_cls_ft": ("eval/top1", "eval/top5", "eval/verb_top1",
@@ -37,8 +38,9 @@ def load(name: str, variant: str | None = None):
       str(CONFIGS / f"{name}.py") + (f":{variant}" if variant else ""))
 
 
-@pytest.mark.parametrize("variant", [None, "debug"])
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name, variant", [
+    (name, variant) for name in RECIPES for variant in (None, "debug")] + [
+        ("clip_vitb16_ego4d", "lavila")])
 def test_recipe_builds_and_validates_for_8_devices(name, variant):
   config = load(name, variant)
   assert set(TOP_LEVEL) <= set(config.keys())
@@ -54,7 +56,7 @@ def test_recipe_builds_and_validates_for_8_devices(name, variant):
   tx, _ = optim.make_optimizer(config.optim, config.total_steps)
   # One abstract update: weight-decay masks and layer decay fit the model.
   jax.eval_shape(tx.update, params, jax.eval_shape(tx.init, params), params)
-  if variant is None and name != "demo":
+  if variant != "debug" and name != "demo":
     # Real recipes hard-code no paths: the user gives every one.
     assert (config.data.root, config.data.train_annotations,
             config.data.eval_annotations, config.init_from) == ("", "", "", "")
@@ -102,8 +104,6 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path, corpora):
   config = load(name, "debug")
   # The run uses a complete corpus it finds in WORKDIR/synthetic as it is.
   shutil.copytree(corpora(config.data.synthetic), tmp_path / "synthetic")
-  if name == "ek100_mir_ft":  # The corpus's validation relevancy matrix.
-    config.eval.relevancy = str(tmp_path / "synthetic" / "relevancy_val.npy")
   returned = train.train_and_evaluate(config, tmp_path)
 
   rows = log_lib.read_metrics(tmp_path)
@@ -115,5 +115,10 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path, corpora):
   for key in RECIPES[name]:
     assert math.isfinite(final[key]), (key, final)
     assert returned[key] == pytest.approx(final[key])
-  if "eval/mAP_avg" in final:
-    assert 0 < final["eval/mAP_avg"] <= 1
+  for key in ("eval/mAP_avg", "eval/ek100_mir/mAP_avg"):
+    if key in final:
+      assert 0 < final[key] <= 1
+  if config.eval.get("save_embeddings", False):  # One file per set and eval.
+    for name in [""] + list(config.eval.get("sets", {})):
+      saved = np.load(tmp_path / "embeddings" / name / "step_2.npz")
+      assert saved["video"].shape[1] == saved["text"].shape[1]

@@ -153,3 +153,57 @@ def test_max_margin_ranking_loss_matches_loop():
                              _reference_ranking(sim, 0.4, relevancy), rtol=1e-5)
   # Perfectly separated pairs cost nothing.
   assert float(ranking(np.eye(4, dtype=np.float32))) == 0.0
+
+
+@jax.jit
+def _every_loss_and_gradient(video, text, logits, targets, pred, patches,
+                             mask, valid):
+  """{loss name: (value, (grad wrt input 0, grad wrt input 1))}: one compile."""
+  scale = losses.INIT_LOGIT_SCALE
+  fns = {
+      "contrastive": (lambda v, t: losses.contrastive_loss(
+          v, t, scale, valid=valid)[0], (video, text)),
+      "ranking": (lambda v, t: losses.max_margin_ranking_loss(
+          losses.l2_normalize(t) @ losses.l2_normalize(v).T, valid=valid),
+                  (video, text)),
+      "cross_entropy": (lambda x, y: losses.softmax_cross_entropy(
+          x, y, 0.1, valid=valid), (logits, targets)),
+      "mae": (lambda p, t: losses.mae_loss(p, t, mask, valid=valid),
+              (pred, patches)),
+  }
+  return {name: jax.value_and_grad(fn, argnums=(0, 1))(*args)
+          for name, (fn, args) in fns.items()}
+
+
+def test_invalid_elements_change_neither_loss_nor_gradient():
+  """Each loss on a batch with invalid elements equals the loss on the valid
+  ones alone, whatever the invalid ones hold, and so does its gradient."""
+  rng = np.random.default_rng(3)
+  b, d = 8, 16
+  valid = np.array([1, 1, 0, 1, 1, 0, 1, 1], bool)
+  video, text = _embeddings(b=b, d=d, seed=4)
+  inputs = [video, text, rng.normal(size=(b, d)).astype(np.float32),
+            np.eye(d, dtype=np.float32)[rng.integers(0, d, b)],
+            rng.normal(size=(b, 4, 2)).astype(np.float32),
+            rng.uniform(0, 255, (b, 4, 2, 1)).astype(np.float32),
+            np.broadcast_to(np.arange(4) < 3, (b, 4))]  # 3 masked patches
+  # Anything in the invalid rows: large noise, other labels.
+  garbage = [np.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x,
+                      (50 * rng.normal(size=x.shape)).astype(x.dtype)
+                      if x.dtype == np.float32 else x) for x in inputs]
+  got = _every_loss_and_gradient(*inputs, valid)
+  noisy = _every_loss_and_gradient(*garbage, valid)
+  alone = _every_loss_and_gradient(*[x[valid] for x in inputs],
+                                   np.ones(valid.sum(), bool))
+  for name, (loss, grads) in got.items():
+    np.testing.assert_allclose(loss, alone[name][0], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(noisy[name][0], loss, rtol=1e-5, err_msg=name)
+    for g, g_noisy, g_alone in zip(grads, noisy[name][1], alone[name][1]):
+      np.testing.assert_allclose(g[valid], g_alone, rtol=1e-4, atol=1e-7,
+                                 err_msg=name)
+      np.testing.assert_array_equal(g[~valid], 0, err_msg=name)
+      np.testing.assert_allclose(g_noisy, g, rtol=1e-5, atol=1e-7,
+                                 err_msg=name)
+  # The contrastive accuracies count the valid pairs only.
+  _, metrics = contrastive(video, video, losses.INIT_LOGIT_SCALE, valid=valid)
+  assert float(metrics["v2t_acc"]) == 1.0

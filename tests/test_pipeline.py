@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vidjax import augment, sharding
-from vidjax.data import annotations, pipeline, synthetic
+from vidjax.data import annotations, ek100, pipeline, synthetic, synthetic_annotations
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +160,105 @@ def test_eval_views_each_once_and_padded(corpus, mesh):
       config, mesh, train=False, batch_size=32)]
   for a, b in zip(batches, again):
     assert_same(a, b)
+
+
+@pytest.fixture(scope="module")
+def tok(corpus):
+  from vidjax.data import tokenizer as tok_lib
+  return tok_lib.Tokenizer(synthetic.write_vocab(corpus / "vocab.txt.gz"))
+
+
+def corpus_config(corpus, data_format, **data):
+  """The corpus's files in `data_format`, as a `:debug` run points at them."""
+  config = config_for(corpus, format=data_format, **data)
+  with config.unlocked():
+    config.eval = ml_collections.ConfigDict(dict(relevancy="", sentences=""))
+  synthetic_annotations.use_corpus(config, corpus)
+  return config
+
+
+def caption_of(tokens, tok, captions):
+  """The caption whose tokens these are."""
+  matches = [i for i, c in enumerate(captions)
+             if np.array_equal(tok(c)[0], tokens)]
+  assert len(matches) == 1
+  return matches[0]
+
+
+def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
+    corpus, mesh, tok):
+  config = corpus_config(corpus, "ek100_mir")
+  data = config.data
+  records = pipeline.load_annotations(data, data.train_annotations)
+  captions = [t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)]
+  relevancy = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
+  assert len(captions) < len(records) == relevancy.shape[0]  # Captions repeat.
+  positives = pipeline.caption_positives(data, records)
+  rng = np.random.default_rng(0)
+  drawn = [[captions.index(positives.draw(i, rng)) for _ in range(40)]
+           for i in range(len(records))]
+  for i, columns in enumerate(drawn):  # 40 draws for each of the clips
+    assert (relevancy[i, columns] > 0.1).all()
+    assert set(columns) == set(np.flatnonzero(relevancy[i] > 0.1))
+  assert any(captions[c] != records[i].text for i, cs in enumerate(drawn) for c in cs)
+  # In the pipeline: each element's own generator, whatever the workers.
+  runs = []
+  for workers in (0, 2):
+    with config.unlocked():
+      config.data.workers = workers
+    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
+                                  tokenizer=tok)
+    runs.append(take(pipe, 2))
+    pipe.close()
+  for a, b in zip(*runs):
+    assert_same(a, b)
+  elements = [(i, t) for b in runs[0] for i, t in zip(b["index"], b["tokens"])]
+  chosen = [caption_of(t, tok, captions) for _, t in elements]
+  assert all(relevancy[i, c] > 0.1 for (i, _), c in zip(elements, chosen))
+
+
+def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
+    corpus, mesh, tok):
+  config = corpus_config(corpus, "ego4d", threads=2)
+  records = pipeline.load_annotations(config.data, config.data.train_annotations)
+  segments = annotations.load_jsonl(corpus / "train.jsonl")
+  assert len(records) == 2 * len(segments)  # Rephraser's, then narrator's.
+  assert all(len(r.extra["texts"]) == 3 for r in records)
+  epochs = []
+  for threads, seed in ((2, 3), (0, 3), (0, 4)):
+    with config.unlocked():
+      config.data.threads = threads
+    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
+                                  tokenizer=tok, num_epochs=1, seed=seed)
+    epochs.append([jax.tree.map(np.asarray, b) for b in pipe])
+  for a, b in zip(epochs[0], epochs[1]):
+    assert_same(a, b)
+  chosen = {seed: sorted((int(i), caption_of(t, tok, records[i].extra["texts"]))
+                         for b in run for i, t in zip(b["index"], b["tokens"]))
+            for seed, run in ((3, epochs[0]), (4, epochs[2]))}
+  assert [i for i, _ in chosen[3]] == list(range(len(records)))  # Each once.
+  assert len({k for _, k in chosen[3]}) == 3  # All list positions drawn.
+  assert chosen[3] != chosen[4]  # Another seed, other draws.
+
+
+def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
+  """AVION's `path num_frames label` lists: clips anywhere in the video."""
+  from vidjax.data import source
+  listing = tmp_path / "k400_val_list.txt"
+  listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
+  config = config_for(corpus, format="kinetics_list", sampling="stride",
+                      stride=2, eval_clips=2)
+  records = pipeline.load_annotations(config.data, str(listing))
+  loader = source.ClipLoader(records, config.data.root,
+                             pipeline.clip_spec(config.data))
+  last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
+  assert last["valid"] and last["label"] == 5
+  from vidjax.data import crop, sampling, video
+  info = video.video_info(config.data.root, "vid000")
+  ids = sampling.multi_view_frame_ids(0, info.num_frames, 4, 2, 2)[1]
+  assert ids[-1] > info.num_frames * 3 // 4  # The whole video's last part.
+  box = crop.center_crop(None, info.height, info.width, (32, 32))
+  np.testing.assert_array_equal(last["video"], video.read_clip(
+      config.data.root, "vid000", ids, crop=box.box, size=(32, 32)))
+  element = loader.train_element(3, np.random.default_rng(0))
+  assert element["valid"] and element["label"] == 7 and not element["errors"]

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from vidjax import randaugment
+
 Array = jax.Array
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -163,7 +165,8 @@ def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float
 def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping[str, int],
                  key: Array, *, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
                  switch_prob: float = 0.5, mix_prob: float = 1.0,
-                 label_smoothing: float = 0.1, groups: int = 1
+                 label_smoothing: float = 0.1, groups: int = 1,
+                 valid: Array | None = None
                  ) -> tuple[Array, dict[str, Array], Array]:
   """Mixup/cutmix of a video batch and its soft targets, one lam per batch.
 
@@ -178,6 +181,8 @@ def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping
     mixup_alpha, cutmix_alpha, switch_prob, mix_prob: see `sample_mix_params`.
     label_smoothing: timm-style smoothing applied before mixing.
     groups: see `mix_partner`.
+    valid: optional bool[B]; an example whose partner is invalid (a clip
+      that could not be read) is left unmixed.
 
   Returns:
     (video, targets, lam): float32[B, T, H, W, C] on the input's scale,
@@ -190,13 +195,18 @@ def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping
   # The partner is gathered in the input dtype: uint8 moves 4x fewer bytes.
   other = mix_partner(video, groups).astype(jnp.float32)
   keep = keep[None, None, :, :, None]
+  own_lam = lam
+  if valid is not None:
+    partner_ok = mix_partner(valid.astype(bool), groups)
+    keep = jnp.where(partner_ok[:, None, None, None, None], keep, 1.0)
+    own_lam = jnp.where(partner_ok, lam, 1.0)[:, None]
   mixed = keep * own + (1.0 - keep) * other
   targets = {}
   for name, label in labels.items():
     if name not in num_classes:
       raise KeyError(f'augment: no num_classes entry for label head {name!r}')
     y = smooth_one_hot(label, num_classes[name], label_smoothing)
-    targets[name] = lam * y + (1.0 - lam) * mix_partner(y, groups)
+    targets[name] = own_lam * y + (1.0 - own_lam) * mix_partner(y, groups)
   return mixed, targets, lam
 
 
@@ -251,6 +261,9 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     mix_groups: see `mix_partner` (default 1 = whole batch, as timm).
     mask_ratio: VideoMAE tube-mask ratio (default 0 = no mask).
     tubelet (2), patch (16): token size for the mask.
+    randaugment_layers (0 = off), randaugment_magnitude, randaugment_prob,
+    randaugment_std, erase_prob (0 = off), erase_mode: RandAugment and
+      random erasing per clip, before mixing (`vidjax.randaugment`).
 
   The returned batch has 'video' normalised (dtype[B, T, H, W, 3]), every
   other input entry unchanged, plus:
@@ -277,6 +290,7 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     raise ValueError('augment: mixup/cutmix or label_smoothing needs config.num_classes')
   mask_ratio = float(get('mask_ratio', 0.0))
   tubelet, patch = int(get('tubelet', 2)), int(get('patch', 16))
+  clip_augment = randaugment.make_clip_augment(config, mean, std)
 
   def augment(batch: dict[str, Array], key: Array) -> dict[str, Array]:
     if 'video' not in batch:
@@ -286,6 +300,8 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     video = batch['video']
     if hflip:
       video = random_hflip(video, k_flip)
+    if clip_augment is not None:
+      video = clip_augment(video, jax.random.fold_in(key, 1))
     if mix or smoothing > 0:
       missing = [name for name in num_classes if name not in batch]
       if missing:
@@ -295,7 +311,7 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
         video, targets, _ = mixup_cutmix(
             video, labels, num_classes, k_mix, mixup_alpha=mixup_alpha,
             cutmix_alpha=cutmix_alpha, switch_prob=switch_prob, mix_prob=mix_prob,
-            label_smoothing=smoothing, groups=mix_groups)
+            label_smoothing=smoothing, groups=mix_groups, valid=batch.get('valid'))
       else:
         targets = {name: smooth_one_hot(labels[name], num_classes[name], smoothing)
                    for name in labels}

@@ -10,6 +10,7 @@ buffers that never train (`rest`) are rebuilt from the config at start-up.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 
@@ -18,13 +19,13 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from vidjax import augment, checkpoint, config as config_lib, models
+from vidjax import augment, checkpoint, config as config_lib, eval_sets, models
 from vidjax import logging as log_lib, optim, plot, sharding, tasks
-from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
+from vidjax.data import pipeline, synthetic, synthetic_annotations
+from vidjax.data import tokenizer as tokenizer_lib
 from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
 
@@ -51,34 +52,27 @@ def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
     multihost_utils.sync_global_devices("vidjax:synthetic corpus")
     if jax.process_index() != 0:
       make()
-  with config.unlocked():
-    config.data.root = str(root / "chunks")
-    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv",
-             "ek100_mir": "ek100_{}.csv"}[config.data.format]
-    config.data.train_annotations = str(root / split.format("train"))
-    config.data.eval_annotations = str(root / split.format("val"))
-    if not config.data.vocab:
-      config.data.vocab = str(root / "vocab.txt.gz")
-    if spec.get("relevancy", False):
-      config.eval.relevancy = str(root / "relevancy_val.npy")
+  synthetic_annotations.use_corpus(config, root)
 
 
 def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
                 keys: list[str] | None = None):
   """Stops at start-up, naming every data path that is unset or missing."""
-  if keys is None:
-    keys = ["data.root", "data.train_annotations", "data.eval_annotations"]
-    keys += ["data.vocab"] if needs_text else []
-    keys += ["eval.relevancy"] if config.eval.get("relevancy", "") else []
+  check_all = keys is None
+  if check_all:
+    keys = eval_sets.required_paths(config, needs_text)
   problems = []
   for key in keys:
-    section, name = key.split(".")
-    value = config[section][name]
-    if not value or not os.path.exists(value):
-      problems.append(f"  {key} = {value!r} ({'unset' if not value else 'not found'});"
-                      f" set it with --config.{key}=PATH")
+    value = functools.reduce(lambda node, part: node[part], key.split("."),
+                             config)
+    for path in pipeline.split_paths(value) or [value]:  # a,b: several files
+      if not path or not os.path.exists(path):
+        problems.append(f"  {key} = {path!r} ({'unset' if not path else 'not found'});"
+                        f" set it with --config.{key}=PATH")
   if problems:
     raise ValueError("data paths to fix:\n" + "\n".join(problems))
+  if check_all:
+    eval_sets.check_files(config)
 
 
 def load_pretrained(path: str, model_config, params, keep_init=()):
@@ -165,6 +159,7 @@ class Steps:
   """The jitted functions of a run, closed over the model structure."""
   train: callable
   eval: callable
+  text: callable = None  # tokens -> text embeddings (captions, `eval_sets`)
 
 
 def make_steps(config, task, graphdef, tx, schedule) -> Steps:
@@ -198,25 +193,16 @@ def make_steps(config, task, graphdef, tx, schedule) -> Steps:
     keep = ("index", "view", "valid", "label", "verb", "noun")
     return {**out, **{k: v for k, v in batch.items() if k in keep}}
 
+  def text_step(params, rest, tokens):
+    return nnx.merge(graphdef, params, rest).encode_text(tokens)
+
   return Steps(train=jax.jit(train_step, donate_argnums=0),
-               eval=jax.jit(eval_step))
+               eval=jax.jit(eval_step), text=jax.jit(text_step))
 
 
 def run_eval(run: "Run", config) -> dict:
-  """Runs the evaluation set once; returns `eval/...` metrics."""
-  batches = pipeline.make_pipeline(
-      config, run.mesh, train=False, batch_size=config.eval.batch_size,
-      tokenizer=run.tokenizer)
-  outputs = []
-  for batch in batches:
-    out = run.steps.eval(run.state["params"], run.rest, batch)
-    outputs.append(jax.tree.map(np.asarray,
-                                multihost_utils.process_allgather(out, tiled=True)))
-  skipped = batches.skipped
-  batches.close()
-  merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  metrics = run.task.evaluate(merged, config)
-  return {**{f"eval/{k}": v for k, v in metrics.items()}, "eval/skipped": skipped}
+  """Runs every evaluation set once (`vidjax.eval_sets`); `eval/...` metrics."""
+  return eval_sets.evaluate_all(run, config)
 
 
 @dataclasses.dataclass
@@ -229,6 +215,7 @@ class Run:
   rest: object
   steps: Steps
   data_state: object = None
+  workdir: Path | None = None  # Where evaluations save embeddings.
 
 
 def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
@@ -262,7 +249,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
   graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
   (state, rest), _ = sharding.create_sharded_state(init, mesh)
   run = Run(mesh, task, tokenizer, state, rest,
-            make_steps(config, task, graphdef, tx, schedule))
+            make_steps(config, task, graphdef, tx, schedule), workdir=workdir)
 
   start = checkpoint.resolve_start(workdir, config)
   if start.kind in ("workdir", "resume"):

@@ -14,10 +14,17 @@ pipeline reproduces the following batches exactly.
 
 Config keys (`config.data`, see `default_data_config`):
   root            chunk store (written by `python -m vidjax.data.chunk`)
-  train_annotations / eval_annotations   annotation files
-  format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics
+  train_annotations / eval_annotations   annotation files; several training
+                  files separated by commas are concatenated (LaViLa's
+                  rephraser + narrator narrations)
+  format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics |
+                  kinetics_list (see `vidjax.data.annotations`)
   label           for ek100_cls: action | verb | noun
   allow_pickle    let `ego4d` / relevancy loaders unpickle (runs code!)
+  train_sentences, train_relevancy   EK-100 MIR training positives: each
+                  clip is paired with a caption of the sentence CSV drawn
+                  among those of relevancy > positive_threshold to it (AVION)
+  positive_threshold  0.1
   vocab           CLIP BPE vocabulary (bpe_simple_vocab_16e6.txt.gz) for text
   num_frames, sampling, stride, size, crop, crop_scale, hflip,
   eval_clips, eval_crops                 see `source.ClipSpec`
@@ -39,7 +46,7 @@ import ml_collections
 import numpy as np
 
 from vidjax import sharding
-from vidjax.data import annotations, source
+from vidjax.data import annotations, ek100, source
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
 
@@ -48,6 +55,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       root="", train_annotations="", eval_annotations="", format="jsonl",
       label="action", allow_pickle=False, vocab="",
+      train_sentences="", train_relevancy="", positive_threshold=0.1,
       num_frames=16, sampling="segment", stride=4, size=224,
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
       eval_clips=1, eval_crops=1,
@@ -63,17 +71,38 @@ def clip_spec(data: ml_collections.ConfigDict) -> source.ClipSpec:
       hflip=data.hflip, eval_clips=data.eval_clips, eval_crops=data.eval_crops)
 
 
+def split_paths(value: str) -> list[str]:
+  """'a.jsonl,b.jsonl' -> ['a.jsonl', 'b.jsonl'] (several annotation files)."""
+  return [p.strip() for p in str(value).split(",") if p.strip()]
+
+
 def load_annotations(data: ml_collections.ConfigDict, path: str):
-  """Records of one annotation file, in the configured format."""
+  """Records of an annotation file (or of comma-separated files, in order)."""
   kw = {}
   if data.format == "ego4d":
     kw["allow_pickle"] = data.allow_pickle
   if data.format == "ek100_cls":
     kw["label"] = data.label
     if data.label == "action":
-      files = [p for p in (data.train_annotations, data.eval_annotations) if p]
+      files = [p for value in (data.train_annotations, data.eval_annotations)
+               for p in split_paths(value)]
       kw["action_map"] = annotations.ek100_action_map(files)
-  return annotations.load_records(data.format, path, **kw)
+  return annotations.load_records(data.format, split_paths(path), **kw)
+
+
+def caption_positives(data: ml_collections.ConfigDict, records):
+  """EK-100 MIR training positives (`data.train_relevancy`), or None."""
+  if not data.get("train_relevancy", ""):
+    return None
+  files = split_paths(data.train_annotations)
+  if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:
+    raise ValueError(
+        "data.train_relevancy needs data.format='ek100_mir', one "
+        "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
+        "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)")
+  return ek100.mir_positives(
+      records, files[0], data.train_sentences, data.train_relevancy,
+      threshold=data.positive_threshold, allow_pickle=data.allow_pickle)
 
 
 class DataError(RuntimeError):
@@ -205,8 +234,10 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   if records is None:
     path = data.train_annotations if train else data.eval_annotations
     records = load_annotations(data, path)
-  loader = source.ClipLoader(records, data.root, clip_spec(data), tokenizer,
-                             max_attempts=data.max_attempts)
+  loader = source.ClipLoader(
+      records, data.root, clip_spec(data), tokenizer,
+      max_attempts=data.max_attempts,
+      positives=caption_positives(data, records) if train else None)
   local = batch_size // jax.process_count()
   ds = make_dataset(
       loader, batch_size=local, train=train,

@@ -19,8 +19,14 @@ Every element is a dict of numpy arrays:
 
 A video that fails to read (`VideoReadError`) is replaced in training by
 another record drawn from the element's own generator, so the replacement is
-deterministic; after `max_attempts` failures the element comes out invalid.
-In evaluation a failure gives an invalid element (masked out of the metrics).
+deterministic; after `max_attempts` failures the element comes out invalid
+(kept out of every loss and metric). In evaluation a failure gives an
+invalid element.
+
+The caption of a training element also comes from its generator: one of the
+captions its clip is relevant to (EK-100 MIR, `positives`), else one of the
+record's alternative narrations (`extra['texts']`, LaViLa's LLM-generated
+lists), else its narration. Evaluation always uses the narration.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vidjax.data import annotations, crop as crop_lib, sampling, video
+from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
 
 CONTEXT_LENGTH = 77
 
@@ -78,11 +84,13 @@ class ClipLoader:
   """Loads element `index` of a record list (see the module docstring)."""
 
   def __init__(self, records: Sequence[annotations.ClipRecord], root: str,
-               spec: ClipSpec, tokenizer=None, max_attempts: int = 10):
+               spec: ClipSpec, tokenizer=None, max_attempts: int = 10,
+               positives: ek100.CaptionPositives | None = None):
     if not records:
       raise ValueError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
+    self.positives = positives
     first = self.records[0]
     self.has_text = tokenizer is not None and first.text is not None
     self.has_label = first.label is not None
@@ -113,13 +121,16 @@ class ClipLoader:
                errors: list[str]) -> dict:
     record = self.records[index]
     info = video.video_info(self.root, record.video_id)
-    lo, hi = sampling.clip_frame_range(record.start, record.end,
-                                       float(info.frame_rate), info.num_frames)
+    fps = float(info.frame_rate)
+    # An open end (a whole-video record) stops at the video's last frame.
+    end = min(record.end, info.num_frames / fps)
+    lo, hi = sampling.clip_frame_range(min(record.start, end), end, fps,
+                                       info.num_frames)
     ids = self._frame_ids(lo, hi, rng, view)
     box = self._crop(info.height, info.width, rng, view)
     clip = video.read_clip(self.root, record.video_id, ids, crop=box.box,
                            size=self.spec.size, hflip=box.hflip)
-    out = {"video": clip, **self._targets(record)}
+    out = {"video": clip, **self._targets(index, rng)}
     out.update(index=np.int32(index), view=np.int32(view or 0),
                valid=np.bool_(True), skipped=np.int32(len(errors)),
                errors="\n".join(errors))
@@ -155,10 +166,24 @@ class ClipLoader:
                                        flip_prob=s.hflip)
     return crop_lib.center_crop(rng, height, width, s.size, flip_prob=s.hflip)
 
-  def _targets(self, record: annotations.ClipRecord) -> dict:
-    out = {}
+  def _text(self, index: int, rng) -> str:
+    """The element's caption (see the module docstring); rng None: eval."""
+    record = self.records[index]
+    if rng is not None:
+      if self.positives is not None:
+        caption = self.positives.draw(index, rng)
+        if caption is not None:
+          return caption
+      texts = record.extra.get("texts")
+      if texts:
+        return texts[int(rng.integers(len(texts)))]
+    return record.text or ""
+
+  def _targets(self, index: int, rng) -> dict:
+    record, out = self.records[index], {}
     if self.has_text:
-      out["tokens"] = self.tokenizer(record.text or "")[0].astype(np.int32)
+      out["tokens"] = self.tokenizer(self._text(index, rng))[0].astype(
+          np.int32)
     if self.has_label:
       out["label"] = np.int32(record.label)
     for key in self.extra_labels:

@@ -11,16 +11,16 @@ real pipeline runs on them.
       root/chunks/...                  chunk store + manifest.jsonl
       root/{train,val}.jsonl           generic JSONL (video_id, start, end,
                                        text, label)
-      root/ek100_{train,val}.csv       the same segments in the EPIC-Kitchens-
-                                       100 action CSV layout (verb = motion,
-                                       noun = colour + shape)
-      root/relevancy_val.npy           EK-100 MIR-style relevancy of the
-                                       validation clips (`write_relevancy`)
+      root/...                         the same segments in the released
+                                       layouts of EPIC-Kitchens-100 (action
+                                       and retrieval CSVs, sentence CSVs,
+                                       relevancy pickles) and LaViLa (list
+                                       narrations): see
+                                       `vidjax.data.synthetic_annotations`
       root/classes.json                class names by label id
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -28,16 +28,12 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidjax.data import annotations, chunk
+from vidjax.data import annotations, chunk, synthetic_annotations
 
 SHAPES = ("square", "circle", "triangle")
 COLOURS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 240),
            "yellow": (240, 220, 40)}
 MOTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
-EK100_COLUMNS = ("narration_id", "participant_id", "video_id",
-                 "narration_timestamp", "start_timestamp", "stop_timestamp",
-                 "start_frame", "stop_frame", "narration", "verb", "verb_class",
-                 "noun", "noun_class", "all_nouns", "all_noun_classes")
 
 
 def class_names() -> list[str]:
@@ -97,28 +93,6 @@ def _write_h264(path: Path, frames: np.ndarray, fps: int) -> None:
     out.mux(stream.encode(None))
 
 
-def _timestamp(seconds: float) -> str:
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f"{int(h):02d}:{int(m):02d}:{s:05.2f}"
-
-
-def _write_ek100_csv(path: Path, records, fps: int) -> None:
-  nouns = [f"{c} {s}" for s in SHAPES for c in COLOURS]
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(EK100_COLUMNS)
-    for i, r in enumerate(records):
-      shape, colour, motion = r.extra["shape"], r.extra["colour"], r.extra["motion"]
-      noun_class = shape * len(COLOURS) + colour
-      verb = f"move-{list(MOTIONS)[motion]}"
-      writer.writerow([
-          f"{r.video_id}_{i}", "P01", r.video_id, _timestamp(r.start),
-          _timestamp(r.start), _timestamp(r.end), int(r.start * fps) + 1,
-          int(r.end * fps), r.text, verb, motion, nouns[noun_class], noun_class,
-          f"['{nouns[noun_class]}']", f"[{noun_class}]"])
-
-
 def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
                 segments_per_video: int = 2, segment_seconds: float = 3.0,
                 fps: int = 8, height: int = 96, width: int = 128,
@@ -148,10 +122,13 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
       parts.append(render_segment(rng, shape, colour, motion, seg_frames,
                                   height, width))
       label = label_of(shape, colour, motion)
+      words = (list(COLOURS)[colour], SHAPES[shape], list(MOTIONS)[motion])
       records.append(annotations.ClipRecord(
           video_id, s * seg_frames / fps, (s + 1) * seg_frames / fps,
-          text=names[label], label=label,
-          extra={"shape": shape, "colour": colour, "motion": motion}))
+          text=names[label], label=label, extra={
+              "verb": f"move-{words[2]}", "verb_class": motion,
+              "noun": f"{words[0]} {words[1]}",
+              "noun_class": shape * len(COLOURS) + colour, "words": words}))
     _write_h264(raw / f"{video_id}.mp4", np.concatenate(parts), fps)
   summary = chunk.chunk_videos(
       raw, root / "chunks",
@@ -162,40 +139,11 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
   # Split by video so no validation video is seen in training.
   num_val = max(1, int(round(num_videos * val_fraction)))
   val_ids = {f"vid{v:03d}" for v in range(num_videos - num_val, num_videos)}
-  for split, keep in (("train", False), ("val", True)):
-    subset = [r for r in records if (r.video_id in val_ids) == keep]
-    annotations.write_jsonl(
-        [annotations.ClipRecord(r.video_id, r.start, r.end, r.text, r.label)
-         for r in subset], root / f"{split}.jsonl")
-    _write_ek100_csv(root / f"ek100_{split}.csv", subset, fps)
-  write_relevancy(root)
+  synthetic_annotations.write_annotation_files(root, {
+      split: [r for r in records if (r.video_id in val_ids) == keep]
+      for split, keep in (("train", False), ("val", True))}, fps, seed)
   done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
   return root
-
-
-def write_relevancy(root: str | os.PathLike) -> Path:
-  """Writes `root/relevancy_val.npy`, the validation clips' relevancy matrix.
-
-  Graded like EPIC-Kitchens-100 MIR's (half for the verb, half for the noun):
-  1 for the same caption, 0.5 when two clips share only the motion (verb) or
-  only the coloured shape (noun), else 0. Rows and columns follow
-  `root/val.jsonl`, so it serves as `config.eval.relevancy` for retrieval on
-  the validation split (format 'jsonl' or 'ek100_mir' on `ek100_val.csv`,
-  which lists the same clips in the same order).
-
-  Returns:
-    The path of the float32[num_val, num_val] matrix.
-  """
-  root = Path(root)
-  labels = np.array([r.label for r in annotations.load_jsonl(root / "val.jsonl")])
-  # label = (shape * colours + colour) * motions + motion (`label_of`).
-  motion, noun = labels % len(MOTIONS), labels // len(MOTIONS)
-  same_verb = motion[:, None] == motion[None, :]
-  same_noun = noun[:, None] == noun[None, :]
-  relevancy = 0.5 * same_verb.astype(np.float32) + 0.5 * same_noun
-  path = root / "relevancy_val.npy"
-  np.save(path, relevancy.astype(np.float32), allow_pickle=False)
-  return path
 
 
 def write_vocab(path: str | os.PathLike) -> Path:

@@ -4,12 +4,19 @@ A task module defines:
   NEEDS_TEXT: bool                      whether batches carry `tokens`
   augment_config(config) -> dict        `vidjax.augment.make_augment` keys
   loss(model, batch, key, config) -> (loss, metrics)
-      training loss on an augmented global batch; `key` feeds drop path
+      training loss on an augmented global batch; `key` feeds drop path;
+      elements with `batch['valid']` False must change neither
   eval_outputs(model, batch) -> dict[str, Array]
       per-example outputs [B, ...] of an evaluation batch
   evaluate(outputs, config) -> dict[str, float]
       metrics from the outputs of the whole evaluation set, concatenated on
       the host together with the batch's `index`, `view`, `valid` and labels
+and, for video-text retrieval (`vidjax.eval_sets` calls them when present):
+  eval_captions(config) -> [(id, text)] | None
+      texts embedded once each, apart from the clips (EK-100's captions);
+      their embeddings reach `evaluate` as `outputs['caption_emb']` [M, D]
+  embeddings(outputs, config) -> dict
+      the vectors behind the metrics, for `eval.save_embeddings`
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Action classification fine-tuning (Kinetics, EPIC-Kitchens-100).
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
-(from `augment`), or on hard labels. Eval: top-1 / top-5 with multi-view
-averaging of softmax scores; for EK-100 actions also verb and noun accuracy,
-marginalised from the action scores.
+(from `augment`), or on hard labels, averaged over the valid examples.
+Eval: top-1 / top-5 with multi-view averaging of softmax scores; for EK-100
+actions also verb and noun accuracy, marginalised from the action scores.
 """
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ def augment_config(config) -> dict:
 def loss(model, batch, key, config):
   del config
   logits = model(batch["video"], deterministic=False, rngs=key)
+  valid = batch.get("valid")
   # Soft targets (mixup/cutmix, label smoothing) when augment made them.
   value = losses.softmax_cross_entropy(
-      logits, batch.get("label_target", batch["label"]))
-  return value, {"accuracy": (logits.argmax(-1) == batch["label"]).mean()}
+      logits, batch.get("label_target", batch["label"]), valid=valid)
+  return value, {"accuracy": losses.masked_mean(
+      logits.argmax(-1) == batch["label"], valid)}
 
 
 def eval_outputs(model, batch):

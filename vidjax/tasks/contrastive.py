@@ -2,17 +2,23 @@
 
 Loss: symmetric InfoNCE over the GLOBAL batch (`losses.contrastive_loss`):
 under `jax.jit` with batch-sharded inputs the similarity matrix spans every
-device's embeddings, so each clip sees all B - 1 negatives.
-Eval: video<->text recall@K on the evaluation clips (views averaged), with
-the chance level; EK-100 MIR mAP / nDCG when `config.eval.relevancy` names a
-relevancy matrix.
+device's embeddings, so each clip sees all B - 1 negatives; invalid elements
+(`valid=False`: no clip could be read) are neither anchors nor negatives.
+
+Eval: video<->text recall@K of the clips and their own narrations (views
+averaged), with the chance level: `t2v_r1`, `v2t_r1`, `chance_r1`, ...
+With `config.eval.relevancy`, EK-100 multi-instance retrieval `mAP_*` and
+`nDCG_*` too: against the captions of `config.eval.sentences` (EK-100's
+sentence CSV; the released relevancy is clips x captions), each embedded
+once from its text, or, without a sentence file, against the clips' own
+narrations (a square clips x clips relevancy).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from vidjax import evaluate as eval_lib
-from vidjax.data import annotations
+from vidjax.data import ek100
 from vidjax.tasks import common, losses
 
 NEEDS_TEXT = True
@@ -26,7 +32,8 @@ def loss(model, batch, key, config):
   del config
   video = model.encode_video(batch["video"], deterministic=False, rngs=key)
   text = model.encode_text(batch["tokens"])
-  value, metrics = losses.contrastive_loss(video, text, model.logit_scale[...])
+  value, metrics = losses.contrastive_loss(
+      video, text, model.logit_scale[...], valid=batch.get("valid"))
   return value, metrics
 
 
@@ -35,21 +42,67 @@ def eval_outputs(model, batch):
           "text_emb": model.encode_text(batch["tokens"])}
 
 
-def similarity(outputs) -> np.ndarray:
-  """Cosine similarity float[N, N] of clips (views averaged) and their texts."""
-  out = common.valid_outputs(outputs)
+def eval_captions(config) -> list[tuple[str, str]] | None:
+  """`(narration_id, text)` of `config.eval.sentences`, to embed apart."""
+  sentences = config.get("eval", {}).get("sentences", "")
+  return ek100.load_ek100_mir_sentences(sentences) if sentences else None
+
+
+def embeddings(outputs, config) -> dict[str, np.ndarray]:
+  """The L2-normalised vectors the retrieval metrics compare.
+
+  Args:
+    outputs: the evaluation outputs (per view: `video_emb`, `text_emb`,
+      `index`, `valid`), plus `caption_emb` float[M, D] when
+      `eval_captions(config)` gave captions.
+    config: the run (or evaluation set) config.
+
+  Returns:
+    `video` float32[N, D]: each clip with a readable view, views averaged,
+    in record order (`index` int[N] names the records); `text`
+    float32[M, D]: the captions, or the clips' own narrations (row i goes
+    with video i) without a sentence file; `own_text` float32[N, D]: the
+    clips' own narrations.
+  """
+  del config
+  captions = outputs.get("caption_emb")
+  out = common.valid_outputs(
+      {k: v for k, v in outputs.items() if k != "caption_emb"})
   ids, video = common.mean_by_index(common.l2_normalize(out["video_emb"]),
                                     out["index"])
-  _, text = common.mean_by_index(out["text_emb"], out["index"])
-  return common.l2_normalize(video) @ common.l2_normalize(text).T, ids
+  _, own_text = common.mean_by_index(out["text_emb"], out["index"])
+  own_text = common.l2_normalize(own_text).astype(np.float32)
+  text = own_text if captions is None else common.l2_normalize(
+      np.asarray(captions, np.float64)).astype(np.float32)
+  return {"video": common.l2_normalize(video).astype(np.float32),
+          "text": text, "own_text": own_text, "index": ids}
+
+
+def similarity(video: np.ndarray, text: np.ndarray) -> np.ndarray:
+  """float64[N, M] cosine similarity of normalised float32 embeddings."""
+  return video.astype(np.float64) @ text.astype(np.float64).T
+
+
+def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
+  """Relevancy of the evaluated clips (rows `ids`) to the texts (columns)."""
+  path, sentences = config.eval.relevancy, config.eval.get("sentences", "")
+  matrix = ek100.load_relevancy(path, allow_pickle=config.data.allow_pickle)
+  columns = np.arange(num_texts) if sentences else ids
+  # The shapes were checked against the files at start-up (`eval_sets`);
+  # this guards against files changed since.
+  if (matrix.shape[0] <= ids.max() or matrix.shape[1] <= columns.max()
+      or (sentences and matrix.shape[1] != num_texts)):
+    what = f"its {num_texts} captions" if sentences else "clips x clips"
+    raise ValueError(f"{path} is {matrix.shape[0]} x {matrix.shape[1]}, which "
+                     f"does not fit {config.data.eval_annotations} and {what}")
+  return matrix[np.ix_(ids, columns)]
 
 
 def evaluate(outputs, config) -> dict[str, float]:
-  sim, ids = similarity(outputs)
-  metrics = eval_lib.retrieval_recall(sim)
-  relevancy = config.get("eval", {}).get("relevancy", "")
-  if relevancy:
-    matrix = annotations.load_relevancy(
-        relevancy, allow_pickle=config.data.allow_pickle)
-    metrics.update(eval_lib.ek100_mir_metrics(sim, matrix[np.ix_(ids, ids)]))
+  emb = embeddings(outputs, config)
+  metrics = eval_lib.retrieval_recall(similarity(emb["video"], emb["own_text"]))
+  if config.get("eval", {}).get("relevancy", ""):
+    relevancy = _relevancy(config, emb["index"], len(emb["text"]))
+    metrics.update(eval_lib.ek100_mir_metrics(
+        similarity(emb["video"], emb["text"]), relevancy))
   return metrics

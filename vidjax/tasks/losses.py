@@ -4,6 +4,11 @@ Every function takes the whole (global) batch. Under `jax.jit` with inputs
 sharded over the mesh, XLA gathers what it needs, so the contrastive loss
 sees every device's embeddings as negatives, as AVION's `gather_with_grad`
 all-gather does, with no per-device code to get wrong.
+
+Each takes an optional `valid` bool[B]: an invalid element (one whose clip
+could not be read; the pipeline ships zeros and `valid=False`) changes
+neither the loss nor its gradient: it is no anchor, no negative, and not
+counted in any mean.
 """
 
 from __future__ import annotations
@@ -20,6 +25,21 @@ INIT_LOGIT_SCALE = math.log(1 / 0.07)
 MAX_LOGIT_SCALE = math.log(100.0)
 
 
+# Logit of an invalid column: finite, so no inf or NaN reaches a gradient.
+_MASKED_LOGIT = -1e9
+
+
+def _valid(valid: jax.Array | None, batch: int) -> jax.Array:
+  return jnp.ones((batch,), bool) if valid is None else valid.astype(bool)
+
+
+def masked_mean(values: jax.Array, valid: jax.Array | None) -> jax.Array:
+  """Mean of float[B] `values` over the valid examples (0 if none)."""
+  valid = _valid(valid, values.shape[0])
+  total = jnp.sum(jnp.where(valid, values.astype(jnp.float32), 0.0))
+  return total / jnp.maximum(jnp.sum(valid), 1)
+
+
 def l2_normalize(x: jax.Array, eps: float = 1e-8) -> jax.Array:
   """x / max(||x||, eps) along the last axis (float32 norm)."""
   norm = jnp.linalg.norm(x.astype(jnp.float32), axis=-1, keepdims=True)
@@ -27,7 +47,8 @@ def l2_normalize(x: jax.Array, eps: float = 1e-8) -> jax.Array:
 
 
 def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
-                     logit_scale: jax.Array, *, normalize: bool = True
+                     logit_scale: jax.Array, *, normalize: bool = True,
+                     valid: jax.Array | None = None
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Symmetric InfoNCE over the global batch (CLIP / LaViLa / AVION).
 
@@ -44,10 +65,12 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
       AVION clamps it to [0, `MAX_LOGIT_SCALE`] after each optimizer step;
       that is the train step's job, this function does not clip.
     normalize: L2-normalise the embeddings first (AVION's model does).
+    valid: optional bool[B]; invalid pairs are neither anchors nor
+      negatives, and the means run over the valid ones.
 
   Returns:
     (loss float32[], metrics) with 'v2t_acc' and 't2v_acc' (fraction of
-    the batch whose argmax is the positive) and 'logit_scale' (exp).
+    the valid pairs whose argmax is the positive) and 'logit_scale' (exp).
   """
   video = video_emb.astype(jnp.float32)
   text = text_emb.astype(jnp.float32)
@@ -56,12 +79,16 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
   scale = jnp.exp(jnp.asarray(logit_scale, jnp.float32))
   logits = scale * video @ text.T  # [B, B]: row = video, column = text
   labels = jnp.arange(logits.shape[0])
+  valid = _valid(valid, logits.shape[0])
+  pair = valid[:, None] & valid[None, :]
+  logits = jnp.where(pair | jnp.eye(len(labels), dtype=bool), logits,
+                     _MASKED_LOGIT)
   v2t = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   t2v = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels)
-  loss = (v2t.mean() + t2v.mean()) / 2
+  loss = (masked_mean(v2t, valid) + masked_mean(t2v, valid)) / 2
   metrics = {
-      "v2t_acc": jnp.mean(jnp.argmax(logits, axis=1) == labels),
-      "t2v_acc": jnp.mean(jnp.argmax(logits, axis=0) == labels),
+      "v2t_acc": masked_mean(jnp.argmax(logits, axis=1) == labels, valid),
+      "t2v_acc": masked_mean(jnp.argmax(logits, axis=0) == labels, valid),
       "logit_scale": scale,
   }
   return loss, metrics
@@ -84,7 +111,8 @@ def normalize_patches(patches: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 
 def mae_loss(pred: jax.Array, target: jax.Array, mask: jax.Array,
-             norm_pix: bool = True) -> jax.Array:
+             norm_pix: bool = True, valid: jax.Array | None = None
+             ) -> jax.Array:
   """Mean squared error on the masked patches only (VideoMAE / AVION).
 
   Args:
@@ -95,6 +123,7 @@ def mae_loss(pred: jax.Array, target: jax.Array, mask: jax.Array,
     mask: bool[B, N], True where a patch was masked (hidden from the
       encoder); only these count.
     norm_pix: standardise each target patch per channel first.
+    valid: optional bool[B]; invalid examples' patches do not count.
 
   Returns:
     float32[]: mean over masked patches of the per-patch mean squared error.
@@ -109,12 +138,14 @@ def mae_loss(pred: jax.Array, target: jax.Array, mask: jax.Array,
     raise ValueError(f"mae_loss: pred {pred.shape} does not match the target "
                      f"patches {target.shape}")
   per_patch = jnp.mean((pred.astype(jnp.float32) - target) ** 2, axis=-1)
-  mask = mask.astype(jnp.float32)
+  mask = (mask & _valid(valid, b)[:, None]).astype(jnp.float32)
+  per_patch = jnp.where(mask > 0, per_patch, 0.0)
   return jnp.sum(per_patch * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
-                          label_smoothing: float = 0.0) -> jax.Array:
+                          label_smoothing: float = 0.0,
+                          valid: jax.Array | None = None) -> jax.Array:
   """Mean cross-entropy against hard labels or soft (mixup/cutmix) targets.
 
   Args:
@@ -122,9 +153,10 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
     targets: int[B] class ids, or float[B, K] probabilities.
     label_smoothing: moves this much mass uniformly over the K classes
       (targets * (1 - s) + s / K), for hard and soft targets alike.
+    valid: optional bool[B]; the mean runs over the valid examples.
 
   Returns:
-    float32[] mean over the batch.
+    float32[] mean over the (valid) batch.
   """
   num_classes = logits.shape[-1]
   if jnp.issubdtype(targets.dtype, jnp.integer):
@@ -132,12 +164,14 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
   targets = targets.astype(jnp.float32)
   if label_smoothing:
     targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets).mean()
+  return masked_mean(
+      optax.softmax_cross_entropy(logits.astype(jnp.float32), targets), valid)
 
 
 def max_margin_ranking_loss(similarity: jax.Array,
                             relevancy: jax.Array | None = None,
-                            margin: float = 0.2) -> jax.Array:
+                            margin: float = 0.2,
+                            valid: jax.Array | None = None) -> jax.Array:
   """Bidirectional max-margin ranking loss (EK-100 MIR fine-tuning).
 
   With s = similarity[i, j] (text i vs video j; pair i is the positive),
@@ -153,6 +187,8 @@ def max_margin_ranking_loss(similarity: jax.Array,
       (rows) and video (columns) embeddings of the global batch.
     relevancy: optional float[B] relevancy of each positive pair, in [0, 1].
     margin: the margin (AVION: 0.2).
+    valid: optional bool[B]; only pairs of valid elements are terms (the
+      mean runs over 2 V (V - 1) terms for V valid elements).
 
   Returns:
     float32[].
@@ -163,5 +199,7 @@ def max_margin_ranking_loss(similarity: jax.Array,
   m = margin if relevancy is None else (relevancy.astype(jnp.float32) * margin)[:, None]
   rows = jax.nn.relu(m - (positive - s))     # text i ranked against video j
   cols = jax.nn.relu(m - (positive - s.T))   # video i ranked against text j
-  off_diagonal = 1.0 - jnp.eye(n, dtype=jnp.float32)
-  return jnp.sum((rows + cols) * off_diagonal) / (2 * n * (n - 1))
+  valid = _valid(valid, n)
+  terms = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
+  return jnp.sum(jnp.where(terms, rows + cols, 0.0)) / jnp.maximum(
+      2 * jnp.sum(terms), 1)

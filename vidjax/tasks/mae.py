@@ -2,14 +2,16 @@
 
 The tube mask (ratio `augment.mask_ratio`, 0.9) is drawn on the device by
 `augment`; the model encodes visible tokens only and returns the MSE on masked
-patches of per-patch-normalised pixels. Eval: the same loss on held-out clips.
+patches of per-patch-normalised pixels, averaged over the valid examples.
+Eval: the same loss on held-out clips.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from vidjax.models import vit
-from vidjax.tasks import common
+from vidjax.tasks import common, losses
 
 NEEDS_TEXT = False
 
@@ -22,7 +24,14 @@ def augment_config(config) -> dict:
 
 def loss(model, batch, key, config):
   del config
-  value = model(batch["video"], batch["mask"], deterministic=False, rngs=key)
+  value, predictions, targets = model(batch["video"], batch["mask"],
+                                      deterministic=False, rngs=key,
+                                      return_predictions=True)
+  # The model's loss averages every example; keep its NaN for a bad mask,
+  # but average over the valid examples only (each has as many patches).
+  per_example = jnp.mean(jnp.square(predictions - targets), axis=(1, 2))
+  value = jnp.where(jnp.isnan(value), value,
+                    losses.masked_mean(per_example, batch.get("valid")))
   return value, {}
 
 

@@ -1,8 +1,11 @@
 """EPIC-Kitchens-100 multi-instance retrieval fine-tuning (AVION's recipe).
 
 Loss: max-margin ranking over the global batch's cosine similarities
-(`losses.max_margin_ranking_loss`, margin `config.loss.margin`, 0.2).
-Eval: as contrastive (recall@K, and mAP / nDCG with a relevancy matrix).
+(`losses.max_margin_ranking_loss`, margin `config.loss.margin`, 0.2), over
+the valid elements. Each training clip's caption is drawn among those of
+relevancy > 0.1 to it when `data.train_relevancy` is set (`vidjax.data.ek100`).
+Eval: as contrastive (recall@K, and mAP / nDCG against the captions of
+`eval.sentences` with the clips x captions `eval.relevancy`).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from vidjax.tasks import contrastive, losses
 NEEDS_TEXT = True
 augment_config = contrastive.augment_config
 eval_outputs = contrastive.eval_outputs
+eval_captions = contrastive.eval_captions
+embeddings = contrastive.embeddings
 evaluate = contrastive.evaluate
 
 
@@ -19,5 +24,6 @@ def loss(model, batch, key, config):
       model.encode_video(batch["video"], deterministic=False, rngs=key))
   text = losses.l2_normalize(model.encode_text(batch["tokens"]))
   margin = config.get("loss", {}).get("margin", 0.2)
-  value = losses.max_margin_ranking_loss(video @ text.T, margin=margin)
+  value = losses.max_margin_ranking_loss(video @ text.T, margin=margin,
+                                         valid=batch.get("valid"))
   return value, {}

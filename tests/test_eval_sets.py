@@ -1,0 +1,166 @@
+"""Evaluation sets and EK-100 MIR on clips x captions, as `--mode eval` runs
+them on the released layouts (built from the synthetic corpus)."""
+import csv
+import pickle
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+import pytest
+
+from vidjax import config as config_lib, eval_sets, evaluate as eval_lib, train
+from vidjax import logging as log_lib
+from vidjax.data import ek100
+from vidjax.tasks import contrastive
+from test_evaluate import _ndcg_loop, _official_ap_loop
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_sets_names_prefixes_and_files():
+  config = config_lib.load_config(str(CONFIGS / "clip_vitb16_ego4d.py"), [
+      "--config.data.eval_annotations=/d/ego4d_val.jsonl"])
+  (main,) = eval_sets.eval_sets(config)  # ek100_mir: its files are unset.
+  assert (main.name, main.prefix, main.config) == ("", "eval/", config)
+  keys = eval_sets.required_paths(config, needs_text=True)
+  assert keys == ["data.root", "data.train_annotations", "data.vocab",
+                  "data.eval_annotations"]
+  with config.unlocked():
+    config.eval.sets.ek100_mir.data.update(root="/d/ek", eval_annotations="/d/t.csv")
+    config.eval.sets.ek100_mir.update(relevancy="/d/r.pkl", sentences="/d/s.csv")
+  main, mir = eval_sets.eval_sets(config)
+  assert (mir.name, mir.prefix) == ("ek100_mir", "eval/ek100_mir/")
+  data, evaluation = mir.config.data, mir.config.eval
+  assert (data.format, data.root, data.eval_annotations) == ("ek100_mir", "/d/ek", "/d/t.csv")
+  assert (evaluation.relevancy, evaluation.sentences) == ("/d/r.pkl", "/d/s.csv")
+  assert data.num_frames == config.data.num_frames and not evaluation.sets  # The run's.
+  assert config.data.format == "ego4d" and config.eval.relevancy == ""  # Unchanged.
+  assert eval_sets.required_paths(config, needs_text=True)[4:] == [
+      "eval.sets.ek100_mir.data.root", "eval.sets.ek100_mir.data.eval_annotations",
+      "eval.sets.ek100_mir.relevancy", "eval.sets.ek100_mir.sentences"]
+  with config.unlocked():
+    config.data.eval_annotations = ""  # Only the named set then.
+    config.eval.sets.ek100_mir.data.nonsense = 1
+  with pytest.raises(ValueError, match=r"eval.sets.ek100_mir.data: unknown data keys \['nonsense'\]"):
+    eval_sets.eval_sets(config)
+  with config.unlocked():
+    del config.eval.sets.ek100_mir.data["nonsense"]
+  assert [s.name for s in eval_sets.eval_sets(config)] == ["ek100_mir"]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+  """`ek100_mir_ft.py:debug --mode eval` with saved embeddings, untrained."""
+  config = config_lib.load_config(str(CONFIGS / "ek100_mir_ft.py:debug"),
+                                  ["--config.eval.save_embeddings=True"])
+  workdir = tmp_path_factory.mktemp("mir_eval")
+  metrics = train.evaluate_only(config, workdir)
+  return config, workdir, metrics
+
+
+def _rows(path):
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_mir_eval_on_clips_x_captions_matches_the_saved_embeddings(evaluated):
+  config, workdir, metrics = evaluated
+  root = workdir / "synthetic"
+  clips = _rows(root / "ek100_retrieval_val.csv")
+  captions = _rows(root / "ek100_retrieval_val_sentence.csv")
+  assert list(captions[0]) == ["narration_id", "narration"]  # The test file's columns.
+  relevancy = ek100.load_relevancy(config.eval.relevancy, allow_pickle=True)
+  assert config.eval.relevancy.endswith(".pkl")
+  assert len(captions) < len(clips) and relevancy.shape == (len(clips), len(captions))
+  # Captions in an order of their own, not the clips'.
+  first = {}
+  for c in clips:
+    first.setdefault(c["narration"], c["narration_id"])
+  assert [c["narration_id"] for c in captions] != list(first.values())
+
+  saved = np.load(workdir / "embeddings" / "step_0.npz")
+  video, text = saved["video"], saved["text"]
+  assert video.dtype == text.dtype == np.float32
+  assert video.shape == (len(clips), 64) and text.shape == (len(captions), 64)
+  np.testing.assert_allclose(np.linalg.norm(video, axis=1), 1, atol=1e-6)
+  np.testing.assert_allclose(np.linalg.norm(text, axis=1), 1, atol=1e-6)
+  assert list(saved["video_ids"]) == [c["narration_id"] for c in clips]
+  assert list(saved["text_ids"]) == [c["narration_id"] for c in captions]
+
+  # EK-100's definitions, query by query, on the saved embeddings.
+  sim = video.astype(np.float64) @ text.astype(np.float64).T
+  for name, s, r in (("v2t", sim, relevancy), ("t2v", sim.T, relevancy.T)):
+    ap = np.mean([_official_ap_loop(s[i], r[i]) for i in range(len(s))])
+    ndcg = np.mean([_ndcg_loop(s[i], r[i]) for i in range(len(s))])
+    assert metrics[f"eval/mAP_{name}"] == pytest.approx(ap, abs=1e-9)
+    assert metrics[f"eval/nDCG_{name}"] == pytest.approx(ndcg, abs=1e-9)
+  logged = [r for r in log_lib.read_metrics(workdir) if "eval/mAP_avg" in r][-1]
+  assert logged["step"] == 0 and logged["eval/mAP_avg"] == pytest.approx(metrics["eval/mAP_avg"])
+  assert metrics["eval/chance_r1"] == pytest.approx(1 / len(clips))  # Recall: clips x own narrations.
+
+
+def test_mismatched_files_stop_at_start_naming_both(evaluated, tmp_path):
+  config, workdir, _ = evaluated
+  root = workdir / "synthetic"
+  with config.unlocked():  # The training captions with the test relevancy.
+    config.eval.sentences = str(root / "ek100_retrieval_train_sentence.csv")
+  with pytest.raises(ValueError, match=r"caption_relevancy_ek100_retrieval_val.pkl is 8 x 4 but "
+                                       r".*ek100_retrieval_val.csv has 8 clips and "
+                                       r".*ek100_retrieval_train_sentence.csv has \d+ captions"):
+    train.check_paths(config, needs_text=True)
+  with config.unlocked():
+    config.eval.sentences = ""  # A clips x captions matrix needs its captions.
+  with pytest.raises(ValueError, match="without a sentence file it must be 8 x 8"):
+    train.check_paths(config, needs_text=True)
+  with config.unlocked():
+    config.data.allow_pickle = False
+  with pytest.raises(ValueError, match="allow_pickle"):
+    train.check_paths(config, needs_text=True)
+
+
+def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
+  """Views averaged per clip, unreadable views left out; without a sentence
+  file the relevancy is clips x clips, with one it is clips x captions."""
+  rng = np.random.default_rng(0)
+  clips, views, captions, d = 6, 2, 4, 8
+  video = rng.normal(size=(clips, views, d))
+  text = rng.normal(size=(clips, d))
+  index = np.repeat(np.arange(clips), views)
+  valid = np.ones(clips * views, bool)
+  valid[[4, 5]] = False  # Clip 2 could not be read at all.
+  outputs = {"video_emb": video.reshape(-1, d), "index": index, "valid": valid,
+             "text_emb": np.repeat(text, views, axis=0), "view": index * 0}
+  square = rng.uniform(size=(clips, clips)).round(1)
+  np.save(tmp_path / "square.npy", square)
+  config = ml_collections.ConfigDict(dict(
+      data=dict(allow_pickle=False, eval_annotations="clips.csv"),
+      eval=dict(relevancy=str(tmp_path / "square.npy"), sentences="")))
+  kept = np.array([0, 1, 3, 4, 5])
+
+  def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+  mean_video = unit(unit(video).mean(1))[kept]
+  got = contrastive.evaluate(outputs, config)
+  want = eval_lib.ek100_mir_metrics(mean_video @ unit(text[kept]).T,
+                                    square[np.ix_(kept, kept)])
+  for key, value in want.items():
+    assert got[key] == pytest.approx(value, abs=1e-6), key
+  assert got["chance_r1"] == pytest.approx(1 / 5)
+  # Clips x captions: every caption embedded once, in the sentence file's order.
+  (tmp_path / "s.csv").write_text("narration_id,narration\n" + "".join(
+      f"c{j},caption {j}\n" for j in range(captions)))
+  rectangular = rng.uniform(size=(clips, captions)).round(1)
+  (tmp_path / "rel.pkl").write_bytes(pickle.dumps(rectangular))
+  caption_emb = rng.normal(size=(captions, d))
+  with config.unlocked():
+    config.eval.update(relevancy=str(tmp_path / "rel.pkl"),
+                       sentences=str(tmp_path / "s.csv"))
+    config.data.allow_pickle = True
+  got = contrastive.evaluate({**outputs, "caption_emb": caption_emb}, config)
+  want = eval_lib.ek100_mir_metrics(mean_video @ unit(caption_emb).T,
+                                    rectangular[kept])
+  for key, value in want.items():
+    assert got[key] == pytest.approx(value, abs=1e-6), key
+  with pytest.raises(ValueError, match="does not fit clips.csv and its 3 captions"):
+    contrastive.evaluate({**outputs, "caption_emb": caption_emb[:3]}, config)

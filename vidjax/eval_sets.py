@@ -1,0 +1,196 @@
+"""Evaluation sets: what a run evaluates, under which metric names, and how.
+
+A run evaluates its main set, `data.eval_annotations` with the `eval` keys
+(`relevancy`, `sentences`, `save_embeddings`, `batch_size`), under `eval/`
+(`eval/t2v_r1`, `eval/mAP_avg`, `eval/top1`, `eval/skipped`, ...), and each
+named set of `eval.sets` under `eval/<name>/` (e.g. `eval/ek100_mir/mAP_avg`,
+zero-shot EK-100 multi-instance retrieval during Ego4D pretraining). A named
+set is a ConfigDict of `data` (the `config.data` keys it changes: format,
+root, eval_annotations, ...) and `eval` keys; the rest is the run's:
+
+    c.eval.sets.ek100_mir = ConfigDict(dict(
+        data=ConfigDict(dict(format="ek100_mir", root="",
+                             eval_annotations="")),
+        relevancy="", sentences=""))
+
+A named set whose `data.eval_annotations` is unset is skipped (said at
+start-up); the main set is skipped when `data.eval_annotations` is unset and
+named sets exist. `eval.save_embeddings=True` writes, at each evaluation,
+`WORKDIR/embeddings/step_<N>.npz` (named sets:
+`WORKDIR/embeddings/<name>/step_<N>.npz`) with `video` float32[clips, D] and
+`text` float32[texts, D], L2-normalised (the vectors the similarities come
+from), and `video_ids` / `text_ids` (narration ids, or record indices where
+the format has none) in the order of the annotation and sentence files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+
+from vidjax import sharding
+from vidjax.data import ek100, pipeline
+
+# `eval` keys that a named set may not change: they belong to the run.
+_RUN_KEYS = ("sets", "every_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation set: its name ('' for the main set), metric prefix and
+  the run config with the set's keys applied."""
+  name: str
+  prefix: str
+  config: ml_collections.ConfigDict
+
+
+def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
+  resolved = config.copy_and_resolve_references()
+  with resolved.unlocked():
+    resolved.eval.sets = ml_collections.ConfigDict()
+    for key, value in spec.items():
+      if key == "data":
+        unknown = sorted(set(value.keys()) - set(config.data.keys()))
+        if unknown:
+          raise ValueError(f"eval.sets.{name}.data: unknown data keys "
+                           f"{unknown}; see config.data")
+        resolved.data.update(value)
+      elif key in _RUN_KEYS:
+        raise ValueError(f"eval.sets.{name}.{key}: set it in eval, for the run")
+      else:
+        resolved.eval[key] = value
+  return resolved
+
+
+def eval_sets(config: ml_collections.ConfigDict) -> list[EvalSet]:
+  """The run's evaluation sets, main set first (see the module docstring)."""
+  named = dict(config.get("eval", {}).get("sets", {}))
+  sets = []
+  if config.data.eval_annotations or not named:
+    sets.append(EvalSet("", "eval/", config))
+  for name, spec in named.items():
+    if spec.get("data", {}).get("eval_annotations", ""):
+      sets.append(EvalSet(name, f"eval/{name}/", _resolve(config, name, spec)))
+  return sets
+
+
+def required_paths(config: ml_collections.ConfigDict,
+                   needs_text: bool) -> list[str]:
+  """Config keys of the files a run reads: training data and every set's."""
+  keys = ["data.root", "data.train_annotations"]
+  keys += ["data.vocab"] if needs_text else []
+  keys += [f"data.{k}" for k in ("train_sentences", "train_relevancy")
+           if config.data.get(k, "")]
+  for es in eval_sets(config):
+    base = f"eval.sets.{es.name}." if es.name else ""
+    spec = config.eval.sets[es.name] if es.name else config.eval
+    if es.name and spec.get("data", {}).get("root", ""):
+      keys.append(f"{base}data.root")
+    keys.append(f"{base}data.eval_annotations" if es.name
+                else "data.eval_annotations")
+    keys += [base + k if es.name else f"eval.{k}"
+             for k in ("relevancy", "sentences") if spec.get(k, "")]
+  return keys
+
+
+def check_files(config: ml_collections.ConfigDict) -> None:
+  """Start-up checks beyond existence: relevancy shapes against the clips
+  and captions they go with; says which named sets are skipped."""
+  for name, spec in config.get("eval", {}).get("sets", {}).items():
+    if not spec.get("data", {}).get("eval_annotations", ""):
+      logging.warning("evaluation set %r skipped: set eval.sets.%s.data."
+                      "eval_annotations (and its other files) to run it",
+                      name, name)
+  for es in eval_sets(config):
+    c = es.config
+    if not c.eval.get("relevancy", ""):
+      continue
+    matrix = ek100.load_relevancy(c.eval.relevancy,
+                                  allow_pickle=c.data.allow_pickle, mmap=True)
+    clips = len(pipeline.load_annotations(c.data, c.data.eval_annotations))
+    sentences = c.eval.get("sentences", "") or None
+    captions = len(ek100.load_ek100_mir_sentences(sentences)) if sentences \
+        else clips
+    ek100.check_relevancy_shape(matrix, c.eval.relevancy, clips,
+                                c.data.eval_annotations, captions, sentences)
+
+
+def embed_texts(run, texts: list[str], batch_size: int) -> np.ndarray:
+  """float32[len(texts), D] text embeddings, `batch_size` texts per step."""
+  tokens = run.tokenizer(texts)
+  pad = -len(tokens) % batch_size
+  tokens = np.concatenate([tokens, np.zeros((pad, tokens.shape[1]),
+                                            tokens.dtype)])
+  local = batch_size // jax.process_count()
+  first = jax.process_index() * local
+  out = []
+  for start in range(0, len(tokens), batch_size):
+    batch = tokens[start + first:start + first + local]
+    glob = sharding.host_to_global_batch({"tokens": batch}, run.mesh)
+    emb = run.steps.text(run.state["params"], run.rest, glob["tokens"])
+    out.append(np.asarray(multihost_utils.process_allgather(emb, tiled=True)))
+  return np.concatenate(out)[:len(texts)].astype(np.float32)
+
+
+def _record_ids(records) -> np.ndarray:
+  if records and "narration_id" in records[0].extra:
+    return np.array([r.extra["narration_id"] for r in records])
+  return np.arange(len(records))
+
+
+def save_embeddings(path: Path, emb: dict, video_ids: np.ndarray,
+                    text_ids: np.ndarray) -> None:
+  """Writes the npz of the module docstring (atomically, process 0)."""
+  if jax.process_index() != 0:
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:  # np.savez(name) would append '.npz'.
+    np.savez(f, video=emb["video"], text=emb["text"], video_ids=video_ids,
+             text_ids=text_ids)
+  os.replace(tmp, path)
+
+
+def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
+  """Evaluates one set with the run's current parameters; prefixed metrics."""
+  config = es.config
+  records = pipeline.load_annotations(config.data, config.data.eval_annotations)
+  batches = pipeline.make_pipeline(
+      config, run.mesh, train=False, batch_size=config.eval.batch_size,
+      tokenizer=run.tokenizer, records=records)
+  outputs = []
+  for batch in batches:
+    out = run.steps.eval(run.state["params"], run.rest, batch)
+    outputs.append(jax.tree.map(
+        np.asarray, multihost_utils.process_allgather(out, tiled=True)))
+  skipped = batches.skipped
+  batches.close()
+  merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  captions = getattr(run.task, "eval_captions", lambda c: None)(config)
+  if captions:
+    merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
+                                        config.eval.batch_size)
+  metrics = run.task.evaluate(merged, config)
+  if (config.eval.get("save_embeddings", False) and run.workdir
+      and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
+    emb = run.task.embeddings(merged, config)
+    video_ids = _record_ids(records)[emb["index"]]
+    text_ids = np.array([i for i, _ in captions]) if captions else video_ids
+    folder = Path(run.workdir, "embeddings", es.name)
+    save_embeddings(folder / f"step_{step}.npz", emb, video_ids, text_ids)
+  return {**{f"{es.prefix}{k}": v for k, v in metrics.items()},
+          f"{es.prefix}skipped": skipped}
+
+
+def evaluate_all(run, config: ml_collections.ConfigDict) -> dict[str, float]:
+  """Every evaluation set of the run, at the run's current step."""
+  step, metrics = int(run.state["step"]), {}
+  for es in eval_sets(config):
+    metrics.update(evaluate_set(run, es, step))
+  return metrics
