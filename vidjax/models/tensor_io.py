@@ -1,18 +1,27 @@
-"""Reading foreign checkpoints and adapting their tensors to our layouts.
+"""Reading foreign checkpoint files and adapting their tensors to our layouts.
 
-Used by weights.py: files (.pt/.pth/.bin through torch, .safetensors and
-.npz without it) become {name: numpy array}; PyTorch conv patch embeddings
-become tubelet kernels; positional tables are resized.
+Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
+become {name: numpy array}. PyTorch pickles are read with
+`weights_only=True` (no code runs; argparse.Namespace, which AVION and
+LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
+released CLIP `.pt` files, are read as TorchScript. Conv patch embeddings
+become tubelet kernels, and positional tables are resized.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import pickle
+import zipfile
 
 import jax
 import ml_dtypes
 import numpy as np
+
+TORCH_SUFFIXES = ('.pt', '.pth', '.bin', '.ckpt')
+
 
 def to_numpy(value) -> np.ndarray:
   """numpy or torch (any float dtype, bf16 included) -> numpy; floats as f32."""
@@ -47,74 +56,111 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
-def load_state_dict(path: str) -> dict[str, np.ndarray]:
+def is_torchscript(path: str) -> bool:
+  """Whether `path` is a TorchScript archive (a zip with code/ and constants)."""
+  if not zipfile.is_zipfile(path):
+    return False
+  with zipfile.ZipFile(path) as archive:
+    return any(name.endswith('/constants.pkl') or '/code/' in name
+               for name in archive.namelist())
+
+
+def _read_torch(path: str, allow_pickle: bool):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f'reading {path} needs PyTorch (pip install torch); '
+                      'or convert it to .safetensors or .npz') from e
+  if is_torchscript(path):  # TorchScript code runs in its own interpreter.
+    return torch.jit.load(path, map_location='cpu').state_dict()
+  if allow_pickle:
+    return torch.load(path, map_location='cpu', weights_only=False)
+  try:
+    with torch.serialization.safe_globals([argparse.Namespace]):
+      return torch.load(path, map_location='cpu', weights_only=True)
+  except pickle.UnpicklingError as e:
+    reason = str(e).strip().splitlines()[0]
+    raise ValueError(
+        f'{path}: a pickle that would run code to load ({reason}). If you '
+        'trust the file, allow it with --config.init_allow_pickle=True '
+        '(load_state_dict(..., allow_pickle=True))') from None
+
+
+def load_state_dict(path: str, *, allow_pickle: bool = False
+                    ) -> dict[str, np.ndarray]:
   """Reads a checkpoint file into {name: float32/int numpy array}.
 
   Args:
-    path: .pt/.pth/.bin (needs torch; loaded with weights_only=True),
-      .safetensors, or .npz. Wrappers such as {'model': ...},
-      {'state_dict': ...} or {'module': ...} and DDP's 'module.' prefix are
-      removed.
+    path: .pt/.pth/.bin/.ckpt (needs torch: a TorchScript archive, or a
+      pickle read with weights_only=True), .safetensors, or .npz. Wrappers
+      such as {'model': ...}, {'state_dict': ...} or {'module': ...}, DDP's
+      'module.' prefix and entries that are not tensors (AVION's `args`,
+      `epoch`) are removed.
+    allow_pickle: read PyTorch pickles with weights_only=False, which runs
+      whatever code the file names: only for files you trust.
 
   Returns:
     The state dict.
+
+  Raises:
+    FileNotFoundError, ValueError: naming the file and the problem.
   """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file')
   suffix = os.path.splitext(path)[1].lower()
   if suffix == '.safetensors':
     raw = read_safetensors(path)
   elif suffix == '.npz':
     with np.load(path) as npz:
       raw = dict(npz)
-  elif suffix in ('.pt', '.pth', '.bin', '.ckpt'):
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError(f'reading {path} needs PyTorch (pip install torch); '
-                        'or convert it to .safetensors or .npz') from e
-    raw = torch.load(path, map_location='cpu', weights_only=True)
+  elif suffix in TORCH_SUFFIXES:
+    raw = _read_torch(path, allow_pickle)
   else:
     raise ValueError(f'{path}: unknown checkpoint format {suffix!r} (expected '
-                     '.pt, .pth, .bin, .safetensors or .npz)')
+                     f"{', '.join(TORCH_SUFFIXES)}, .safetensors or .npz)")
   for wrapper in ('state_dict', 'model', 'module'):
-    if isinstance(raw.get(wrapper), dict):
+    if isinstance(raw, dict) and isinstance(raw.get(wrapper), dict):
       raw = raw[wrapper]
       break
   state_dict = {name.removeprefix('module.'): to_numpy(value)
-                for name, value in raw.items()}
+                for name, value in raw.items()
+                if hasattr(value, 'shape') and hasattr(value, 'dtype')}
   if not state_dict:
     raise ValueError(f'{path}: no tensors found')
   return state_dict
 
 
-def inflate_patch_embed(weight: np.ndarray, tubelet: int,
-                        mode: str = 'center') -> np.ndarray:
-  """A 2-D patch embedding [D, C, p, p] -> a tubelet one [D, C, t, p, p].
+def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
+  """PyTorch conv weight [D, C, (t,) p, p] -> our [t*p*p*C, D] patch kernel.
+
+  Rows are ordered (t, p, p, C), the order `vit.patchify` gives.
+  """
+  if weight.ndim == 4:
+    weight = weight[:, :, None]
+  return weight.transpose(2, 3, 4, 1, 0).reshape(-1, weight.shape[0])
+
+
+def inflate_kernel(kernel: np.ndarray, tubelet: int,
+                   mode: str = 'center') -> np.ndarray:
+  """A one-frame patch kernel [p*p*C, D] -> a tubelet one [t*p*p*C, D].
 
   Args:
-    weight: [D, C, p, p], or already [D, C, t, p, p] (returned unchanged).
+    kernel: from `conv_to_kernel` of a 2-D conv.
     tubelet: t.
     mode: 'center' puts the 2-D kernel at the central frame (zeros elsewhere,
       so a static video gives the image features); 'average' repeats it / t.
 
   Returns:
-    [D, C, t, p, p].
+    [t*p*p*C, D].
   """
-  if weight.ndim == 5:
-    return weight
   if mode == 'average':
-    return np.repeat(weight[:, :, None], tubelet, axis=2) / tubelet
+    return np.concatenate([kernel / tubelet] * tubelet)
   if mode != 'center':
     raise ValueError(f"inflation mode must be 'center' or 'average', "
                      f'got {mode!r}')
-  inflated = np.zeros(weight.shape[:2] + (tubelet,) + weight.shape[2:],
-                      weight.dtype)
-  inflated[:, :, tubelet // 2] = weight
-  return inflated
-
-
-def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
-  """PyTorch conv weight [D, C, t, p, p] -> our [t*p*p*C, D] patch kernel."""
-  return weight.transpose(2, 3, 4, 1, 0).reshape(-1, weight.shape[0])
+  inflated = np.zeros((tubelet,) + kernel.shape, kernel.dtype)
+  inflated[tubelet // 2] = kernel
+  return inflated.reshape(-1, kernel.shape[1])
 
 
 def interpolate_pos_embed(table: np.ndarray, new_length: int,
@@ -141,8 +187,13 @@ def interpolate_pos_embed(table: np.ndarray, new_length: int,
 
 
 def interpolate_temporal(table: np.ndarray, new_length: int) -> np.ndarray:
-  """Linearly resizes a [T, D] temporal table to [new_length, D]."""
-  if table.shape[0] == new_length:
-    return table
+  """Resizes a [T, D] temporal table to [new_length, D] as AVION does.
+
+  More frames: linear interpolation with half-pixel centres (AVION/LaViLa's
+  `F.interpolate(..., mode='bilinear')`, e.g. 4 -> 16 frames). Fewer frames:
+  the first `new_length` rows (AVION truncates).
+  """
+  if new_length <= table.shape[0]:
+    return table[:new_length]
   return np.asarray(jax.image.resize(table, (new_length, table.shape[1]),
                                      method='linear'))
