@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import re
 import zipfile
 
 import jax
@@ -30,7 +31,7 @@ def to_numpy(value) -> np.ndarray:
     value = (value.float() if value.is_floating_point() else value).numpy()
   array = np.asarray(value)
   if array.dtype.kind == 'f' or array.dtype == ml_dtypes.bfloat16:
-    array = array.astype(np.float32)
+    array = array.astype(np.float32, copy=False)
   return array
 
 
@@ -79,7 +80,8 @@ def _read_torch(path: str, allow_pickle: bool):
     with torch.serialization.safe_globals([argparse.Namespace]):
       return torch.load(path, map_location='cpu', weights_only=True)
   except pickle.UnpicklingError as e:
-    reason = str(e).strip().splitlines()[0]
+    named = re.search(r'GLOBAL (\S+)', str(e))
+    reason = f'it names {named.group(1)}' if named else 'not only tensors'
     raise ValueError(
         f'{path}: a pickle that would run code to load ({reason}). If you '
         'trust the file, allow it with --config.init_allow_pickle=True '
