@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import threading
@@ -278,13 +279,15 @@ class Checkpointer:
         self._warned_no_metric = True
       return False
     value = float(value)
-    if self.best is not None and not (
+    if math.isnan(value) or self.best is not None and not (
         value > self.best["value"] if self.best_mode == "max"
         else value < self.best["value"]):
       return False  # Not better, or NaN.
-    self.save(step, state, force=True, **save_kwargs)
+    # The record first, so that this save's clean-up keeps it (and may let
+    # the previous best go).
     self.best = {"metric": self.best_metric, "mode": self.best_mode,
                  "step": step, "value": value}
+    self.save(step, state, force=True, **save_kwargs)
     if jax.process_index() == 0:
       _write_json_atomic(self.directory / BEST_FILE, self.best)
     logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
