@@ -88,7 +88,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.resume = ""
   c.init_from = ""  # OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
   c.init_allow_pickle = False  # Pickled weights may run code: opt in.
-  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION.
+  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION,
+  # when starting from released weights (a vidjax run's are all loaded).
   c.init_keep = ("visual.proj", "text.proj", "logit_scale")
   c.peak_tflops = 0.0  # Per device; 0 = look the device kind up.
 

@@ -53,6 +53,7 @@ class Source:
   unexpected: source names that map to no parameter of `kind`.
   tubelet: frames per patch of the patch kernel (None: unknown).
   backbone: for classifiers, 'clip' or 'videomae'.
+  vidjax: a vidjax run's parameters (trained under a vidjax config).
   """
   kind: str
   tensors: dict[str, np.ndarray]
@@ -61,6 +62,7 @@ class Source:
   unexpected: list[str] = dataclasses.field(default_factory=list)
   tubelet: int | None = 1
   backbone: str = ''
+  vidjax: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,7 +297,9 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
       the sharded train state, or of ShapeDtypeStructs).
     model_config: `config.model` (its `name` and `tubelet` are read).
     source: from `weights.read_source`.
-    keep_init: see `fill`.
+    keep_init: see `fill`: for released weights only (AVION starts its
+      projections fresh from OpenAI's CLIP); a vidjax run's parameters were
+      trained for a vidjax model and are all loaded.
     patch_inflation: see `fill`.
 
   Returns:
@@ -307,7 +311,8 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
   values, report = fill(
       {name: leaf.shape for name, leaf in leaves.items()}, source,
       model_config.name, tubelet=model_config.get('tubelet', 1),
-      keep_init=keep_init, patch_inflation=patch_inflation)
+      keep_init=() if source.vidjax else keep_init,
+      patch_inflation=patch_inflation)
 
   def put(keypath, leaf):
     value = values.get(path_name(keypath))

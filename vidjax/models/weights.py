@@ -331,7 +331,8 @@ def _vidjax_source(params: dict, config: dict, description: str
       'clip' if 'encoder.class_token' in tensors else 'videomae')
   return loader.Source(kind, tensors, {p: p for p in tensors},
                        f'{description} (vidjax {kind})',
-                       tubelet=model.get('tubelet'), backbone=backbone)
+                       tubelet=model.get('tubelet'), backbone=backbone,
+                       vidjax=True)
 
 
 def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
