@@ -123,3 +123,5 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, dtype="float32")
   c.model.decoder.update(width=32, depth=1, heads=2)
+  # No warmup: 2 steps that train, so the checkpoint is not the init.
+  c.optim.warmup_steps = 0

@@ -3,7 +3,9 @@
 The :debug pretrainings (video-text CLIP, VideoMAE) train once; the
 evaluation without training and every fine-tune start from their workdir or
 one checkpoint step directory through `config.init_from`, in-process on
-the synthetic corpus (`debug_runs`).
+the synthetic corpus. The runs from scratch are test_configs.py's (all
+through `debug_runs`). Runs are deterministic, so a fine-tune whose first
+loss equals the run from scratch did not start from the pretraining.
 """
 import json
 import math
@@ -60,8 +62,7 @@ def test_finetune_starts_from_the_pretraining(name, pretraining, fresh,
   assert report["loaded"] and not report["resized"]
   assert all(math.isfinite(v) for v in metrics.values())
   loss, scratch_loss = first_loss(finetuned), first_loss(scratch)
-  assert math.isfinite(loss) and abs(loss - scratch_loss) > 1e-4, (
-      loss, scratch_loss)
+  assert math.isfinite(loss) and loss != scratch_loss
 
 
 def test_mir_finetune_at_8_frames_starts_from_a_checkpoint_step(
