@@ -1,11 +1,14 @@
-"""Reading foreign checkpoint files and adapting their tensors to our layouts.
+"""Reading foreign checkpoints: files, names and tensor layouts.
 
 Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
 become {name: numpy array}. PyTorch pickles are read with
 `weights_only=True` (no code runs; argparse.Namespace, which AVION and
 LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
-released CLIP `.pt` files, are read as TorchScript. Conv patch embeddings
-become tubelet kernels, and positional tables are resized.
+released CLIP `.pt` files, are read as TorchScript. Foreign layouts of a
+model (Hugging Face, AVION) are renamed to one canonical layout per model:
+OpenAI's CLIP names, the original VideoMAE names (`weights.py` maps those to
+ours). Conv patch embeddings become tubelet kernels, and positional tables
+are resized.
 """
 from __future__ import annotations
 
@@ -131,6 +134,145 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
     raise ValueError(f'{path}: no tensors found')
   return state_dict
 
+
+# ------------------------------------- foreign names -> canonical ones
+
+def _renamed(name: str, rules) -> str:
+  for old, new in rules:
+    name = name.replace(old, new, 1) if old.startswith('.') else (
+        new + name[len(old):] if name.startswith(old) else name)
+  return name
+
+
+HF_CLIP = [  # transformers' CLIPModel -> OpenAI's names
+    ('vision_model.embeddings.patch_embedding.', 'visual.conv1.'),
+    ('vision_model.embeddings.class_embedding', 'visual.class_embedding'),
+    ('vision_model.embeddings.position_embedding.weight',
+     'visual.positional_embedding'),
+    ('vision_model.pre_layrnorm.', 'visual.ln_pre.'),  # sic
+    ('vision_model.post_layernorm.', 'visual.ln_post.'),
+    ('vision_model.encoder.layers.', 'visual.transformer.resblocks.'),
+    ('text_model.embeddings.token_embedding.', 'token_embedding.'),
+    ('text_model.embeddings.position_embedding.weight',
+     'positional_embedding'),
+    ('text_model.encoder.layers.', 'transformer.resblocks.'),
+    ('text_model.final_layer_norm.', 'ln_final.'),
+    ('.self_attn.out_proj.', '.attn.out_proj.'), ('.layer_norm1.', '.ln_1.'),
+    ('.layer_norm2.', '.ln_2.'), ('.mlp.fc1.', '.mlp.c_fc.'),
+    ('.mlp.fc2.', '.mlp.c_proj.'),
+]
+AVION_CLIP = [  # AVION's CLIP_VITB16 / VideoClassifier -> OpenAI's names
+    ('textual.text_projection', 'text_projection'), ('textual.', ''),
+    ('visual.image_projection', 'visual.proj'),
+    ('.attn.Wqkv.weight', '.attn.in_proj_weight'),
+    ('.attn.Wqkv.bias', '.attn.in_proj_bias'),
+    ('.mlp.fc1.', '.mlp.c_fc.'), ('.mlp.fc2.', '.mlp.c_proj.'),
+    ('fc_cls.', 'head.'),
+]
+# Not parameters: OpenAI's TorchScript extras, Hugging Face's position ids.
+CLIP_EXTRAS = ('input_resolution', 'context_length', 'vocab_size',
+               'vision_model.embeddings.position_ids',
+               'text_model.embeddings.position_ids')
+
+
+def canonical_clip(sd: dict) -> tuple[dict, str]:
+  """Any CLIP layout -> OpenAI's names and shapes; also names the format."""
+  sd = {k: v for k, v in sd.items() if k not in CLIP_EXTRAS}
+  if 'vision_model.embeddings.patch_embedding.weight' in sd:
+    out = {}
+    for name, value in sd.items():
+      stem, _, leaf = name.rpartition('.self_attn.')
+      if leaf.startswith(('q_proj.', 'k_proj.', 'v_proj.')):
+        if leaf.startswith('q_proj.'):
+          kind = leaf.split('.')[1]
+          parts = [sd[f'{stem}.self_attn.{p}_proj.{kind}'] for p in 'qkv']
+          out[_renamed(f'{stem}.attn.in_proj_{kind}', HF_CLIP)] = (
+              np.concatenate(parts))
+      elif name == 'visual_projection.weight':  # Linear: [E, D]
+        out['visual.proj'] = value.T
+      elif name == 'text_projection.weight':
+        out['text_projection'] = value.T
+      else:
+        out[_renamed(name, HF_CLIP)] = value
+    return out, 'Hugging Face CLIP'
+  avion = any(k.startswith(('textual.', 'fc_cls.', 'visual.image_projection'))
+              or '.attn.Wqkv.' in k for k in sd)
+  if not avion:
+    return sd, 'OpenAI/OpenCLIP CLIP'
+  out = {_renamed(name, AVION_CLIP): value for name, value in sd.items()}
+  conv = out.get('visual.conv1.weight')
+  if conv is not None and conv.ndim == 2:  # --use-fast-conv1: (c, y, x)
+    patch = math.isqrt(conv.shape[1] // 3)
+    out['visual.conv1.weight'] = conv.reshape(conv.shape[0], 3, patch, patch)
+  kind = 'video classifier' if 'head.weight' in out else 'CLIP'
+  return out, f'AVION {kind}'
+
+
+def canonical_videomae(sd: dict) -> tuple[dict, str]:
+  """Hugging Face, fine-tuned or AVION VideoMAE names -> the original's.
+
+  The original release names the encoder 'encoder.blocks.<i>.attn.qkv' with
+  separate 'q_bias'/'v_bias' (keys have no bias); fine-tuned checkpoints drop
+  the 'encoder.' prefix; Hugging Face splits query/key/value; AVION's
+  flash-attention blocks have `attn.Wqkv` (one bias) and `attn.out_proj`,
+  and `--channel-last` stores the patch embedding as a Linear over
+  (channel, frame, row, column).
+  """
+  hf = [('videomae.embeddings.patch_embeddings.projection.',
+         'encoder.patch_embed.proj.'),
+        ('videomae.encoder.layer.', 'encoder.blocks.'),
+        ('decoder.decoder_layers.', 'decoder.blocks.'),
+        ('videomae.layernorm.', 'encoder.norm.'),
+        ('fc_norm.', 'encoder.fc_norm.'), ('classifier.', 'encoder.head.'),
+        # in order: 'attention.output.dense' before 'output.dense'
+        ('.attention.attention.', '.attn.'),
+        ('.attention.output.dense.', '.attn.proj.'),
+        ('.layernorm_before.', '.norm1.'), ('.layernorm_after.', '.norm2.'),
+        ('.intermediate.dense.', '.mlp.fc1.'), ('.output.dense.', '.mlp.fc2.')]
+  avion = [('.attn.Wqkv.', '.attn.qkv.'), ('.attn.out_proj.', '.attn.proj.')]
+  is_hf = any(name.startswith('videomae.') for name in sd)
+  is_finetuned = 'patch_embed.proj.weight' in sd
+  is_avion = any('.attn.Wqkv.' in name for name in sd)
+  renamed = {}
+  for name, value in sd.items():
+    if is_hf:
+      name = _renamed(name, hf)
+    elif is_finetuned:
+      name = f'encoder.{name}'
+    renamed[_renamed(name, avion)] = value
+  out = {}
+  for name, value in renamed.items():
+    stem, _, leaf = name.rpartition('.attn.')
+    if leaf == 'query.weight':
+      out[f'{stem}.attn.qkv.weight'] = np.concatenate(
+          [value, renamed[f'{stem}.attn.key.weight'],
+           renamed[f'{stem}.attn.value.weight']])
+    elif leaf in ('key.weight', 'value.weight'):
+      continue
+    elif leaf == 'q_bias':
+      out[f'{stem}.attn.qkv.bias'] = np.concatenate(
+          [value, np.zeros_like(value), renamed[f'{stem}.attn.v_bias']])
+    elif leaf != 'v_bias':
+      out[name] = value
+  for name in list(out):  # blocks trained without QKV bias: zeros are exact
+    if name.endswith('.attn.qkv.weight'):
+      out.setdefault(name.replace('.weight', '.bias'),
+                     np.zeros(out[name].shape[0], np.float32))
+  conv = out.get('encoder.patch_embed.proj.weight')
+  if conv is not None and conv.ndim == 2:
+    # The Linear does not say its tubelet: VideoMAE's is 2 (AVION's only
+    # setting); otherwise the first that leaves a square patch.
+    tubelet = next(t for t in (2, 1, 4, 3) if conv.shape[1] % (3 * t) == 0
+                   and math.isqrt(conv.shape[1] // (3 * t))**2 * 3 * t
+                   == conv.shape[1])
+    patch = math.isqrt(conv.shape[1] // (3 * tubelet))
+    out['encoder.patch_embed.proj.weight'] = conv.reshape(
+        conv.shape[0], 3, tubelet, patch, patch)
+  fmt = 'Hugging Face' if is_hf else 'AVION' if is_avion else 'original'
+  return out, f'VideoMAE ({fmt})'
+
+
+# ------------------------------------------------------ tensor layouts
 
 def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
   """PyTorch conv weight [D, C, (t,) p, p] -> our [t*p*p*C, D] patch kernel.

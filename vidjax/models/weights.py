@@ -1,6 +1,7 @@
 """Weight import: released checkpoints and vidjax runs as loader `Source`s.
 
-Each format's names are mapped here, once, to our parameter paths:
+Every format is mapped to our parameter paths (foreign layouts first become
+OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
 
 * CLIP: OpenAI (the TorchScript `.pt` releases) and OpenCLIP (`.pt`, `.bin`,
   `.safetensors`); Hugging Face `CLIPModel` (split q/k/v); AVION's CLIP
@@ -29,7 +30,8 @@ from flax import nnx
 from vidjax import checkpoint
 from vidjax.models import loader
 from vidjax.models.clip import CLIP
-from vidjax.models.tensor_io import (conv_to_kernel, inflate_kernel,
+from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
+                                     conv_to_kernel, inflate_kernel,
                                      interpolate_pos_embed,
                                      interpolate_temporal, load_state_dict,
                                      to_numpy)
@@ -131,143 +133,6 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
   return tensors, sources, unmatched
 
 
-# ------------------------------------------------ other names -> canonical
-
-def _renamed(name: str, rules) -> str:
-  for old, new in rules:
-    name = name.replace(old, new, 1) if old.startswith('.') else (
-        new + name[len(old):] if name.startswith(old) else name)
-  return name
-
-
-HF_CLIP = [  # transformers' CLIPModel -> OpenAI's names
-    ('vision_model.embeddings.patch_embedding.', 'visual.conv1.'),
-    ('vision_model.embeddings.class_embedding', 'visual.class_embedding'),
-    ('vision_model.embeddings.position_embedding.weight',
-     'visual.positional_embedding'),
-    ('vision_model.pre_layrnorm.', 'visual.ln_pre.'),  # sic
-    ('vision_model.post_layernorm.', 'visual.ln_post.'),
-    ('vision_model.encoder.layers.', 'visual.transformer.resblocks.'),
-    ('text_model.embeddings.token_embedding.', 'token_embedding.'),
-    ('text_model.embeddings.position_embedding.weight',
-     'positional_embedding'),
-    ('text_model.encoder.layers.', 'transformer.resblocks.'),
-    ('text_model.final_layer_norm.', 'ln_final.'),
-    ('.self_attn.out_proj.', '.attn.out_proj.'), ('.layer_norm1.', '.ln_1.'),
-    ('.layer_norm2.', '.ln_2.'), ('.mlp.fc1.', '.mlp.c_fc.'),
-    ('.mlp.fc2.', '.mlp.c_proj.'),
-]
-AVION_CLIP = [  # AVION's CLIP_VITB16 / VideoClassifier -> OpenAI's names
-    ('textual.text_projection', 'text_projection'), ('textual.', ''),
-    ('visual.image_projection', 'visual.proj'),
-    ('.attn.Wqkv.weight', '.attn.in_proj_weight'),
-    ('.attn.Wqkv.bias', '.attn.in_proj_bias'),
-    ('.mlp.fc1.', '.mlp.c_fc.'), ('.mlp.fc2.', '.mlp.c_proj.'),
-    ('fc_cls.', 'head.'),
-]
-# Not parameters: OpenAI's TorchScript extras, Hugging Face's position ids.
-CLIP_EXTRAS = ('input_resolution', 'context_length', 'vocab_size',
-               'vision_model.embeddings.position_ids',
-               'text_model.embeddings.position_ids')
-
-
-def _canonical_clip(sd: dict) -> tuple[dict, str]:
-  """Any CLIP layout -> OpenAI's names and shapes; also names the format."""
-  sd = {k: v for k, v in sd.items() if k not in CLIP_EXTRAS}
-  if 'vision_model.embeddings.patch_embedding.weight' in sd:
-    out = {}
-    for name, value in sd.items():
-      stem, _, leaf = name.rpartition('.self_attn.')
-      if leaf.startswith(('q_proj.', 'k_proj.', 'v_proj.')):
-        if leaf.startswith('q_proj.'):
-          kind = leaf.split('.')[1]
-          parts = [sd[f'{stem}.self_attn.{p}_proj.{kind}'] for p in 'qkv']
-          out[_renamed(f'{stem}.attn.in_proj_{kind}', HF_CLIP)] = (
-              np.concatenate(parts))
-      elif name == 'visual_projection.weight':  # Linear: [E, D]
-        out['visual.proj'] = value.T
-      elif name == 'text_projection.weight':
-        out['text_projection'] = value.T
-      else:
-        out[_renamed(name, HF_CLIP)] = value
-    return out, 'Hugging Face CLIP'
-  avion = any(k.startswith(('textual.', 'fc_cls.', 'visual.image_projection'))
-              or '.attn.Wqkv.' in k for k in sd)
-  if not avion:
-    return sd, 'OpenAI/OpenCLIP CLIP'
-  out = {_renamed(name, AVION_CLIP): value for name, value in sd.items()}
-  conv = out.get('visual.conv1.weight')
-  if conv is not None and conv.ndim == 2:  # --use-fast-conv1: (c, y, x)
-    patch = math.isqrt(conv.shape[1] // 3)
-    out['visual.conv1.weight'] = conv.reshape(conv.shape[0], 3, patch, patch)
-  kind = 'video classifier' if 'head.weight' in out else 'CLIP'
-  return out, f'AVION {kind}'
-
-
-def _canonical_videomae(sd: dict) -> tuple[dict, str]:
-  """Hugging Face, fine-tuned or AVION VideoMAE names -> the original's.
-
-  The original release names the encoder 'encoder.blocks.<i>.attn.qkv' with
-  separate 'q_bias'/'v_bias' (keys have no bias); fine-tuned checkpoints drop
-  the 'encoder.' prefix; Hugging Face splits query/key/value; AVION's
-  flash-attention blocks have `attn.Wqkv` (one bias) and `attn.out_proj`,
-  and `--channel-last` stores the patch embedding as a Linear over
-  (channel, frame, row, column).
-  """
-  hf = [('videomae.embeddings.patch_embeddings.projection.',
-         'encoder.patch_embed.proj.'),
-        ('videomae.encoder.layer.', 'encoder.blocks.'),
-        ('decoder.decoder_layers.', 'decoder.blocks.'),
-        ('videomae.layernorm.', 'encoder.norm.'),
-        ('fc_norm.', 'encoder.fc_norm.'), ('classifier.', 'encoder.head.'),
-        # in order: 'attention.output.dense' before 'output.dense'
-        ('.attention.attention.', '.attn.'),
-        ('.attention.output.dense.', '.attn.proj.'),
-        ('.layernorm_before.', '.norm1.'), ('.layernorm_after.', '.norm2.'),
-        ('.intermediate.dense.', '.mlp.fc1.'), ('.output.dense.', '.mlp.fc2.')]
-  avion = [('.attn.Wqkv.', '.attn.qkv.'), ('.attn.out_proj.', '.attn.proj.')]
-  is_hf = any(name.startswith('videomae.') for name in sd)
-  is_finetuned = 'patch_embed.proj.weight' in sd
-  is_avion = any('.attn.Wqkv.' in name for name in sd)
-  renamed = {}
-  for name, value in sd.items():
-    if is_hf:
-      name = _renamed(name, hf)
-    elif is_finetuned:
-      name = f'encoder.{name}'
-    renamed[_renamed(name, avion)] = value
-  out = {}
-  for name, value in renamed.items():
-    stem, _, leaf = name.rpartition('.attn.')
-    if leaf == 'query.weight':
-      out[f'{stem}.attn.qkv.weight'] = np.concatenate(
-          [value, renamed[f'{stem}.attn.key.weight'],
-           renamed[f'{stem}.attn.value.weight']])
-    elif leaf in ('key.weight', 'value.weight'):
-      continue
-    elif leaf == 'q_bias':
-      out[f'{stem}.attn.qkv.bias'] = np.concatenate(
-          [value, np.zeros_like(value), renamed[f'{stem}.attn.v_bias']])
-    elif leaf != 'v_bias':
-      out[name] = value
-  for name in list(out):  # blocks trained without QKV bias: zeros are exact
-    if name.endswith('.attn.qkv.weight'):
-      out.setdefault(name.replace('.weight', '.bias'),
-                     np.zeros(out[name].shape[0], np.float32))
-  conv = out.get('encoder.patch_embed.proj.weight')
-  if conv is not None and conv.ndim == 2:
-    # The Linear does not say its tubelet: VideoMAE's is 2 (AVION's only
-    # setting); otherwise the first that leaves a square patch.
-    tubelet = next(t for t in (2, 1, 4, 3) if conv.shape[1] % (3 * t) == 0
-                   and math.isqrt(conv.shape[1] // (3 * t))**2 * 3 * t
-                   == conv.shape[1])
-    patch = math.isqrt(conv.shape[1] // (3 * tubelet))
-    out['encoder.patch_embed.proj.weight'] = conv.reshape(
-        conv.shape[0], 3, tubelet, patch, patch)
-  fmt = 'Hugging Face' if is_hf else 'AVION' if is_avion else 'original'
-  return out, f'VideoMAE ({fmt})'
-
-
 # ------------------------------------------------------------------ sources
 
 def convert(state_dict: dict, description: str = 'state dict'
@@ -289,7 +154,7 @@ def convert(state_dict: dict, description: str = 'state dict'
         "these weights do not apply. Use AVION's checkpoints or a CLIP")
   if any(k.startswith(('visual.conv1.', 'vision_model.', 'textual.'))
          for k in sd):
-    sd, fmt = _canonical_clip(sd)
+    sd, fmt = canonical_clip(sd)
     tensors, names, unexpected = _rename(sd, CLIP_NAMES)
     kind = 'classifier' if 'head.kernel' in tensors else 'clip'
     if kind == 'classifier':
@@ -300,7 +165,7 @@ def convert(state_dict: dict, description: str = 'state dict'
                          unexpected, tubelet=1, backbone='clip')
   if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
          for k in sd):
-    sd, fmt = _canonical_videomae(sd)
+    sd, fmt = canonical_videomae(sd)
     tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
     finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
                     for k in sd)
