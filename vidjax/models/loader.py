@@ -171,6 +171,28 @@ def _fit(path: str, value: np.ndarray, shape: tuple, *, inflate: int,
   return None, ''
 
 
+def _renamed(source: Source, change: TaskChange, keep_init: tuple,
+             report: Report) -> dict[str, tuple[np.ndarray, str]]:
+  """The source's tensors the target may use, under the target's paths:
+  {path: (array, name in the source)}. The rest go to `report.dropped`."""
+  tensors = {}
+  for path, value in source.tensors.items():
+    name = source.names.get(path, path)
+    why = _match(path, change.drop)
+    if why is None:
+      for old, new in change.rename:
+        if path.startswith(old):
+          path = new + path[len(old):]
+          break
+      if path.startswith(keep_init):
+        why = 'config.init_keep'
+    if why:
+      report.dropped[name] = why
+    else:
+      tensors[path] = value, name
+  return tensors
+
+
 def fill(target: dict[str, tuple], source: Source, kind: str, *,
          tubelet: int = 1, keep_init=(), patch_inflation: str = 'center'
          ) -> tuple[dict[str, np.ndarray], Report]:
@@ -199,21 +221,7 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
                         f'it cannot initialise a {kind} model')
   report = Report(source.description, f'{source.kind} -> {kind}')
   keep_init = tuple(keep_init)
-  tensors = {}
-  for path, value in source.tensors.items():
-    name = source.names.get(path, path)
-    why = _match(path, change.drop)
-    if why is None:
-      for old, new in change.rename:
-        if path.startswith(old):
-          path = new + path[len(old):]
-          break
-      if path.startswith(keep_init):
-        why = 'config.init_keep'
-    if why:
-      report.dropped[name] = why
-    else:
-      tensors[path] = value, name
+  tensors = _renamed(source, change, keep_init, report)
   values, missing, mismatched, used = {}, [], [], set()
   for path, shape in sorted(target.items()):
     stacked = re.search(r'\.layers\.(?!\d)', path) is not None
