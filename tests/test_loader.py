@@ -153,3 +153,10 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
   assert written['change'] == 'clip -> classifier'
   assert written['dropped']['text.pos_embed'] == (
       'the classifier has no text tower')
+
+
+def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
+  (tmp_path / 'model.safetensors').write_bytes(b'')
+  with pytest.raises(FileNotFoundError, match=r"no complete vidjax checkpoint"
+                     r".*name it: \['model.safetensors'\]"):
+    weights.read_source(str(tmp_path))

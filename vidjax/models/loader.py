@@ -122,7 +122,7 @@ class Report:
 
   def summary(self) -> str:
     """A few lines for the start-up log; names grouped by reason."""
-    lines = [f'{self.source} ({self.change}): {len(self.loaded)} loaded, '
+    lines = [f'{self.source}, {self.change}: {len(self.loaded)} loaded, '
              f'{len(self.resized)} resized, {len(self.dropped)} dropped, '
              f'{len(self.fresh)} at their initial values']
     lines += [f'  resized {name}: {how}' for name, how in self.resized.items()]

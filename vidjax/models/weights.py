@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from vidjax import checkpoint
-from vidjax.models import loader
+from vidjax.models import loader, tensor_io
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
                                      conv_to_kernel, inflate_kernel,
@@ -212,9 +212,12 @@ def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
   if os.path.isdir(path):
     directory, step = checkpoint.find_checkpoint(path, prefer_best=True)
     if step is None:
+      files = sorted(f for f in os.listdir(path) if f.endswith(
+          ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
       raise FileNotFoundError(
           f'{path}: no complete vidjax checkpoint (expected a workdir, its '
-          'checkpoints/ directory or one step directory)')
+          'checkpoints/ directory or one step directory)'
+          + (f'; to load a weights file, name it: {files}' if files else ''))
     params, config = checkpoint.read_params(directory, step)
     return _vidjax_source(params, config, os.path.join(directory, str(step)))
   return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
