@@ -21,8 +21,10 @@ parameters are read with `read_params`); else scratch.
 Best checkpoint: with `checkpoint.best_metric` set (a metric name as in
 metrics.jsonl, e.g. 'eval/mAP_avg') each evaluation that improves it is
 saved and recorded in `checkpoints/best.json`; that step outlives
-`checkpoint.keep`, and `init_from=WORKDIR` loads it. SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop
-checks each step to save and exit; rerunning the command resumes.
+`checkpoint.keep`, and `init_from=WORKDIR` loads it.
+
+SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop checks each
+step to save and exit; rerunning the command resumes.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ class Checkpointer:
                         metadata={"config": config.to_dict()})
     ...
     ckpt.save(step, state, data_state=prefetcher.get_state(), rng=rng)
+    ckpt.record_eval(step, eval_metrics, state)  # keeps the best (best_metric)
     ...
     ckpt.close()  # waits for the last asynchronous save
   """
