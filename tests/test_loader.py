@@ -119,6 +119,10 @@ def test_load_params_puts_each_array_on_the_live_sharding():
   np.testing.assert_array_equal(params['head']['kernel'][...], 7.0)  # fresh
   for new, old in zip(jax.tree.leaves(params), jax.tree.leaves(live)):
     assert new.sharding == old.sharding
+  model_config.backbone = 'videomae'
+  with pytest.raises(loader.InitFromError, match="has a clip backbone but "
+                     "config.model.backbone is 'videomae'"):
+    loader.load_params(live, model_config, weights.convert(sd))
 
 
 def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):

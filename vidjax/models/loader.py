@@ -314,6 +314,10 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     (params with the loaded values, `Report`). Parameters the source does
     not provide keep their value.
   """
+  backbone = model_config.get('backbone', '')
+  if model_config.name == 'classifier' and backbone not in ('', source.backbone):
+    raise InitFromError(f'{source.description} has a {source.backbone} '
+                        f"backbone but config.model.backbone is {backbone!r}")
   leaves = {path_name(k): v for k, v in
             jax.tree_util.tree_flatten_with_path(params)[0]}
   values, report = fill(
