@@ -78,6 +78,26 @@ Ego4D evaluation file to a few thousand clips, since its similarity matrix is
 N x N. With less GPU memory, raise `accum_steps` (the global batch stays
 2048) or keep `model.remat='full'`.
 
+The run evaluates zero-shot EK-100 MIR every `eval.every_steps`
+(`eval.sets.ek100_mir`) and keeps its best checkpoint by
+`checkpoint.best_metric`, `eval/ek100_mir/mAP_avg` as in AVION (recorded in
+WORKDIR/checkpoints/best.json, kept whatever `checkpoint.keep` says);
+`--config.init_from=/runs/clip_vitb16_ego4d` in the fine-tuning recipes
+loads that one (else the latest). Without the EK-100 files the set is
+skipped (said at start-up): then point `checkpoint.best_metric` at
+`eval/t2v_r1`. Zero-shot MIR alone, no
+training: `configs/ek100_mir_ft.py` with `--mode eval`, 4 frames and
+`--config.init_from=/runs/clip_vitb16_ego4d` (see its docstring). The whole
+chain, pretraining to fine-tuning: README, "The AVION chain".
+
+Matching AVION's code exactly: its towers run exact GELU on OpenAI's
+QuickGELU weights (its `use_quick_gelu=True` is swallowed by `**kwargs`):
+add `--config.model.act=gelu`. The default, QuickGELU, is what the weights
+were trained with. (AVION's vision tower also uses LayerNorm eps 1e-6 where
+OpenAI's uses 1e-5; vidjax keeps 1e-5, a negligible difference.) The
+released `ViT-B-16.pt` is a TorchScript archive: it is read as such, and
+pickled files run no code unless `--config.init_allow_pickle=True`.
+
 AVION's reported numbers (not ours), zero-shot EK-100 MIR: baseline average
 mAP 27.4 (README) and 27.5 / 28.4, average nDCG 29.1 / 29.5
 (docs/MODEL_ZOO.md, its two figures), after ~130 GPU-hours; `:lavila`
@@ -117,7 +137,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fsdp = 1
   c.resume = ""
   c.init_from = ""  # OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
-  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION.
+  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
+  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION,
+  # when starting from released weights (a vidjax run's are all loaded).
   c.init_keep = ("visual.proj", "text.proj", "logit_scale")
   c.peak_tflops = 0.0  # Per device; 0 = look the device kind up.
 
@@ -152,7 +174,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       every_steps=STEPS_PER_EPOCH, batch_size=1024, relevancy="",
       sentences="", save_embeddings=False,
       sets=ml_collections.ConfigDict(dict(ek100_mir=_ek100_mir_set()))))
-  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, keep=2))
+  # AVION keeps checkpoint_best by zero-shot EK-100 MIR average mAP.
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=1000, keep=2, best_metric="eval/ek100_mir/mAP_avg",
+      best_mode="max"))
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
 
   if arg == "debug":
@@ -184,7 +209,11 @@ def _lavila(c: ml_collections.ConfigDict) -> None:
 def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU; both sets
   evaluated (the corpus has EK-100's retrieval files) and their embeddings
-  saved."""
+  saved.
+
+  The tiny backbone is every :debug recipe's, so this run's checkpoints
+  initialise the :debug fine-tunes (`ek100_mir_ft.py`, `ek100_cls_ft.py`).
+  """
   config_lib.debug_on_synthetic(c, format="jsonl")
   c.eval.save_embeddings = True
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,

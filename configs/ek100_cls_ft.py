@@ -24,16 +24,27 @@ One 8-GPU machine (batch 64 per GPU, as AVION):
     A=/data/epic-kitchens-100-annotations
     python -m vidjax.main --config configs/ek100_cls_ft.py \
         --workdir /runs/ek100_cls_ft \
-        --config.init_from=/runs/clip_vitb16_ego4d/checkpoints/9765 \
+        --config.init_from=/runs/clip_vitb16_ego4d \
         --config.data.root=/data/ek100_chunks \
         --config.data.train_annotations=$A/EPIC_100_train.csv \
         --config.data.eval_annotations=$A/EPIC_100_validation.csv
 
 All paths are the user's to give (they default to ''). `init_from` is the
-contrastive checkpoint (AVION: --pretrain-model); its vision tower becomes the
-backbone, its 4-frame temporal embedding is interpolated to 16 frames, and the
-head starts fresh (std 0.01). Both CSVs are needed: action ids come from
-their union, sorted as LaViLa/AVION number them.
+contrastive checkpoint (AVION: --pretrain-model): a vidjax workdir (its best
+checkpoint, else the latest), a step directory, or AVION's released
+`checkpoint_best.pt`. Its vision tower becomes the backbone (the text tower,
+the projection and the temperature are dropped), its 4-frame temporal
+embedding is interpolated to 16 frames, and the head starts fresh (std
+0.01); WORKDIR/init_from.json lists all of it. Both CSVs are needed: action
+ids come from their union, sorted as LaViLa/AVION number them. The run
+keeps its best checkpoint by action top-1, as AVION does; `--mode eval
+--config.init_from=avion_finetune_cls_lavila_vitb_best.pt` evaluates
+AVION's released classifier.
+
+Matching AVION's code exactly: its classifier gives every block the same
+drop-path rate (`--config.model.drop_path_schedule=uniform`; the default
+ramps linearly from 0, as the ViT recipe it cites) and runs exact GELU on
+the QuickGELU weights (`--config.model.act=gelu`).
 
 AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1
 verb / noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D
@@ -69,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fsdp = 1
   c.resume = ""
   c.init_from = ""  # The contrastive checkpoint (AVION: --pretrain-model).
+  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
   c.peak_tflops = 0.0
 
   c.data = pipeline.default_data_config()
@@ -107,7 +119,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
       batch_size=512))
   c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2))
+      every_steps=5 * STEPS_PER_EPOCH, keep=2,
+      best_metric="eval/top1", best_mode="max"))  # AVION: best action top-1
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
 
   if arg == "debug":
@@ -122,7 +135,8 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU.
 
   The corpus's `ek100_{train,val}.csv` are in the EK-100 action layout
-  (verb = motion, noun = coloured shape).
+  (verb = motion, noun = coloured shape). The backbone is every :debug
+  recipe's: `clip_vitb16_ego4d.py:debug` checkpoints initialise it.
   """
   config_lib.debug_on_synthetic(c)
   # The head must have exactly as many classes as the action map of the

@@ -23,16 +23,22 @@ One 8-GPU machine (batch 32 per GPU, as AVION):
 
     python -m vidjax.main --config configs/k400_ft.py \
         --workdir /runs/k400_ft \
-        --config.init_from=/runs/videomae_vitb_k400/checkpoints/749600 \
+        --config.init_from=/runs/videomae_vitb_k400 \
         --config.data.root=/data/k400_chunks \
         --config.data.train_annotations=/data/k400/annotations/train.csv \
         --config.data.eval_annotations=/data/k400/annotations/val.csv
 
 Paths are the user's to give (they default to ''). `init_from` is the
-pretrained VideoMAE (AVION: --finetune checkpoint_00800.pt); the decoder is
-dropped and the head starts fresh. Class ids: the class names of each CSV,
-sorted (both splits list all 400); AVION's lists carry the ids. `total_steps`
-assumes 240,000 training clips: set it to 100 x (your clips // 256) to match.
+pretrained VideoMAE (AVION: --finetune checkpoint_00800.pt): a vidjax
+workdir (its latest checkpoint), a step directory, or a released VideoMAE
+checkpoint (original, Hugging Face or AVION's). The decoder is dropped, and
+the head and the pooled norm (fc_norm) start fresh, as in VideoMAE;
+WORKDIR/init_from.json lists all of it. The run keeps its best checkpoint
+by top-1, as AVION does; `--mode eval --config.init_from=...` evaluates
+released fine-tuned weights. Class ids: the class names of each CSV,
+sorted (both splits list all 400); AVION's lists carry the ids.
+`total_steps` assumes 240,000 training clips: set it to 100 x (your clips //
+256) to match.
 
 AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
 (README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch
@@ -66,6 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fsdp = 1
   c.resume = ""
   c.init_from = ""  # The VideoMAE pretraining checkpoint (AVION: --finetune).
+  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
   c.peak_tflops = 0.0
 
   c.data = pipeline.default_data_config()
@@ -108,7 +115,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=10 * STEPS_PER_EPOCH, batch_size=240))  # 16 clips x 15 views
   c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2))
+      every_steps=5 * STEPS_PER_EPOCH, keep=2,
+      best_metric="eval/top1", best_mode="max"))  # AVION: best top-1
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
 
   if arg == "debug":
@@ -123,7 +131,9 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU, with the
   recipe's augmentations (RandAugment, random erasing, mixup/cutmix).
 
-  The corpus has no Kinetics CSV; its JSONL has 48 classes.
+  The corpus has no Kinetics CSV; its JSONL has 48 classes. The backbone
+  is every :debug recipe's: `videomae_vitb_k400_pretrain.py:debug`
+  checkpoints initialise it.
   """
   config_lib.debug_on_synthetic(c, format="jsonl", stride=4)
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,

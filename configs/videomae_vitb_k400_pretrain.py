@@ -6,7 +6,8 @@ frames) that sees 10% of the tubes (tube masking, ratio 0.9), and a 4-layer
 pixels (MSE), from scratch, for 800 epochs of the ~240k Kinetics-400
 training clips with Lion (AVION's choice), global batch 256, cosine decay
 after 40 warmup epochs. Evaluation: the same loss on held-out clips
-(`eval/loss`). Fine-tune the result with `configs/k400_ft.py`.
+(`eval/loss`). Fine-tune the result with `configs/k400_ft.py`
+(`--config.init_from=/runs/videomae_vitb_k400`: its latest checkpoint).
 
 Data, once:
 
@@ -68,6 +69,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fsdp = 1
   c.resume = ""
   c.init_from = ""  # From scratch (pretrained=False).
+  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
   c.peak_tflops = 0.0
 
   c.data = pipeline.default_data_config()
@@ -100,8 +102,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD))
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=100 * STEPS_PER_EPOCH, batch_size=256))
+  # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
   c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2))
+      every_steps=5 * STEPS_PER_EPOCH, keep=2, best_metric="", best_mode="min"))
   c.log = ml_collections.ConfigDict(dict(every_steps=50))
 
   if arg == "debug":
@@ -115,9 +118,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def _debug(c: ml_collections.ConfigDict) -> None:
   """2 steps of a tiny model on the synthetic corpus, on CPU.
 
-  The corpus has no Kinetics CSV; its JSONL carries the same fields.
+  The corpus has no Kinetics CSV; its JSONL carries the same fields. The
+  backbone is every :debug recipe's, so these checkpoints initialise
+  `k400_ft.py:debug`.
   """
   config_lib.debug_on_synthetic(c, format="jsonl", stride=4)
   c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
                  num_frames=4, dtype="float32")
   c.model.decoder.update(width=32, depth=1, heads=2)
+  # No warmup: 2 steps that train, so the checkpoint is not the init.
+  c.optim.warmup_steps = 0

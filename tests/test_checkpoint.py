@@ -146,9 +146,11 @@ def test_resolve_start_order(tmp_path):
 
 def test_from_config_reads_checkpoint_keys(tmp_path):
   config = ml_collections.ConfigDict(
-      {"checkpoint": {"every_steps": 7, "keep": 1, "async_save": False}})
+      {"checkpoint": {"every_steps": 7, "keep": 1, "async_save": False,
+                      "best_metric": "eval/loss", "best_mode": "min"}})
   with checkpoint.Checkpointer.from_config(tmp_path, config) as ckpt:
     assert ckpt.every_steps == 7 and ckpt.should_save(14) and not ckpt.should_save(0)
+    assert (ckpt.best_metric, ckpt.best_mode) == ("eval/loss", "min")
     assert str(ckpt.directory) == checkpoint.checkpoint_dir(tmp_path)
 
 
@@ -169,3 +171,49 @@ def test_second_sigint_interrupts():
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
+  mesh = sharding.make_mesh()
+  directory = checkpoint.checkpoint_dir(tmp_path)
+  scores = {2: 0.1, 4: 0.5, 6: 0.3, 8: 0.2, 10: 0.4, 12: 0.5}  # 12: a tie
+  with checkpoint.Checkpointer(directory, every_steps=2, keep=2,
+                               best_metric="eval/mAP_avg") as ckpt:
+    for step in range(1, 13):
+      ckpt.save(step, _state(mesh, scale=step))
+      if step in scores:
+        ckpt.record_eval(step, {"eval/mAP_avg": scores[step], "eval/top1": 0.9},
+                         _state(mesh, scale=step))
+    ckpt.wait_until_finished()
+    assert ckpt.all_steps() == [4, 10, 12]  # The last 2, and the best.
+  best = {"metric": "eval/mAP_avg", "mode": "max", "step": 4, "value": 0.5}
+  assert checkpoint.read_best(directory) == best
+  assert checkpoint.find_checkpoint(tmp_path, prefer_best=True) == (directory, 4)
+  assert checkpoint.find_checkpoint(tmp_path) == (directory, 12)
+
+  # A resumed run keeps the record; a better step off the schedule is saved.
+  with checkpoint.Checkpointer(directory, every_steps=100, keep=2,
+                               best_metric="eval/mAP_avg") as ckpt:
+    assert ckpt.best == best
+    assert not ckpt.record_eval(13, {"eval/mAP_avg": 0.45}, _state(mesh))
+    assert ckpt.record_eval(15, {"eval/mAP_avg": 0.6}, _state(mesh, scale=15))
+    ckpt.wait_until_finished()
+    assert ckpt.all_steps() == [12, 15]  # The old best is let go.
+  restored = checkpoint.restore_checkpoint(directory, _state(mesh), step=15)
+  np.testing.assert_array_equal(restored.state["params"]["b"], np.full(4, 15.0))
+  assert checkpoint.read_best(directory)["step"] == 15
+
+
+def test_best_mode_min_nan_and_a_metric_the_eval_lacks(tmp_path):
+  mesh = sharding.make_mesh()
+  state = _state(mesh)
+  with checkpoint.Checkpointer(tmp_path, every_steps=1, keep=1,
+                               best_metric="eval/loss", best_mode="min") as ckpt:
+    assert not ckpt.record_eval(1, {"eval/loss": float("nan")}, state)
+    assert ckpt.record_eval(2, {"eval/loss": 2.0}, state)
+    assert not ckpt.record_eval(3, {"eval/loss": 3.0}, state)
+    assert ckpt.record_eval(4, {"eval/loss": 1.0}, state)
+    assert not ckpt.record_eval(5, {"eval/top1": 1.0}, state)  # Warns once.
+    assert ckpt.best["step"] == 4
+  with pytest.raises(ValueError, match="best_mode must be 'max' or 'min'"):
+    checkpoint.Checkpointer(tmp_path, every_steps=1, best_mode="best")

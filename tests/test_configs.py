@@ -1,7 +1,6 @@
 """The recipes in configs/: each builds, validates for one 8-GPU machine, and
 its `:debug` variant trains 2 steps and evaluates on CPU (synthetic corpus)."""
 import math
-import shutil
 from pathlib import Path
 
 import jax
@@ -9,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vidjax import augment, models, optim, tasks, train
+import debug_runs
+from vidjax import augment, models, optim, tasks
 from vidjax import config as config_lib
 from vidjax import logging as log_lib
 from vidjax.data import annotations, synthetic
@@ -100,13 +100,11 @@ def test_synthetic_relevancy_grades_shared_verb_and_noun(corpora):
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path, corpora):
-  config = load(name, "debug")
-  # The run uses a complete corpus it finds in WORKDIR/synthetic as it is.
-  shutil.copytree(corpora(config.data.synthetic), tmp_path / "synthetic")
-  returned = train.train_and_evaluate(config, tmp_path)
+def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
+  # One run per recipe for the session, shared with test_handoff.py.
+  workdir, returned = debug_runs.run(tmp_path_factory, name)
 
-  rows = log_lib.read_metrics(tmp_path)
+  rows = log_lib.read_metrics(workdir)
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
   assert sorted(losses) == [1, 2]
   assert all(math.isfinite(v) for v in losses.values())
@@ -118,7 +116,8 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path, corpora):
   for key in ("eval/mAP_avg", "eval/ek100_mir/mAP_avg"):
     if key in final:
       assert 0 < final[key] <= 1
+  config = load(name, "debug")
   if config.eval.get("save_embeddings", False):  # One file per set and eval.
-    for name in [""] + list(config.eval.get("sets", {})):
-      saved = np.load(tmp_path / "embeddings" / name / "step_2.npz")
+    for set_name in [""] + list(config.eval.get("sets", {})):
+      saved = np.load(workdir / "embeddings" / set_name / "step_2.npz")
       assert saved["video"].shape[1] == saved["text"].shape[1]

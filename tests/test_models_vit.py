@@ -139,3 +139,17 @@ def test_vit_b16_four_frames_forward_and_backward_on_cpu():
   assert np.isfinite(loss)
   assert g['visual']['patch_embed']['kernel'].shape == (768, 768)
   assert np.isfinite(np.asarray(g['visual']['patch_embed']['kernel'])).all()
+
+
+def test_drop_path_schedule_linear_or_uniform_per_block():
+  config = default_model_config('classifier')
+  config.update(width=32, depth=4, heads=2, image_size=32, num_frames=2,
+                drop_path=0.3)
+  for schedule, rates in (('linear', (0.0, 0.1, 0.2, 0.3)),
+                          ('uniform', (0.3,) * 4)):  # AVION's CLIP classifier
+    config.drop_path_schedule = schedule
+    model = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+    np.testing.assert_allclose(model.encoder.blocks.drop_rates, rates)
+  config.drop_path_schedule = 'cosine'
+  with pytest.raises(ValueError, match="drop_path_schedule must be one of"):
+    build_model(config, rngs=nnx.Rngs(0))

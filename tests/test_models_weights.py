@@ -2,7 +2,9 @@
 
 The CLIP checks compare against a small numpy implementation of OpenAI's
 CLIP written from its state-dict names, so they run without torch; the
-OpenCLIP comparison is in test_models_clip_parity.py.
+other layouts (Hugging Face, AVION) are checked to give the same tensors as
+the names they rename. The OpenCLIP comparison (OpenAI's TorchScript
+archive, AVION's checkpoint) is in test_models_clip_parity.py.
 """
 
 import json
@@ -178,7 +180,7 @@ def test_mismatch_lists_missing_unexpected_and_shapes():
   assert 'missing (1): visual.norm.bias' in message
   assert 'unexpected (1): visual.extra_thing' in message
   assert 'visual.transformer.resblocks.1.mlp.c_fc.bias (7,)' in message
-  with pytest.raises(ValueError, match="not a CLIP state dict.*'visual.conv1"):
+  with pytest.raises(ValueError, match="not a CLIP or VideoMAE.*'a'"):
     weights.clip_from_state_dict({'a': np.zeros(1)})
 
 
@@ -207,8 +209,11 @@ def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
     loaded = weights.load_state_dict(str(tmp_path / name))
     assert loaded.keys() == sd.keys()
     np.testing.assert_array_equal(loaded['visual.proj'], sd['visual.proj'])
-  with pytest.raises(ValueError, match='unknown checkpoint format'):
+  (tmp_path / 'clip.h5').write_bytes(b'x')
+  with pytest.raises(ValueError, match='clip.h5: unknown checkpoint format'):
     weights.load_state_dict(str(tmp_path / 'clip.h5'))
+  with pytest.raises(FileNotFoundError, match='nope.pt'):
+    weights.load_state_dict(str(tmp_path / 'nope.pt'))
   torch = pytest.importorskip('torch')
   torch.save(
     {
@@ -374,3 +379,139 @@ def test_classifier_from_videomae_and_clip_checkpoints():
     from_clip.encoder.class_token[...], sd['visual.class_embedding']
   )
   assert from_clip.encoder.pool == 'token' and from_clip.encoder.proj is None
+
+
+def to_hugging_face_clip(sd):
+  """The same weights under transformers' CLIPModel names (split q/k/v)."""
+  prefixes = (
+    ('visual.conv1.', 'vision_model.embeddings.patch_embedding.'),
+    ('visual.class_embedding', 'vision_model.embeddings.class_embedding'),
+    (
+      'visual.positional_embedding',
+      'vision_model.embeddings.position_embedding.weight',
+    ),
+    ('visual.ln_pre.', 'vision_model.pre_layrnorm.'),
+    ('visual.ln_post.', 'vision_model.post_layernorm.'),
+    ('visual.transformer.resblocks.', 'vision_model.encoder.layers.'),
+    ('token_embedding.', 'text_model.embeddings.token_embedding.'),
+    ('positional_embedding', 'text_model.embeddings.position_embedding.weight'),
+    ('transformer.resblocks.', 'text_model.encoder.layers.'),
+    ('ln_final.', 'text_model.final_layer_norm.'),
+  )
+  parts = (
+    ('.ln_1.', '.layer_norm1.'),
+    ('.ln_2.', '.layer_norm2.'),
+    ('.mlp.c_fc.', '.mlp.fc1.'),
+    ('.mlp.c_proj.', '.mlp.fc2.'),
+    ('.attn.out_proj.', '.self_attn.out_proj.'),
+  )
+  out = {'text_model.embeddings.position_ids': np.arange(CONTEXT)[None]}
+  for name, value in sd.items():
+    if name in ('visual.proj', 'text_projection'):  # Linear weights [E, D]
+      key = 'visual_projection' if name == 'visual.proj' else 'text_projection'
+      out[f'{key}.weight'] = value.T
+      continue
+    for old, new in prefixes:
+      if name.startswith(old):
+        name = new + name[len(old) :]
+        break
+    for old, new in parts:
+      name = name.replace(old, new)
+    if '.attn.in_proj_' in name:
+      stem, kind = name.split('.attn.in_proj_')
+      for part, array in zip('qkv', np.split(value, 3)):
+        out[f'{stem}.self_attn.{part}_proj.{kind}'] = array
+    else:
+      out[name] = value
+  return out
+
+
+def assert_same_source(a, b):
+  assert a.kind == b.kind and a.tensors.keys() == b.tensors.keys()
+  for path in a.tensors:
+    np.testing.assert_array_equal(a.tensors[path], b.tensors[path], path)
+
+
+def test_hugging_face_clip_names_give_the_same_tensors():
+  sd = random_clip_state_dict()
+  hf = weights.convert(to_hugging_face_clip(sd), 'hf')
+  assert hf.description == 'hf (Hugging Face CLIP)' and not hf.unexpected
+  assert_same_source(hf, weights.convert(sd))
+
+
+def to_avion_videomae(sd, finetuned=False):
+  """AVION's --use-flash-attn --channel-last names for the same weights."""
+  out = {}
+  for name, value in sd.items():
+    stem, _, leaf = name.rpartition('.attn.')
+    if leaf == 'q_bias':  # Its fine-tuning script builds the one bias so.
+      v_bias = sd[f'{stem}.attn.v_bias']
+      value = np.concatenate([value, np.zeros_like(value), v_bias])
+      name = f'{stem}.attn.Wqkv.bias'
+    elif leaf == 'v_bias':
+      continue
+    name = name.replace('.attn.qkv.', '.attn.Wqkv.')
+    name = name.replace('.attn.proj.', '.attn.out_proj.')
+    if name.endswith('patch_embed.proj.weight'):  # Linear over (c, t, y, x)
+      value = value.reshape(value.shape[0], -1)
+    if finetuned:
+      name = name.removeprefix('encoder.')
+    out[name] = value
+  return out
+
+
+def test_avion_videomae_names_give_the_same_tensors():
+  sd = random_videomae_state_dict()
+  avion = weights.convert(to_avion_videomae(sd), 'avion')
+  assert avion.description == 'avion (VideoMAE (AVION))'
+  assert avion.kind == 'videomae' and avion.tubelet == 2
+  assert_same_source(avion, weights.convert(sd))
+  encoder = {k: v for k, v in sd.items() if k.startswith('encoder.blocks')}
+  encoder['encoder.patch_embed.proj.weight'] = sd[
+    'encoder.patch_embed.proj.weight'
+  ]
+  encoder['encoder.fc_norm.weight'] = np.ones(64, np.float32)
+  encoder['encoder.fc_norm.bias'] = np.zeros(64, np.float32)
+  finetuned = weights.convert(to_avion_videomae(encoder, finetuned=True))
+  assert finetuned.kind == 'classifier' and finetuned.backbone == 'videomae'
+  np.testing.assert_array_equal(
+    finetuned.tensors['encoder.norm.scale'], np.ones(64)
+  )
+
+
+def test_lavila_timesformer_is_refused_with_the_reason():
+  sd = {
+    'visual.cls_token': np.zeros((1, 1, 8), np.float32),
+    'visual.blocks.0.timeattn.qkv.weight': np.zeros((24, 8), np.float32),
+  }
+  with pytest.raises(ValueError, match='lavila.pt: a TimeSformer'):
+    weights.convert(sd, 'lavila.pt')
+
+
+class NotATensor:
+  """A class a pickle can only build by running code."""
+
+
+def test_pickles_run_no_code_unless_allowed(tmp_path):
+  torch = pytest.importorskip('torch')
+  sd = {'visual.proj': torch.zeros(2, 2)}
+  path = tmp_path / 'trainer_state.pt'
+  torch.save({'state_dict': sd, 'trainer': NotATensor()}, path)
+  with pytest.raises(ValueError, match='init_allow_pickle=True') as error:
+    weights.load_state_dict(str(path))
+  assert str(path) in str(error.value) and 'NotATensor' in str(error.value)
+  loaded = weights.load_state_dict(str(path), allow_pickle=True)
+  assert list(loaded) == ['visual.proj']
+
+
+def test_temporal_table_resized_as_avion():
+  torch = pytest.importorskip('torch')
+  table = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+  # AVION's inflate_positional_embeds with load_temporal_fix='bilinear'.
+  expected = torch.nn.functional.interpolate(
+    torch.from_numpy(table)[None, None], (16, 6), mode='bilinear'
+  )[0, 0].numpy()
+  np.testing.assert_allclose(
+    weights.interpolate_temporal(table, 16), expected, atol=1e-6
+  )
+  np.testing.assert_array_equal(weights.interpolate_temporal(table, 2), table[:2])

@@ -15,15 +15,23 @@ mid-save leaves a temporary directory that is never picked up.
 
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
-`config.init_from` (weights only, loaded by the models module); else
-scratch. SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop
-checks each step to save and exit; rerunning the command resumes.
+`config.init_from` (weights only, loaded by `models.loader`; a vidjax run's
+parameters are read with `read_params`); else scratch.
+
+Best checkpoint: with `checkpoint.best_metric` set (a metric name as in
+metrics.jsonl, e.g. 'eval/mAP_avg') each evaluation that improves it is
+saved and recorded in `checkpoints/best.json`; that step outlives
+`checkpoint.keep`, and `init_from=WORKDIR` loads it.
+
+SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop checks each
+step to save and exit; rerunning the command resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import threading
@@ -176,33 +184,50 @@ class Checkpointer:
                         metadata={"config": config.to_dict()})
     ...
     ckpt.save(step, state, data_state=prefetcher.get_state(), rng=rng)
+    ckpt.record_eval(step, eval_metrics, state)  # keeps the best (best_metric)
     ...
     ckpt.close()  # waits for the last asynchronous save
   """
 
   def __init__(self, directory, *, every_steps: int, keep: int | None = 3,
-               async_save: bool = True, metadata: dict | None = None):
+               async_save: bool = True, metadata: dict | None = None,
+               best_metric: str = "", best_mode: str = "max"):
     if every_steps <= 0:
       raise ValueError(f"checkpoint.every_steps must be > 0, got {every_steps}")
+    if best_mode not in ("max", "min"):
+      raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {best_mode!r}")
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
+    self.best_metric, self.best_mode = best_metric, best_mode
+    self.best = read_best(directory) if best_metric else None
+    if self.best and (self.best["metric"], self.best["mode"]) != (best_metric, best_mode):
+      self.best = None  # Another metric now: start the record over.
+    self._warned_no_metric = False
     if jax.process_count() > 1:
       # Other processes may still be checking whether this directory exists
       # (resolve_start); creating it first would desync Orbax's barriers.
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices("vidjax:Checkpointer")
-    # The save policy is ours (`should_save`); Orbax only keeps the last K.
+    # The save policy is ours (`should_save`); Orbax only keeps the last K
+    # (and the best step, when one is tracked).
+    keeping = {"max_to_keep": keep}
+    if keep and best_metric:
+      policies = ocp.checkpoint_managers
+      keeping = {"preservation_policy": policies.AnyPreservationPolicy(
+          [policies.LatestN(n=keep), _KeepBest(self)])}
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=async_save))
+        create=True, enable_async_checkpointing=async_save, **keeping))
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
-    """Reads `checkpoint.every_steps`, `.keep` (3), `.async_save` (True)."""
+    """Reads `checkpoint.every_steps`, `.keep` (3), `.async_save` (True),
+    `.best_metric` ('' = none) and `.best_mode` ('max')."""
     ck = config.checkpoint
     return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
                keep=ck.get("keep", 3), async_save=ck.get("async_save", True),
-               **kwargs)
+               best_metric=ck.get("best_metric", ""),
+               best_mode=ck.get("best_mode", "max"), **kwargs)
 
   def should_save(self, step: int) -> bool:
     return step > 0 and step % self.every_steps == 0
@@ -234,6 +259,44 @@ class Checkpointer:
       logging.info("checkpoint: saving step %d to %s", step, self.directory)
     return saved
 
+  def record_eval(self, step: int, metrics: dict, state: Any, **save_kwargs) -> bool:
+    """After an evaluation: a new best `best_metric` is saved and recorded.
+
+    Args:
+      step: the evaluated step.
+      metrics: the evaluation's metrics (names as in metrics.jsonl).
+      state: the train state at `step` (saved if the step has no checkpoint).
+      **save_kwargs: `save`'s data_state and rng.
+
+    Returns:
+      Whether `step` is the new best (strictly better than the record).
+    """
+    if not self.best_metric:
+      return False
+    value = metrics.get(self.best_metric)
+    if value is None:
+      if not self._warned_no_metric:
+        logging.warning("checkpoint.best_metric=%r is not among the evaluation's "
+                        "metrics (%s): no best checkpoint is recorded",
+                        self.best_metric, ", ".join(sorted(metrics)))
+        self._warned_no_metric = True
+      return False
+    value = float(value)
+    if math.isnan(value) or self.best is not None and not (
+        value > self.best["value"] if self.best_mode == "max"
+        else value < self.best["value"]):
+      return False  # Not better, or NaN.
+    # The record first, so that this save's clean-up keeps it (and may let
+    # the previous best go).
+    self.best = {"metric": self.best_metric, "mode": self.best_mode,
+                 "step": step, "value": value}
+    self.save(step, state, force=True, **save_kwargs)
+    if jax.process_index() == 0:
+      _write_json_atomic(self.directory / BEST_FILE, self.best)
+    logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
+                 self.best_metric, value)
+    return True
+
   def restore(self, target: Any, *, step: int | None = None) -> Restored:
     """`restore_checkpoint` on this directory (waits for pending saves)."""
     self._mngr.wait_until_finished()
@@ -261,6 +324,87 @@ class Checkpointer:
 
 
 # ---------------------------------------------------------------------------
+# The best checkpoint, and the parameters of a run.
+# ---------------------------------------------------------------------------
+BEST_FILE = "best.json"
+
+
+def _write_json_atomic(path: epath.Path, blob: dict):
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(json.dumps(blob))
+  os.replace(os.fspath(tmp), os.fspath(path))  # Readers see old or new.
+
+
+def read_best(directory) -> dict | None:
+  """The best-checkpoint record of a checkpoints directory, or None.
+
+  Returns:
+    {"metric", "mode", "step", "value"} if `best.json` names a complete
+    checkpoint, else None.
+  """
+  path = epath.Path(directory) / BEST_FILE
+  if not path.exists():
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except ValueError:
+    logging.warning("%s is not valid JSON: ignored", path)
+    return None
+  with _manager(directory, ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    complete = record.get("step") in mngr.all_steps()
+  return record if complete else None
+
+
+class _KeepBest:
+  """Orbax preservation policy: keeps the checkpointer's best step."""
+
+  def __init__(self, checkpointer: "Checkpointer"):
+    self._checkpointer = checkpointer
+
+  def should_preserve(self, checkpoints, *, context=None):
+    del context
+    best = self._checkpointer.best
+    return [best is not None and c.step == best["step"] for c in checkpoints]
+
+
+def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
+  """One checkpoint's parameters as host arrays, and the run's config.
+
+  Only `state["params"]` is read (an Orbax partial restore): not the
+  optimizer state, the data iterator or the step.
+
+  Args:
+    directory: a checkpoints directory (`WORKDIR/checkpoints`).
+    step: a complete step in it.
+
+  Returns:
+    ({dotted parameter path: numpy array}, the config dict saved with it, or
+    {} if none was saved), e.g. {"visual.blocks.layers.0.norm1.scale": ...}.
+  """
+  step_dir = epath.Path(directory) / str(step)
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    tree = checkpointer.metadata(step_dir / "state")
+    tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
+    tree = getattr(tree, "tree", tree)
+    if "params" not in tree:
+      raise ValueError(f"{step_dir}: the saved state has no 'params' "
+                       f"(it has {sorted(tree)}); not a vidjax checkpoint")
+    item = {"params": tree["params"]}
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    restored = checkpointer.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+        item=item, restore_args=as_numpy, partial_restore=True))
+  params = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[0]:
+    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    params[".".join(keys[:-1] if keys[-1] == "value" else keys)] = value
+  meta = {}
+  if (step_dir / "meta").is_dir():
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+      meta = checkpointer.restore(step_dir / "meta")
+  return params, meta.get("metadata", {}).get("config", {})
+
+
+# ---------------------------------------------------------------------------
 # Where to start.
 # ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -283,14 +427,21 @@ def checkpoint_dir(workdir) -> str:
   return os.path.join(os.fspath(workdir), CHECKPOINT_SUBDIR)
 
 
-def _find_checkpoints(path: str) -> tuple[str, int | None]:
-  """Accepts a run's workdir, its checkpoints dir or one step's directory."""
+def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None]:
+  """Which checkpoint a path names: (checkpoints directory, step or None).
+
+  Args:
+    path: a run's workdir, its checkpoints directory or one step's directory.
+    prefer_best: for a workdir or checkpoints directory, the recorded best
+      step (`best.json`) if it is complete, else the latest complete step.
+  """
   p = epath.Path(path)
   if (p / CHECKPOINT_SUBDIR).is_dir():
     p = p / CHECKPOINT_SUBDIR
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
     return os.fspath(p.parent), int(p.name)
-  return os.fspath(p), latest_complete_step(p)
+  best = read_best(p) if prefer_best else None
+  return os.fspath(p), best["step"] if best else latest_complete_step(p)
 
 
 def resolve_start(workdir, config) -> StartPoint:
@@ -310,7 +461,7 @@ def resolve_start(workdir, config) -> StartPoint:
     return StartPoint("workdir", own, step)
   resume = config.get("resume") or None
   if resume:
-    directory, step = _find_checkpoints(resume)
+    directory, step = find_checkpoint(resume)
     if step is None:
       raise FileNotFoundError(
           f"config.resume={resume!r}: no complete checkpoint found there "

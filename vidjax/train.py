@@ -26,7 +26,7 @@ from vidjax import augment, checkpoint, config as config_lib, eval_sets, models
 from vidjax import logging as log_lib, optim, plot, sharding, tasks
 from vidjax.data import pipeline, synthetic, synthetic_annotations
 from vidjax.data import tokenizer as tokenizer_lib
-from vidjax.models import clip as clip_lib, flops as flops_lib, weights
+from vidjax.models import clip as clip_lib, flops as flops_lib, loader, weights
 
 
 def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
@@ -73,50 +73,6 @@ def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
     raise ValueError("data paths to fix:\n" + "\n".join(problems))
   if check_all:
     eval_sets.check_files(config)
-
-
-def load_pretrained(path: str, model_config, params, keep_init=()):
-  """Parameters from released weights (`config.init_from`), placed like `params`.
-
-  OpenAI/OpenCLIP CLIP (.pt, .safetensors, .npz) for 'clip' and for a
-  'classifier' with a CLIP backbone; VideoMAE checkpoints (original or
-  Hugging Face naming) for 'videomae' and 'classifier'. Sizes come from the
-  file; they must match `config.model` (the error lists what differs),
-  except for the CLIP parameters named in `keep_init` (`config.init_keep`,
-  e.g. the projections when `embed_dim` differs), which keep their init.
-  """
-  name, kw = model_config.name, models.model_kwargs(model_config)
-  keep = ("image_size", "num_frames", "tubelet", "dtype", "attention", "remat",
-          "scan", "drop_path")
-  overrides = {k: kw[k] for k in keep if k in kw}
-  state_dict = weights.load_state_dict(path)
-  if name == "clip":
-    overrides.update(act=kw["act"], learn_logit_scale=kw["learn_logit_scale"],
-                     embed_dim=kw["embed_dim"],
-                     logit_scale_init=kw["logit_scale_init"])
-    model = weights.clip_from_state_dict(state_dict, keep_init=tuple(keep_init),
-                                         **overrides)
-  elif name == "videomae":
-    model = weights.videomae_from_state_dict(state_dict, **overrides)
-  else:
-    model = weights.classifier_from_state_dict(
-        state_dict, num_classes=kw["num_classes"], **overrides)
-  loaded = nnx.split(model, nnx.Param, ...)[1]
-  want = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-  got = jax.tree.map(lambda x: (x.shape, x.dtype), loaded)
-  if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
-    diff = sorted({str(k) for k in (set(_flat(want).items()) ^
-                                    set(_flat(got).items()))})[:10]
-    raise ValueError(f"config.init_from={path}: the weights do not fit "
-                     f"config.model (first differences: {diff})")
-  return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding),
-                      loaded, params)
-
-
-def _flat(tree) -> dict:
-  return {jax.tree_util.keystr(k): v
-          for k, v in jax.tree_util.tree_leaves_with_path(tree,
-                                                          is_leaf=lambda x: isinstance(x, tuple))}
 
 
 def _clamp_logit_scale(params):
@@ -256,16 +212,20 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
     logging.info("resumed from %s at step %d", start.path, restored.step)
-  elif start.kind == "init_from":
-    run.state = dict(state, params=load_pretrained(
-        start.path, config.model, state["params"],
-        keep_init=config.get("init_keep", ())))
-    logging.info("initialised parameters from %s", start.path)
+  elif start.kind == "init_from":  # Parameters only, onto their shardings.
+    source = weights.read_source(
+        start.path, allow_pickle=config.get("init_allow_pickle", False))
+    params, report = loader.load_params(
+        state["params"], config.model, source,
+        keep_init=tuple(config.get("init_keep", ())))
+    report.log(workdir)  # Also WORKDIR/init_from.json.
+    run.state = dict(state, params=params)
   return run
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Evaluates the workdir's latest checkpoint (or `resume`/`init_from`)."""
+  """Evaluates without training: the workdir's latest checkpoint, else
+  `resume`, else `init_from` (released or vidjax weights: zero-shot)."""
   workdir = Path(workdir)
   run = setup(config, workdir)
   check_paths(config, run.task.NEEDS_TEXT)
@@ -347,15 +307,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         run.state = state
         last_eval = run_eval(run, config)
         writer.write(step, last_eval)
+        ckpt.record_eval(step, last_eval, state, rng=base_key,
+                         data_state=train_batches.get_state())
   log(late.flush())
   bar.close()
   train_batches.close()
-  ckpt.close()
   run.state = state
   if step >= config.total_steps:
     last_eval = run_eval(run, config)
     writer.write(step, last_eval)
+    ckpt.record_eval(step, last_eval, state)  # The final step is saved.
     logging.info("final eval at step %d: %s", step, last_eval)
+  ckpt.close()
   writer.close()
   if jax.process_index() == 0:
     plot.plot_run(workdir)  # WORKDIR/plots/*.png

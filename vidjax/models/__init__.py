@@ -18,7 +18,10 @@ Every model
   remat         per-block rematerialisation: 'none', 'full', 'dots_saveable',
                 'dots_with_no_batch_dims_saveable', 'save_attention'.
   scan          scan over blocks (faster compiles, params stacked by depth).
-  drop_path     stochastic depth at the last block (linear from 0).
+  drop_path     stochastic depth at the last block.
+  drop_path_schedule  'linear' (from 0 at the first block, timm/VideoMAE)
+                or 'uniform' (every block at drop_path: AVION's CLIP
+                classifier).
   act           'quick_gelu' (OpenAI CLIP) or 'gelu' (exact, OpenCLIP/VideoMAE);
                 for 'classifier', '' takes the backbone's.
 'clip'
@@ -54,7 +57,8 @@ from ml_collections import config_dict
 
 from vidjax.models.clip import CLIP
 from vidjax.models.videomae import Classifier, VideoMAE
-from vidjax.models.vit import VARIANTS, VisionTransformer, parse_variant
+from vidjax.models.vit import (VARIANTS, VisionTransformer, drop_path_rates,
+                               parse_variant)
 
 __all__ = ['CLIP', 'Classifier', 'VARIANTS', 'VideoMAE', 'VisionTransformer',
            'build_model', 'default_model_config', 'model_kwargs',
@@ -83,6 +87,7 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
       remat='none',
       scan=False,
       drop_path=0.0 if name == 'videomae' else 0.1,
+      drop_path_schedule='linear',
       act={'clip': 'quick_gelu', 'videomae': 'gelu', 'classifier': ''}[name],
   ))
   if name == 'clip':
@@ -126,7 +131,8 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
   common = dict(
       patch_size=sizes['patch_size'], image_size=config.image_size,
       num_frames=config.num_frames, tubelet=config.tubelet,
-      drop_path=config.drop_path,
+      drop_path=drop_path_rates(config.drop_path, sizes['depth'],
+                                config.get('drop_path_schedule', 'linear')),
       attention=config.attention, remat=config.remat, scan=config.scan,
       dtype=resolve_dtype(config.dtype))
   vision = dict(width=sizes['width'], depth=sizes['depth'],

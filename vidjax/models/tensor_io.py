@@ -1,18 +1,31 @@
-"""Reading foreign checkpoints and adapting their tensors to our layouts.
+"""Reading foreign checkpoints: files, names and tensor layouts.
 
-Used by weights.py: files (.pt/.pth/.bin through torch, .safetensors and
-.npz without it) become {name: numpy array}; PyTorch conv patch embeddings
-become tubelet kernels; positional tables are resized.
+Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
+become {name: numpy array}. PyTorch pickles are read with
+`weights_only=True` (no code runs; argparse.Namespace, which AVION and
+LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
+released CLIP `.pt` files, are read as TorchScript. Foreign layouts of a
+model (Hugging Face, AVION) are renamed to one canonical layout per model:
+OpenAI's CLIP names, the original VideoMAE names (`weights.py` maps those to
+ours). Conv patch embeddings become tubelet kernels, and positional tables
+are resized.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import pickle
+import re
+import zipfile
 
 import jax
 import ml_dtypes
 import numpy as np
+
+TORCH_SUFFIXES = ('.pt', '.pth', '.bin', '.ckpt')
+
 
 def to_numpy(value) -> np.ndarray:
   """numpy or torch (any float dtype, bf16 included) -> numpy; floats as f32."""
@@ -21,7 +34,7 @@ def to_numpy(value) -> np.ndarray:
     value = (value.float() if value.is_floating_point() else value).numpy()
   array = np.asarray(value)
   if array.dtype.kind == 'f' or array.dtype == ml_dtypes.bfloat16:
-    array = array.astype(np.float32)
+    array = array.astype(np.float32, copy=False)
   return array
 
 
@@ -47,74 +60,251 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
-def load_state_dict(path: str) -> dict[str, np.ndarray]:
+def is_torchscript(path: str) -> bool:
+  """Whether `path` is a TorchScript archive (a zip with code/ and constants)."""
+  if not zipfile.is_zipfile(path):
+    return False
+  with zipfile.ZipFile(path) as archive:
+    return any(name.endswith('/constants.pkl') or '/code/' in name
+               for name in archive.namelist())
+
+
+def _read_torch(path: str, allow_pickle: bool):
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f'reading {path} needs PyTorch (pip install torch); '
+                      'or convert it to .safetensors or .npz') from e
+  if is_torchscript(path):  # TorchScript code runs in its own interpreter.
+    return torch.jit.load(path, map_location='cpu').state_dict()
+  if allow_pickle:
+    return torch.load(path, map_location='cpu', weights_only=False)
+  try:
+    with torch.serialization.safe_globals([argparse.Namespace]):
+      return torch.load(path, map_location='cpu', weights_only=True)
+  except pickle.UnpicklingError as e:
+    named = re.search(r'GLOBAL (\S+)', str(e))
+    reason = f'it names {named.group(1)}' if named else 'not only tensors'
+    raise ValueError(
+        f'{path}: a pickle that would run code to load ({reason}). If you '
+        'trust the file, allow it with --config.init_allow_pickle=True '
+        '(load_state_dict(..., allow_pickle=True))') from None
+
+
+def load_state_dict(path: str, *, allow_pickle: bool = False
+                    ) -> dict[str, np.ndarray]:
   """Reads a checkpoint file into {name: float32/int numpy array}.
 
   Args:
-    path: .pt/.pth/.bin (needs torch; loaded with weights_only=True),
-      .safetensors, or .npz. Wrappers such as {'model': ...},
-      {'state_dict': ...} or {'module': ...} and DDP's 'module.' prefix are
-      removed.
+    path: .pt/.pth/.bin/.ckpt (needs torch: a TorchScript archive, or a
+      pickle read with weights_only=True), .safetensors, or .npz. Wrappers
+      such as {'model': ...}, {'state_dict': ...} or {'module': ...}, DDP's
+      'module.' prefix and entries that are not tensors (AVION's `args`,
+      `epoch`) are removed.
+    allow_pickle: read PyTorch pickles with weights_only=False, which runs
+      whatever code the file names: only for files you trust.
 
   Returns:
     The state dict.
+
+  Raises:
+    FileNotFoundError, ValueError: naming the file and the problem.
   """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file')
   suffix = os.path.splitext(path)[1].lower()
   if suffix == '.safetensors':
     raw = read_safetensors(path)
   elif suffix == '.npz':
     with np.load(path) as npz:
       raw = dict(npz)
-  elif suffix in ('.pt', '.pth', '.bin', '.ckpt'):
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError(f'reading {path} needs PyTorch (pip install torch); '
-                        'or convert it to .safetensors or .npz') from e
-    raw = torch.load(path, map_location='cpu', weights_only=True)
+  elif suffix in TORCH_SUFFIXES:
+    raw = _read_torch(path, allow_pickle)
   else:
     raise ValueError(f'{path}: unknown checkpoint format {suffix!r} (expected '
-                     '.pt, .pth, .bin, .safetensors or .npz)')
+                     f"{', '.join(TORCH_SUFFIXES)}, .safetensors or .npz)")
   for wrapper in ('state_dict', 'model', 'module'):
-    if isinstance(raw.get(wrapper), dict):
+    if isinstance(raw, dict) and isinstance(raw.get(wrapper), dict):
       raw = raw[wrapper]
       break
   state_dict = {name.removeprefix('module.'): to_numpy(value)
-                for name, value in raw.items()}
+                for name, value in raw.items()
+                if hasattr(value, 'shape') and hasattr(value, 'dtype')}
   if not state_dict:
     raise ValueError(f'{path}: no tensors found')
   return state_dict
 
 
-def inflate_patch_embed(weight: np.ndarray, tubelet: int,
-                        mode: str = 'center') -> np.ndarray:
-  """A 2-D patch embedding [D, C, p, p] -> a tubelet one [D, C, t, p, p].
+# ------------------------------------- foreign names -> canonical ones
+
+def _renamed(name: str, rules) -> str:
+  for old, new in rules:
+    name = name.replace(old, new, 1) if old.startswith('.') else (
+        new + name[len(old):] if name.startswith(old) else name)
+  return name
+
+
+HF_CLIP = [  # transformers' CLIPModel -> OpenAI's names
+    ('vision_model.embeddings.patch_embedding.', 'visual.conv1.'),
+    ('vision_model.embeddings.class_embedding', 'visual.class_embedding'),
+    ('vision_model.embeddings.position_embedding.weight',
+     'visual.positional_embedding'),
+    ('vision_model.pre_layrnorm.', 'visual.ln_pre.'),  # sic
+    ('vision_model.post_layernorm.', 'visual.ln_post.'),
+    ('vision_model.encoder.layers.', 'visual.transformer.resblocks.'),
+    ('text_model.embeddings.token_embedding.', 'token_embedding.'),
+    ('text_model.embeddings.position_embedding.weight',
+     'positional_embedding'),
+    ('text_model.encoder.layers.', 'transformer.resblocks.'),
+    ('text_model.final_layer_norm.', 'ln_final.'),
+    ('.self_attn.out_proj.', '.attn.out_proj.'), ('.layer_norm1.', '.ln_1.'),
+    ('.layer_norm2.', '.ln_2.'), ('.mlp.fc1.', '.mlp.c_fc.'),
+    ('.mlp.fc2.', '.mlp.c_proj.'),
+]
+AVION_CLIP = [  # AVION's CLIP_VITB16 / VideoClassifier -> OpenAI's names
+    ('textual.text_projection', 'text_projection'), ('textual.', ''),
+    ('visual.image_projection', 'visual.proj'),
+    ('.attn.Wqkv.weight', '.attn.in_proj_weight'),
+    ('.attn.Wqkv.bias', '.attn.in_proj_bias'),
+    ('.mlp.fc1.', '.mlp.c_fc.'), ('.mlp.fc2.', '.mlp.c_proj.'),
+    ('fc_cls.', 'head.'),
+]
+# Not parameters: OpenAI's TorchScript extras, Hugging Face's position ids.
+CLIP_EXTRAS = ('input_resolution', 'context_length', 'vocab_size',
+               'vision_model.embeddings.position_ids',
+               'text_model.embeddings.position_ids')
+
+
+def canonical_clip(sd: dict) -> tuple[dict, str]:
+  """Any CLIP layout -> OpenAI's names and shapes; also names the format."""
+  sd = {k: v for k, v in sd.items() if k not in CLIP_EXTRAS}
+  if 'vision_model.embeddings.patch_embedding.weight' in sd:
+    out = {}
+    for name, value in sd.items():
+      stem, _, leaf = name.rpartition('.self_attn.')
+      if leaf.startswith(('q_proj.', 'k_proj.', 'v_proj.')):
+        if leaf.startswith('q_proj.'):
+          kind = leaf.split('.')[1]
+          parts = [sd[f'{stem}.self_attn.{p}_proj.{kind}'] for p in 'qkv']
+          out[_renamed(f'{stem}.attn.in_proj_{kind}', HF_CLIP)] = (
+              np.concatenate(parts))
+      elif name == 'visual_projection.weight':  # Linear: [E, D]
+        out['visual.proj'] = value.T
+      elif name == 'text_projection.weight':
+        out['text_projection'] = value.T
+      else:
+        out[_renamed(name, HF_CLIP)] = value
+    return out, 'Hugging Face CLIP'
+  avion = any(k.startswith(('textual.', 'fc_cls.', 'visual.image_projection'))
+              or '.attn.Wqkv.' in k for k in sd)
+  if not avion:
+    return sd, 'OpenAI/OpenCLIP CLIP'
+  out = {_renamed(name, AVION_CLIP): value for name, value in sd.items()}
+  conv = out.get('visual.conv1.weight')
+  if conv is not None and conv.ndim == 2:  # --use-fast-conv1: (c, y, x)
+    patch = math.isqrt(conv.shape[1] // 3)
+    out['visual.conv1.weight'] = conv.reshape(conv.shape[0], 3, patch, patch)
+  kind = 'video classifier' if 'head.weight' in out else 'CLIP'
+  return out, f'AVION {kind}'
+
+
+def canonical_videomae(sd: dict) -> tuple[dict, str]:
+  """Hugging Face, fine-tuned or AVION VideoMAE names -> the original's.
+
+  The original release names the encoder 'encoder.blocks.<i>.attn.qkv' with
+  separate 'q_bias'/'v_bias' (keys have no bias); fine-tuned checkpoints drop
+  the 'encoder.' prefix; Hugging Face splits query/key/value; AVION's
+  flash-attention blocks have `attn.Wqkv` (one bias) and `attn.out_proj`,
+  and `--channel-last` stores the patch embedding as a Linear over
+  (channel, frame, row, column).
+  """
+  hf = [('videomae.embeddings.patch_embeddings.projection.',
+         'encoder.patch_embed.proj.'),
+        ('videomae.encoder.layer.', 'encoder.blocks.'),
+        ('decoder.decoder_layers.', 'decoder.blocks.'),
+        ('videomae.layernorm.', 'encoder.norm.'),
+        ('fc_norm.', 'encoder.fc_norm.'), ('classifier.', 'encoder.head.'),
+        # in order: 'attention.output.dense' before 'output.dense'
+        ('.attention.attention.', '.attn.'),
+        ('.attention.output.dense.', '.attn.proj.'),
+        ('.layernorm_before.', '.norm1.'), ('.layernorm_after.', '.norm2.'),
+        ('.intermediate.dense.', '.mlp.fc1.'), ('.output.dense.', '.mlp.fc2.')]
+  avion = [('.attn.Wqkv.', '.attn.qkv.'), ('.attn.out_proj.', '.attn.proj.')]
+  is_hf = any(name.startswith('videomae.') for name in sd)
+  is_finetuned = 'patch_embed.proj.weight' in sd
+  is_avion = any('.attn.Wqkv.' in name for name in sd)
+  renamed = {}
+  for name, value in sd.items():
+    if is_hf:
+      name = _renamed(name, hf)
+    elif is_finetuned:
+      name = f'encoder.{name}'
+    renamed[_renamed(name, avion)] = value
+  out = {}
+  for name, value in renamed.items():
+    stem, _, leaf = name.rpartition('.attn.')
+    if leaf == 'query.weight':
+      out[f'{stem}.attn.qkv.weight'] = np.concatenate(
+          [value, renamed[f'{stem}.attn.key.weight'],
+           renamed[f'{stem}.attn.value.weight']])
+    elif leaf in ('key.weight', 'value.weight'):
+      continue
+    elif leaf == 'q_bias':
+      out[f'{stem}.attn.qkv.bias'] = np.concatenate(
+          [value, np.zeros_like(value), renamed[f'{stem}.attn.v_bias']])
+    elif leaf != 'v_bias':
+      out[name] = value
+  for name in list(out):  # blocks trained without QKV bias: zeros are exact
+    if name.endswith('.attn.qkv.weight'):
+      out.setdefault(name.replace('.weight', '.bias'),
+                     np.zeros(out[name].shape[0], np.float32))
+  conv = out.get('encoder.patch_embed.proj.weight')
+  if conv is not None and conv.ndim == 2:
+    # The Linear does not say its tubelet: VideoMAE's is 2 (AVION's only
+    # setting); otherwise the first that leaves a square patch.
+    tubelet = next(t for t in (2, 1, 4, 3) if conv.shape[1] % (3 * t) == 0
+                   and math.isqrt(conv.shape[1] // (3 * t))**2 * 3 * t
+                   == conv.shape[1])
+    patch = math.isqrt(conv.shape[1] // (3 * tubelet))
+    out['encoder.patch_embed.proj.weight'] = conv.reshape(
+        conv.shape[0], 3, tubelet, patch, patch)
+  fmt = 'Hugging Face' if is_hf else 'AVION' if is_avion else 'original'
+  return out, f'VideoMAE ({fmt})'
+
+
+# ------------------------------------------------------ tensor layouts
+
+def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
+  """PyTorch conv weight [D, C, (t,) p, p] -> our [t*p*p*C, D] patch kernel.
+
+  Rows are ordered (t, p, p, C), the order `vit.patchify` gives.
+  """
+  if weight.ndim == 4:
+    weight = weight[:, :, None]
+  return weight.transpose(2, 3, 4, 1, 0).reshape(-1, weight.shape[0])
+
+
+def inflate_kernel(kernel: np.ndarray, tubelet: int,
+                   mode: str = 'center') -> np.ndarray:
+  """A one-frame patch kernel [p*p*C, D] -> a tubelet one [t*p*p*C, D].
 
   Args:
-    weight: [D, C, p, p], or already [D, C, t, p, p] (returned unchanged).
+    kernel: from `conv_to_kernel` of a 2-D conv.
     tubelet: t.
     mode: 'center' puts the 2-D kernel at the central frame (zeros elsewhere,
       so a static video gives the image features); 'average' repeats it / t.
 
   Returns:
-    [D, C, t, p, p].
+    [t*p*p*C, D].
   """
-  if weight.ndim == 5:
-    return weight
   if mode == 'average':
-    return np.repeat(weight[:, :, None], tubelet, axis=2) / tubelet
+    return np.concatenate([kernel / tubelet] * tubelet)
   if mode != 'center':
     raise ValueError(f"inflation mode must be 'center' or 'average', "
                      f'got {mode!r}')
-  inflated = np.zeros(weight.shape[:2] + (tubelet,) + weight.shape[2:],
-                      weight.dtype)
-  inflated[:, :, tubelet // 2] = weight
-  return inflated
-
-
-def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
-  """PyTorch conv weight [D, C, t, p, p] -> our [t*p*p*C, D] patch kernel."""
-  return weight.transpose(2, 3, 4, 1, 0).reshape(-1, weight.shape[0])
+  inflated = np.zeros((tubelet,) + kernel.shape, kernel.dtype)
+  inflated[tubelet // 2] = kernel
+  return inflated.reshape(-1, kernel.shape[1])
 
 
 def interpolate_pos_embed(table: np.ndarray, new_length: int,
@@ -141,8 +331,13 @@ def interpolate_pos_embed(table: np.ndarray, new_length: int,
 
 
 def interpolate_temporal(table: np.ndarray, new_length: int) -> np.ndarray:
-  """Linearly resizes a [T, D] temporal table to [new_length, D]."""
-  if table.shape[0] == new_length:
-    return table
+  """Resizes a [T, D] temporal table to [new_length, D] as AVION does.
+
+  More frames: linear interpolation with half-pixel centres (AVION/LaViLa's
+  `F.interpolate(..., mode='bilinear')`, e.g. 4 -> 16 frames). Fewer frames:
+  the first `new_length` rows (AVION truncates).
+  """
+  if new_length <= table.shape[0]:
+    return table[:new_length]
   return np.asarray(jax.image.resize(table, (new_length, table.shape[1]),
                                      method='linear'))

@@ -100,6 +100,24 @@ def sincos_table(length: int, dim: int) -> np.ndarray:
   return table.astype(np.float32)
 
 
+DROP_PATH_SCHEDULES = ('linear', 'uniform')
+
+
+def drop_path_rates(rate: float, depth: int,
+                    schedule: str = 'linear') -> tuple[float, ...]:
+  """Per-block stochastic-depth rates.
+
+  'linear': 0 at the first block to `rate` at the last (timm, VideoMAE).
+  'uniform': `rate` at every block (AVION's CLIP classifier).
+  """
+  if schedule not in DROP_PATH_SCHEDULES:
+    raise ValueError(f'drop_path_schedule must be one of '
+                     f'{DROP_PATH_SCHEDULES}, got {schedule!r}')
+  if schedule == 'uniform':
+    return (float(rate),) * depth
+  return tuple(float(r) for r in np.linspace(0, rate, depth))
+
+
 def drop_path(x: jax.Array, rate, key: jax.Array | None) -> jax.Array:
   """Stochastic depth: drops residual branches per example, rescales kept."""
   if key is None:
@@ -161,21 +179,27 @@ class Transformer(nnx.Module):
   """A stack of blocks, with per-block remat and optional scan over depth.
 
   Drop path grows linearly from 0 at the first block to `drop_path` at the
-  last. With `scan=True` the block parameters are stacked on a leading depth
-  axis (`layers.<name>` of shape [depth, ...]), which compiles one block
+  last, or `drop_path` gives one rate per block (`drop_path_rates`). With
+  `scan=True` the block parameters are stacked on a leading depth axis
+  (`layers.<name>` of shape [depth, ...]), which compiles one block
   instead of `depth`; otherwise they are `layers.<i>.<name>`.
   """
 
   def __init__(self, *, width: int, depth: int, heads: int, mlp_dim: int,
                act: str = 'quick_gelu', qkv_bias: bool = True,
-               norm_eps: float = 1e-5, drop_path: float = 0.0,
+               norm_eps: float = 1e-5, drop_path: float | tuple = 0.0,
                attention: str = 'auto', remat: str = 'none', scan: bool = False,
                dtype=jnp.float32, rngs: nnx.Rngs):
     if remat not in REMAT_POLICIES:
       raise ValueError(f'remat must be one of {sorted(REMAT_POLICIES)}, '
                        f'got {remat!r}')
     self.depth, self.remat, self.scan = depth, remat, scan
-    self.drop_rates = tuple(float(r) for r in np.linspace(0, drop_path, depth))
+    self.drop_rates = (tuple(float(r) for r in drop_path)
+                       if isinstance(drop_path, (tuple, list))
+                       else drop_path_rates(drop_path, depth))
+    if len(self.drop_rates) != depth:
+      raise ValueError(f'{len(self.drop_rates)} drop-path rates for {depth} '
+                       'blocks')
 
     def make_block(block_rngs):
       return Block(width, heads, mlp_dim, act=act, qkv_bias=qkv_bias,

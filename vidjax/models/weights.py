@@ -1,70 +1,58 @@
-"""Weight import: OpenAI/OpenCLIP CLIP and VideoMAE checkpoints into our models.
+"""Weight import: released checkpoints and vidjax runs as loader `Source`s.
 
-A state dict (name -> numpy array or torch tensor) is renamed into our
-parameter paths, reshaped (PyTorch Linear weights are transposed, conv patch
-embeddings become the tubelet kernel), and written into a model whose sizes
-come from the state dict's shapes. Positional embeddings are interpolated
-when the image size or frame count differs, and 2-D patch embeddings are
-inflated to tubelets. Anything that does not fit raises one error listing
-the missing names, the unexpected names and the shapes that differ.
+Every format is mapped to our parameter paths (foreign layouts first become
+OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
+
+* CLIP: OpenAI (the TorchScript `.pt` releases) and OpenCLIP (`.pt`, `.bin`,
+  `.safetensors`); Hugging Face `CLIPModel` (split q/k/v); AVION's CLIP
+  (`visual.*` / `textual.*`, flash-attention `attn.Wqkv` and `mlp.fc1/fc2`,
+  `visual.image_projection`, `--use-fast-conv1` patch embedding stored as
+  a Linear over (channel, row, column)) and its video classifier (`fc_cls`).
+* VideoMAE: the original pretraining and fine-tuned checkpoints, Hugging
+  Face's, and AVION's (flash-attention names, `--channel-last` Linear
+  patch embedding).
+* vidjax: a run's workdir (its best checkpoint if recorded, else the
+  latest) or one checkpoint step directory: parameters only.
+
+Layouts become ours (PyTorch Linear weights transposed, conv patch
+embeddings flattened to patch kernels); resizing to the configured model is
+`loader.fill`'s. `*_from_state_dict` build a model sized from the weights.
 """
 from __future__ import annotations
 
-import logging
 import math
+import os
 import re
-from typing import Callable
 
-import jax
 import numpy as np
 from flax import nnx
 
+from vidjax import checkpoint
+from vidjax.models import loader, tensor_io
 from vidjax.models.clip import CLIP
-from vidjax.models.tensor_io import (conv_to_kernel, inflate_patch_embed,
+from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
+                                     conv_to_kernel, inflate_kernel,
                                      interpolate_pos_embed,
                                      interpolate_temporal, load_state_dict,
                                      to_numpy)
 from vidjax.models.videomae import Classifier, VideoMAE
 
 __all__ = ['classifier_from_state_dict', 'clip_config_from_state_dict',
-           'clip_from_state_dict', 'conv_to_kernel', 'inflate_patch_embed',
-           'interpolate_pos_embed', 'interpolate_temporal', 'load_classifier',
-           'load_clip', 'load_state_dict', 'load_videomae',
-           'videomae_config_from_state_dict', 'videomae_from_state_dict']
+           'clip_from_state_dict', 'conv_to_kernel', 'convert',
+           'inflate_kernel', 'interpolate_pos_embed', 'interpolate_temporal',
+           'load_classifier', 'load_clip', 'load_state_dict', 'load_videomae',
+           'read_source', 'videomae_config_from_state_dict',
+           'videomae_from_state_dict']
 
-# --------------------------------------------------------------- name maps
+# ------------------------------------------------ canonical names -> ours
 
-# A transform takes (source array, target shape) and returns the target.
-Transform = Callable[[np.ndarray, tuple], np.ndarray]
-
-
-def _transpose(x, shape):
-  del shape
+def _t(x):
   return x.T
-
-
-def _patch(mode: str) -> Transform:
-  def transform(weight, shape):
-    pixels = weight.shape[1] * weight.shape[-1] * weight.shape[-2]
-    return conv_to_kernel(inflate_patch_embed(weight, shape[0] // pixels, mode))
-  return transform
-
-
-def _spatial_pos(table, shape):
-  return interpolate_pos_embed(table, shape[0])
-
-
-def _temporal_pos(table, shape):
-  return interpolate_temporal(table, shape[0])
-
-
-def _reshape(x, shape):
-  return x.reshape(shape)
 
 
 def _linear(src: str, dst: str):
   """PyTorch Linear `src` -> our nnx.Linear `dst` (kernel transposed)."""
-  return {f'{src}.weight': (f'{dst}.kernel', _transpose),
+  return {f'{src}.weight': (f'{dst}.kernel', _t),
           f'{src}.bias': (f'{dst}.bias', None)}
 
 
@@ -75,7 +63,7 @@ def _norm(src: str, dst: str):
 
 CLIP_BLOCK = {
     **_norm('ln_1', 'norm1'), **_norm('ln_2', 'norm2'),
-    'attn.in_proj_weight': ('attn.qkv.kernel', _transpose),
+    'attn.in_proj_weight': ('attn.qkv.kernel', _t),
     'attn.in_proj_bias': ('attn.qkv.bias', None),
     **_linear('attn.out_proj', 'attn.out'),
     **_linear('mlp.c_fc', 'mlp.fc1'), **_linear('mlp.c_proj', 'mlp.fc2'),
@@ -85,306 +73,260 @@ VIDEOMAE_BLOCK = {
     **_linear('attn.qkv', 'attn.qkv'), **_linear('attn.proj', 'attn.out'),
     **_linear('mlp.fc1', 'mlp.fc1'), **_linear('mlp.fc2', 'mlp.fc2'),
 }
+# OpenAI CLIP names -> our CLIP's (AVION's classifier: `head` from fc_cls).
+CLIP_NAMES = ({
+    'visual.conv1.weight': ('visual.patch_embed.kernel', conv_to_kernel),
+    'visual.class_embedding': ('visual.class_token', None),
+    'visual.positional_embedding': ('visual.spatial_pos', None),
+    # Video CLIPs (AVION) add a temporal table [T, D]; image CLIPs do not.
+    'visual.temporal_embedding': ('visual.temporal_pos', None),
+    **_norm('visual.ln_pre', 'visual.pre_norm'),
+    **_norm('visual.ln_post', 'visual.norm'),
+    'visual.proj': ('visual.proj.kernel', None),
+    'token_embedding.weight': ('text.token_embed.embedding', None),
+    'positional_embedding': ('text.pos_embed', None),
+    **_norm('ln_final', 'text.norm'),
+    'text_projection': ('text.proj.kernel', None),
+    'logit_scale': ('logit_scale', None),
+    **_linear('head', 'head'),
+}, [(r'visual\.transformer\.resblocks\.(\d+)\.', 'visual.blocks.layers',
+     CLIP_BLOCK),
+    (r'transformer\.resblocks\.(\d+)\.', 'text.blocks.layers', CLIP_BLOCK)])
+# Original VideoMAE names ('encoder.' prefixed) -> ours.
+VIDEOMAE_NAMES = ({
+    'encoder.patch_embed.proj.weight': ('encoder.patch_embed.kernel',
+                                        conv_to_kernel),
+    'encoder.patch_embed.proj.bias': ('encoder.patch_embed.bias', None),
+    **_norm('encoder.norm', 'encoder.norm'),
+    **_norm('encoder.fc_norm', 'encoder.norm'),  # fine-tuned: mean pooling
+    **_linear('encoder.head', 'head'),
+    'encoder_to_decoder.weight': ('encoder_to_decoder.kernel', _t),
+    'mask_token': ('mask_token', np.ravel),
+    **_norm('decoder.norm', 'decoder_norm'),
+    **_linear('decoder.head', 'decoder_head'),
+}, [(r'encoder\.blocks\.(\d+)\.', 'encoder.blocks.layers', VIDEOMAE_BLOCK),
+    (r'decoder\.blocks\.(\d+)\.', 'decoder.layers', VIDEOMAE_BLOCK)])
 
 
-def _clip_names(patch_mode: str) -> tuple[dict, list]:
-  top = {
-      'visual.conv1.weight': ('visual.patch_embed.kernel', _patch(patch_mode)),
-      'visual.class_embedding': ('visual.class_token', None),
-      'visual.positional_embedding': ('visual.spatial_pos', _spatial_pos),
-      # Video CLIPs (LaViLa/AVION) add a temporal table; image CLIPs do not.
-      'visual.temporal_embedding': ('visual.temporal_pos', _temporal_pos),
-      **_norm('visual.ln_pre', 'visual.pre_norm'),
-      **_norm('visual.ln_post', 'visual.norm'),
-      'visual.proj': ('visual.proj.kernel', None),
-      'token_embedding.weight': ('text.token_embed.embedding', None),
-      'positional_embedding': ('text.pos_embed', None),
-      **_norm('ln_final', 'text.norm'),
-      'text_projection': ('text.proj.kernel', None),
-      'logit_scale': ('logit_scale', None),
-  }
-  blocks = [(r'visual\.transformer\.resblocks\.(\d+)\.', 'visual.blocks.layers',
-             CLIP_BLOCK),
-            (r'transformer\.resblocks\.(\d+)\.', 'text.blocks.layers',
-             CLIP_BLOCK)]
-  return top, blocks
-
-
-def _videomae_names() -> tuple[dict, list]:
-  top = {
-      'encoder.patch_embed.proj.weight': ('encoder.patch_embed.kernel',
-                                          _patch('center')),
-      'encoder.patch_embed.proj.bias': ('encoder.patch_embed.bias', None),
-      **_norm('encoder.norm', 'encoder.norm'),
-      **_norm('encoder.fc_norm', 'encoder.norm'),  # fine-tuned, mean pooling
-      **_linear('encoder.head', 'head'),
-      'encoder_to_decoder.weight': ('encoder_to_decoder.kernel', _transpose),
-      'mask_token': ('mask_token', _reshape),
-      **_norm('decoder.norm', 'decoder_norm'),
-      **_linear('decoder.head', 'decoder_head'),
-  }
-  blocks = [(r'encoder\.blocks\.(\d+)\.', 'encoder.blocks.layers',
-             VIDEOMAE_BLOCK),
-            (r'decoder\.blocks\.(\d+)\.', 'decoder.layers', VIDEOMAE_BLOCK)]
-  return top, blocks
-
-
-def _rename(state_dict: dict, names: tuple[dict, list]) -> tuple[dict, list]:
-  """-> ({our dotted path: (array, transform, source name)}, unmatched)."""
+def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
+  """-> ({our path: array}, {our path: source name}, unmatched names)."""
   top, blocks = names
-  mapped, unmatched = {}, []
+  tensors, sources, unmatched = {}, {}, []
   for name, value in state_dict.items():
     if name in top:
       dst, transform = top[name]
     else:
-      for pattern, dst_prefix, table in blocks:
+      for pattern, prefix, table in blocks:
         match = re.match(pattern, name)
         if match and name[match.end():] in table:
           dst, transform = table[name[match.end():]]
-          dst = f'{dst_prefix}.{match.group(1)}.{dst}'
+          dst = f'{prefix}.{match.group(1)}.{dst}'
           break
       else:
         unmatched.append(name)
         continue
-    mapped[dst] = (value, transform, name)
-  return mapped, unmatched
-
-
-def _canonical_videomae(state_dict: dict) -> dict:
-  """Hugging Face or fine-tuned VideoMAE names -> the original pretraining's.
-
-  The original release names the encoder 'encoder.blocks.<i>.attn.qkv' with
-  separate 'q_bias'/'v_bias' (keys have no bias); fine-tuned checkpoints drop
-  the 'encoder.' prefix; Hugging Face splits query/key/value.
-  """
-  hf_prefixes = [
-      ('videomae.embeddings.patch_embeddings.projection.',
-       'encoder.patch_embed.proj.'),
-      ('videomae.encoder.layer.', 'encoder.blocks.'),
-      ('decoder.decoder_layers.', 'decoder.blocks.'),
-      ('videomae.layernorm.', 'encoder.norm.'),
-      ('fc_norm.', 'encoder.fc_norm.'), ('classifier.', 'encoder.head.'),
-  ]
-  hf_block_parts = [  # in order: 'attention.output.dense' before 'output.dense'
-      ('.attention.attention.', '.attn.'),
-      ('.attention.output.dense.', '.attn.proj.'),
-      ('.layernorm_before.', '.norm1.'), ('.layernorm_after.', '.norm2.'),
-      ('.intermediate.dense.', '.mlp.fc1.'), ('.output.dense.', '.mlp.fc2.'),
-  ]
-  is_hf = any(name.startswith('videomae.') for name in state_dict)
-  is_finetuned = 'patch_embed.proj.weight' in state_dict
-  renamed = {}
-  for name, value in state_dict.items():
-    if is_hf:
-      for old, new in hf_prefixes:
-        if name.startswith(old):
-          name = new + name[len(old):]
-      for old, new in hf_block_parts:
-        name = name.replace(old, new, 1)
-    elif is_finetuned:
-      name = f'encoder.{name}'
-    renamed[name] = value
-  out = {}
-  for name, value in renamed.items():
-    stem, _, leaf = name.rpartition('.attn.')
-    if leaf == 'query.weight':
-      out[f'{stem}.attn.qkv.weight'] = np.concatenate(
-          [value, renamed[f'{stem}.attn.key.weight'],
-           renamed[f'{stem}.attn.value.weight']])
-    elif leaf in ('key.weight', 'value.weight'):
+    if dst in tensors:  # e.g. both a norm and an fc_norm
+      unmatched.append(name)
       continue
-    elif leaf == 'q_bias':
-      v_bias = renamed[f'{stem}.attn.v_bias']
-      out[f'{stem}.attn.qkv.bias'] = np.concatenate(
-          [value, np.zeros_like(value), v_bias])
-    elif leaf != 'v_bias':
-      out[name] = value
-  for name in list(out):  # blocks trained without QKV bias: zeros are exact
-    if name.endswith('.attn.qkv.weight'):
-      bias_name = name.replace('.weight', '.bias')
-      out.setdefault(bias_name, np.zeros(out[name].shape[0], np.float32))
-  return out
+    tensors[dst] = transform(value) if transform else value
+    sources[dst] = name
+  return tensors, sources, unmatched
 
 
-# ---------------------------------------------------------------- assembly
+# ------------------------------------------------------------------ sources
 
-
-def _dotted(path) -> str:
-  return '.'.join(str(part) for part in path)
-
-
-def _assemble(make: Callable[[], nnx.Module], mapped: dict, *,
-              unexpected: list, optional: tuple = (), source: str):
-  """Builds `make()` with the mapped arrays, or raises listing every problem.
+def convert(state_dict: dict, description: str = 'state dict'
+            ) -> loader.Source:
+  """A state dict of any supported format -> a loader `Source`.
 
   Args:
-    make: builds the model (run abstractly; only unloaded state is computed).
-    mapped: from `_rename`.
-    unexpected: source names that matched nothing.
-    optional: path prefixes that may stay at their initial values.
-    source: what the arrays came from, for messages.
+    state_dict: name -> numpy array or torch tensor.
+    description: where it came from, for messages (e.g. the file path).
+
+  Raises:
+    ValueError: a format we do not read, named.
   """
-  abstract = nnx.eval_shape(make)
-  variables = {_dotted(p): v for p, v in nnx.to_flat_state(nnx.state(abstract))}
-  params = {name for name, v in variables.items() if isinstance(v, nnx.Param)}
-  values, mismatched, stacks, seen = {}, [], {}, set()
-  for dst, (value, transform, src) in mapped.items():
-    stacked = re.sub(r'\.layers\.(\d+)\.', '.layers.', dst)
-    if dst not in params and stacked in params:  # scan: one [depth, ...] array
-      layer = int(re.search(r'\.layers\.(\d+)\.', dst).group(1))
-      stacks.setdefault(stacked, {})[layer] = (value, transform, src)
-      continue
-    if dst not in params:
-      unexpected.append(src)
-      continue
-    shape = variables[dst].get_value().shape
-    converted = transform(value, shape) if transform else value
-    if converted.shape != shape:
-      mismatched.append(f'{src} {value.shape} -> {dst} {shape}')
-      seen.add(dst)
-    else:
-      values[dst] = converted
-  for dst, layers in stacks.items():
-    shape = variables[dst].get_value().shape
-    seen.add(dst)
-    if sorted(layers) != list(range(shape[0])):
-      mismatched.append(f'{dst}: layers {sorted(layers)} for depth {shape[0]}')
-      continue
-    converted = [t(v, shape[1:]) if t else v for v, t, _ in
-                 (layers[i] for i in range(shape[0]))]
-    if any(c.shape != shape[1:] for c in converted):
-      mismatched.append(f'{layers[0][2]} {layers[0][0].shape} -> {dst} {shape}')
-    else:
-      values[dst] = np.stack(converted)
-  missing = sorted(p for p in params - set(values) - seen
-                   if not p.startswith(optional))
-  if missing or unexpected or mismatched:
-    def listing(title, names):
-      shown = ', '.join(names[:30]) + (' ...' if len(names) > 30 else '')
-      return f'\n  {title} ({len(names)}): {shown}' if names else ''
+  sd = {name: to_numpy(value) for name, value in state_dict.items()}
+  if any('.timeattn.' in name for name in sd):
     raise ValueError(
-        f'{source} does not fit {type(abstract).__name__}:'
-        + listing('missing', missing)
-        + listing('unexpected', sorted(unexpected))
-        + listing('shapes differ', mismatched))
-  # Unloaded state (RNG streams, optional params) from a jitted init that
-  # XLA prunes to just those variables.
-  rest = jax.jit(lambda: nnx.state(
-      make(), lambda path, _: _dotted(path) not in values))()
-  rest = {_dotted(p): v.get_value() for p, v in nnx.to_flat_state(rest)}
-  for path, variable in nnx.to_flat_state(nnx.state(abstract)):
-    name = _dotted(path)
-    variable.set_value(jax.numpy.asarray(values[name]) if name in values
-                       else rest[name])
-  return abstract
+        f'{description}: a TimeSformer (divided space-time attention, as in '
+        "LaViLa's own models); vidjax's video ViT uses joint attention, so "
+        "these weights do not apply. Use AVION's checkpoints or a CLIP")
+  if any(k.startswith(('visual.conv1.', 'vision_model.', 'textual.'))
+         for k in sd):
+    sd, fmt = canonical_clip(sd)
+    tensors, names, unexpected = _rename(sd, CLIP_NAMES)
+    kind = 'classifier' if 'head.kernel' in tensors else 'clip'
+    if kind == 'classifier':
+      tensors = {re.sub(r'^visual\.', 'encoder.', k): v
+                 for k, v in tensors.items()}
+      names = {re.sub(r'^visual\.', 'encoder.', k): v for k, v in names.items()}
+    return loader.Source(kind, tensors, names, f'{description} ({fmt})',
+                         unexpected, tubelet=1, backbone='clip')
+  if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
+         for k in sd):
+    sd, fmt = canonical_videomae(sd)
+    tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
+    finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
+                    for k in sd)
+    conv = sd.get('encoder.patch_embed.proj.weight')
+    return loader.Source('classifier' if finetuned else 'videomae', tensors,
+                         names, f'{description} ({fmt})', unexpected,
+                         tubelet=conv.shape[2] if conv is not None else None,
+                         backbone='videomae')
+  raise ValueError(f'{description}: not a CLIP or VideoMAE checkpoint we '
+                   f'know (first names: {list(sd)[:5]})')
 
 
-# ------------------------------------------------------------------ public
+def _vidjax_source(params: dict, config: dict, description: str
+                   ) -> loader.Source:
+  """A vidjax run's parameters; scanned layers are unstacked."""
+  tensors = {}
+  for path, value in params.items():
+    if re.search(r'\.layers\.(?!\d)', path):  # [depth, ...] under scan
+      for i, layer in enumerate(value):
+        tensors[path.replace('.layers.', f'.layers.{i}.', 1)] = layer
+    else:
+      tensors[path] = value
+  model = config.get('model', {})
+  kind = model.get('name') or (
+      'clip' if 'text.pos_embed' in tensors else
+      'videomae' if 'mask_token' in tensors else 'classifier')
+  backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
+      'clip' if 'encoder.class_token' in tensors else 'videomae')
+  return loader.Source(kind, tensors, {p: p for p in tensors},
+                       f'{description} (vidjax {kind})',
+                       tubelet=model.get('tubelet'), backbone=backbone,
+                       vidjax=True)
 
 
-def _count(state_dict: dict, pattern: str) -> int:
-  return len({m.group(1) for m in map(re.compile(pattern).match, state_dict)
-              if m})
+def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
+  """What `config.init_from` names, as a `Source`.
+
+  Args:
+    path: a weights file (see `load_state_dict`), or a vidjax run: its
+      workdir or checkpoints directory (the best checkpoint if recorded,
+      else the latest) or one checkpoint step directory.
+    allow_pickle: see `load_state_dict`.
+  """
+  if os.path.isdir(path):
+    directory, step = checkpoint.find_checkpoint(path, prefer_best=True)
+    if step is None:
+      files = sorted(f for f in os.listdir(path) if f.endswith(
+          ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
+      raise FileNotFoundError(
+          f'{path}: no complete vidjax checkpoint (expected a workdir, its '
+          'checkpoints/ directory or one step directory)'
+          + (f'; to load a weights file, name it: {files}' if files else ''))
+    params, config = checkpoint.read_params(directory, step)
+    return _vidjax_source(params, config, os.path.join(directory, str(step)))
+  return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
 
 
-def _require(state_dict: dict, name: str, kind: str) -> np.ndarray:
-  if name not in state_dict:
-    raise ValueError(f'not a {kind} state dict: it has no {name!r} '
-                     f'(first names: {list(state_dict)[:5]})')
-  return to_numpy(state_dict[name])
+# ----------------------------------------------------- standalone builders
+
+def _count(tensors: dict, prefix: str) -> int:
+  pattern = re.compile(re.escape(prefix) + r'\.(\d+)\.')
+  return len({m.group(1) for m in map(pattern.match, tensors) if m})
+
+
+def _require(source: loader.Source, path: str, kind: str) -> np.ndarray:
+  if path not in source.tensors:
+    raise ValueError(f'not a {kind} state dict: {source.description} has no '
+                     f'{path!r} (first names: {list(source.names.values())[:5]})')
+  return source.tensors[path]
+
+
+def _vision_sizes(source: loader.Source, prefix: str, kind: str) -> dict:
+  """ViT sizes from a tower's tensors (heads = width / 64, as CLIP's)."""
+  kernel = _require(source, f'{prefix}.patch_embed.kernel', kind)
+  tubelet = source.tubelet or 1
+  patch = math.isqrt(kernel.shape[0] // (3 * tubelet))
+  sizes = dict(width=kernel.shape[1], heads=kernel.shape[1] // 64,
+               depth=_count(source.tensors, f'{prefix}.blocks.layers'),
+               mlp_dim=_require(source, f'{prefix}.blocks.layers.0.mlp.fc1.'
+                                'kernel', kind).shape[1],
+               patch_size=patch, tubelet=tubelet)
+  if f'{prefix}.spatial_pos' in source.tensors:
+    rows = source.tensors[f'{prefix}.spatial_pos'].shape[0]
+    sizes['image_size'] = math.isqrt(rows - 1) * patch
+  return sizes
+
+
+def _clip_config(source: loader.Source) -> dict:
+  vision = _vision_sizes(source, 'visual', 'CLIP')
+  embed = _require(source, 'text.token_embed.embedding', 'CLIP')
+  config = dict(
+      embed_dim=_require(source, 'text.proj.kernel', 'CLIP').shape[1],
+      image_size=vision['image_size'], patch_size=vision['patch_size'],
+      **{f'vision_{k}': vision[k] for k in ('width', 'heads', 'depth',
+                                             'mlp_dim')},
+      vocab_size=embed.shape[0],
+      context_length=_require(source, 'text.pos_embed', 'CLIP').shape[0],
+      text_width=embed.shape[1], text_heads=embed.shape[1] // 64,
+      text_depth=_count(source.tensors, 'text.blocks.layers'))
+  if 'logit_scale' in source.tensors:
+    config['logit_scale_init'] = float(source.tensors['logit_scale'])
+  return config
 
 
 def clip_config_from_state_dict(state_dict: dict) -> dict:
-  """CLIP constructor sizes read off an OpenAI/OpenCLIP state dict's shapes."""
-  conv = _require(state_dict, 'visual.conv1.weight', 'CLIP')
-  positions = _require(state_dict, 'visual.positional_embedding', 'CLIP')
-  text_width = _require(state_dict, 'ln_final.weight', 'CLIP').shape[0]
-  width, patch = conv.shape[0], conv.shape[-1]
-  config = dict(
-      embed_dim=_require(state_dict, 'text_projection', 'CLIP').shape[1],
-      image_size=math.isqrt(positions.shape[0] - 1) * patch, patch_size=patch,
-      vision_width=width, vision_heads=width // 64,
-      vision_depth=_count(state_dict, r'visual\.transformer\.resblocks\.(\d+)'),
-      vision_mlp_dim=_require(
-          state_dict, 'visual.transformer.resblocks.0.mlp.c_fc.weight',
-          'CLIP').shape[0],
-      vocab_size=_require(state_dict, 'token_embedding.weight',
-                          'CLIP').shape[0],
-      context_length=_require(state_dict, 'positional_embedding',
-                              'CLIP').shape[0],
-      text_width=text_width, text_heads=text_width // 64,
-      text_depth=_count(state_dict, r'transformer\.resblocks\.(\d+)'))
-  if 'logit_scale' in state_dict:
-    config['logit_scale_init'] = float(to_numpy(state_dict['logit_scale']))
-  return config
+  """CLIP constructor sizes read off a CLIP state dict's shapes."""
+  return _clip_config(convert(state_dict))
 
 
 def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
                          patch_inflation: str = 'center',
                          rngs: nnx.Rngs | None = None,
                          keep_init: tuple[str, ...] = (), **overrides) -> CLIP:
-  """A video-text CLIP from an OpenAI/OpenCLIP state dict.
+  """A video-text CLIP from a CLIP state dict (any format `convert` reads).
 
   Args:
     state_dict: names such as 'visual.transformer.resblocks.0.attn.
       in_proj_weight' -> numpy arrays or torch tensors.
     num_frames: frames per clip; the temporal embedding starts at zero
-      unless the state dict has 'visual.temporal_embedding'.
+      unless the state dict has 'visual.temporal_embedding' (resized).
     patch_inflation: 'center' or 'average', when `tubelet` > 1.
     rngs: for the few variables not loaded (default nnx.Rngs(0)).
-    keep_init: model parameter prefixes (e.g. 'visual.proj', 'text.proj',
-      'logit_scale') left at their initial values instead of loaded, as
-      AVION does for the projections when it changes `embed_dim`.
+    keep_init: model parameter prefixes (e.g. 'visual.proj', 'text.proj')
+      left at their initial values instead of loaded, as AVION does for the
+      projections when it changes `embed_dim`.
     **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
       models trained with GELU (the state dict does not say), image_size
       (positional embeddings are interpolated), dtype, attention, remat.
 
   Returns:
-    The CLIP model; `encode_video`/`encode_text` as in DESIGN.md §3.
+    The CLIP model; `encode_video`/`encode_text` as in the README.
   """
-  state_dict = {name: to_numpy(value) for name, value in state_dict.items()}
-  kwargs = dict(clip_config_from_state_dict(state_dict),
-                num_frames=num_frames, **overrides)
-  mapped, unexpected = _rename(state_dict, _clip_names(patch_inflation))
-  keep_init = tuple(keep_init)
-  mapped = {dst: item for dst, item in mapped.items()
-            if not dst.startswith(keep_init)}
-  return _assemble(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)), mapped,
-                   unexpected=unexpected,
-                   optional=('visual.temporal_pos',) + keep_init,
-                   source='CLIP state dict')
+  source = convert(state_dict)
+  kwargs = dict(_clip_config(source), num_frames=num_frames, **overrides)
+  return loader.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
+                      source, 'clip', tubelet=kwargs.get('tubelet', 1),
+                      keep_init=keep_init, patch_inflation=patch_inflation)
 
 
 def videomae_config_from_state_dict(state_dict: dict) -> dict:
-  """Encoder (and decoder, if present) sizes of a canonical VideoMAE dict."""
-  conv = _require(state_dict, 'encoder.patch_embed.proj.weight', 'VideoMAE')
-  width = conv.shape[0]
-  config = dict(width=width, heads=width // 64, tubelet=conv.shape[2],
-                patch_size=conv.shape[-1],
-                depth=_count(state_dict, r'encoder\.blocks\.(\d+)'),
-                mlp_dim=state_dict['encoder.blocks.0.mlp.fc1.weight'].shape[0])
-  if 'encoder_to_decoder.weight' in state_dict:
-    decoder_width = state_dict['encoder_to_decoder.weight'].shape[0]
-    config.update(decoder_width=decoder_width,
-                  decoder_heads=decoder_width // 64,
-                  decoder_depth=_count(state_dict, r'decoder\.blocks\.(\d+)'))
+  """Encoder (and decoder, if present) sizes of a VideoMAE state dict."""
+  source = convert(state_dict)
+  config = _vision_sizes(source, 'encoder', 'VideoMAE')
+  if 'encoder_to_decoder.kernel' in source.tensors:
+    width = source.tensors['encoder_to_decoder.kernel'].shape[1]
+    config.update(decoder_width=width, decoder_heads=width // 64,
+                  decoder_depth=_count(source.tensors, 'decoder.layers'))
   return config
 
 
 def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
                              **overrides) -> VideoMAE:
-  """A VideoMAE pretraining model from an original or Hugging Face checkpoint.
+  """A VideoMAE pretraining model from an original, HF or AVION checkpoint.
 
   Sizes come from the shapes (heads = width / 64); image_size and
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
-  state_dict = _canonical_videomae(
-      {name: to_numpy(value) for name, value in state_dict.items()})
   kwargs = dict(videomae_config_from_state_dict(state_dict), **overrides)
-  mapped, unexpected = _rename(state_dict, _videomae_names())
-  return _assemble(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                   mapped, unexpected=unexpected,
-                   source='VideoMAE state dict')
+  return loader.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
+                      convert(state_dict), 'videomae',
+                      tubelet=kwargs['tubelet'])
 
 
 def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
@@ -394,41 +336,22 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
   """A classifier initialised from a CLIP or a VideoMAE checkpoint.
 
   CLIP: the vision tower (its projection and the text tower are dropped),
-  backbone='clip'. VideoMAE (pretrained or fine-tuned, original or Hugging
-  Face naming): the encoder, backbone='videomae'. The head is loaded only if
-  the checkpoint has one with `num_classes` outputs; otherwise it starts
-  fresh (logged).
+  backbone='clip'. VideoMAE (pretrained or fine-tuned): the encoder,
+  backbone='videomae'. The head is loaded only if the checkpoint has one
+  with `num_classes` outputs; otherwise it starts fresh (logged).
   """
-  state_dict = {name: to_numpy(value) for name, value in state_dict.items()}
-  if 'visual.conv1.weight' in state_dict:
-    clip = clip_config_from_state_dict(state_dict)
-    kwargs = dict(backbone='clip', tubelet=1, num_frames=1,
-                  image_size=clip['image_size'], patch_size=clip['patch_size'],
-                  **{key: clip[f'vision_{key}'] for key in
-                     ('width', 'depth', 'heads', 'mlp_dim')})
-    mapped, unexpected = _rename(state_dict, _clip_names(patch_inflation))
-    # The text tower and the projection are dropped on purpose.
-    mapped = {f'encoder.{dst[7:]}': item for dst, item in mapped.items()
-              if dst.startswith('visual.') and dst != 'visual.proj.kernel'}
+  source = convert(state_dict)
+  prefix = 'visual' if source.kind == 'clip' else 'encoder'
+  sizes = _vision_sizes(source, prefix, source.backbone)
+  if source.backbone == 'clip':
+    sizes.update(tubelet=1, num_frames=1)
   else:
-    state_dict = _canonical_videomae(state_dict)
-    sizes = videomae_config_from_state_dict(state_dict)
-    kwargs = dict(backbone='videomae', **{
-        key: sizes[key] for key in ('width', 'depth', 'heads', 'mlp_dim',
-                                    'tubelet', 'patch_size')})
-    mapped, unexpected = _rename(state_dict, _videomae_names())
-    mapped = {dst: item for dst, item in mapped.items()  # decoder dropped
-              if dst.startswith(('encoder.', 'head.'))}
-  head = mapped.get('head.kernel')
-  if head is not None and head[0].shape[0] != num_classes:
-    logging.info('checkpoint head has %d classes, not %d: starting it fresh',
-                 head[0].shape[0], num_classes)
-    mapped = {k: v for k, v in mapped.items() if not k.startswith('head.')}
-  kwargs.update(num_classes=num_classes, **overrides)
-  return _assemble(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                   mapped, unexpected=unexpected,
-                   optional=('head.', 'encoder.temporal_pos'),
-                   source='checkpoint')
+    sizes.pop('image_size', None)
+  kwargs = dict(sizes, backbone=source.backbone, num_classes=num_classes,
+                **overrides)
+  return loader.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
+                      source, 'classifier', tubelet=kwargs['tubelet'],
+                      patch_inflation=patch_inflation)
 
 
 def load_clip(path: str, **kwargs) -> CLIP:

@@ -1,0 +1,166 @@
+"""The weight loader: task changes, resizing, errors, shardings, vidjax runs.
+
+Small random state dicts (from test_models_weights) stand in for released
+files; the models are built abstractly, so nothing here compiles a model.
+"""
+import json
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from test_models_weights import (random_clip_state_dict,
+                                 random_videomae_state_dict)
+from vidjax import checkpoint, sharding
+from vidjax.models import CLIP, Classifier, loader, weights
+
+
+def shapes(make):
+  """Parameter path -> shape of the model `make()` builds (abstractly)."""
+  params = nnx.state(nnx.eval_shape(make), nnx.Param)
+  return {loader.path_name(k): v.shape
+          for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def clip_classifier(**kw):
+  kw = {**dict(num_classes=5, backbone='clip', width=64, depth=2, heads=1,
+              patch_size=8, image_size=16, num_frames=4, tubelet=1), **kw}
+  return lambda: Classifier(**kw, rngs=nnx.Rngs(0))
+
+
+def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
+  sd = random_clip_state_dict()
+  sd['visual.temporal_embedding'] = np.arange(2 * 64, dtype=np.float32
+                                              ).reshape(2, 64)  # 2 frames
+  source = weights.convert(sd, 'clip.pt')
+  values, report = loader.fill(shapes(clip_classifier(scan=True)), source,
+                               'classifier')
+  qkv = np.stack([sd[f'visual.transformer.resblocks.{i}.attn.in_proj_weight'].T
+                  for i in range(2)])
+  np.testing.assert_array_equal(values['encoder.blocks.layers.attn.qkv.kernel'],
+                                qkv)  # Scan: stacked [depth, ...].
+  assert 'encoder.blocks.layers.attn.qkv.kernel' in report.loaded
+  assert report.resized == {'encoder.temporal_pos': '(2, 64) -> (4, 64), '
+                                                    'linear interpolation'}
+  np.testing.assert_allclose(values['encoder.temporal_pos'][[0, -1]],
+                             sd['visual.temporal_embedding'][[0, -1]])
+  assert report.fresh == {'head.bias': loader._NEW_HEAD,
+                          'head.kernel': loader._NEW_HEAD}
+  assert report.dropped['visual.proj'] == 'the classifier has no projection'
+  assert report.dropped['transformer.resblocks.1.ln_2.weight'] == (
+      'the classifier has no text tower')
+  assert report.dropped['logit_scale'] == 'the classifier has no temperature'
+  assert report.change == 'clip -> classifier'
+  assert 'dropped (29, the classifier has no text tower)' in report.summary()
+
+
+def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
+  source = weights.convert(random_videomae_state_dict())
+  make = lambda: Classifier(num_classes=3, width=64, depth=1, heads=1,
+                            patch_size=8, image_size=16, num_frames=4,
+                            tubelet=2, rngs=nnx.Rngs(0))
+  values, report = loader.fill(shapes(make), source, 'classifier', tubelet=2)
+  assert set(report.fresh) == {'head.kernel', 'head.bias',
+                               'encoder.norm.scale', 'encoder.norm.bias'}
+  assert 'decoder.blocks.0.attn.qkv.weight' in report.dropped
+  assert 'encoder_to_decoder.weight' in report.dropped
+  assert report.dropped['encoder.norm.weight'] == (
+      'fc_norm starts fresh, as in VideoMAE')
+  assert 'encoder.blocks.layers.0.attn.qkv.bias' in values
+
+
+def test_misfits_are_named_and_init_keep_starts_them_fresh():
+  sd = random_clip_state_dict(layers=1)
+  target = shapes(lambda: CLIP(embed_dim=8, image_size=16, patch_size=8,
+                               num_frames=4, vision_width=64, vision_depth=2,
+                               vision_heads=1, vocab_size=50, context_length=12,
+                               text_width=64, text_heads=1, text_depth=1,
+                               rngs=nnx.Rngs(0)))
+  with pytest.raises(loader.InitFromError) as error:
+    loader.fill(target, weights.convert(sd, 'clip.npz'), 'clip')
+  message = str(error.value)
+  assert message.startswith('clip.npz (OpenAI/OpenCLIP CLIP) does not fit the '
+                            'clip model:')
+  assert 'missing (12): visual.blocks.layers.1.attn.out.bias' in message
+  assert 'visual.proj (64, 16) -> visual.proj.kernel (64, 8)' in message
+  assert 'config.init_keep' in message
+  sd.update({f'visual.transformer.resblocks.1.{k[len("visual.transformer.resblocks.0."):]}': v
+             for k, v in sd.items()
+             if k.startswith('visual.transformer.resblocks.0.')})
+  _, report = loader.fill(target, weights.convert(sd), 'clip',
+                          keep_init=('visual.proj', 'text.proj'))
+  assert report.fresh == {'text.proj.kernel': 'config.init_keep',
+                          'visual.proj.kernel': 'config.init_keep',
+                          'visual.temporal_pos': loader._NO_TEMPORAL}
+  assert report.dropped['text_projection'] == 'config.init_keep'
+  with pytest.raises(loader.InitFromError, match='holds a videomae model; it '
+                     'cannot initialise a clip model'):
+    loader.fill(target, weights.convert(random_videomae_state_dict()), 'clip')
+
+
+def test_load_params_puts_each_array_on_the_live_sharding():
+  mesh = sharding.make_mesh(fsdp=4)
+  make = clip_classifier()
+  abstract = nnx.state(nnx.eval_shape(make), nnx.Param)
+  shardings = sharding.param_shardings(abstract, mesh, min_size=1)
+  live = jax.tree.map(lambda x, s: jax.device_put(np.full(x.shape, 7.0,
+                                                          x.dtype), s),
+                      abstract, shardings)
+  sd = random_clip_state_dict()
+  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
+  params, _ = loader.load_params(live, model_config, weights.convert(sd))
+  kernel = params['encoder']['blocks']['layers'][0]['mlp']['fc1']['kernel']
+  assert kernel[...].sharding.spec == P(None, 'fsdp')  # [64, 256] split
+  np.testing.assert_array_equal(
+      kernel[...], sd['visual.transformer.resblocks.0.mlp.c_fc.weight'].T)
+  np.testing.assert_array_equal(params['head']['kernel'][...], 7.0)  # fresh
+  for new, old in zip(jax.tree.leaves(params), jax.tree.leaves(live)):
+    assert new.sharding == old.sharding
+  model_config.backbone = 'videomae'
+  with pytest.raises(loader.InitFromError, match="has a clip backbone but "
+                     "config.model.backbone is 'videomae'"):
+    loader.load_params(live, model_config, weights.convert(sd))
+
+
+def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
+  """A scanned CLIP run -> an unscanned classifier, from its workdir."""
+  model = nnx.eval_shape(lambda: CLIP(
+      embed_dim=16, image_size=16, patch_size=8, num_frames=2,
+      vision_width=64, vision_depth=2, vision_heads=1, vocab_size=50,
+      context_length=12, text_width=64, text_heads=1, text_depth=1,
+      scan=True, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda x: rng.standard_normal(x.shape).astype(np.float32),
+      nnx.state(model, nnx.Param))
+  config = {'model': {'name': 'clip', 'tubelet': 1}}
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(tmp_path),
+                               every_steps=1, metadata={'config': config},
+                               best_metric='eval/r1') as ckpt:
+    ckpt.save(3, {'step': 3, 'params': params, 'opt': {}})
+    ckpt.save(4, {'step': 4, 'params': params, 'opt': {}})
+    ckpt.record_eval(3, {'eval/r1': 0.5}, None)  # Step 3 is saved.
+  source = weights.read_source(str(tmp_path))
+  assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
+  live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
+  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
+  loaded, report = loader.load_params(live, model_config, source)
+  np.testing.assert_array_equal(
+      loaded['encoder']['blocks']['layers'][1]['attn']['qkv']['kernel'][...],
+      params['visual']['blocks']['layers']['attn']['qkv']['kernel'][...][1])
+  assert set(report.fresh) == {'head.kernel', 'head.bias'}
+  report.log(tmp_path)
+  written = json.loads((tmp_path / loader.REPORT_FILE).read_text())
+  assert written['change'] == 'clip -> classifier'
+  assert written['dropped']['text.pos_embed'] == (
+      'the classifier has no text tower')
+
+
+def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
+  (tmp_path / 'model.safetensors').write_bytes(b'')
+  with pytest.raises(FileNotFoundError, match=r"no complete vidjax checkpoint"
+                     r".*name it: \['model.safetensors'\]"):
+    weights.read_source(str(tmp_path))
