@@ -192,3 +192,39 @@ def test_millisecond_timestamps_keep_every_frame(tmp_path):
   assert info.frame_rate == fps and info.num_frames == 45
   assert numbers(video.read_clip(tmp_path / "out", "ms", range(45))) == list(
       range(45))
+
+
+@pytest.mark.parametrize("full_range", [False, True])
+def test_bt709_colours_come_back_as_in_the_source(tmp_path, full_range):
+  # HD cameras tag BT.709 (phones often full range too); the chunks must not
+  # shift colours: red and green halves read back as the source decodes.
+  image = np.zeros((96, 160, 3), np.uint8)
+  image[:, :80], image[:, 80:] = (220, 30, 30), (30, 200, 60)
+  reformatter = av.video.reformatter
+  with av.open(str(tmp_path / "hd.mp4"), "w") as out:
+    stream = out.add_stream("libx264", rate=25)
+    stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
+    stream.codec_context.colorspace = reformatter.Colorspace.ITU709
+    stream.codec_context.color_range = 2 if full_range else 1
+    stream.codec_context.options = {"crf": "10", "x264-params": (
+        f"colormatrix=bt709:fullrange={'on' if full_range else 'off'}")}
+    for k in range(5):
+      frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
+          format="yuv420p", dst_colorspace=reformatter.Colorspace.ITU709,
+          dst_color_range=reformatter.ColorRange.JPEG if full_range
+          else reformatter.ColorRange.MPEG)
+      frame.pts = k
+      out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+  with av.open(str(tmp_path / "hd.mp4")) as c:
+    frame = next(c.decode(video=0))
+    assert frame.colorspace == 1 and frame.color_range == (2 if full_range
+                                                           else 1)
+    want = frame.to_ndarray(format="rgb24")
+  chunk.chunk_videos(tmp_path / "hd.mp4", tmp_path / "out",
+                     chunk.ChunkOptions(short_side=0), progress=False)
+  got = video.read_clip(tmp_path / "out", "hd", [2])[0]
+  for x in (40, 120):
+    np.testing.assert_allclose(got[40:56, x - 8:x + 8].mean(axis=(0, 1)),
+                               want[40:56, x - 8:x + 8].mean(axis=(0, 1)),
+                               atol=5)

@@ -198,15 +198,23 @@ def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
       i += 1
 
 
+_REFORMAT = av.video.reformatter
+
+
 def _upright(frame: av.VideoFrame, width: int, height: int,
              rotation: int) -> av.VideoFrame:
   """Scales to (width, height) of the *displayed* picture, yuv420p, upright.
 
+  Colours are converted to BT.601 limited range, what an untagged H.264
+  stream means and what the reader assumes: HD sources tagged BT.709 (or
+  full-range ones) would otherwise come back with shifted colours.
   `rotation` is the display matrix's counter-clockwise angle (PyAV/FFmpeg).
   """
   quarter = (round(rotation / 90)) % 4
   stored = (height, width) if quarter % 2 else (width, height)
-  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p")
+  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p",
+                       dst_colorspace=_REFORMAT.Colorspace.ITU601,
+                       dst_color_range=_REFORMAT.ColorRange.MPEG)
   if not quarter:
     return out
   planes = yuv_planes(out)
