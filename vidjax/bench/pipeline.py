@@ -86,7 +86,7 @@ def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
 
 def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
             size: int = 224, frames: int = 16, stride: int = 4,
-            batch: int = 16, batches: int = 12) -> dict[int, dict]:
+            batch: int = 16, batches: int = 20) -> dict[int, dict]:
   """clips/s of the whole pipeline with each number of Grain workers.
 
   Returns and prints, by worker count: `clips_per_s` and `vs_one` (over the
