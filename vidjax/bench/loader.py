@@ -27,9 +27,10 @@ second of CPU time (the pinned core's work) and the speed-ups are medians of
 the per-round ratios. Peers that are not installed (`pip install
 ".[bench]"`) are reported as absent.
 
-Also printed: decoded frames per delivered frame, peak RSS, the size of the
-chunks against the previous defaults', PSNR of `read_clip`'s output against
-the source, and (unless `--pipeline-workers ''`) the whole input pipeline's
+Also printed: decoded frames per delivered frame, peak RSS, what two of
+`read_clip`'s steps cost against the obvious way (`vidjax.bench.reader_parts`),
+the size of the chunks against the previous defaults', PSNR of `read_clip`'s
+output against the source, and (unless `--pipeline-workers ''`) the whole input pipeline's
 clips/s with 1..N Grain workers (`vidjax.bench.pipeline`). `--sweep` measures
 other chunk encodings on the same clips: how the chunker's defaults were
 chosen (BENCHMARKS.md).
@@ -52,7 +53,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidjax.bench import footage
+from vidjax.bench import footage, reader_parts
 from vidjax.data import chunk, video
 
 # ------------------------------------------------------ the methods ----
@@ -372,6 +373,9 @@ def main(argv=None):
         f"pinned to core {args.core}; clips/s per second of CPU time")
   results, summary = compare(source, store, clips, args)
   results["config"] = vars(args)
+  results["reader_parts"] = reader_parts.measure(store, source.stem,
+                                                 clips["16x4"][:40], args.size)
+  reader_parts.report(results["reader_parts"])
   results["chunks"], lines = check_chunks(source, store, work,
                                           clips["16x4"][:12], args.size)
   summary += lines

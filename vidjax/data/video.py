@@ -12,8 +12,14 @@ requested frames:
    keyframe, and non-reference frames (H.264 `nal_ref_idc == 0`, the chunker's
    B-frames) that were not requested.
 4. Only requested frames are converted: the crop is cut from the YUV 4:2:0
-   planes first, and one swscale pass scales the window and converts it to
-   RGB. Nothing outside the crop is ever scaled or colour-converted.
+   planes first, scaled as planar YUV, then converted to RGB (two swscale
+   passes with SIMD code, ~2.4x faster than one pass straight to packed
+   RGB). Nothing outside the crop is ever scaled or colour-converted.
+5. Chunks are opened without FFmpeg's stream probe, which would decode the
+   first frame once more (an open costs a third).
+
+`python -m vidjax.bench.loader` measures all of it on real footage against
+naive PyAV and decord (BENCHMARKS.md).
 
 Ids past the last frame are clamped to the last frame (and negative ids to 0),
 so samplers may overshoot at the end of a video. Any failure to produce a
@@ -180,8 +186,8 @@ class _Converter:
 
   swscale's scaled path to packed RGB runs in plain C, while scaling planar
   YUV and the unscaled YUV -> RGB conversion both have SIMD code: two passes
-  (crop scaled as yuv420p, then converted) cost a third of one direct pass
-  and interpolate chroma at least as well (see BENCHMARKS.md).
+  (crop scaled as yuv420p, then converted) cost less than half of one direct
+  pass and interpolate chroma at least as well (`vidjax.bench.reader_parts`).
   """
 
   def __init__(self):
@@ -209,7 +215,7 @@ _BILINEAR = av.video.reformatter.Interpolation.BILINEAR
 _converters = threading.local()
 
 
-def _crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
+def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
   """uint8[H, W, 3] RGB of the window of a decoded frame, scaled to out_wh."""
   if not hasattr(_converters, "value"):  # One per thread (reader threads).
     _converters.value = _Converter()
@@ -220,7 +226,7 @@ def _crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
 # with a decoder of its own: wasted work, as the clip's keyframe is decoded
 # again by ours. The mp4 header already holds everything read_clip needs.
 # (`options` reach only that probe's decoders, not the stream's own.)
-_OPEN_FAST = {"container_options": {"probesize": "32"},
+OPEN_OPTIONS = {"container_options": {"probesize": "32"},
               "options": {"skip_frame": "all"}}
 
 
@@ -230,7 +236,7 @@ def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
   first, todo = min(needed), set(needed)
   current = None
   try:
-    with av.open(path, **_OPEN_FAST) as container:
+    with av.open(path, **OPEN_OPTIONS) as container:
       stream = container.streams.video[0]
       ctx = stream.codec_context
       ctx.thread_count = 1  # Parallelism comes from loader workers.
@@ -309,4 +315,4 @@ def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
   j = index(frame.pts)
   if j in todo:
     todo.discard(j)
-    yield j, _crop_to_rgb(frame, window, out_wh)
+    yield j, crop_to_rgb(frame, window, out_wh)
