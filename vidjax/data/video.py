@@ -224,10 +224,11 @@ def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
 
 # av.open runs FFmpeg's stream probing, which decodes the chunk's first frame
 # with a decoder of its own: wasted work, as the clip's keyframe is decoded
-# again by ours. The mp4 header already holds everything read_clip needs.
-# (`options` reach only that probe's decoders, not the stream's own.)
-OPEN_OPTIONS = {"container_options": {"probesize": "32"},
-              "options": {"skip_frame": "all"}}
+# again by ours. The mp4 header already holds everything read_clip needs, and
+# chunks are always mp4 (no format guessing either). `options` reach only the
+# probe's decoders, not the stream's own.
+OPEN_OPTIONS = {"format": "mp4", "container_options": {"probesize": "32"},
+                "options": {"skip_frame": "all"}}
 
 
 def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
