@@ -18,25 +18,22 @@ chunk `k = floor(i / fps / chunk_seconds)`, at local index
 `i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
 
 Encoding defaults, chosen for decoding speed per byte on real footage
-(`python -m vidjax.bench.loader --sweep`, BENCHMARKS.md#chunk-settings):
-- `--tune fastdecode`: CAVLC instead of CABAC entropy coding, no deblocking
-  filter, no weighted prediction. Decoding is the reader's main cost and
-  CABAC its slowest part; together 1.5x (16-frame clips) to 1.7x (4-frame
-  clips) faster `read_clip` for ~12% larger files.
-- `--bframes 7` non-reference B-frames (`b-pyramid=none`, `b-adapt=0`)
-  between P-frames: the reader drops, before the decoder, the packets of
-  B-frames no requested frame needs, so only every 8th frame is on the
-  reference chain. A 16-frame stride-4 clip decodes ~1.7 frames per delivered
-  frame (2.1 with 3 B-frames), a sparse 4-frame clip ~3 (4.2); +3% size,
-  -0.4 dB. More B-frames cost more size and quality than they save.
-- `--gop 32` (closed GOPs): a random frame decodes from a keyframe at most
-  31 frames back; GOP 16 reads a few % faster for ~20% more disk, GOP 64
-  saves 10% disk and reads ~10% slower.
+(`python -m vidjax.bench.loader --sweep`; figures in BENCHMARKS.md):
+- `--tune fastdecode` (CAVLC instead of CABAC, no deblocking, no weighted
+  prediction): decoding is most of the reader's time and CABAC its slowest
+  part; 1.5-1.6x faster `read_clip` for 12% more disk.
+- `--bframes 7` non-reference B-frames: the reader drops the packets of
+  those no requested frame needs before the decoder, so only every 8th frame
+  is on the reference chain: 1.7 decoded frames per delivered one for 16x4
+  clips (2.1 with 3 B-frames), 3.0 for sparse 4-frame clips (4.2); +3% disk.
+- `--gop 32`, closed: a frame decodes from a keyframe at most 31 back; GOP
+  16 costs 21% more disk for no clear gain, 64 saves 10% for longer lead-ins.
 - `--crf 23 --preset veryfast --short-side 288`: x264's default quality at
-  AVION's chunk resolution (read_clip output at 224 px is ~37 dB PSNR
-  against the source); CRF 26 or short side 256 read faster but lose detail.
-All chunks are 8-bit yuv420p; how a store was encoded is recorded in its
-manifest, and `read_clip` reads any H.264 chunks (older stores included).
+  AVION's resolution (~38 dB at 224x224 against the source).
+Together 1.5x (16x4 clips) to 1.9x (4-frame clips) the speed of the previous
+defaults (`--bframes 3 --tune ''`) for 15% more disk. Chunks are yuv420p,
+BT.601 limited range; the manifest records each video's encoding, and
+`read_clip` reads any H.264 chunks (older stores included).
 """
 from __future__ import annotations
 
