@@ -192,7 +192,7 @@ def test_real_footage_quality_against_the_source(footage_store, shape):
   ref = footage.source_frames(str(source), range(info.num_frames), info.width,
                               info.height)
   stats, exact, neighbours = video.DecodeStats(), [], []
-  for ids, box in footage.sample_clips(shape, 3, info.num_frames, 25, seed=1):
+  for ids, box in footage.sample_clips(shape, 3, info, seed=1):
     window = footage.pixels(box, info.width, info.height)
     clip = video.read_clip(store, "bikes", ids, crop=window, size=(224, 224),
                            stats=stats)

@@ -89,38 +89,42 @@ def prepare_source(work: Path, seconds: float, width: int, height: int,
   return source
 
 
-def sample_clips(shape: str, num_clips: int, num_frames: int, fps: float,
+def sample_clips(shape: str, num_clips: int, info: video.VideoInfo,
                  seed: int) -> list[tuple[np.ndarray, tuple[float, ...]]]:
-  """Random clips: frame ids and a crop box as fractions (x, y, w, h).
+  """Random clips of a stored video: frame ids and AVION's random-resized
+  crop (area 0.5-1 of the stored frame), as fractions (x, y, w, h) of the
+  frame so that other copies of the video (the unchunked source) get the same
+  crop.
 
   Args:
     shape: "16x4" (16 frames at stride 4) or "4seg" (AVION pretraining: one
       frame from each of 4 segments of a window of 1-3 seconds).
     num_clips: how many.
-    num_frames: frames in the video.
-    fps: its frame rate.
+    info: the stored video.
     seed: random seed.
   """
   rng = np.random.default_rng(seed)
   clips = []
   for _ in range(num_clips):
     if shape == "16x4":
-      start = int(rng.integers(0, num_frames - 61))
+      start = int(rng.integers(0, info.num_frames - 61))
       ids = start + 4 * np.arange(16)
     else:
-      length = max(4, int(rng.uniform(1, 3) * fps))
-      start = int(rng.integers(0, num_frames - length))
+      length = max(4, int(rng.uniform(1, 3) * float(info.frame_rate)))
+      start = int(rng.integers(0, info.num_frames - length))
       ids = sampling.segment_frame_ids(start, start + length, 4, rng)
-    box = crop_lib.random_resized_crop(rng, 10_000, 10_000, scale=(0.5, 1.0))
-    clips.append((ids, (box.x / 1e4, box.y / 1e4, box.w / 1e4, box.h / 1e4)))
+    box = crop_lib.random_resized_crop(rng, info.height, info.width,
+                                       scale=(0.5, 1.0))
+    clips.append((ids, (box.x / info.width, box.y / info.height,
+                        box.w / info.width, box.h / info.height)))
   return clips
 
 
 def pixels(box, width: int, height: int) -> tuple[int, int, int, int]:
   """A fractional box in pixels of a width x height frame."""
   x, y, w, h = box
-  return (int(x * width), int(y * height), max(2, int(w * width)),
-          max(2, int(h * height)))
+  return (round(x * width), round(y * height), max(2, round(w * width)),
+          max(2, round(h * height)))
 
 
 def store_mb_per_minute(store: Path, video_id: str) -> float:

@@ -365,8 +365,8 @@ def main(argv=None):
   store = footage.store_for(source, defaults, work)
   info = video.video_info(store, source.stem)
   fps = float(info.frame_rate)
-  clips = {s: footage.sample_clips(s, args.clips, info.num_frames, fps,
-                                   args.seed + i) for i, s in enumerate(SHAPES)}
+  clips = {s: footage.sample_clips(s, args.clips, info, args.seed + i)
+           for i, s in enumerate(SHAPES)}
   print(f"\nsource {source.name} ({info.num_frames / fps:.0f} s); chunks "
         f"{info.width}x{info.height}: {chunk.encoding(defaults)}\n"
         f"{args.clips} clips per shape in {args.rounds} interleaved rounds; "
