@@ -391,7 +391,7 @@ def main(argv=None):
                       f"{rows[2]['vs_one']:.2f}x", ">= 1.7x on 2 free cores"))
   print(f"\n{'summary':<40} {'measured':>10}  goal")
   for name, value, goal in summary:
-    print(f"{name:<40} {value:>10}  {goal}")
+    print(f"{name:<40} {value:>10}  {goal}".rstrip())
   (work / "results.json").write_text(json.dumps(results, indent=1,
                                                 default=str))
   print(f"\nwritten {work / 'results.json'}")
