@@ -1,7 +1,6 @@
 """read_clip: right frames, fused crop quality, errors, memory."""
 import json
 import os
-import resource
 import shutil
 
 import av

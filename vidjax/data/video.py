@@ -31,7 +31,6 @@ import bisect
 import dataclasses
 import fractions
 import functools
-import json
 import os
 import threading
 from collections.abc import Sequence
