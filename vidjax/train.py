@@ -167,12 +167,25 @@ class Steps:
   eval: callable
 
 
-def make_steps(config, task, graphdef, tx, schedule) -> Steps:
+def make_steps(config, task, graphdef, tx, schedule, mesh,
+               shardings) -> Steps:
+  """The jitted train and eval steps, pinned to the state's shardings.
+
+  Explicit in and out shardings (those `sharding.create_sharded_state`
+  returned for (state, rest)) keep every step's state laid out as the
+  first: without them XLA may hand back a small replicated leaf sharded,
+  and the next call compiles the step again.
+  """
   accum = config.get("accum_steps", 1)
-  train_augment = augment.make_augment(task.augment_config(config))
-  eval_cfg = {k: v for k, v in task.augment_config(config).items()
-              if k in ("mean", "std", "dtype", "mask_ratio", "tubelet", "patch")}
-  eval_augment = augment.make_augment(eval_cfg)
+  # Frames leave the augment in the compute dtype (bf16 on GPU): the model
+  # casts them anyway, and half the bytes cross HBM. A config's own
+  # augment.dtype wins.
+  aug = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name,
+         **task.augment_config(config)}
+  train_augment = augment.make_augment(aug)
+  eval_augment = augment.make_augment(
+      {k: v for k, v in aug.items()
+       if k in ("mean", "std", "dtype", "mask_ratio", "tubelet", "patch")})
 
   def loss_fn(params, rest, batch, key):
     model = nnx.merge(graphdef, params, rest)
@@ -198,8 +211,52 @@ def make_steps(config, task, graphdef, tx, schedule) -> Steps:
     keep = ("index", "view", "valid", "label", "verb", "noun")
     return {**out, **{k: v for k, v in batch.items() if k in keep}}
 
-  return Steps(train=jax.jit(train_step, donate_argnums=0),
-               eval=jax.jit(eval_step))
+  state_shardings, rest_shardings = shardings
+  batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  return Steps(
+      train=jax.jit(train_step, donate_argnums=0,
+                    in_shardings=(state_shardings, rest_shardings, batch,
+                                  replicated),
+                    out_shardings=(state_shardings, replicated)),
+      eval=jax.jit(eval_step,
+                   in_shardings=(state_shardings["params"], rest_shardings,
+                                 batch),
+                   out_shardings=batch))
+
+
+def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
+  """The train state (created sharded), model buffers and jitted steps.
+
+  Args:
+    config: the run config (`model`, `optim`, `total_steps`, `seed`, ...).
+    task: the task module (`tasks.get_task(config.task)`).
+    mesh: from `sharding.make_mesh`.
+    abstract: return `jax.ShapeDtypeStruct`s (with shardings) instead of
+      arrays: nothing is computed or allocated, and the steps can still be
+      traced, lowered or compiled for them.
+
+  Returns:
+    (state, rest, steps): state {step, params, opt}, the model's untrained
+    buffers, and the `Steps`.
+  """
+  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
+
+  def build():
+    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+
+  def init():
+    _, params, rest = nnx.split(build(), nnx.Param, ...)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt": tx.init(params)}, rest
+
+  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  if abstract:
+    state, rest = sharding.abstract_sharded_state(init, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, (state, rest))
+  else:
+    (state, rest), shardings = sharding.create_sharded_state(init, mesh)
+  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings)
+  return state, rest, steps
 
 
 def run_eval(run: "Run", config) -> dict:
@@ -249,20 +306,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
                      f"but config.model.text.vocab_size is "
                      f"{config.model.text.vocab_size}; raise it")
 
-  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
-
-  def build():
-    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
-
-  def init():
-    _, params, rest = nnx.split(build(), nnx.Param, ...)
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt": tx.init(params)}, rest
-
-  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
-  (state, rest), _ = sharding.create_sharded_state(init, mesh)
-  run = Run(mesh, task, tokenizer, state, rest,
-            make_steps(config, task, graphdef, tx, schedule))
+  state, rest, steps = build_state_and_steps(config, task, mesh)
+  run = Run(mesh, task, tokenizer, state, rest, steps)
 
   start = checkpoint.resolve_start(workdir, config)
   if start.kind in ("workdir", "resume"):

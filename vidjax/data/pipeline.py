@@ -31,10 +31,12 @@ Config keys (`config.data`, see `default_data_config`):
 from __future__ import annotations
 
 import collections
+import functools
 
 from absl import flags
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -74,6 +76,70 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
       files = [p for p in (data.train_annotations, data.eval_annotations) if p]
       kw["action_map"] = annotations.ek100_action_map(files)
   return annotations.load_records(data.format, path, **kw)
+
+
+def batch_spec(config: ml_collections.ConfigDict, batch_size: int, *,
+               text: bool, labels: bool) -> dict[str, jax.ShapeDtypeStruct]:
+  """Shapes and dtypes of the global batches `make_pipeline` yields.
+
+  For tracing, compiling or timing the steps without reading any video.
+
+  Args:
+    config: the run config (reads `config.data`).
+    batch_size: global batch size B.
+    text: the batches carry `tokens` (video-text tasks).
+    labels: they carry `label` (and `verb`, `noun` for data.format
+      'ek100_cls').
+
+  Returns:
+    dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3], tokens
+    int32[B, 77], label / verb / noun int32[B], index / view / skipped
+    int32[B], valid bool[B].
+  """
+  data = config.data
+  height, width = clip_spec(data).size
+  spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
+  if text:
+    spec["tokens"] = ((source.CONTEXT_LENGTH,), np.int32)
+  names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
+  spec.update({name: ((), np.int32) for name in names if labels})
+  spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
+              skipped=((), np.int32))
+  return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
+          for k, (shape, dtype) in spec.items()}
+
+
+def random_batch(spec: dict[str, jax.ShapeDtypeStruct], mesh: jax.sharding.Mesh,
+                 key: jax.Array, *, vocab_size: int = 49408,
+                 num_classes: int = 1) -> dict[str, jax.Array]:
+  """A device-resident random batch of `spec`, sharded as the pipeline's.
+
+  Frames are uniform uint8, tokens uniform in [1, vocab_size), labels in
+  [0, num_classes); every element is valid. Generated on the devices, so a
+  benchmark's step is measured without the host in the way.
+  """
+  shardings = {k: sharding.batch_sharding(mesh) for k in spec}
+
+  @functools.partial(jax.jit, out_shardings=shardings)
+  def make(key):
+    keys = dict(zip(spec, jax.random.split(key, len(spec))))
+    out = {}
+    for name, s in spec.items():
+      if name == "video":
+        out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
+      elif name == "tokens":
+        out[name] = jax.random.randint(keys[name], s.shape, 1, vocab_size,
+                                       jnp.int32)
+      elif name in ("label", "verb", "noun"):
+        out[name] = jax.random.randint(keys[name], s.shape, 0, num_classes,
+                                       jnp.int32)
+      elif name == "index":
+        out[name] = jnp.arange(s.shape[0], dtype=jnp.int32)
+      else:  # view, skipped: 0; valid: True
+        out[name] = jnp.full(s.shape, name == "valid", s.dtype)
+    return out
+
+  return make(key)
 
 
 class DataError(RuntimeError):
