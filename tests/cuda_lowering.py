@@ -10,6 +10,7 @@ every shape rule JAX applies there is checked here.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 from unittest import mock
@@ -43,9 +44,26 @@ def lower_for_cuda(fn, *args, **jit_kwargs) -> str:
   return traced.lower(lowering_platforms=('cuda',)).as_text()
 
 
-def cudnn_attention_calls(hlo_text: str) -> dict[str, int]:
-  """Counts of cuDNN fused-attention custom calls by name in lowered text."""
-  counts: dict[str, int] = {}
-  for name in re.findall(r'__cudnn\$fmha\w*', hlo_text):
-    counts[name] = counts.get(name, 0) + 1
+def cudnn_attention_calls(hlo_text: str) -> collections.Counter:
+  """cuDNN fused-attention calls in lowered text, by name, with totals.
+
+  On one device they are `__cudnn$fmha*` custom calls. On a mesh of several
+  devices JAX wraps each in custom partitioning: the lowered text holds a
+  `CustomSPMDPartitioning` call naming a callback, which XLA's partitioner
+  replaces with the cuDNN call at compile time; those count under the name
+  of the callback's partition function.
+
+  Returns:
+    Counts by call name, plus 'forward' and 'backward' totals.
+  """
+  from jax._src import custom_partitioning
+  counts = collections.Counter(re.findall(r'__cudnn\$fmha\w*', hlo_text))
+  for key in re.findall(r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"',
+                        hlo_text):
+    info = custom_partitioning._sharding_callbacks.get(key.encode())
+    name = getattr(getattr(info, 'partition', None), '__name__', '')
+    if name.startswith('_dot_product_attention'):
+      counts[name] += 1
+  for name, count in list(counts.items()):
+    counts['backward' if re.search('Backward|bwd', name) else 'forward'] += count
   return counts

@@ -39,6 +39,18 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),
 }
 
+
+
+def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
+  """True for cuDNN's attention forward: its output and softmax statistics.
+
+  Its backward kernel needs both; a policy that saves only the output (by
+  name) makes the backward pass run the forward kernel again for the
+  statistics.
+  """
+  return primitive.name.startswith('dot_product_attention_fwd')
+
+
 # What a remat'd block keeps for the backward pass ('none' = no remat).
 REMAT_POLICIES = {
     'none': None,
@@ -46,8 +58,12 @@ REMAT_POLICIES = {
     'dots_saveable': jax.checkpoint_policies.dots_saveable,
     'dots_with_no_batch_dims_saveable':
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    'save_attention':
+    # Attention is kept (cuDNN: output + softmax statistics; XLA: the named
+    # output), everything else recomputed: the backward pass reruns the
+    # block's matmuls but not attention, the costly part at 16 frames.
+    'save_attention': jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.save_only_these_names('attention'),
+        _cudnn_attention_outputs),
 }
 
 
