@@ -7,7 +7,7 @@ from flax import nnx
 
 from vidjax.models import attention
 
-from cuda_lowering import cudnn_attention_calls, forced_cudnn, lower_for_cuda
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
 
 def reference_attention(q, k, v, is_causal=False):

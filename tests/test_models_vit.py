@@ -9,7 +9,7 @@ from vidjax.models import build_model, default_model_config
 from vidjax.models.vit import (Transformer, VisionTransformer, parse_variant,
                                patchify)
 
-from cuda_lowering import cudnn_attention_calls, forced_cudnn, lower_for_cuda
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
 
 def tiny_vit(**overrides):

@@ -16,7 +16,7 @@ import pytest
 from vidjax import config as config_lib, models, sharding, tasks, train
 from vidjax.data import pipeline
 
-from cuda_lowering import cudnn_attention_calls, forced_cudnn
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
 
 RECIPES = sorted(p.name for p in (Path(__file__).parents[1] / "configs").glob("*.py"))
 # Policies under which the backward pass runs no attention forward again.

@@ -1,4 +1,4 @@
-"""Tracing GPU-only code on a CPU machine: lower for CUDA with cuDNN forced.
+"""GPU code paths on any machine: cuDNN forced, lowered for CUDA, counted.
 
 JAX can lower a function for a platform it does not run on
 (`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`). Its cuDNN
@@ -6,7 +6,10 @@ attention asks the (absent) GPU for its cuDNN version and compute capability
 while tracing, and vidjax asks for the compute capability to choose an
 implementation; `forced_cudnn()` answers those questions as an H100/H200 with
 cuDNN 9.10 would, so the cuDNN code path is traced exactly as on that GPU and
-every shape rule JAX applies there is checked here.
+every shape rule JAX applies there is checked. The tests use it to prove the
+GPU path on CPU, `vidjax.bench.memory` to size what the backward pass keeps
+under cuDNN, and `vidjax.bench.gpu_check` counts the cuDNN calls of the
+step it compiled with `cudnn_attention_calls`.
 """
 from __future__ import annotations
 
