@@ -164,8 +164,9 @@ def test_bfloat16_residual_stream_stays_bfloat16_and_close(scan):
   assert model.encoder.blocks.residual_dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize('remat, reruns', [('none', False), ('full', True),
-                                           ('save_attention', False)])
+@pytest.mark.parametrize('remat, reruns', [
+    ('none', False), ('full', True), ('dots_saveable', True),
+    ('save_attention', False), ('save_dots_and_attention', False)])
 def test_save_attention_keeps_what_cudnn_backward_needs(remat, reruns):
   """Under 'save_attention' the backward pass never reruns cuDNN's forward.
 

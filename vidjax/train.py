@@ -162,9 +162,15 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
 
 @dataclasses.dataclass
 class Steps:
-  """The jitted functions of a run, closed over the model structure."""
+  """The jitted functions of a run, closed over the model structure.
+
+  `loss(params, rest, batch, key) -> (loss, metrics)` is what `train`
+  differentiates, on one raw batch (augmented inside), unjitted: for memory
+  analysis (`vidjax.bench.memory`).
+  """
   train: callable
   eval: callable
+  loss: callable
 
 
 def make_steps(config, task, graphdef, tx, schedule, mesh,
@@ -211,9 +217,14 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
     keep = ("index", "view", "valid", "label", "verb", "noun")
     return {**out, **{k: v for k, v in batch.items() if k in keep}}
 
+  def raw_batch_loss(params, rest, batch, key):
+    aug_key, drop_key = jax.random.split(key)
+    return loss_fn(params, rest, train_augment(batch, aug_key), drop_key)
+
   state_shardings, rest_shardings = shardings
   batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   return Steps(
+      loss=raw_batch_loss,
       train=jax.jit(train_step, donate_argnums=0,
                     in_shardings=(state_shardings, rest_shardings, batch,
                                   replicated),

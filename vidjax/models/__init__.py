@@ -20,8 +20,10 @@ Every model
   remat         per-block rematerialisation (what the backward pass keeps):
                 'none' (everything), 'full' (only block inputs),
                 'save_attention' (attention outputs and cuDNN's softmax
-                statistics), 'dots_saveable' (every matmul output),
-                'dots_with_no_batch_dims_saveable'.
+                statistics), 'save_dots_and_attention' (those and every
+                matmul output), 'dots_saveable' (matmul outputs only),
+                'dots_with_no_batch_dims_saveable'. Each recipe says which
+                fits what GPU memory (`python -m vidjax.bench.memory`).
   scan          scan over blocks (faster compiles, params stacked by depth).
   drop_path     stochastic depth at the last block (linear from 0).
   act           'quick_gelu' (OpenAI CLIP) or 'gelu' (exact, OpenCLIP/VideoMAE);

@@ -42,7 +42,6 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 
 
-
 def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
   """True for cuDNN's attention forward: its output and softmax statistics.
 
@@ -53,19 +52,27 @@ def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
   return primitive.name.startswith('dot_product_attention_fwd')
 
 
-# What a remat'd block keeps for the backward pass ('none' = no remat).
+_policies = jax.checkpoint_policies
+# Attention's results: cuDNN's (output + statistics), or XLA's named output.
+_attention_saveable = _policies.save_from_both_policies(
+    _policies.save_only_these_names('attention'), _cudnn_attention_outputs)
+
+# What a remat'd block keeps for the backward pass ('none' = no remat). The
+# more it keeps, the less the backward pass recomputes and the more memory
+# it holds; each recipe says which fits what GPU (vidjax.bench.memory).
 REMAT_POLICIES = {
     'none': None,
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots_saveable': jax.checkpoint_policies.dots_saveable,
+    # Block inputs only: a whole second forward (AVION's checkpointing).
+    'full': _policies.nothing_saveable,
+    # Attention kept: the matmuls are recomputed, attention is not.
+    'save_attention': _attention_saveable,
+    # Attention and every matmul output kept: only elementwise work
+    # (LayerNorms, activations, residual adds) is recomputed.
+    'save_dots_and_attention': _policies.save_from_both_policies(
+        _policies.dots_saveable, _attention_saveable),
+    'dots_saveable': _policies.dots_saveable,
     'dots_with_no_batch_dims_saveable':
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    # Attention is kept (cuDNN: output + softmax statistics; XLA: the named
-    # output), everything else recomputed: the backward pass reruns the
-    # block's matmuls but not attention, the costly part at 16 frames.
-    'save_attention': jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.save_only_these_names('attention'),
-        _cudnn_attention_outputs),
+        _policies.dots_with_no_batch_dims_saveable,
 }
 
 
