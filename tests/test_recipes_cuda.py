@@ -36,8 +36,7 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
   config.model.dtype = "bfloat16"
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  batch = pipeline.batch_spec(config, 8, text=task.NEEDS_TEXT,
-                              labels=config.model.name == "classifier")
+  batch = pipeline.batch_spec(config, 8)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with forced_cudnn():
     state, rest, steps = train.build_state_and_steps(config, task, mesh,

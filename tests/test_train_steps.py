@@ -27,9 +27,7 @@ def test_train_step_compiles_once_over_three_steps(fsdp):
   if fsdp > 1:
     specs = {s.spec for s in jax.tree.leaves(first_shardings)}
     assert sharding.P() in specs and len(specs) > 1  # Split and replicated.
-  spec = pipeline.batch_spec(config, 16, text=True, labels=False)
-  batch = pipeline.random_batch(spec, mesh, jax.random.key(0),
-                                vocab_size=config.model.text.vocab_size)
+  batch = pipeline.random_batch(config, 16, mesh)
   key = jax.random.key(config.seed)
   for _ in range(3):
     state, metrics = steps.train(state, rest, batch, key)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vidjax import sharding
+from vidjax import sharding, tasks
 from vidjax.data import annotations, source
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
@@ -78,68 +78,67 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   return annotations.load_records(data.format, path, **kw)
 
 
-def batch_spec(config: ml_collections.ConfigDict, batch_size: int, *,
-               text: bool, labels: bool) -> dict[str, jax.ShapeDtypeStruct]:
+def batch_spec(config: ml_collections.ConfigDict,
+               batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes and dtypes of the global batches `make_pipeline` yields.
 
-  For tracing, compiling or timing the steps without reading any video.
+  For tracing, compiling or timing the steps without reading any video: the
+  keys are those the config's task reads.
 
   Args:
-    config: the run config (reads `config.data`).
+    config: the run config (reads `task` and `data`).
     batch_size: global batch size B.
-    text: the batches carry `tokens` (video-text tasks).
-    labels: they carry `label` (and `verb`, `noun` for data.format
-      'ek100_cls').
 
   Returns:
-    dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3], tokens
-    int32[B, 77], label / verb / noun int32[B], index / view / skipped
-    int32[B], valid bool[B].
+    dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
+    int32[B, 77] for video-text tasks; label int32[B] for classification
+    (and verb, noun for data.format 'ek100_cls'); index, view, skipped
+    int32[B]; valid bool[B].
   """
   data = config.data
   height, width = clip_spec(data).size
   spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
-  if text:
+  if tasks.get_task(config.task).NEEDS_TEXT:
     spec["tokens"] = ((source.CONTEXT_LENGTH,), np.int32)
-  names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
-  spec.update({name: ((), np.int32) for name in names if labels})
+  if config.task == "classification":
+    names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
+    spec.update({name: ((), np.int32) for name in names})
   spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
               skipped=((), np.int32))
   return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
           for k, (shape, dtype) in spec.items()}
 
 
-def random_batch(spec: dict[str, jax.ShapeDtypeStruct], mesh: jax.sharding.Mesh,
-                 key: jax.Array, *, vocab_size: int = 49408,
-                 num_classes: int = 1) -> dict[str, jax.Array]:
-  """A device-resident random batch of `spec`, sharded as the pipeline's.
+def random_batch(config: ml_collections.ConfigDict, batch_size: int,
+                 mesh: jax.sharding.Mesh, seed: int = 0) -> dict[str, jax.Array]:
+  """A device-resident random batch of `batch_spec`, sharded as the pipeline's.
 
-  Frames are uniform uint8, tokens uniform in [1, vocab_size), labels in
-  [0, num_classes); every element is valid. Generated on the devices, so a
-  benchmark's step is measured without the host in the way.
+  Frames are uniform uint8, tokens uniform over the text tower's vocabulary,
+  labels over the classifier's classes; every element is valid. Made on the
+  devices, so that a benchmark times the step without the host in the way.
   """
-  shardings = {k: sharding.batch_sharding(mesh) for k in spec}
+  spec = batch_spec(config, batch_size)
+  high = {"tokens": config.model.get("text", {}).get("vocab_size", 1),
+          **{name: config.model.get("num_classes", 1)
+             for name in ("label", "verb", "noun")}}
 
-  @functools.partial(jax.jit, out_shardings=shardings)
+  @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))
   def make(key):
     keys = dict(zip(spec, jax.random.split(key, len(spec))))
     out = {}
     for name, s in spec.items():
       if name == "video":
         out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
-      elif name == "tokens":
-        out[name] = jax.random.randint(keys[name], s.shape, 1, vocab_size,
-                                       jnp.int32)
-      elif name in ("label", "verb", "noun"):
-        out[name] = jax.random.randint(keys[name], s.shape, 0, num_classes,
+      elif name in high:
+        out[name] = jax.random.randint(keys[name], s.shape, 0, high[name],
                                        jnp.int32)
       elif name == "index":
-        out[name] = jnp.arange(s.shape[0], dtype=jnp.int32)
-      else:  # view, skipped: 0; valid: True
+        out[name] = jnp.arange(batch_size, dtype=jnp.int32)
+      else:  # view, skipped: 0; valid: True.
         out[name] = jnp.full(s.shape, name == "valid", s.dtype)
     return out
 
-  return make(key)
+  return make(jax.random.key(seed))
 
 
 class DataError(RuntimeError):
