@@ -23,7 +23,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from vidjax import augment, checkpoint, config as config_lib, models
-from vidjax import logging as log_lib, optim, plot, sharding, tasks
+from vidjax import logging as log_lib, optim, sharding, tasks
 from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
 from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
@@ -427,5 +427,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("final eval at step %d: %s", step, last_eval)
   writer.close()
   if jax.process_index() == 0:
+    from vidjax import plot  # pylint: disable=g-import-not-at-top  # matplotlib: only here.
     plot.plot_run(workdir)  # WORKDIR/plots/*.png
   return last_eval

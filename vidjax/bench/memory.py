@@ -44,7 +44,7 @@ RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
 
 
 def _bytes(avals) -> int:
-  return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in avals)
 
 
 def _per_device_bytes(tree) -> int:

@@ -52,7 +52,7 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
   return major, minor
 
 
-def _cudnn_version() -> int | None:
+def cudnn_version() -> int | None:
   """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
   # JAX's cuDNN attention asks the same function while tracing.
   from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
@@ -85,7 +85,7 @@ def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
   if capability < (8, 0):
     return (f'the GPU has compute capability {name}; cuDNN flash attention '
             'needs 8.0 (Ampere) or newer')
-  version = _cudnn_version()
+  version = cudnn_version()
   if version is None:
     return ('JAX finds no cuDNN library (install JAX with its CUDA extra, '
             'e.g. pip install "jax[cuda12]")')
