@@ -427,6 +427,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("final eval at step %d: %s", step, last_eval)
   writer.close()
   if jax.process_index() == 0:
-    from vidjax import plot  # pylint: disable=g-import-not-at-top  # matplotlib: only here.
+    # Imported here: matplotlib is needed for the plots only.
+    from vidjax import plot  # pylint: disable=import-outside-toplevel
     plot.plot_run(workdir)  # WORKDIR/plots/*.png
   return last_eval
