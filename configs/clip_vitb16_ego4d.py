@@ -35,8 +35,9 @@ AVION's recipe), `vocab` CLIP's BPE vocabulary. The format 'ego4d' reads the
 converted JSONL and refuses pickles unless `data.allow_pickle=True`. The
 evaluation is video<->text recall on held-out narrations (`eval/t2v_r1`,
 `eval/v2t_r1`, `eval/chance_r1`): keep that file to a few thousand clips,
-since the similarity matrix is N x N. With less GPU memory, raise
-`accum_steps` (the global batch stays 2048) or keep `model.remat='full'`.
+since the similarity matrix is N x N. With less GPU memory, choose a
+leaner `model.remat` (see `get_config`) or raise `accum_steps` (the global
+batch stays 2048).
 
 AVION's reported numbers (not ours): EK-100 MIR zero-shot average mAP 27.4
 (README) and 27.5 / 28.4, average nDCG 29.1 / 29.5 (docs/MODEL_ZOO.md, its two
@@ -91,7 +92,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       embed_dim=256,  # --project-embed-dim 256 (fresh projections).
       act="quick_gelu", drop_path=0.0,  # --drop-path-rate 0
       learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
-      remat="full",  # --grad-checkpointing
+      # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
+      # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
+      # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
+      # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
+      # which recomputes only elementwise work, fits 80 GB GPUs; on 141 GB
+      # try "none" (launch/gpu_check.sh measures both); on 24-48 GB use
+      # "save_attention".
+      remat="save_dots_and_attention",
       dtype="auto", attention="auto")
 
   c.optim = optim.default_optim_config()
