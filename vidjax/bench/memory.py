@@ -53,16 +53,12 @@ def _per_device_bytes(tree) -> int:
              for x in jax.tree.leaves(tree))
 
 
-def kept_for_backward(config, batch_size: int) -> int:
+def kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   """Bytes of the residuals the training loss keeps for its backward pass.
 
-  The step's own loss (`train.Steps.loss`) on an abstract batch, traced as
-  on a GPU; residuals that are the step's inputs are not counted.
+  The step's own loss (`train.Steps.loss`) on an abstract batch; residuals
+  that are the step's inputs are not counted.
   """
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  task = tasks.get_task(config.task)
-  state, rest, steps = train.build_state_and_steps(config, task, mesh,
-                                                   abstract=True)
   batch = pipeline.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
   loss = lambda params, rest, batch, key: steps.loss(params, rest, batch, key)[0]
@@ -83,19 +79,19 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
   config = config.copy_and_resolve_references()
   config.model.update(remat=remat, dtype="bfloat16")
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  state, _, _ = train.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh, abstract=True)
-  # Parameters and optimizer state, plus float32 gradients of the params.
-  state_bytes = (_per_device_bytes(state)
-                 + _per_device_bytes(state["params"]))
-  small, large = jax.device_count(), 2 * jax.device_count()
   on_gpu = jax.default_backend() == "gpu"
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
-    kept_small = kept_for_backward(config, small)
-    kept_large = kept_for_backward(config, large)
+    state, rest, steps = train.build_state_and_steps(
+        config, tasks.get_task(config.task), mesh, abstract=True)
+    # Two batch sizes split the residuals into per-clip and shared ones.
+    small, large = jax.device_count(), 2 * jax.device_count()
+    kept_small, kept_large = (kept_for_backward(config, steps, state, rest, b)
+                              for b in (small, large))
   per_clip = (kept_large - kept_small) / (large - small)
-  shared = kept_small - per_clip * small
-  fixed = state_bytes + shared
+  # Parameters and optimizer state, float32 gradients of the parameters,
+  # and the residuals every clip shares (e.g. bf16 copies of the weights).
+  fixed = (_per_device_bytes(state) + _per_device_bytes(state["params"])
+           + kept_small - per_clip * small)
   return dict(remat=remat, kept_mib_per_clip=per_clip / MiB,
               fixed_gib=fixed / GiB,
               total_gib=(fixed + per_clip * batch_per_device) / GiB)
