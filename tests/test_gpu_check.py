@@ -25,7 +25,8 @@ FIELDS = {
                  *(f"policies.none.{key}" for key in (
                      "remat", "batch_per_device", "global_batch",
                      "halved_from", "compile_s", "cudnn_calls.forward",
-                     "cudnn_calls.backward", "cudnn_calls.source",
+                     "cudnn_calls.backward", "cudnn_calls.lowered_forward",
+                     "cudnn_calls.lowered_backward", "cudnn_calls.source",
                      "compiled_gib", "peak_gib", "step_s", "clips_per_s",
                      "tflops_per_device", "mfu", "loss"))],
     "gemm": ["step_remat", "batch_per_device", "shapes", "matmul_ms",

@@ -2,9 +2,9 @@ r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
 
     launch/gpu_check.sh [--dry] [--out gpu_check.json] [--budget-s 330]
     python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--budget-s S]
-        [--remat none,save_dots_and_attention,full]
+        [--remat none,full,save_dots_and_attention]
 
-Made for one short session on a fresh single-GPU machine (launch/gpu_check.sh
+Made for a short turn on a fresh single-GPU machine (launch/gpu_check.sh
 says how to bring the Python packages to an offline one). The sections run
 in this order; the JSON file is rewritten after each (and after each remat
 policy), so a run cut short keeps what it measured, and a section that fails
@@ -23,9 +23,11 @@ holds {"error": ...} while the others still run. A hard deadline
                built as train.py builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
                directly at 256 clips per GPU (halved only on out-of-memory),
-               per remat policy: cuDNN calls in the compiled HLO (none is an
-               error), compiled and peak memory, pipelined step time, clips/s,
-               TFLOP/s, MFU, loss.
+               for remat none, full and the recipe's policy while the budget
+               allows: cuDNN calls in the compiled HLO (none is an error; the
+               lowered step's count beside it), XLA's memory analysis and the
+               process's peak so far, pipelined step time, clips/s, TFLOP/s,
+               MFU, loss.
   gemm         the ViT-B blocks' matmuls alone at the step's shapes (forward
                and both backward products): the fastest step split into
                matmul, attention, and the rest, the memory-bound work
@@ -183,12 +185,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--budget-s", type=float, default=None,
                       help="hard deadline in seconds (default 330; dry 110)")
   parser.add_argument("--remat", default=None, help="comma-separated policies "
-                      "(default: none, the recipe's, full)")
+                      "(default: none, full, the recipe's)")
   args = parser.parse_args(argv)
   plan = make_plan(args.dry, args.budget_s)
   begin = time.monotonic()
-  remats = args.remat.split(",") if args.remat else list(dict.fromkeys(
-      ["none", config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat, "full"]))
+  # No remat, AVION's full remat, then the recipe's own policy.
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  remats = (args.remat.split(",") if args.remat
+            else list(dict.fromkeys(["none", "full", recipe])))
   out, lock = Path(args.out), threading.Lock()
   results: dict = {"mode": "dry" if plan.dry else "gpu", "deadline": None}
   running = ["start"]

@@ -45,6 +45,7 @@ class Plan:
   data_workers: int
   budget_s: float
   repeats: int = 10  # Timed calls per attention or matmul measurement.
+  reserve_s: float = 90.0  # Kept for the sections after training.
 
 
 def make_plan(dry: bool, budget_s: float | None = None) -> Plan:
@@ -52,7 +53,7 @@ def make_plan(dry: bool, budget_s: float | None = None) -> Plan:
     return Plan(dry=True, config_arg="debug", batch_per_device=2,
                 attention_batch=2, warmup_steps=1, timed_steps=2,
                 data_steps=4, data_workers=0, budget_s=budget_s or 110.0,
-                repeats=2)
+                repeats=2, reserve_s=20.0)
   return Plan(dry=False, config_arg="", batch_per_device=256,
               attention_batch=64, warmup_steps=2, timed_steps=10,
               data_steps=30, data_workers=os.cpu_count() or 1,
@@ -178,11 +179,14 @@ class Measured:
   result: dict
 
 
-def _cudnn_calls(hlo_text: str, source: str) -> dict:
-  """cuDNN attention calls in a step's HLO; none is an error."""
+def _cudnn_calls(hlo_text: str, lowered_text: str, source: str) -> dict:
+  """cuDNN attention calls in a step's HLO (and, to tell XLA's rewrites
+  from JAX's choice, in the lowered step); none is an error."""
   calls = cuda_trace.cudnn_attention_calls(hlo_text)
+  lowered = cuda_trace.cudnn_attention_calls(lowered_text)
   calls = {"forward": calls["forward"], "backward": calls["backward"],
-           "source": source}
+           "lowered_forward": lowered["forward"],
+           "lowered_backward": lowered["backward"], "source": source}
   if not calls["forward"] or not calls["backward"]:
     raise RuntimeError(f"no cuDNN attention in the step ({calls}): XLA "
                        "attention would run")
@@ -210,18 +214,20 @@ def measure_step(plan: Plan, remat: str) -> Measured:
     config.batch_size = per_device * jax.device_count()
     try:
       if plan.dry:  # The CPU step has XLA attention: count in CUDA's.
-        calls = _cudnn_calls(_lowered_for_cuda(
-            config, mesh, pipeline.batch_spec(config, config.batch_size)),
-                             "lowered for CUDA (dry run)")
+        lowered = _lowered_for_cuda(
+            config, mesh, pipeline.batch_spec(config, config.batch_size))
+        calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)")
       task = tasks.get_task(config.task)
       state, rest, steps = train.build_state_and_steps(config, task, mesh)
       batch = pipeline.random_batch(config, config.batch_size, mesh)
       key = jax.random.key(config.seed)
       start = time.perf_counter()
-      compiled = steps.train.lower(state, rest, batch, key).compile()
+      lowered = steps.train.lower(state, rest, batch, key)
+      compiled = lowered.compile()
       compile_s = time.perf_counter() - start
       if not plan.dry:
-        calls = _cudnn_calls(compiled.as_text(), "compiled HLO")
+        calls = _cudnn_calls(compiled.as_text(), lowered.as_text(),
+                             "compiled HLO")
       for _ in range(plan.warmup_steps):
         state, metrics = compiled(state, rest, batch, key)
       jax.block_until_ready(metrics)
@@ -267,7 +273,8 @@ def check_training(plan: Plan, remats: list[str], deadline,
             "policies": {}, "fastest": None}
   fastest, longest = None, 0.0
   for remat in remats:
-    if result["policies"] and deadline.left() < 1.5 * longest + 60:
+    # Time is kept for the matmul and data sections after this one.
+    if result["policies"] and deadline.left() < longest + plan.reserve_s:
       result["policies"][remat] = {"skipped": "time budget (--budget-s)"}
       continue
     log(f"training step, remat={remat}")
