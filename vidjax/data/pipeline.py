@@ -249,15 +249,16 @@ def check_shared_memory(data: ml_collections.ConfigDict,
     return
   free = shutil.disk_usage(path).free
   if need > free:
-    mib = lambda n: f"{n / 2**20:,.0f} MiB"
+    clips = 2 * data.worker_buffer + 2
+    clip_kib = need / data.workers / clips / 1024
     raise ValueError(
-        f"data: {path} has {mib(free)} free, but the {data.workers} data "
-        f"workers can hold {mib(need)} of decoded clips there "
-        f"({data.workers} workers x {2 * data.worker_buffer + 2} clips of "
-        f"{mib(need / data.workers / (2 * data.worker_buffer + 2))}). Lower "
-        "--config.data.worker_buffer or --config.data.workers (or use "
-        "--config.data.threads instead), or give the machine a larger "
-        "/dev/shm (in a container: docker run --shm-size=...).")
+        f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
+        f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
+        f"decoded clips there ({data.workers} workers x {clips} clips of "
+        f"{clip_kib:,.0f} KiB). Lower --config.data.worker_buffer or "
+        "--config.data.workers (or use --config.data.threads instead), or "
+        "give the machine a larger /dev/shm (in a container: docker run "
+        "--shm-size=...).")
 
 
 def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
