@@ -1,11 +1,14 @@
 """The memory benchmark: what the real step keeps, per remat policy."""
+from pathlib import Path
+
 import pytest
 
 from vidjax.bench import memory
 
 
 def test_kept_memory_falls_as_the_policy_keeps_less(capsys):
-  rows = memory.main(["--config", "configs/clip_vitb16_ego4d.py:debug",
+  config = Path(__file__).parents[1] / "configs/clip_vitb16_ego4d.py:debug"
+  rows = memory.main(["--config", str(config),
                       "--batch-per-device", "4", "--remat",
                       "none,save_attention,full"])
   kept = [row["kept_mib_per_clip"] for row in rows]

@@ -18,7 +18,8 @@ from vidjax.data import pipeline
 
 from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
 
-RECIPES = sorted(p.name for p in (Path(__file__).parents[1] / "configs").glob("*.py"))
+CONFIGS = Path(__file__).parents[1] / "configs"
+RECIPES = sorted(p.name for p in CONFIGS.glob("*.py"))
 # Policies under which the backward pass runs no attention forward again.
 KEEPS_ATTENTION = ("none", "save_attention")
 
@@ -32,7 +33,7 @@ def attention_layers(model) -> int:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
-  config = config_lib.load_config(f"configs/{recipe}")
+  config = config_lib.load_config(str(CONFIGS / recipe))
   config.model.dtype = "bfloat16"
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
@@ -43,8 +44,10 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
                                                      abstract=True)
     lower = lambda step, *args: step.trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    train_calls = cudnn_attention_calls(lower(steps.train, state, rest, batch, key))
-    eval_calls = cudnn_attention_calls(lower(steps.eval, state["params"], rest, batch))
+    train_calls = cudnn_attention_calls(
+        lower(steps.train, state, rest, batch, key))
+    eval_calls = cudnn_attention_calls(
+        lower(steps.eval, state["params"], rest, batch))
 
   layers = attention_layers(config.model)
   assert train_calls["backward"] == layers, train_calls

@@ -1,4 +1,6 @@
 """The jitted train step: compiled once, whatever the FSDP split."""
+from pathlib import Path
+
 import jax
 import pytest
 
@@ -8,7 +10,8 @@ from vidjax.data import pipeline
 
 def _clip_config(fsdp):
   """The CLIP recipe's :debug, widened so that FSDP splits some weights."""
-  config = config_lib.load_config("configs/clip_vitb16_ego4d.py:debug")
+  config = config_lib.load_config(
+      str(Path(__file__).parents[1] / "configs/clip_vitb16_ego4d.py:debug"))
   config.fsdp = fsdp
   # 256 x 1024 MLP kernels reach sharding.DEFAULT_FSDP_MIN_SIZE; the biases
   # and norms stay replicated: the mix that made step 2 compile again.

@@ -133,7 +133,8 @@ class Deadline:
   threads or worker processes.
   """
 
-  def __init__(self, seconds: float, on_expiry, exit=os._exit):  # pylint: disable=redefined-builtin,protected-access
+  # pylint: disable-next=redefined-builtin,protected-access
+  def __init__(self, seconds: float, on_expiry, exit=os._exit):
     self._end = time.monotonic() + seconds
     self._timer = threading.Timer(seconds, self._expire,
                                   args=(on_expiry, exit))
@@ -225,7 +226,8 @@ def main(argv=None) -> dict:
         ("attention", lambda: gpu_measure.check_attention(plan)),
         ("training", training),
         ("gemm", lambda: gpu_measure.check_gemm(plan, results)),
-        ("data", lambda: gpu_measure.check_data(plan, measured, Path(tmp), deadline)),
+        ("data", lambda: gpu_measure.check_data(plan, measured, Path(tmp),
+                                                deadline)),
         ("verdict", lambda: verdict(results)))
     for name, section in sections:
       running[0] = name

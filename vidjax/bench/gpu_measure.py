@@ -28,7 +28,8 @@ from vidjax.data import chunk, pipeline, synthetic, tokenizer
 from vidjax.models import attention, flops as flops_lib
 
 GiB = 2**30
-CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "clip_vitb16_ego4d.py"
+CONFIG_FILE = (Path(__file__).resolve().parents[2] / "configs"
+               / "clip_vitb16_ego4d.py")
 REL_TOLERANCE = 2e-2  # bf16 attention against float32: 1e-3 to 1e-2.
 
 
@@ -101,7 +102,8 @@ def _peak_memory_gib() -> float | None:
 def attention_shapes(model) -> dict[str, tuple[int, int, int, bool]]:
   """name -> (tokens, heads, head size, causal) of the model's two towers."""
   kw = models.model_kwargs(model)
-  grid = (kw["num_frames"] // kw["tubelet"]) * (kw["image_size"] // kw["patch_size"])**2
+  grid = ((kw["num_frames"] // kw["tubelet"])
+          * (kw["image_size"] // kw["patch_size"])**2)
   return {"vision": (1 + grid, kw["vision_heads"],
                      kw["vision_width"] // kw["vision_heads"], False),
           "text": (kw["context_length"], kw["text_heads"],
@@ -284,7 +286,8 @@ def check_training(plan: Plan, remats: list[str], deadline,
       result["policies"][remat] = measured.result
       log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
            f"{measured.result['mfu']}")
-      if fastest is None or measured.result["clips_per_s"] > fastest.result["clips_per_s"]:
+      speed = measured.result["clips_per_s"]
+      if fastest is None or speed > fastest.result["clips_per_s"]:
         fastest = measured
         result["fastest"] = remat
     except Exception as e:  # pylint: disable=broad-except

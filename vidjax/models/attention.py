@@ -55,7 +55,8 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 def cudnn_version() -> int | None:
   """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
   # JAX's cuDNN attention asks the same function while tracing.
-  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=import-outside-toplevel
+  from jax._src.cudnn import fused_attention_stablehlo
   try:
     return int(fused_attention_stablehlo.check_cudnn_version())
   except (RuntimeError, ImportError, AttributeError):
