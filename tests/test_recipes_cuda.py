@@ -21,7 +21,7 @@ from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.name for p in CONFIGS.glob("*.py"))
 # Policies under which the backward pass runs no attention forward again.
-KEEPS_ATTENTION = ("none", "save_attention")
+KEEPS_ATTENTION = ("none", "save_attention", "save_dots_and_attention")
 
 
 def attention_layers(model) -> int:
