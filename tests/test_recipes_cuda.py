@@ -43,7 +43,7 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
     state, rest, steps = train.build_state_and_steps(config, task, mesh,
                                                      abstract=True)
     lower = lambda step, *args: step.trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
+        lowering_platforms=("cuda",))
     train_calls = cudnn_attention_calls(
         lower(steps.train, state, rest, batch, key))
     eval_calls = cudnn_attention_calls(

@@ -41,25 +41,30 @@ def forced_cudnn(compute_capability=(9, 0), cudnn_version=91000):
     yield
 
 
-def lower_for_cuda(fn, *args, **jit_kwargs) -> str:
-  """StableHLO text of `jax.jit(fn, **jit_kwargs)` lowered for CUDA."""
+def lower_for_cuda(fn, *args, **jit_kwargs) -> jax.stages.Lowered:
+  """`jax.jit(fn, **jit_kwargs)` traced for `args` and lowered for CUDA."""
   traced = jax.jit(fn, **jit_kwargs).trace(*args)
-  return traced.lower(lowering_platforms=('cuda',)).as_text()
+  return traced.lower(lowering_platforms=('cuda',))
 
 
-def cudnn_attention_calls(hlo_text: str) -> collections.Counter:
-  """cuDNN fused-attention calls in lowered text, by name, with totals.
+def cudnn_attention_calls(hlo) -> collections.Counter:
+  """cuDNN fused-attention calls in a lowered or compiled step, by name.
 
   On one device they are `__cudnn$fmha*` custom calls. On a mesh of several
-  devices JAX wraps each in custom partitioning: the lowered text holds a
+  devices JAX wraps each in custom partitioning: the lowered step holds a
   `CustomSPMDPartitioning` call naming a callback, which XLA's partitioner
   replaces with the cuDNN call at compile time; those count under the name
   of the callback's partition function.
 
+  Args:
+    hlo: a `jax.stages.Lowered` (alive while its callbacks are looked up:
+      JAX keeps them only as long as the lowering), or HLO text.
+
   Returns:
     Counts by call name, plus 'forward' and 'backward' totals.
   """
-  from jax._src import custom_partitioning
+  from jax._src import custom_partitioning  # pylint: disable=import-outside-toplevel
+  hlo_text = hlo if isinstance(hlo, str) else hlo.as_text()
   counts = collections.Counter(re.findall(r'__cudnn\$fmha\w*', hlo_text))
   for key in re.findall(r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"',
                         hlo_text):

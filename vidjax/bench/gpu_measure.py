@@ -181,11 +181,11 @@ class Measured:
   result: dict
 
 
-def _cudnn_calls(hlo_text: str, lowered_text: str, source: str) -> dict:
+def _cudnn_calls(hlo, lowered, source: str) -> dict:
   """cuDNN attention calls in a step's HLO (and, to tell XLA's rewrites
   from JAX's choice, in the lowered step); none is an error."""
-  calls = cuda_trace.cudnn_attention_calls(hlo_text)
-  lowered = cuda_trace.cudnn_attention_calls(lowered_text)
+  calls = cuda_trace.cudnn_attention_calls(hlo)
+  lowered = cuda_trace.cudnn_attention_calls(lowered)
   calls = {"forward": calls["forward"], "backward": calls["backward"],
            "lowered_forward": lowered["forward"],
            "lowered_backward": lowered["backward"], "source": source}
@@ -195,7 +195,7 @@ def _cudnn_calls(hlo_text: str, lowered_text: str, source: str) -> dict:
   return calls
 
 
-def _lowered_for_cuda(config, mesh, batch) -> str:
+def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
   """The dry run's stand-in for compiled GPU HLO: the cuDNN step, lowered."""
   config = config.copy_and_resolve_references()
   config.model.update(attention="cudnn", dtype="bfloat16")
@@ -204,7 +204,7 @@ def _lowered_for_cuda(config, mesh, batch) -> str:
         config, tasks.get_task(config.task), mesh, abstract=True)
     key = jax.eval_shape(lambda: jax.random.key(0))
     return steps.train.trace(state, rest, batch, key).lower(
-        lowering_platforms=("cuda",)).as_text()
+        lowering_platforms=("cuda",))
 
 
 def measure_step(plan: Plan, remat: str) -> Measured:
@@ -228,8 +228,7 @@ def measure_step(plan: Plan, remat: str) -> Measured:
       compiled = lowered.compile()
       compile_s = time.perf_counter() - start
       if not plan.dry:
-        calls = _cudnn_calls(compiled.as_text(), lowered.as_text(),
-                             "compiled HLO")
+        calls = _cudnn_calls(compiled.as_text(), lowered, "compiled HLO")
       for _ in range(plan.warmup_steps):
         state, metrics = compiled(state, rest, batch, key)
       jax.block_until_ready(metrics)
