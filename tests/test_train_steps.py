@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from vidjax import config as config_lib, sharding, tasks, train
@@ -37,3 +38,22 @@ def test_train_step_compiles_once_over_three_steps(fsdp):
   assert steps.train._cache_size() == 1  # pylint: disable=protected-access
   assert int(state["step"]) == 3
   assert jax.tree.map(lambda x: x.sharding, state) == first_shardings
+
+
+def test_frames_reach_the_model_in_the_compute_dtype(monkeypatch):
+  """The augment hands the model bf16 frames when it computes in bf16."""
+  config = _config(fsdp=1)
+  config.model.dtype = "bfloat16"
+  task = tasks.get_task(config.task)
+  seen = []
+
+  def loss(model, batch, key, config):
+    seen.append(batch["video"].dtype)
+    return jnp.zeros(()), {}
+
+  monkeypatch.setattr(task, "loss", loss)
+  state, rest, steps = train.build_state_and_steps(
+      config, task, sharding.make_mesh(), abstract=True)
+  jax.eval_shape(steps.loss, state["params"], rest,
+                 pipeline.batch_spec(config, 8), jax.random.key(0))
+  assert seen == [jnp.bfloat16]
