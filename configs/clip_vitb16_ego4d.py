@@ -75,8 +75,8 @@ OpenAI's `ViT-B-16.pt` (without it the run trains from scratch, which is not
 AVION's recipe), `vocab` CLIP's BPE vocabulary. The format 'ego4d' reads the
 converted JSONL and refuses pickles unless `data.allow_pickle=True`. Keep the
 Ego4D evaluation file to a few thousand clips, since its similarity matrix is
-N x N. With less GPU memory, raise `accum_steps` (the global batch stays
-2048) or keep `model.remat='full'`.
+N x N. With less GPU memory, choose a leaner `model.remat` (see
+`get_config`) or raise `accum_steps` (the global batch stays 2048).
 
 The run evaluates zero-shot EK-100 MIR every `eval.every_steps`
 (`eval.sets.ek100_mir`) and keeps its best checkpoint by
@@ -159,7 +159,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       embed_dim=256,  # --project-embed-dim 256 (fresh projections).
       act="quick_gelu", drop_path=0.0,  # --drop-path-rate 0
       learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
-      remat="full",  # --grad-checkpointing
+      # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
+      # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
+      # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
+      # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
+      # which recomputes only elementwise work, fits 80 GB GPUs; on 141 GB
+      # try "none" (launch/gpu_check.sh measures both); on 24-48 GB use
+      # "save_attention".
+      remat="save_dots_and_attention",
       dtype="auto", attention="auto")
 
   c.optim = optim.default_optim_config()

@@ -99,7 +99,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       drop_path=0.1,  # --drop-path-rate 0.1
       head_dropout=0.5,  # --dropout-rate 0.5
       head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
-      remat="full",  # --grad-checkpointing
+      # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
+      # `python -m vidjax.bench.memory --config configs/ek100_cls_ft.py`):
+      # none 134 GiB, save_dots_and_attention 41, save_attention 14, full 10
+      # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
+      # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
+      # pass, the costly part at 16 frames).
+      remat="save_dots_and_attention",
       dtype="auto", attention="auto")
 
   c.optim = optim.default_optim_config()

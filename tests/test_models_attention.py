@@ -7,7 +7,7 @@ from flax import nnx
 
 from vidjax.models import attention
 
-from cuda_lowering import cudnn_attention_calls, forced_cudnn, lower_for_cuda
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
 
 def reference_attention(q, k, v, is_causal=False):
@@ -52,6 +52,44 @@ def test_auto_on_cpu_chooses_xla_and_unknown_names_fail():
   assert attention.resolve_implementation('auto', 64, jnp.bfloat16) == 'xla'
   with pytest.raises(ValueError, match='flash'):
     attention.resolve_implementation('flash', 64, jnp.bfloat16)
+
+
+def test_auto_follows_jax_cudnn_rules_and_logs_its_choice(caplog):
+  """`cudnn_unsupported_reason` accepts exactly what JAX's cuDNN path takes.
+
+  JAX's own checks run while tracing the cuDNN training path, as on GPUs of
+  each compute capability with an older and a newer cuDNN.
+  """
+  def jax_accepts(head_dim, dtype):
+    q = jax.ShapeDtypeStruct((2, 16, 2, head_dim), dtype)
+    loss = lambda q: jnp.sum(jax.nn.dot_product_attention(
+        q, q, q, implementation='cudnn').astype(jnp.float32))
+    try:
+      jax.eval_shape(jax.grad(loss), q)
+    except (NotImplementedError, ValueError):
+      return False
+    return True
+
+  cases = [(capability, version, head_dim, dtype)
+           for capability in [(8, 0), (8, 9), (9, 0), (10, 3)]
+           for version in [90800, 91100]
+           for head_dim in [40, 60, 128, 136, 256, 264]
+           for dtype in [jnp.bfloat16, jnp.float16, jnp.float32]]
+  for capability, version, head_dim, dtype in cases:
+    with forced_cudnn(capability, version):
+      ours = attention.cudnn_unsupported_reason(head_dim, dtype)
+      assert (ours is None) == jax_accepts(head_dim, dtype), (
+          capability, version, head_dim, dtype, ours)
+
+  with forced_cudnn((7, 5)):  # cuDNN's floor, which JAX leaves to XLA.
+    assert '8.0' in attention.cudnn_unsupported_reason(64, jnp.bfloat16)
+  with forced_cudnn((9, 0)), caplog.at_level('INFO'):
+    assert attention.resolve_implementation('auto', 72, jnp.bfloat16) == 'cudnn'
+    assert attention.resolve_implementation('auto', 64, jnp.float32) == 'xla'
+    with pytest.raises(ValueError, match='float32.*bfloat16'):
+      attention.resolve_implementation('cudnn', 64, jnp.float32)
+  assert "chose cudnn for head size 72" in caplog.text
+  assert "chose xla for head size 64, dtype float32" in caplog.text
 
 
 def test_multi_head_attention_splits_heads_like_torch():

@@ -6,7 +6,10 @@ import pytest
 from flax import nnx
 
 from vidjax.models import build_model, default_model_config
-from vidjax.models.vit import VisionTransformer, parse_variant, patchify
+from vidjax.models.vit import (Transformer, VisionTransformer, parse_variant,
+                               patchify)
+
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
 
 def tiny_vit(**overrides):
@@ -52,7 +55,8 @@ def test_temporal_embedding_starts_at_zero_so_one_frame_is_an_image_model():
 
 
 @pytest.mark.parametrize('remat, scan', [('full', False),
-                                         ('dots_saveable', True)])
+                                         ('dots_saveable', True),
+                                         ('save_attention', False)])
 def test_remat_and_scan_change_nothing_numerically(remat, scan):
   base = tiny_vit()
   other = tiny_vit(remat=remat, scan=scan)
@@ -153,3 +157,45 @@ def test_drop_path_schedule_linear_or_uniform_per_block():
   config.drop_path_schedule = 'cosine'
   with pytest.raises(ValueError, match="drop_path_schedule must be one of"):
     build_model(config, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_bfloat16_residual_stream_stays_bfloat16_and_close(scan):
+  x = jax.random.normal(jax.random.key(2), (2, 9, 32))
+  stacks = {}
+  for residual in (jnp.float32, jnp.bfloat16):
+    stacks[residual] = Transformer(width=32, depth=3, heads=2, mlp_dim=64,
+                                   attention='xla', scan=scan,
+                                   residual_dtype=residual, rngs=nnx.Rngs(0))
+  wide, narrow = stacks[jnp.float32](x), stacks[jnp.bfloat16](x)
+  assert wide.dtype == jnp.float32 and narrow.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(narrow, np.float32), wide, rtol=0.05,
+                             atol=0.05)
+  config = default_model_config('videomae')
+  config.update(variant='Ti/16', depth=1, image_size=32, num_frames=2,
+                mask_ratio=0.5, residual_dtype='bfloat16')
+  model = build_model(config, rngs=nnx.Rngs(0))
+  assert model.encoder.blocks.residual_dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize('remat, reruns', [
+    ('none', False), ('full', True), ('dots_saveable', True),
+    ('save_attention', False), ('save_dots_and_attention', False)])
+def test_save_attention_keeps_what_cudnn_backward_needs(remat, reruns):
+  """Under 'save_attention' the backward pass never reruns cuDNN's forward.
+
+  cuDNN's backward needs the forward's softmax statistics as well as its
+  output; keeping only the output would run the forward kernel again.
+  """
+  depth = 3
+  with forced_cudnn():
+    stack = nnx.eval_shape(lambda: Transformer(
+        width=128, depth=depth, heads=2, mlp_dim=256, remat=remat,
+        attention='cudnn', dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(stack, nnx.Param, ...)
+    loss = lambda p, x: jnp.sum(nnx.merge(graphdef, p, rest)(x))
+    hlo = lower_for_cuda(jax.grad(loss), params,
+                         jax.ShapeDtypeStruct((2, 197, 128), jnp.float32))
+  calls = cudnn_attention_calls(hlo)
+  assert calls['backward'] == depth
+  assert (calls['forward'] > depth) == reruns, calls

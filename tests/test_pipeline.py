@@ -1,7 +1,10 @@
 """The input pipeline: determinism, exact resume, bad videos, sharded batches."""
 import gzip
 import json
+import os
 import shutil
+import threading
+import time
 
 import jax
 import ml_collections
@@ -29,6 +32,9 @@ def config_for(root, **data):
   return config
 
 
+CLIP_BYTES = 4 * 32 * 32 * 3  # config_for's uint8 clips.
+
+
 @pytest.fixture(scope="module")
 def mesh():
   return sharding.make_mesh()
@@ -45,22 +51,84 @@ def assert_same(a, b):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_same_batches_whatever_the_workers(corpus, mesh):
-  runs = {}
-  for workers, threads in ((0, 0), (2, 0), (0, 2)):
+def _shm_bytes(multiple_of, before):
+  """Bytes of the /dev/shm blocks made since `before`, sized in whole clips."""
+  total = 0
+  for entry in os.scandir(pipeline.SHM_DIR):
+    try:
+      size = entry.stat().st_size
+    except FileNotFoundError:  # Freed while we looked.
+      continue
+    if entry.name not in before and size and size % multiple_of == 0:
+      total += size
+  return total
+
+
+@pytest.fixture(scope="module")
+def two_workers(corpus, mesh):
+  """3 batches of 48 clips made by 2 worker processes, /dev/shm watched."""
+  config = config_for(corpus, workers=2, worker_buffer=2)
+  before = set(os.listdir(pipeline.SHM_DIR))
+  peak, stop = [0], threading.Event()
+
+  def watch():
+    while not stop.is_set():
+      peak[0] = max(peak[0], _shm_bytes(CLIP_BYTES, before))
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=48)
+  try:
+    batches = take(pipe, 1)
+    time.sleep(1.0)  # Every worker and main-side buffer fills up.
+    batches += take(pipe, 2)
+  finally:
+    stop.set()
+    watcher.join()
+    pipe.close()
+  return {"batches": batches, "peak_shm": peak[0], "config": config}
+
+
+def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
+  runs = {(2, 0): two_workers["batches"]}
+  for workers, threads in ((0, 0), (0, 2)):
     config = config_for(corpus, workers=workers, threads=threads)
-    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8)
+    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=48)
     runs[(workers, threads)] = take(pipe, 3)
     pipe.close()
   base = runs.pop((0, 0))
   for other in runs.values():
-    for a, b in zip(base, other):
+    for a, b in zip(base, other, strict=True):
       assert_same(a, b)
   # Different seeds differ.
   pipe = pipeline.make_pipeline(config_for(corpus), mesh, train=True,
                                 batch_size=8, seed=4)
-  assert not np.array_equal(take(pipe, 1)[0]["video"], base[0]["video"])
+  assert not np.array_equal(take(pipe, 1)[0]["video"], base[0]["video"][:8])
   pipe.close()
+
+
+@pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
+def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
+    two_workers):
+  """Workers hand over clips, not batches of 48: /dev/shm never holds more
+  than their buffers' worth (`shared_memory_bytes`)."""
+  bound = pipeline.shared_memory_bytes(two_workers["config"].data)
+  assert bound == 2 * (2 * 2 + 2) * CLIP_BYTES
+  assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
+      two_workers["peak_shm"], bound)
+
+
+def test_too_small_dev_shm_stops_at_start_up_saying_what_to_change(
+    corpus, mesh, monkeypatch):
+  config = config_for(corpus, workers=16, worker_buffer=8)
+  config.data.update(num_frames=16, size=224)
+  usage = shutil.disk_usage(".")
+  monkeypatch.setattr(pipeline.shutil, "disk_usage",
+                      lambda path: usage._replace(free=64 * 2**20))
+  monkeypatch.setattr(pipeline.os.path, "isdir", lambda path: True)
+  with pytest.raises(ValueError, match=r"(?s)64 MiB free.*16 data workers.*"
+                     r"data.worker_buffer.*data.workers.*--shm-size"):
+    pipeline.make_pipeline(config, mesh, train=True, batch_size=8)
 
 
 def test_restored_iterator_reproduces_following_batches(corpus, mesh):

@@ -23,7 +23,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from vidjax import augment, checkpoint, config as config_lib, eval_sets, models
-from vidjax import logging as log_lib, optim, plot, sharding, tasks
+from vidjax import logging as log_lib, optim, sharding, tasks
 from vidjax.data import pipeline, synthetic, synthetic_annotations
 from vidjax.data import tokenizer as tokenizer_lib
 from vidjax.models import clip as clip_lib, flops as flops_lib, loader, weights
@@ -112,18 +112,37 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
 
 @dataclasses.dataclass
 class Steps:
-  """The jitted functions of a run, closed over the model structure."""
+  """The jitted functions of a run, closed over the model structure.
+
+  `loss(params, rest, batch, key) -> (loss, metrics)` is what `train`
+  differentiates, on one raw batch (augmented inside), unjitted: for memory
+  analysis (`vidjax.bench.memory`).
+  """
   train: callable
   eval: callable
+  loss: callable
   text: callable = None  # tokens -> text embeddings (captions, `eval_sets`)
 
 
-def make_steps(config, task, graphdef, tx, schedule) -> Steps:
+def make_steps(config, task, graphdef, tx, schedule, mesh,
+               shardings) -> Steps:
+  """The jitted train and eval steps, pinned to the state's shardings.
+
+  Explicit in and out shardings (those `sharding.create_sharded_state`
+  returned for (state, rest)) keep every step's state laid out as the
+  first: without them XLA may hand back a small replicated leaf sharded,
+  and the next call compiles the step again.
+  """
   accum = config.get("accum_steps", 1)
-  train_augment = augment.make_augment(task.augment_config(config))
-  eval_cfg = {k: v for k, v in task.augment_config(config).items()
-              if k in ("mean", "std", "dtype", "mask_ratio", "tubelet", "patch")}
-  eval_augment = augment.make_augment(eval_cfg)
+  # Frames leave the augment in the compute dtype (bf16 on GPU): the model
+  # casts them anyway, and half the bytes cross HBM. A config's own
+  # augment.dtype wins.
+  aug = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name,
+         **task.augment_config(config)}
+  train_augment = augment.make_augment(aug)
+  eval_augment = augment.make_augment(
+      {k: v for k, v in aug.items()
+       if k in ("mean", "std", "dtype", "mask_ratio", "tubelet", "patch")})
 
   def loss_fn(params, rest, batch, key):
     model = nnx.merge(graphdef, params, rest)
@@ -152,8 +171,58 @@ def make_steps(config, task, graphdef, tx, schedule) -> Steps:
   def text_step(params, rest, tokens):
     return nnx.merge(graphdef, params, rest).encode_text(tokens)
 
-  return Steps(train=jax.jit(train_step, donate_argnums=0),
-               eval=jax.jit(eval_step), text=jax.jit(text_step))
+  def raw_batch_loss(params, rest, batch, key):
+    aug_key, drop_key = jax.random.split(key)
+    return loss_fn(params, rest, train_augment(batch, aug_key), drop_key)
+
+  state_shardings, rest_shardings = shardings
+  batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  return Steps(
+      loss=raw_batch_loss,
+      train=jax.jit(train_step, donate_argnums=0,
+                    in_shardings=(state_shardings, rest_shardings, batch,
+                                  replicated),
+                    out_shardings=(state_shardings, replicated)),
+      eval=jax.jit(eval_step,
+                   in_shardings=(state_shardings["params"], rest_shardings,
+                                 batch),
+                   out_shardings=batch),
+      text=jax.jit(text_step))
+
+
+def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
+  """The train state (created sharded), model buffers and jitted steps.
+
+  Args:
+    config: the run config (`model`, `optim`, `total_steps`, `seed`, ...).
+    task: the task module (`tasks.get_task(config.task)`).
+    mesh: from `sharding.make_mesh`.
+    abstract: return `jax.ShapeDtypeStruct`s (with shardings) instead of
+      arrays: nothing is computed or allocated, and the steps can still be
+      traced, lowered or compiled for them.
+
+  Returns:
+    (state, rest, steps): state {step, params, opt}, the model's untrained
+    buffers, and the `Steps`.
+  """
+  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
+
+  def build():
+    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+
+  def init():
+    _, params, rest = nnx.split(build(), nnx.Param, ...)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt": tx.init(params)}, rest
+
+  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  if abstract:
+    state, rest = sharding.abstract_sharded_state(init, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, (state, rest))
+  else:
+    (state, rest), shardings = sharding.create_sharded_state(init, mesh)
+  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings)
+  return state, rest, steps
 
 
 def run_eval(run: "Run", config) -> dict:
@@ -192,20 +261,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
                      f"but config.model.text.vocab_size is "
                      f"{config.model.text.vocab_size}; raise it")
 
-  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
-
-  def build():
-    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
-
-  def init():
-    _, params, rest = nnx.split(build(), nnx.Param, ...)
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt": tx.init(params)}, rest
-
-  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
-  (state, rest), _ = sharding.create_sharded_state(init, mesh)
-  run = Run(mesh, task, tokenizer, state, rest,
-            make_steps(config, task, graphdef, tx, schedule), workdir=workdir)
+  state, rest, steps = build_state_and_steps(config, task, mesh)
+  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
 
   start = checkpoint.resolve_start(workdir, config)
   if start.kind in ("workdir", "resume"):
@@ -321,5 +378,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt.close()
   writer.close()
   if jax.process_index() == 0:
+    # Imported here: matplotlib is needed for the plots only.
+    from vidjax import plot  # pylint: disable=import-outside-toplevel
     plot.plot_run(workdir)  # WORKDIR/plots/*.png
   return last_eval

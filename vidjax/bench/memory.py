@@ -1,112 +1,159 @@
-"""Compiled memory of a training step under each remat policy.
+"""What a recipe's training step holds on one GPU, per remat policy.
 
-Compiles (does not run) one step of a video CLIP: forward of both towers,
-backward, and an SGD update with the parameters donated, then prints XLA's
-`memory_analysis()` per remat policy and each total relative to the first.
-Nothing is allocated, so large batches can be sized on any machine; the
-figures are for the backend it runs on (on CPU, attention is XLA's and
-keeps its T x T weights; on GPU with cuDNN it does not).
+    python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py \
+        [--batch-per-device 256] [--remat none,save_dots_and_attention,full] \
+        [--residual-dtype float32] [--compile-batch 0]
 
-  python -m vidjax.bench.memory --variant B/16 --frames 16 --batch 4 \
-      --remat none,full,dots_saveable
+Everything comes from the train step `vidjax.train` builds for the config
+(compute dtype bfloat16, attention as on an NVIDIA GPU with cuDNN: traced
+with `cuda_trace.forced_cudnn` on a machine without one), for each policy:
 
-The loss is a stand-in (the mean similarity of paired embeddings): memory is
-dominated by the towers' activations, not by the loss.
+  kept MiB/clip  activations the backward pass keeps, per clip: JAX's saved
+                 residuals of the training loss (`jax.ad_checkpoint`), an
+                 upper bound, since XLA's fusion may recompute cheap
+                 elementwise ones instead of keeping them;
+  fixed GiB      what does not grow with the batch: parameters, optimizer
+                 state and gradients (float32, per device under FSDP), and
+                 the residuals every clip shares (bf16 weight copies);
+  total GiB      fixed + kept x batch-per-device. Compare it with the GPU's
+                 memory less ~10% (cuDNN workspaces, the input batch, the
+                 allocator's fragmentation); `vidjax.bench.gpu_check`
+                 compiles and runs the step for the real figure.
+
+`--compile-batch N` also compiles the step for this machine at global batch
+N and prints XLA's `memory_analysis()` total. On CPU that step uses XLA
+attention (T x T weights kept) and a scheduler that does not delay
+recomputation, so only GPU figures are comparable with the above.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
+import numpy as np
 
-from vidjax.models import build_model, default_model_config
+from vidjax import config as config_lib, sharding, tasks, train
+from vidjax.bench import cuda_trace
+from vidjax.data import pipeline
 
-GiB = 1024**3
+GiB, MiB = 2**30, 2**20
+DEFAULT_REMATS = "none,save_dots_and_attention,save_attention,full"
+RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
 
 
-def step_memory(config, batch: int) -> dict[str, float]:
-  """Compiles a training step for `config` and returns its memory in GiB.
+def _bytes(avals) -> int:
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in avals)
+
+
+def _per_device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
+  """Bytes of the residuals the training loss keeps for its backward pass.
+
+  The step's own loss (`train.Steps.loss`) on an abstract batch; residuals
+  that are the step's inputs are not counted.
+  """
+  batch = pipeline.batch_spec(config, batch_size)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  loss = lambda params, rest, batch, key: steps.loss(params, rest, batch, key)[0]
+  from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
+  residuals = ad_checkpoint.saved_residuals(loss, state["params"], rest,
+                                            batch, key)
+  return _bytes(aval for aval, where in residuals
+                if not where.startswith("from the argument"))
+
+
+def policy_memory(config, remat: str, batch_per_device: int) -> dict:
+  """Per-device memory of the config's step under one remat policy.
 
   Returns:
-    dict with 'arguments', 'outputs', 'aliased', 'temporaries', 'total'
-    (arguments + outputs - aliased + temporaries) and 'compile_s'.
+    dict with 'kept_mib_per_clip', 'fixed_gib' and 'total_gib' (see the
+    module docstring).
   """
-  abstract = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
-  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-  video = jax.ShapeDtypeStruct(
-      (batch, config.num_frames, config.image_size, config.image_size, 3),
-      jnp.float32)
-  tokens = jax.ShapeDtypeStruct((batch, config.text.context_length),
-                                jnp.int32)
-
-  def loss_fn(params, rest, video, tokens):
-    model = nnx.merge(graphdef, params, jax.tree.map(lambda x: x, rest))
-    video_embedding, text_embedding = model(video, tokens,
-                                            deterministic=False)
-    return jnp.mean(jnp.sum(video_embedding * text_embedding, axis=-1))
-
-  def train_step(params, rest, video, tokens):
-    grads = jax.grad(loss_fn)(params, rest, video, tokens)
-    return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
-
-  start = time.perf_counter()
-  compiled = jax.jit(train_step, donate_argnums=0).lower(
-      params, rest, video, tokens).compile()
-  seconds = time.perf_counter() - start
-  analysis = compiled.memory_analysis()
-  figures = dict(
-      arguments=analysis.argument_size_in_bytes / GiB,
-      outputs=analysis.output_size_in_bytes / GiB,
-      aliased=analysis.alias_size_in_bytes / GiB,
-      temporaries=analysis.temp_size_in_bytes / GiB)
-  figures['total'] = (figures['arguments'] + figures['outputs']
-                      - figures['aliased'] + figures['temporaries'])
-  figures['compile_s'] = seconds
-  return figures
+  config = config.copy_and_resolve_references()
+  config.model.update(remat=remat, dtype="bfloat16")
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  on_gpu = jax.default_backend() == "gpu"
+  with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
+    state, rest, steps = train.build_state_and_steps(
+        config, tasks.get_task(config.task), mesh, abstract=True)
+    # Two batch sizes split the residuals into per-clip and shared ones.
+    small, large = jax.device_count(), 2 * jax.device_count()
+    kept_small, kept_large = (kept_for_backward(config, steps, state, rest, b)
+                              for b in (small, large))
+  per_clip = (kept_large - kept_small) / (large - small)
+  # Parameters and optimizer state, float32 gradients of the parameters,
+  # and the residuals every clip shares (e.g. bf16 copies of the weights).
+  fixed = (_per_device_bytes(state) + _per_device_bytes(state["params"])
+           + kept_small - per_clip * small)
+  return dict(remat=remat, kept_mib_per_clip=per_clip / MiB,
+              fixed_gib=fixed / GiB,
+              total_gib=(fixed + per_clip * batch_per_device) / GiB)
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--variant', default='B/16')
-  parser.add_argument('--frames', type=int, default=16)
-  parser.add_argument('--batch', type=int, default=4)
-  parser.add_argument('--image-size', type=int, default=224)
-  parser.add_argument('--dtype', default='bfloat16')
-  parser.add_argument('--attention', default='auto')
-  parser.add_argument('--remat', default='none,full',
-                      help='comma-separated remat policies')
-  parser.add_argument('--scan', action='store_true')
+def compiled_memory(config, remat: str, global_batch: int) -> float:
+  """GiB of XLA's memory analysis of the step compiled here (see docstring)."""
+  config = config.copy_and_resolve_references()
+  config.model.update(remat=remat, dtype="bfloat16")
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  state, rest, steps = train.build_state_and_steps(
+      config, tasks.get_task(config.task), mesh, abstract=True)
+  batch = pipeline.batch_spec(config, global_batch)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  a = steps.train.lower(state, rest, batch, key).compile().memory_analysis()
+  return (a.argument_size_in_bytes + a.output_size_in_bytes
+          - a.alias_size_in_bytes + a.temp_size_in_bytes) / GiB
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(prog="python -m vidjax.bench.memory",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", default="configs/clip_vitb16_ego4d.py",
+                      help="a recipe, e.g. configs/ek100_mir_ft.py[:arg]")
+  parser.add_argument("--batch-per-device", type=int, default=0,
+                      help="default: the recipe's batch over 8 GPUs")
+  parser.add_argument("--remat", default=DEFAULT_REMATS)
+  parser.add_argument("--residual-dtype", default="",
+                      help="override model.residual_dtype (e.g. bfloat16)")
+  parser.add_argument("--compile-batch", type=int, default=0,
+                      help="also compile the step at this global batch")
   args = parser.parse_args(argv)
 
-  config = default_model_config('clip')
-  config.update(variant=args.variant, num_frames=args.frames,
-                image_size=args.image_size, dtype=args.dtype,
-                attention=args.attention, scan=args.scan)
-  print(f'CLIP {args.variant}, {args.frames} frames of {args.image_size}px, '
-        f'batch {args.batch}, {args.dtype}, attention={args.attention}, '
-        f'scan={args.scan}, backend {jax.default_backend()} '
-        f'(jax {jax.__version__})')
-  header = (f"{'remat':<34}{'args GiB':>10}{'out GiB':>10}{'alias GiB':>10}"
-            f"{'temp GiB':>10}{'total GiB':>11}{'vs first':>10}"
-            f"{'compile s':>11}")
+  config = config_lib.load_config(args.config)
+  if args.residual_dtype:
+    config.model.residual_dtype = args.residual_dtype
+  per_device = args.batch_per_device or config.batch_size // RECIPE_GPUS
+  model = config.model
+  print(f"{args.config}: {model.name} {model.variant}, {model.num_frames} "
+        f"frames of {model.image_size}px, bf16, residual stream "
+        f"{model.get('residual_dtype', 'float32')}, {per_device} clips per "
+        f"device; attention as on a GPU with cuDNN; jax {jax.__version__}, "
+        f"backend {jax.default_backend()}")
+  header = (f"{'remat':<26}{'kept MiB/clip':>14}{'fixed GiB':>11}"
+            f"{'total GiB':>11}" + (f"{'compiled GiB':>14}"
+                                    if args.compile_batch else ""))
   print(header)
-  print('-' * len(header))
-  first_total = None
-  for policy in args.remat.split(','):
-    config.remat = policy
-    m = step_memory(config, args.batch)
-    first_total = first_total or m['total']
-    print(f"{policy:<34}{m['arguments']:>10.2f}{m['outputs']:>10.2f}"
-          f"{m['aliased']:>10.2f}{m['temporaries']:>10.2f}{m['total']:>11.2f}"
-          f"{m['total'] / first_total:>10.2f}{m['compile_s']:>11.1f}",
-          flush=True)
-  if jax.default_backend() == 'cpu':
-    print("note: XLA's CPU scheduler does not place recomputation late, so "
-          'remat policies barely change CPU figures; measure on a GPU.')
+  print("-" * len(header))
+  rows = []
+  for remat in args.remat.split(","):
+    start = time.perf_counter()
+    row = policy_memory(config, remat, per_device)
+    line = (f"{remat:<26}{row['kept_mib_per_clip']:>14.1f}"
+            f"{row['fixed_gib']:>11.2f}{row['total_gib']:>11.1f}")
+    if args.compile_batch:
+      row["compiled_gib"] = compiled_memory(config, remat, args.compile_batch)
+      line += f"{row['compiled_gib']:>14.2f}"
+    row["seconds"] = time.perf_counter() - start
+    print(line, flush=True)
+    rows.append(row)
+  return rows
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
   main()

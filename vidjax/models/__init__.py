@@ -14,9 +14,16 @@ Every model
   tubelet       frames per patch: 1 for CLIP-style, 2 for VideoMAE.
   dtype         compute dtype: 'bfloat16', 'float32', or 'auto' (bfloat16 on
                 GPU, float32 elsewhere). Parameters are always float32.
+  residual_dtype  dtype of the residual stream between blocks: 'float32'
+                (default, as PyTorch autocast), 'bfloat16', or 'auto'.
   attention     'auto' | 'xla' | 'cudnn' (see attention.py).
-  remat         per-block rematerialisation: 'none', 'full', 'dots_saveable',
-                'dots_with_no_batch_dims_saveable', 'save_attention'.
+  remat         per-block rematerialisation (what the backward pass keeps):
+                'none' (everything), 'full' (only block inputs),
+                'save_attention' (attention outputs and cuDNN's softmax
+                statistics), 'save_dots_and_attention' (those and every
+                matmul output), 'dots_saveable' (matmul outputs only),
+                'dots_with_no_batch_dims_saveable'. Each recipe says which
+                fits what GPU memory (`python -m vidjax.bench.memory`).
   scan          scan over blocks (faster compiles, params stacked by depth).
   drop_path     stochastic depth at the last block.
   drop_path_schedule  'linear' (from 0 at the first block, timm/VideoMAE)
@@ -83,6 +90,7 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
       num_frames=16,
       tubelet=2 if videomae_like else 1,
       dtype='auto',
+      residual_dtype='float32',
       attention='auto',
       remat='none',
       scan=False,
@@ -134,7 +142,8 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
       drop_path=drop_path_rates(config.drop_path, sizes['depth'],
                                 config.get('drop_path_schedule', 'linear')),
       attention=config.attention, remat=config.remat, scan=config.scan,
-      dtype=resolve_dtype(config.dtype))
+      dtype=resolve_dtype(config.dtype),
+      residual_dtype=resolve_dtype(config.get('residual_dtype', 'float32')))
   vision = dict(width=sizes['width'], depth=sizes['depth'],
                 heads=sizes['heads'], mlp_dim=sizes['mlp_dim'])
   if config.name == 'clip':

@@ -2,15 +2,16 @@
 
 AVION's speed comes largely from FlashAttention. In JAX the same kernel is
 cuDNN's fused attention, reached through
-`jax.nn.dot_product_attention(..., implementation='cudnn')`. Two traps make an
-explicit choice necessary:
+`jax.nn.dot_product_attention(..., implementation='cudnn')`. Three traps make
+an explicit choice and some care necessary:
 
 * `implementation=None` means XLA even on a GPU, so the default never gives
   flash attention;
 * cuDNN only takes bf16/fp16 inputs with a head size that is a multiple of 8
   (at most 128 before Hopper, 256 from Hopper on), on an NVIDIA GPU of compute
-  capability 8.0 or newer; anything else raises deep inside JAX.
-* In training (under `jax.grad`), JAX 0.10-0.11 reject odd sequence lengths
+  capability 8.0 or newer (`cudnn_unsupported_reason` has every rule);
+  anything else raises deep inside JAX;
+* in training (under `jax.grad`), JAX 0.10-0.12 reject odd sequence lengths
   on the cuDNN path even without a bias ("Unsupported sequence length Q 785"):
   `bias=None` becomes an empty placeholder that its checks count as a bias,
   and cuDNN needs even lengths with a bias. CLIP's towers have odd lengths
@@ -51,8 +52,24 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
   return major, minor
 
 
+def cudnn_version() -> int | None:
+  """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
+  # JAX's cuDNN attention asks the same function while tracing.
+  # pylint: disable-next=import-outside-toplevel
+  from jax._src.cudnn import fused_attention_stablehlo
+  try:
+    return int(fused_attention_stablehlo.check_cudnn_version())
+  except (RuntimeError, ImportError, AttributeError):
+    return None
+
+
 def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
   """Why cuDNN flash attention cannot run these inputs, or None if it can.
+
+  The rules are JAX's own checks (`jax._src.cudnn.fused_attention_stablehlo`,
+  jax 0.10-0.12) for the inputs vidjax passes (BTNH layout, no bias or
+  dropout, padded lengths), plus cuDNN's own floor that JAX leaves to the
+  compiler: flash attention kernels exist from compute capability 8.0 on.
 
   Args:
     head_dim: size of one attention head (H).
@@ -65,16 +82,24 @@ def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
   if capability is None:
     return (f'the default JAX backend is {jax.default_backend()!r}; cuDNN '
             'attention needs an NVIDIA GPU')
+  name = f'{capability[0]}.{capability[1]}'
   if capability < (8, 0):
-    return (f'the GPU has compute capability {capability[0]}.{capability[1]}; '
-            'cuDNN flash attention needs 8.0 (Ampere) or newer')
+    return (f'the GPU has compute capability {name}; cuDNN flash attention '
+            'needs 8.0 (Ampere) or newer')
+  version = cudnn_version()
+  if version is None:
+    return ('JAX finds no cuDNN library (install JAX with its CUDA extra, '
+            'e.g. pip install "jax[cuda12]")')
+  if capability == (10, 3) and version < 91100:
+    return (f'compute capability 10.3 needs cuDNN 9.11 or newer; JAX finds '
+            f'cuDNN {version}')
   if jnp.dtype(dtype) not in [jnp.dtype(d) for d in _CUDNN_DTYPES]:
     return (f'the compute dtype is {jnp.dtype(dtype).name}; cuDNN attention '
             'needs bfloat16 or float16 (set the model dtype to bfloat16)')
   max_head_dim = 256 if capability >= (9, 0) else 128
   if head_dim % 8 or head_dim > max_head_dim:
     return (f'the head size is {head_dim}; cuDNN needs a multiple of 8 up to '
-            f'{max_head_dim} on this GPU')
+            f'{max_head_dim} on compute capability {name}')
   return None
 
 
@@ -132,8 +157,11 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   """
   chosen = resolve_implementation(implementation, query.shape[-1], query.dtype)
   if chosen == 'xla':
-    return jax.nn.dot_product_attention(
+    out = jax.nn.dot_product_attention(
         query, key, value, is_causal=is_causal, implementation='xla')
+    # Named so that a remat policy can keep it (vit.REMAT_POLICIES); cuDNN's
+    # output is kept through its kernel instead, with its statistics.
+    return checkpoint_name(out, 'attention')
   return _cudnn_attention(query, key, value, is_causal=is_causal)
 
 
@@ -199,6 +227,4 @@ class MultiHeadAttention(nnx.Module):
     query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     attended = dot_product_attention(query, key, value, is_causal=is_causal,
                                      implementation=self.implementation)
-    # Named so that remat policies can choose to keep it (see vit.py).
-    attended = checkpoint_name(attended, 'attention')
     return self.out(attended.reshape(batch, length, width))

@@ -7,8 +7,10 @@ exactly what it did before. VideoMAE instead uses a fixed 1-D sinusoid table
 over all tokens (`pos_embed='sincos'`).
 
 Numerics: parameters are float32; matmuls and attention run in the compute
-`dtype` (bfloat16 on GPU by default); the residual stream stays float32, as
-under PyTorch autocast.
+`dtype` (bfloat16 on GPU by default); the residual stream (the sum that runs
+through the blocks) is `residual_dtype`: float32 by default, as under
+PyTorch autocast, or bfloat16 to halve the bytes that the memory-bound part
+of a step (LayerNorms, residual adds, casts) moves, at some precision cost.
 """
 from __future__ import annotations
 
@@ -39,15 +41,38 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),
 }
 
-# What a remat'd block keeps for the backward pass ('none' = no remat).
+
+def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
+  """True for cuDNN's attention forward: its output and softmax statistics.
+
+  Its backward kernel needs both; a policy that saves only the output (by
+  name) makes the backward pass run the forward kernel again for the
+  statistics.
+  """
+  return primitive.name.startswith('dot_product_attention_fwd')
+
+
+_policies = jax.checkpoint_policies
+# Attention's results: cuDNN's (output + statistics), or XLA's named output.
+_attention_saveable = _policies.save_from_both_policies(
+    _policies.save_only_these_names('attention'), _cudnn_attention_outputs)
+
+# What a remat'd block keeps for the backward pass ('none' = no remat). The
+# more it keeps, the less the backward pass recomputes and the more memory
+# it holds; each recipe says which fits what GPU (vidjax.bench.memory).
 REMAT_POLICIES = {
     'none': None,
-    'full': jax.checkpoint_policies.nothing_saveable,
-    'dots_saveable': jax.checkpoint_policies.dots_saveable,
+    # Block inputs only: a whole second forward (AVION's checkpointing).
+    'full': _policies.nothing_saveable,
+    # Attention kept: the matmuls are recomputed, attention is not.
+    'save_attention': _attention_saveable,
+    # Attention and every matmul output kept: only elementwise work
+    # (LayerNorms, activations, residual adds) is recomputed.
+    'save_dots_and_attention': _policies.save_from_both_policies(
+        _policies.dots_saveable, _attention_saveable),
+    'dots_saveable': _policies.dots_saveable,
     'dots_with_no_batch_dims_saveable':
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    'save_attention':
-        jax.checkpoint_policies.save_only_these_names('attention'),
+        _policies.dots_with_no_batch_dims_saveable,
 }
 
 
@@ -189,11 +214,13 @@ class Transformer(nnx.Module):
                act: str = 'quick_gelu', qkv_bias: bool = True,
                norm_eps: float = 1e-5, drop_path: float | tuple = 0.0,
                attention: str = 'auto', remat: str = 'none', scan: bool = False,
-               dtype=jnp.float32, rngs: nnx.Rngs):
+               dtype=jnp.float32, residual_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     if remat not in REMAT_POLICIES:
       raise ValueError(f'remat must be one of {sorted(REMAT_POLICIES)}, '
                        f'got {remat!r}')
     self.depth, self.remat, self.scan = depth, remat, scan
+    self.residual_dtype = residual_dtype
     self.drop_rates = (tuple(float(r) for r in drop_path)
                        if isinstance(drop_path, (tuple, list))
                        else drop_path_rates(drop_path, depth))
@@ -220,16 +247,17 @@ class Transformer(nnx.Module):
     """Runs the blocks.
 
     Args:
-      x: [B, L, D] tokens (any float dtype; the stream is kept in float32).
+      x: [B, L, D] tokens (any float dtype; the stream is kept in
+        `residual_dtype`).
       deterministic: no drop path when True.
       rngs: optional nnx.Rngs (its 'dropout' stream is used) or a key, in
         place of the stream stored at construction.
       is_causal: causal attention (text tower).
 
     Returns:
-      float32[B, L, D].
+      residual_dtype[B, L, D].
     """
-    x = x.astype(jnp.float32)
+    x = x.astype(self.residual_dtype)
     keys = None
     if not deterministic and max(self.drop_rates) > 0:
       if rngs is None:
@@ -241,7 +269,9 @@ class Transformer(nnx.Module):
       keys = jax.random.split(key, self.depth)
 
     def run_block(block, x, rate, key):
-      return block(x, drop_rate=rate, key=key, is_causal=is_causal)
+      # A compute dtype wider than the stream would widen it block by block.
+      return block(x, drop_rate=rate, key=key,
+                   is_causal=is_causal).astype(x.dtype)
 
     if self.remat != 'none':
       run_block = nnx.remat(run_block, policy=REMAT_POLICIES[self.remat])
@@ -276,7 +306,8 @@ class VisionTransformer(nnx.Module):
                act: str = 'quick_gelu', qkv_bias: bool = True,
                norm_eps: float = 1e-5, drop_path: float = 0.0,
                attention: str = 'auto', remat: str = 'none',
-               scan: bool = False, dtype=jnp.float32, rngs: nnx.Rngs):
+               scan: bool = False, dtype=jnp.float32,
+               residual_dtype=jnp.float32, rngs: nnx.Rngs):
     if pos_embed not in ('learned', 'sincos'):
       raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
                        f'got {pos_embed!r}')
@@ -314,7 +345,8 @@ class VisionTransformer(nnx.Module):
     self.blocks = Transformer(
         width=width, depth=depth, heads=heads, mlp_dim=mlp_dim or 4 * width,
         act=act, qkv_bias=qkv_bias, norm_eps=norm_eps, drop_path=drop_path,
-        attention=attention, remat=remat, scan=scan, dtype=dtype, rngs=rngs)
+        attention=attention, remat=remat, scan=scan, dtype=dtype,
+        residual_dtype=residual_dtype, rngs=rngs)
     self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
     self.proj = (nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
                             kernel_init=normal, rngs=rngs)
@@ -363,7 +395,7 @@ class VisionTransformer(nnx.Module):
 
   def encode_tokens(self, tokens: jax.Array, *, deterministic: bool = True,
                     rngs=None) -> jax.Array:
-    """pre-norm and blocks on [B, L, D] tokens -> float32[B, L, D]."""
+    """pre-norm and blocks on [B, L, D] tokens -> residual_dtype[B, L, D]."""
     if self.pre_norm is not None:
       tokens = self.pre_norm(tokens)
     return self.blocks(tokens, deterministic=deterministic, rngs=rngs)

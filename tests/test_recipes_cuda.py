@@ -1,0 +1,58 @@
+"""Every recipe's train and eval steps take cuDNN attention on a GPU.
+
+Each configs/*.py is traced at its real model shapes and frame counts in
+bfloat16, as on an H100/H200 (`forced_cudnn`), with a batch of 8 over the 8
+fake devices, exactly as `train.setup` builds the steps, and lowered for
+CUDA. The state is abstract (`jax.eval_shape`): nothing is allocated or
+compiled. JAX's cuDNN shape checks run while tracing, so a tower length the
+kernel rejects fails here; the lowered steps must call cuDNN in every
+attention layer, forward and backward.
+"""
+from pathlib import Path
+
+import jax
+import pytest
+
+from vidjax import config as config_lib, models, sharding, tasks, train
+from vidjax.data import pipeline
+
+from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+RECIPES = sorted(p.name for p in CONFIGS.glob("*.py"))
+# Policies under which the backward pass runs no attention forward again.
+KEEPS_ATTENTION = ("none", "save_attention", "save_dots_and_attention")
+
+
+def attention_layers(model) -> int:
+  kw = models.model_kwargs(model)
+  if model.name == "clip":
+    return kw["vision_depth"] + kw["text_depth"]
+  return kw["depth"] + (kw["decoder_depth"] if model.name == "videomae" else 0)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
+  config = config_lib.load_config(str(CONFIGS / recipe))
+  config.model.dtype = "bfloat16"
+  task = tasks.get_task(config.task)
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  batch = pipeline.batch_spec(config, 8)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with forced_cudnn():
+    state, rest, steps = train.build_state_and_steps(config, task, mesh,
+                                                     abstract=True)
+    lower = lambda step, *args: step.trace(*args).lower(
+        lowering_platforms=("cuda",))
+    train_calls = cudnn_attention_calls(
+        lower(steps.train, state, rest, batch, key))
+    eval_calls = cudnn_attention_calls(
+        lower(steps.eval, state["params"], rest, batch))
+
+  layers = attention_layers(config.model)
+  assert train_calls["backward"] == layers, train_calls
+  if config.model.remat in KEEPS_ATTENTION:
+    assert train_calls["forward"] == layers, train_calls
+  else:
+    assert train_calls["forward"] > layers, train_calls
+  assert eval_calls["forward"] == layers and not eval_calls["backward"], eval_calls

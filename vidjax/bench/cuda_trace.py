@@ -1,0 +1,77 @@
+"""GPU code paths on any machine: cuDNN forced, lowered for CUDA, counted.
+
+JAX can lower a function for a platform it does not run on
+(`jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`). Its cuDNN
+attention asks the (absent) GPU for its cuDNN version and compute capability
+while tracing, and vidjax asks for the compute capability to choose an
+implementation; `forced_cudnn()` answers those questions as an H100/H200 with
+cuDNN 9.10 would, so the cuDNN code path is traced exactly as on that GPU and
+every shape rule JAX applies there is checked. The tests use it to prove the
+GPU path on CPU, `vidjax.bench.memory` to size what the backward pass keeps
+under cuDNN, and `vidjax.bench.gpu_check` counts the cuDNN calls of the
+step it compiled with `cudnn_attention_calls`.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import re
+from unittest import mock
+
+import jax
+
+from vidjax.models import attention
+
+
+@contextlib.contextmanager
+def forced_cudnn(compute_capability=(9, 0), cudnn_version=91000):
+  """Within the block, tracing takes the cuDNN attention path as on a GPU."""
+  from jax._src.cudnn import fused_attention_stablehlo as fused
+  target = '.'.join(map(str, compute_capability))
+  at_least = lambda c: tuple(map(int, c.split('.'))) <= compute_capability
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(mock.patch.object(
+        attention, '_gpu_compute_capability', lambda: compute_capability))
+    stack.enter_context(mock.patch.object(
+        fused, 'check_cudnn_version', lambda: cudnn_version))
+    stack.enter_context(mock.patch.object(
+        fused, 'check_compute_capability', at_least))
+    stack.enter_context(mock.patch.object(
+        fused, 'is_cuda_compute_capability_equal', lambda c: c == target))
+    yield
+
+
+def lower_for_cuda(fn, *args, **jit_kwargs) -> jax.stages.Lowered:
+  """`jax.jit(fn, **jit_kwargs)` traced for `args` and lowered for CUDA."""
+  traced = jax.jit(fn, **jit_kwargs).trace(*args)
+  return traced.lower(lowering_platforms=('cuda',))
+
+
+def cudnn_attention_calls(hlo) -> collections.Counter:
+  """cuDNN fused-attention calls in a lowered or compiled step, by name.
+
+  On one device they are `__cudnn$fmha*` custom calls. On a mesh of several
+  devices JAX wraps each in custom partitioning: the lowered step holds a
+  `CustomSPMDPartitioning` call naming a callback, which XLA's partitioner
+  replaces with the cuDNN call at compile time; those count under the name
+  of the callback's partition function.
+
+  Args:
+    hlo: a `jax.stages.Lowered` (alive while its callbacks are looked up:
+      JAX keeps them only as long as the lowering), or HLO text.
+
+  Returns:
+    Counts by call name, plus 'forward' and 'backward' totals.
+  """
+  from jax._src import custom_partitioning  # pylint: disable=import-outside-toplevel
+  hlo_text = hlo if isinstance(hlo, str) else hlo.as_text()
+  counts = collections.Counter(re.findall(r'__cudnn\$fmha\w*', hlo_text))
+  for key in re.findall(r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"',
+                        hlo_text):
+    info = custom_partitioning._sharding_callbacks.get(key.encode())
+    name = getattr(getattr(info, 'partition', None), '__name__', '')
+    if name.startswith('_dot_product_attention'):
+      counts[name] += 1
+  for name, count in list(counts.items()):
+    counts['backward' if re.search('Backward|bwd', name) else 'forward'] += count
+  return counts

