@@ -10,7 +10,6 @@ buffers that never train (`rest`) are rebuilt from the config at start-up.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 from absl import logging
@@ -22,63 +21,14 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from vidjax import augment, checkpoint, config as config_lib, models
-from vidjax import logging as log_lib, optim, plot, sharding, tasks
-from vidjax.data import pipeline, synthetic, tokenizer as tokenizer_lib
+from vidjax import augment, checkpoint, config as config_lib, console, errors
+from vidjax import logging as log_lib, models, optim, plot, sharding, tasks
+from vidjax.data import checks, pipeline, synthetic
 from vidjax.models import clip as clip_lib, flops as flops_lib, weights
 
-
-def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
-  """Writes the synthetic corpus under the workdir and points the data at it.
-
-  Process 0 writes it; the others wait, then find it complete (shared
-  workdir) or write their own copy (per-machine workdir).
-  """
-  spec, root = config.data.synthetic, workdir / "synthetic"
-
-  def make():
-    synthetic.make_corpus(
-        root, num_videos=spec.num_videos,
-        segments_per_video=spec.segments_per_video,
-        segment_seconds=spec.segment_seconds, height=spec.height,
-        width=spec.width, seed=spec.seed, progress=jax.process_index() == 0)
-    if not config.data.vocab and not (root / "vocab.txt.gz").exists():
-      synthetic.write_vocab(root / "vocab.txt.gz")
-
-  if jax.process_index() == 0:
-    make()
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("vidjax:synthetic corpus")
-    if jax.process_index() != 0:
-      make()
-  with config.unlocked():
-    config.data.root = str(root / "chunks")
-    split = {"jsonl": "{}.jsonl", "ek100_cls": "ek100_{}.csv",
-             "ek100_mir": "ek100_{}.csv"}[config.data.format]
-    config.data.train_annotations = str(root / split.format("train"))
-    config.data.eval_annotations = str(root / split.format("val"))
-    if not config.data.vocab:
-      config.data.vocab = str(root / "vocab.txt.gz")
-    if spec.get("relevancy", False):
-      config.eval.relevancy = str(root / "relevancy_val.npy")
-
-
-def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
-                keys: list[str] | None = None):
-  """Stops at start-up, naming every data path that is unset or missing."""
-  if keys is None:
-    keys = ["data.root", "data.train_annotations", "data.eval_annotations"]
-    keys += ["data.vocab"] if needs_text else []
-    keys += ["eval.relevancy"] if config.eval.get("relevancy", "") else []
-  problems = []
-  for key in keys:
-    section, name = key.split(".")
-    value = config[section][name]
-    if not value or not os.path.exists(value):
-      problems.append(f"  {key} = {value!r} ({'unset' if not value else 'not found'});"
-                      f" set it with --config.{key}=PATH")
-  if problems:
-    raise ValueError("data paths to fix:\n" + "\n".join(problems))
+# Steps after the start before the time estimate and the data-bound check.
+ESTIMATE_AFTER_STEPS = 10
+DATA_BOUND_FRACTION = 0.5  # Of the wall time spent waiting for batches.
 
 
 def load_pretrained(path: str, model_config, params, keep_init=()):
@@ -229,25 +179,39 @@ class Run:
   rest: object
   steps: Steps
   data_state: object = None
+  train_records: list | None = None  # Checked rows; None: from the file.
 
 
-def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
-  """Mesh, data paths, model and optimizer state (sharded), resume point."""
-  workdir.mkdir(parents=True, exist_ok=True)
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+def _start_text(start: checkpoint.StartPoint) -> str:
+  return {"workdir": f"resuming at step {start.step}",
+          "resume": f"resuming {start.path} at step {start.step}",
+          "init_from": f"parameters from {start.path}"}.get(start.kind,
+                                                            "from scratch")
+
+
+def setup(config: ml_collections.ConfigDict, workdir: Path, *,
+          splits: tuple[str, ...] = ()) -> Run:
+  """Config, data, model and optimizer state (sharded), resume point.
+
+  Everything a user can get wrong is checked before the workdir is touched:
+  the config, the data paths, the vocabulary, the annotation files of
+  `splits` ('train', 'eval'; none for tools on synthetic batches) and
+  whether a checkpoint to resume fits the model. Then WORKDIR/config.json
+  and WORKDIR/log.txt are written and half-written checkpoints removed.
+  """
   config_lib.validate(config, jax.device_count())
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
   task = tasks.get_task(config.task)
-  if config.data.get("synthetic", None) and config.data.synthetic.enabled:
-    prepare_synthetic(config, workdir)
-  config_lib.save_config_json(config, workdir)
-  if task.NEEDS_TEXT:
-    check_paths(config, True, keys=["data.vocab"])
-  tokenizer = (tokenizer_lib.Tokenizer(config.data.vocab)
-               if task.NEEDS_TEXT else None)
-  if tokenizer and tokenizer.vocab_size > config.model.text.vocab_size:
-    raise ValueError(f"{config.data.vocab} has {tokenizer.vocab_size} tokens "
-                     f"but config.model.text.vocab_size is "
-                     f"{config.model.text.vocab_size}; raise it")
+  synthetic.prepare(config, workdir)
+  if splits:
+    keys = ["data.root"] + [f"data.{s}_annotations" for s in splits]
+    keys += ["eval.relevancy"] if "eval" in splits and config.eval.get(
+        "relevancy", "") else []
+    checks.check_paths(config, keys)
+  tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
+  reports = checks.check_annotations(
+      config, splits, needs_text=task.NEEDS_TEXT,
+      needs_label=config.task == "classification") if splits else {}
 
   tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
 
@@ -260,11 +224,23 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
             "opt": tx.init(params)}, rest
 
   graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  start = checkpoint.resolve_start(workdir, config)
+  if start.kind in ("workdir", "resume"):
+    checkpoint.check_fits(start, jax.eval_shape(init)[0], config)
+  # --- The run is accepted: from here on the workdir is written.
+  if reports:
+    checks.report(reports, config, workdir)
+  checkpoint.remove_partial_saves(workdir)
+  if "train" in splits or not splits:  # An evaluation keeps the run's own.
+    config_lib.save_config_json(config, workdir)
+  if jax.process_index() == 0:
+    console.attach_log_file(workdir)
   (state, rest), _ = sharding.create_sharded_state(init, mesh)
   run = Run(mesh, task, tokenizer, state, rest,
             make_steps(config, task, graphdef, tx, schedule))
+  if "train" in reports:
+    run.train_records = reports["train"].kept_records()
 
-  start = checkpoint.resolve_start(workdir, config)
   if start.kind in ("workdir", "resume"):
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
@@ -274,18 +250,39 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
         start.path, config.model, state["params"],
         keep_init=config.get("init_keep", ())))
     logging.info("initialised parameters from %s", start.path)
+  if splits:
+    _log_summary(run, config, reports, start)
   return run
+
+
+def _log_summary(run: Run, config, reports: dict, start) -> None:
+  """The start-up summary; a warning when the batch is larger than the data."""
+  num_params = sum(x.size for x in jax.tree.leaves(run.state["params"]))
+  clips = {s: len(r.kept_records()) for s, r in reports.items()}
+  logging.info("%s", console.run_summary(
+      devices=jax.devices(), batch_size=config.batch_size,
+      accum_steps=config.get("accum_steps", 1), num_params=num_params,
+      clips=clips, total_steps=config.total_steps,
+      first_step=int(run.state["step"]), start=_start_text(start)))
+  if "train" in clips and config.batch_size > clips["train"]:
+    logging.warning("batch_size=%d is larger than the %d training clips: every "
+                    "batch repeats clips; lower --config.batch_size",
+                    config.batch_size, clips["train"])
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates the workdir's latest checkpoint (or `resume`/`init_from`)."""
   workdir = Path(workdir)
-  run = setup(config, workdir)
-  check_paths(config, run.task.NEEDS_TEXT)
+  if checkpoint.resolve_start(workdir, config).kind == "scratch":
+    raise errors.WorkdirError(
+        f"{workdir} has no checkpoint to evaluate",
+        hint="check the --workdir path, or evaluate other weights with "
+        "--config.init_from=PATH (or --config.resume=RUN_DIR)")
+  run = setup(config, workdir, splits=("eval",))
   metrics = run_eval(run, config)
   with log_lib.MetricWriter(workdir) as writer:
     writer.write(int(run.state["step"]), metrics)
-  logging.info("eval at step %d: %s", int(run.state["step"]), metrics)
+  logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
   return metrics
 
 
@@ -297,8 +294,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   # ------------------------------------------------------------------ setup
   workdir = Path(workdir)
-  run = setup(config, workdir)
-  check_paths(config, run.task.NEEDS_TEXT)
+  run = setup(config, workdir, splits=("train", "eval"))
   state, rest, steps = run.state, run.rest, run.steps
   first_step = int(state["step"])
   writer = log_lib.MetricWriter(workdir)
@@ -306,7 +302,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # ------------------------------------------------------------------- data
   train_batches = pipeline.make_pipeline(
       config, run.mesh, train=True, batch_size=config.batch_size,
-      tokenizer=run.tokenizer)
+      tokenizer=run.tokenizer, records=run.train_records)
   if run.data_state is not None:
     train_batches = train_batches.restored(run.data_state)
 
@@ -322,20 +318,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   late = log_lib.LateMetrics()
   bar = log_lib.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.get("every_steps", 0)
-  last_eval, last_saved, step = {}, first_step, first_step
+  last_eval, last_saved, step = {}, first_step or None, first_step
+  preempted, estimated = False, False
 
   def log(item):
+    nonlocal estimated
     if item is None:
       return
     logged_step, metrics = item
     log_lib.check_finite(metrics, step=logged_step,
                          last_checkpoint_step=last_saved)
+    metrics["data/skipped"] = train_batches.skipped
     if logged_step % config.log.every_steps == 0 or logged_step == config.total_steps:
       metrics.update(timer.summary())
-      metrics["data/skipped"] = train_batches.skipped
       writer.write(logged_step, metrics)
+      if not estimated and logged_step >= first_step + ESTIMATE_AFTER_STEPS:
+        estimated = True  # Once, past the compilation and the first batches.
+        _say_pace(logged_step, metrics, config)
     bar.update(logged_step, {k: v for k, v in metrics.items()
-                             if k in ("train/loss", "perf/clips_per_s")})
+                             if k in ("train/loss", "perf/clips_per_s") or
+                             (k == "data/skipped" and v)})
 
   with checkpoint.PreemptionHandler() as preemption:
     while step < config.total_steps:
@@ -353,23 +355,50 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                    rng=base_key, force=stop or step == config.total_steps):
         last_saved = step
       if stop:
-        logging.warning("preempted: saved step %d; rerun the same command "
-                        "to resume", step)
+        preempted = True
         break
       if eval_every and step % eval_every == 0 and step < config.total_steps:
         run.state = state
         last_eval = run_eval(run, config)
         writer.write(step, last_eval)
+        logging.info("%s", console.eval_table(step, last_eval))
   log(late.flush())
   bar.close()
   train_batches.close()
+  ckpt.wait_until_finished()
+  saved_steps = ckpt.all_steps()
   ckpt.close()
+  _say_read_failures(train_batches.host.failures)
   run.state = state
   if step >= config.total_steps:
     last_eval = run_eval(run, config)
     writer.write(step, last_eval)
-    logging.info("final eval at step %d: %s", step, last_eval)
+    logging.info("%s", console.eval_table(step, last_eval))
   writer.close()
   if jax.process_index() == 0:
-    plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    logging.info("%s", console.end_message(workdir, step, config.total_steps,
+                                           plots, saved_steps))
+  if preempted:
+    raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
   return last_eval
+
+
+def _say_pace(step: int, metrics: dict, config) -> None:
+  """The time estimate; the data-bound warning when batches keep the devices waiting."""
+  if "perf/step_time_s" not in metrics:
+    return
+  logging.info("%s", console.time_estimate(step, config.total_steps,
+                                           metrics["perf/step_time_s"]))
+  if metrics.get("perf/data_wait_frac", 0.0) > DATA_BOUND_FRACTION:
+    logging.warning("%s", console.data_bound_warning(
+        metrics["perf/data_wait_frac"], config.data))
+
+
+def _say_read_failures(failures) -> None:
+  """The end-of-training summary of clips that could not be read, per file."""
+  if failures:
+    logging.warning(
+        "%d clip reads failed in %d files during training (other clips were "
+        "read instead):\n  %s", sum(failures.values()), len(failures),
+        "\n  ".join(pipeline.failure_lines(failures)))

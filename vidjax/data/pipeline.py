@@ -27,12 +27,19 @@ Config keys (`config.data`, see `default_data_config`):
   device_prefetch batches in flight to the devices
   max_skip_fraction  stop when more than this share of reads failed
   max_attempts    reads per training element before giving up on it
+  max_bad_row_fraction  stop at start-up when more than this share of an
+                  annotation file's rows are bad (`vidjax.data.checks`)
+
+A failed read is logged when a file fails for the first time (once per
+file and process), counted per file (`HostBatches.failures`), and the
+`DataError` past `max_skip_fraction` lists each bad file once with its count.
 """
 from __future__ import annotations
 
 import collections
 
 from absl import flags
+from absl import logging
 import grain
 import jax
 import ml_collections
@@ -40,6 +47,7 @@ import numpy as np
 
 from vidjax import sharding
 from vidjax.data import annotations, source
+from vidjax.errors import DataError  # pylint: disable=unused-import  (re-exported)
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
 
@@ -52,7 +60,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
       eval_clips=1, eval_crops=1,
       workers=0, threads=0, worker_buffer=2, device_prefetch=2,
-      max_skip_fraction=0.25, max_attempts=10))
+      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01))
 
 
 def clip_spec(data: ml_collections.ConfigDict) -> source.ClipSpec:
@@ -76,14 +84,25 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   return annotations.load_records(data.format, path, **kw)
 
 
-class DataError(RuntimeError):
-  """Too many clips failed to read; the message names the bad files."""
+# Files whose first failed read was logged already (once per process, so the
+# evaluation pipelines do not repeat what training said).
+_REPORTED_FILES: set[str] = set()
+
+
+def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
+  """'FILE: N failed reads' lines, most failures first, at most `limit`."""
+  lines = [f"{path}: {n} failed read{'s' if n > 1 else ''}"
+           for path, n in failures.most_common(limit)]
+  if len(failures) > limit:
+    lines.append(f"... and {len(failures) - limit} more files")
+  return lines
 
 
 class HostBatches:
   """Grain iterator -> numeric local batches, with skip accounting.
 
-  Strips the per-element error strings, counts failed reads, stops with
+  Strips the per-element error strings, counts failed reads per file
+  (`failures`; the first failure of each file is logged), stops with
   `DataError` when they pass `max_skip_fraction`, and pads a short final
   evaluation batch with invalid elements to the full batch size.
   """
@@ -92,10 +111,19 @@ class HostBatches:
     self._it, self._batch_size = iterator, batch_size
     self._max_fraction = max_skip_fraction
     self.skipped = self.attempts = 0
-    self._bad = collections.OrderedDict()  # message -> None, first 20 kept.
+    self.failures = collections.Counter()  # file -> failed reads
 
   def __iter__(self):
     return self
+
+  def _count(self, message: str) -> None:
+    # VideoReadError messages start with the file: "PATH: problem".
+    path = message.split(": ", 1)[0]
+    if path not in _REPORTED_FILES:
+      _REPORTED_FILES.add(path)
+      logging.warning("cannot read a clip: %s (reported once per file; such "
+                      "clips are replaced and counted)", message)
+    self.failures[path] += 1
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch = dict(next(self._it))
@@ -104,16 +132,16 @@ class HostBatches:
     self.skipped += skipped
     self.attempts += skipped + int(batch["valid"].sum())
     for message in (m for msgs in errors for m in str(msgs).split("\n") if m):
-      if len(self._bad) < 20:
-        self._bad[message] = None
+      self._count(message)
     fraction = self.skipped / max(self.attempts, 1)
     if not batch["valid"].any() or (self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
                                     and fraction > self._max_fraction):
       raise DataError(
-          f"{self.skipped} of {self.attempts} clip reads failed "
-          f"({fraction:.0%}; the limit is data.max_skip_fraction="
-          f"{self._max_fraction}). First failures:\n  "
-          + "\n  ".join(self._bad))
+          f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
+          f" in {len(self.failures)} files:\n  "
+          + "\n  ".join(failure_lines(self.failures)),
+          hint="re-chunk or remove those videos; the limit is "
+          f"data.max_skip_fraction={self._max_fraction}")
     short = self._batch_size - len(batch["valid"])
     if short > 0:
       batch = {k: np.concatenate([v, np.zeros((short,) + v.shape[1:], v.dtype)])
