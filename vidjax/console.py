@@ -76,12 +76,20 @@ class _Formatter(logging.Formatter):
     return f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {warning}{message}"
 
 
+# Warnings Orbax gives for every read-only look at a checkpoint directory,
+# which vidjax makes on purpose (to find or check a checkpoint).
+_EXPECTED_WARNINGS = ("CheckpointManagerOptions.read_only=True",
+                      "Given directory is read only")
+
+
 class _OnlyOurInfo(logging.Filter):
   """Keeps vidjax's INFO lines; other libraries' (Orbax, Grain) from WARNING."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or (
-        f"{os.sep}vidjax{os.sep}" in record.pathname)
+    if f"{os.sep}vidjax{os.sep}" in record.pathname:
+      return True
+    return (record.levelno >= logging.WARNING and
+            not str(record.msg).startswith(_EXPECTED_WARNINGS))
 
 
 class _ConsoleHandler(logging.Handler):

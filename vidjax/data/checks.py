@@ -159,10 +159,10 @@ def _suggest(video_id: str, videos: dict, lower: dict, close: bool) -> str:
   return f" (did you mean {match!r}?)" if match else ""
 
 
-def _other_keys(record, field: str) -> str:
-  """' (it has 'caption'; the caption goes under 'text')' when a key is off."""
+def _other_keys(record, what: str, field: str) -> str:
+  """' (it has 'caption': the caption goes under 'text')' when a key is off."""
   keys = [k for k, v in record.extra.items() if v not in (None, "")]
-  return (f" (it has {', '.join(map(repr, keys))}; it goes under {field!r})"
+  return (f" (it has {', '.join(map(repr, keys))}: {what} goes under {field!r})"
           if keys else "")
 
 
@@ -180,10 +180,10 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
       problems.append(("outside_video", f"{r.start:g}-{r.end:g} s but "
                        f"{r.video_id!r} has {length:.1f} s{ms}"))
   if needs_text and not (r.text or "").strip():
-    problems.append(("no_text", "no caption in 'text'" + _other_keys(r, "text")))
+    problems.append(("no_text", "no caption in 'text'" + _other_keys(r, "the caption", "text")))
   if needs_label:
     if r.label is None:
-      problems.append(("no_label", "no 'label'" + _other_keys(r, "label")))
+      problems.append(("no_label", "no 'label'" + _other_keys(r, "the class", "label")))
     elif num_classes and not 0 <= r.label < num_classes:
       problems.append(("bad_label", f"label {r.label} is not in [0, {num_classes})"))
   return problems
