@@ -399,6 +399,7 @@ def _say_read_failures(failures) -> None:
   """The end-of-training summary of clips that could not be read, per file."""
   if failures:
     logging.warning(
-        "%d clip reads failed in %d files during training (other clips were "
+        "%d clip reads failed in %d file%s during training (other clips were "
         "read instead):\n  %s", sum(failures.values()), len(failures),
+        "s" if len(failures) > 1 else "",
         "\n  ".join(pipeline.failure_lines(failures)))

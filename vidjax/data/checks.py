@@ -38,12 +38,13 @@ from vidjax.data import annotations, pipeline, tokenizer as tokenizer_lib, video
 MAX_END_OVER_LENGTH = 2.0
 _EXAMPLES = 1  # Example rows shown per kind of problem.
 
-KINDS = {  # kind -> how the summary counts it
-    "unknown_video": "unknown video id",
-    "outside_video": "span outside its video",
-    "no_text": "without a caption",
-    "no_label": "without a label",
-    "bad_label": "label outside model.num_classes",
+KINDS = {  # kind -> how the summary counts it: one, several
+    "unknown_video": ("unknown video id", "unknown video ids"),
+    "outside_video": ("span outside its video", "spans outside their video"),
+    "no_text": ("row without a caption", "rows without a caption"),
+    "no_label": ("row without a label", "rows without a label"),
+    "bad_label": ("label outside model.num_classes",
+                  "labels outside model.num_classes"),
 }
 
 
@@ -137,7 +138,7 @@ class Report:
       for kind, detail in problems:
         examples[kind].append(f"row {row + 1}: {detail}")
     for kind, rows in examples.items():
-      lines.append(f"{len(rows)} {KINDS[kind]}{'s' if len(rows) > 1 else ''}, "
+      lines.append(f"{len(rows)} {KINDS[kind][len(rows) > 1]}, "
                    f"e.g. {'; '.join(rows[:_EXAMPLES])}")
     return "\n  ".join(lines)
 
@@ -263,11 +264,11 @@ def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
     (over if r.fraction > limit else lines).append(r.summary(limit, path))
     if r.split == "train" and not r.good_records:
       over.append(f"{r.path}: no usable rows")
+  for line in lines:
+    logging.info("data check: %s", line)
   if over:
     needed = max(r.fraction for r in reports.values())
     raise errors.DataError(
         "data check: " + "\n".join(over),
         hint="fix the rows listed, or leave them out with "
         f"--config.data.max_bad_row_fraction={math.ceil(needed * 20) / 20:g}")
-  for line in lines:
-    logging.info("data check: %s", line)
