@@ -1,6 +1,7 @@
 """Tests for vidjax.checkpoint: Orbax round trips, keep-last-K, resume order."""
 
 import os
+import shutil
 import signal
 
 import grain
@@ -169,3 +170,17 @@ def test_second_sigint_interrupts():
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_partial_save_is_ignored_then_removed(tmp_path):
+  mesh = sharding.make_mesh()
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(tmp_path),
+                               every_steps=1) as ckpt:
+    ckpt.save(1, _state(mesh))
+  ckpts = tmp_path / "checkpoints"
+  # What a save killed half-way leaves: Orbax's temporary directory.
+  partial = ckpts / f"2{checkpoint.TMP_SUFFIX}"
+  shutil.copytree(ckpts / "1", partial)
+  assert checkpoint.latest_complete_step(ckpts) == 1
+  assert checkpoint.remove_partial_saves(tmp_path) == [str(partial)]
+  assert sorted(p.name for p in ckpts.iterdir()) == ["1"]

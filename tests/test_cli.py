@@ -264,3 +264,24 @@ def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():
   ci = (REPO / ".ci/run").read_text().strip().splitlines()[-1]
   assert ci == commands[1] == 'pip install -e ".[dev]" && python -m pytest -q'
   assert os.access(REPO / ".ci/run", os.X_OK)
+
+
+@pytest.mark.parametrize("variant", ["captions", "labels", "labels,cpu"])
+def test_own_videos_variants_build(variant):
+  from flax import nnx
+  from vidjax import config as config_lib, models, tasks
+  config = config_lib.load_config(str(REPO / f"configs/own_videos.py:{variant}"))
+  config_lib.validate(config, num_devices=8)
+  labels = "labels" in variant
+  assert tasks.get_task(config.task).NEEDS_TEXT is not labels
+  if labels:
+    assert config.model.num_classes == 0  # From the labels, at start-up.
+    config.model.num_classes = 5
+  else:
+    assert config.model.text.vocab_size == 0  # From the vocabulary file.
+    config.model.text.vocab_size = 49408
+  model = nnx.eval_shape(lambda: models.build_model(config.model,
+                                                    rngs=nnx.Rngs(0)))
+  assert model is not None
+  with pytest.raises(Exception, match="unknown variant 'caption'"):
+    config_lib.load_config(str(REPO / "configs/own_videos.py:caption"))

@@ -1,5 +1,6 @@
 """The training loop: preemption + resume, gradient accumulation, init_from."""
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -70,6 +71,8 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
   shutil.copytree(ckpts / str(saved), partial)
   subprocess.run(cli(workdir), check=True, cwd=REPO, capture_output=True)
   assert not partial.exists() and f"removed {partial}" in log()
+  assert re.search(r"resuming at step \d+\n.*\n  steps \d+ -> 24", log())
+  assert re.search(r"about .* to step 24 \([\d.]+ s/step\)", log())
   resumed, expected = losses(workdir), losses(uninterrupted)
   assert sorted(resumed) == sorted(expected) == list(range(1, 25))
   np.testing.assert_allclose([resumed[s] for s in range(1, 25)],

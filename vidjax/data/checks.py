@@ -177,7 +177,9 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
   else:
     length = info.num_frames / float(info.frame_rate)
     if r.start >= length or r.end > MAX_END_OVER_LENGTH * length + 1:
-      ms = " (milliseconds?)" if r.end / 1000 <= length + 1 else ""
+      # Milliseconds: about 1000x too large, and fitting once divided.
+      ms = (" (milliseconds?)" if r.end > 100 * length and
+            r.end / 1000 <= length + 1 else "")
       problems.append(("outside_video", f"{r.start:g}-{r.end:g} s but "
                        f"{r.video_id!r} has {length:.1f} s{ms}"))
   if needs_text and not (r.text or "").strip():
@@ -219,13 +221,13 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
   paths = {s: data.train_annotations if s == "train" else data.eval_annotations
            for s in splits}
   files = set(paths.values())
-  if needs_label and data.train_annotations:  # For num_classes: both files.
-    files.add(data.train_annotations)
+  if needs_label:  # num_classes comes from the labels of both files.
+    files |= {p for p in (data.train_annotations, data.eval_annotations) if p}
   records = {}
   for path in files:
     try:
       records[path] = pipeline.load_annotations(data, path)
-    except (ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError) as e:
       raise errors.DataError(f"{path}: {e}" if path not in str(e) else str(e),
                              hint="fix the file (see the README for the "
                              "formats)") from None
