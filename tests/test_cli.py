@@ -177,6 +177,12 @@ def _mistakes(own, tmp):
       for line in (own / "train.jsonl").read_text().splitlines()])
   broken = tmp / "broken.jsonl"
   broken.write_text((own / "train.jsonl").read_text() + "{'video_id': 1\n")
+  unreadable = tmp / "unreadable"
+  shutil.copytree(own / "chunks", unreadable / "chunks")
+  for chunk in (unreadable / "chunks").glob("*/*.mp4"):
+    chunk.write_bytes(b"garbage" * 10)
+  for split in ("train", "val"):
+    shutil.copy(own / f"{split}.jsonl", unreadable)
   own_paths = _paths(own)
   demo = "demo.py:debug"
   return {
@@ -213,6 +219,12 @@ def _mistakes(own, tmp):
       "broken_file": (_main("own_videos.py:cpu", tmp / "j",
                             *_paths(own, train=str(broken))), 1,
                       [rf"{re.escape(str(broken))}:9: not JSON"]),
+      # Every chunk unreadable: the first batch stops, each file named once.
+      "unreadable": (_main("own_videos.py:cpu", tmp / "l", *_paths(unreadable),
+                           *CPU_RUN), 1,
+                     [r"error: (\d+) of \1 clip reads failed \(100%\), in 8 "
+                      r"files:\n(  \S+/chunks/(bikes|car|garden|street)/[02]\.mp4: "
+                      r"\d+ failed reads?\n){8}  hint: re-chunk or remove"]),
       "eval_no_checkpoint": (_main(demo, tmp / "k", "--mode=eval"), 2,
                              [r"has no checkpoint to evaluate",
                               r"hint: .*--config.init_from"]),
@@ -237,11 +249,12 @@ def mistakes(own, tmp_path_factory):
 def _assert_short(stderr):
   assert "Traceback" not in stderr
   error = stderr[stderr.rindex("error: "):]
-  assert len(error.splitlines()) <= 6, error
+  assert len(error.splitlines()) <= 12, error
 
 
 @pytest.mark.parametrize("name", [
-    "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows", "no_labels", "broken_file", "eval_no_checkpoint"])
+    "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows",
+    "no_labels", "broken_file", "unreadable", "eval_no_checkpoint"])
 def test_mistake_exits_with_one_message(mistakes, name):
   cases, results, tmp = mistakes
   _, code, patterns = cases[name]
@@ -253,8 +266,11 @@ def test_mistake_exits_with_one_message(mistakes, name):
   # Refused before the workdir is written, but for the list of bad rows.
   workdir = Path(cases[name][0][cases[name][0].index("--workdir") + 1])
   written = sorted(p.name for p in workdir.iterdir()) if workdir.exists() else []
-  assert written == (["bad_rows_train.jsonl"] if name in ("bad_rows", "no_labels")
-                     else [])
+  if name == "unreadable":  # Accepted, then failed reading.
+    assert "config.json" in written
+  else:
+    assert written == (["bad_rows_train.jsonl"]
+                       if name in ("bad_rows", "no_labels") else [])
 
 
 def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():

@@ -123,9 +123,9 @@ def test_lock_and_save_config_json(config_file, tmp_path):
   assert "len" in json.loads(open(vconfig.save_config_json(config, tmp_path)).read())["fn"]
 
 
-def test_changed_keys():
+def test_changes():
   old = {"model": {"width": 64, "text": {"vocab_size": 0}}, "crop": [0.5, 1.0],
          "lr": 1.0}
   new = {"model": {"width": 96, "text": {"vocab_size": 0}}, "crop": (0.5, 1.0),
          "seed": 1, "lr": 1.0}
-  assert vconfig.changed_keys(old, new) == ["model.width", "seed"]
+  assert vconfig.changes(old, new) == [("model.width", 64, 96), ("seed", None, 1)]

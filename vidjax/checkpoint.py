@@ -369,12 +369,12 @@ def check_fits(start: StartPoint, target: Any, config) -> None:
       return
     meta = mngr.restore(start.step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
-  old, new = meta.get("metadata", {}).get("config", {}), config.to_dict()
-  changed = config_lib.changed_keys(old, new)
+  changed = config_lib.changes(meta.get("metadata", {}).get("config", {}),
+                               config.to_dict())
   # The model and optimizer decide the arrays; other keys may change freely.
-  shaping = [k for k in changed if k.startswith(("model.", "optim."))] or changed
-  keys = ", ".join(f"{k} {_lookup(old, k)!r} -> {_lookup(new, k)!r}"
-                   for k in shaping[:6]) or "not recorded in the checkpoint"
+  shaping = [c for c in changed if c[0].startswith(("model.", "optim."))] or changed
+  keys = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shaping[:6]) or (
+      "not recorded in the checkpoint")
   differ.sort(key=lambda k: not k.startswith("params."))
   arrays = "; ".join(f"{k}: saved {saved.get(k, 'nothing')}, now "
                      f"{want.get(k, 'nothing')}" for k in differ[:2])
@@ -383,14 +383,6 @@ def check_fits(start: StartPoint, target: Any, config) -> None:
       f"changed config: {keys}. {len(differ)} arrays differ, e.g. {arrays}",
       hint="use a new --workdir for the new model, or set those keys back to "
       "resume (the run's config is in its config.json); nothing was changed")
-
-
-def _lookup(config: dict, dotted: str):
-  for part in dotted.split("."):
-    if not isinstance(config, dict) or part not in config:
-      return None
-    config = config[part]
-  return config
 
 
 def remove_partial_saves(workdir) -> list[str]:

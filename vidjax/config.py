@@ -222,20 +222,21 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
                              hint="change them with --config.KEY=VALUE")
 
 
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-  """Dotted keys whose values differ between two config dicts (or exist in one).
+def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+  """(dotted key, old value, new value) for each key that differs between two
+  config dicts; a key only in one has None in the other.
 
   Tuples and lists compare equal when their items do (JSON turns one into
   the other).
   """
   out = []
   for key in sorted(set(old) | set(new)):
-    a, b = old.get(key, _MISSING), new.get(key, _MISSING)
+    a, b = old.get(key), new.get(key)
     if isinstance(a, dict) and isinstance(b, dict):
-      out += changed_keys(a, b, f"{prefix}{key}.")
+      out += changes(a, b, f"{prefix}{key}.")
     elif (list(a) if isinstance(a, (list, tuple)) else a) != (
         list(b) if isinstance(b, (list, tuple)) else b):
-      out.append(f"{prefix}{key}")
+      out.append((f"{prefix}{key}", a, b))
   return out
 
 

@@ -172,6 +172,12 @@ class ProgressBar:
   def close(self):
     self._bar.close()
 
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()  # Also on an error: its message is then the last line.
+
 
 # ---------------------------------------------------------------------------
 # One step late.

@@ -127,7 +127,7 @@ def main(parsed) -> int:
     logging.warning("%s", e)
     return e.exit_code
   except KeyboardInterrupt:
-    logging.error("interrupted before training started (nothing saved)")
+    logging.error("interrupted: stopped without saving a checkpoint")
     return 130  # The shell's code for SIGINT.
   return errors.EXIT_FINISHED
 

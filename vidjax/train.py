@@ -339,7 +339,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                              if k in ("train/loss", "perf/clips_per_s") or
                              (k == "data/skipped" and v)})
 
-  with checkpoint.PreemptionHandler() as preemption:
+  with checkpoint.PreemptionHandler() as preemption, bar:
     while step < config.total_steps:
       with timer.waiting_for_data():
         batch = next(train_batches)
