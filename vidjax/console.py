@@ -117,6 +117,10 @@ class _LogFile(logging.Handler):
     self._file = None
     self._pending: list[str] = []
 
+  @property
+  def is_open(self) -> bool:
+    return self._file is not None
+
   def open(self, path: str) -> None:
     if self._file is not None:
       self._file.close()
@@ -293,6 +297,6 @@ def end_message(workdir, step: int, total_steps: int, plots: Sequence,
   if checkpoints:
     lines.append(f"checkpoints  checkpoints/{max(checkpoints)} (steps kept: "
                  f"{', '.join(map(str, sorted(checkpoints)))})")
-  if _log_file is not None and _log_file._file is not None:  # pylint: disable=protected-access
+  if _log_file is not None and _log_file.is_open:
     lines.append(f"log          {LOG_FILE}")
   return "\n  ".join(lines)

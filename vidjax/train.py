@@ -380,6 +380,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("%s", console.end_message(workdir, step, config.total_steps,
                                            plots, saved_steps))
   if preempted:
+    if jax.process_count() > 1:  # Nobody exits (75) before every save is done.
+      multihost_utils.sync_global_devices("vidjax:preempted")
     raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
   return last_eval
 
