@@ -55,11 +55,14 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
   """absl's flags; the config overrides are kept for `load_config`."""
   overrides, rest = _split_overrides(argv[1:])
   try:
-    return flags.FLAGS([argv[0]] + rest), overrides
+    rest = flags.FLAGS([argv[0]] + rest)
+    if len(rest) > 1:
+      raise flags.Error(f"unexpected arguments {rest[1:]}")
   except flags.Error as e:
     print(f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
           "lists the flags", file=sys.stderr)
     sys.exit(errors.EXIT_USAGE)
+  return rest, overrides
 
 
 def _maybe_initialize_distributed():
@@ -114,9 +117,7 @@ def _run(overrides: list[str]) -> None:
 
 
 def main(parsed) -> int:
-  argv, overrides = parsed
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _, overrides = parsed
   console.setup_console(verbose=flags.FLAGS["verbosity"].present)
   try:
     _run(overrides)
