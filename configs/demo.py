@@ -15,6 +15,10 @@ Expected on a 2-core CPU machine: about 3 minutes; the final eval has
 eval/t2v_r1 several times eval/chance_r1 (1/48 = 0.021).
 
 `configs/demo.py:debug` runs 2 steps on a smaller corpus (tests).
+
+The synthetic corpus is only used when no data path is set: with
+`--config.data.root=...` and the annotation paths the demo trains on your own
+videos (`configs/own_videos.py` is made for that; see the README).
 """
 import ml_collections
 

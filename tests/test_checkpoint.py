@@ -1,6 +1,7 @@
 """Tests for vidjax.checkpoint: Orbax round trips, keep-last-K, resume order."""
 
 import os
+import shutil
 import signal
 
 import grain
@@ -217,3 +218,17 @@ def test_best_mode_min_nan_and_a_metric_the_eval_lacks(tmp_path):
     assert ckpt.best["step"] == 4
   with pytest.raises(ValueError, match="best_mode must be 'max' or 'min'"):
     checkpoint.Checkpointer(tmp_path, every_steps=1, best_mode="best")
+
+
+def test_partial_save_is_ignored_then_removed(tmp_path):
+  mesh = sharding.make_mesh()
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(tmp_path),
+                               every_steps=1) as ckpt:
+    ckpt.save(1, _state(mesh))
+  ckpts = tmp_path / "checkpoints"
+  # What a save killed half-way leaves: Orbax's temporary directory.
+  partial = ckpts / f"2{checkpoint.TMP_SUFFIX}"
+  shutil.copytree(ckpts / "1", partial)
+  assert checkpoint.latest_complete_step(ckpts) == 1
+  assert checkpoint.remove_partial_saves(tmp_path) == [str(partial)]
+  assert sorted(p.name for p in ckpts.iterdir()) == ["1"]

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from vidjax import config as vconfig
+from vidjax import config as vconfig, errors
 
 CONFIG_PY = textwrap.dedent('''
     import ml_collections
@@ -21,9 +21,13 @@ CONFIG_PY = textwrap.dedent('''
       c.log = dict(every_steps=10)
       c.data = dict(num_frames=16)
       c.model = dict(tubelet=2, name="vit_b16")
+      c.task = "contrastive"
+      c.flag = True
       if arg == "debug":
         c.total_steps = 4
         c.batch_size = 8
+      elif arg:
+        raise ValueError(f"unknown variant {arg!r}")
       return c
 ''')
 
@@ -48,14 +52,28 @@ def test_load_with_arg_and_overrides(config_file):
 
 
 def test_load_errors_say_what_is_wrong(config_file):
-  with pytest.raises(KeyError, match=r"unknown config key 'model\.nmae'.*did you mean name"):
+  with pytest.raises(KeyError) as e:
     vconfig.load_config(config_file, ["model.nmae=x"])
-  with pytest.raises(KeyError, match=r"unknown config key 'btach_size'.*batch_size"):
+  assert str(e.value).startswith("unknown config key 'model.nmae' (--config.")
+  assert e.value.hint == "did you mean model.name? 'model' has: name, tubelet"
+  with pytest.raises(errors.UnknownKeyError, match=r"unknown config key 'btach_size'") as e:
     vconfig.load_config(config_file, ["btach_size=4"])
-  with pytest.raises(ValueError, match="total_steps=1.5"):
+  assert e.value.hint.startswith("did you mean batch_size? the top level has: ")
+  with pytest.raises(KeyError, match=r"'lr' is a float, not a config section"):
+    vconfig.load_config(config_file, ["lr.x=1"])
+  with pytest.raises(ValueError, match="total_steps=1.5: invalid literal for int"):
     vconfig.load_config(config_file, ["total_steps=1.5"])
   with pytest.raises(FileNotFoundError, match="nope.py"):
     vconfig.load_config("nope.py:debug")
+  with pytest.raises(errors.ConfigError, match="unknown variant 'large'") as e:
+    vconfig.load_config(f"{config_file}:large")
+  assert e.value.exit_code == errors.EXIT_USAGE
+
+
+def test_load_boolean_override(config_file):
+  assert vconfig.load_config(config_file, ["--noconfig.flag"]).flag is False
+  assert vconfig.load_config(config_file, ["--config.flag=false"]).flag is False
+  assert vconfig.load_config(config_file).flag is True
 
 
 def test_validate_accepts_good_config(config_file):
@@ -71,6 +89,8 @@ def test_validate_accepts_good_config(config_file):
     (["data.num_frames=15"],
      r"'data.num_frames' = 15 is not divisible by 'model.tubelet' = 2"),
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
+    (["task=contrastiv"], r"'task' = 'contrastiv' is not one of \[.*\]; did you "
+                          r"mean 'contrastive'\?"),
 ])
 def test_validate_reports_what_to_change(config_file, overrides, message):
   config = vconfig.load_config(config_file, overrides)
@@ -101,3 +121,11 @@ def test_lock_and_save_config_json(config_file, tmp_path):
   assert saved["checkpoint"] == {"every_steps": 50, "keep": 2}
   assert saved["model"]["name"] == "vit_b16"
   assert "len" in json.loads(open(vconfig.save_config_json(config, tmp_path)).read())["fn"]
+
+
+def test_changes():
+  old = {"model": {"width": 64, "text": {"vocab_size": 0}}, "crop": [0.5, 1.0],
+         "lr": 1.0}
+  new = {"model": {"width": 96, "text": {"vocab_size": 0}}, "crop": (0.5, 1.0),
+         "seed": 1, "lr": 1.0}
+  assert vconfig.changes(old, new) == [("model.width", 64, 96), ("seed", None, 1)]

@@ -107,15 +107,15 @@ def test_mismatched_files_stop_at_start_naming_both(evaluated, tmp_path):
   with pytest.raises(ValueError, match=r"caption_relevancy_ek100_retrieval_val.pkl is 8 x 4 but "
                                        r".*ek100_retrieval_val.csv has 8 clips and "
                                        r".*ek100_retrieval_train_sentence.csv has \d+ captions"):
-    train.check_paths(config, needs_text=True)
+    eval_sets.check_files(config)
   with config.unlocked():
     config.eval.sentences = ""  # A clips x captions matrix needs its captions.
   with pytest.raises(ValueError, match="without a sentence file it must be 8 x 8"):
-    train.check_paths(config, needs_text=True)
+    eval_sets.check_files(config)
   with config.unlocked():
     config.data.allow_pickle = False
   with pytest.raises(ValueError, match="allow_pickle"):
-    train.check_paths(config, needs_text=True)
+    eval_sets.check_files(config)
 
 
 def test_retrieval_metrics_from_views_square_and_captions(tmp_path):

@@ -98,7 +98,7 @@ def _wait(procs: dict[str, subprocess.Popen], logs: dict[str, Path]):
 
 
 def _prepare_corpus(workdir: Path) -> Path:
-  """Writes the corpus where `train.prepare_synthetic` looks for it.
+  """Writes the corpus where `synthetic.prepare` looks for it.
 
   Done once, before the processes start: two processes writing the same
   files at once would race. Returns the vocabulary path to pass in.

@@ -2,6 +2,7 @@
 import gzip
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -185,7 +186,11 @@ def corrupt(root, video_ids):
       path.write_bytes(b"garbage" * 10)
 
 
-def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path):
+def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path,
+                                                 monkeypatch):
+  warnings = []
+  monkeypatch.setattr(pipeline.logging, "warning",
+                      lambda fmt, *args: warnings.append(fmt % args))
   root = tmp_path / "c"
   shutil.copytree(corpus, root)
   records = annotations.load_jsonl(root / "train.jsonl")  # 24 records.
@@ -201,6 +206,13 @@ def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path):
   assert not {records[i].video_id for i in loaded} & set(bad)
   skipped = sum(int(b["skipped"].sum()) for b in batches)
   assert skipped >= 2 and pipe.skipped == skipped
+  # Counted per file, each file's first failure logged once.
+  failures = pipe.host.failures
+  assert sum(failures.values()) == skipped
+  assert {p.split("/chunks/")[1].split("/")[0] for p in failures} == set(bad)
+  logged = [m for m in warnings if "cannot read a clip" in m]
+  assert len(logged) == len(failures)
+  assert {m.split(": ")[1] for m in logged} == set(failures)
 
 
 def test_all_corrupt_stops_with_the_bad_files_named(corpus, mesh, tmp_path):
@@ -209,9 +221,20 @@ def test_all_corrupt_stops_with_the_bad_files_named(corpus, mesh, tmp_path):
   corrupt(root, [p.name for p in (root / "chunks").iterdir() if p.is_dir()])
   pipe = pipeline.make_pipeline(config_for(root), mesh, train=True,
                                 batch_size=8)
-  with pytest.raises(pipeline.DataError, match=r"failed.*\n.*chunks/vid0.*mp4"):
+  with pytest.raises(pipeline.DataError) as e:
     next(pipe)
   pipe.close()
+  lines = str(e.value).splitlines()
+  assert re.fullmatch(r"(\d+) of \1 clip reads failed \(100%\), in (\d+) files:",
+                      lines[0])
+  num_files = int(lines[0].split()[-2])
+  listed, more = lines[1:11], lines[11:]  # The 10 worst, then how many more.
+  assert more == [f"  ... and {num_files - 10} more files"]
+  files = [line.split(": ")[0].strip() for line in listed]
+  assert len(set(files)) == 10  # Each file once, with its count.
+  assert all(re.fullmatch(r"\s+\S+/chunks/vid0\d\d/\d+\.mp4: \d+ failed reads?",
+                          line) for line in listed)
+  assert "data.max_skip_fraction" in e.value.hint
 
 
 def test_eval_views_each_once_and_padded(corpus, mesh):

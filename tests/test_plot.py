@@ -84,3 +84,18 @@ def test_cli(tmp_path, capsys):
   assert plot.main([str(tmp_path)]) == 0
   printed = capsys.readouterr().out.split()
   assert str(tmp_path / "plots" / "loss.png") in printed
+
+
+def test_fractions_on_a_0_to_1_axis(tmp_path):
+  # Two evaluations that differ by noise: a recall axis stays 0-1.
+  _write_metrics(tmp_path, [
+      {"step": 100, "eval/t2v_r5": 0.52, "eval/mAP_avg": 0.3, "eval/top1": 0.4,
+       "eval/loss": 0.8, "eval/chance_r5": 0.1},
+      {"step": 200, "eval/t2v_r5": 0.53, "eval/mAP_avg": 0.31, "eval/top1": 0.41,
+       "eval/loss": 0.7, "eval/chance_r5": 0.1}])
+  fig = plot.eval_figure(plot.load_metrics(tmp_path))
+  limits = {ax.get_title(): ax.get_ylim() for ax in fig.axes if ax.get_visible()}
+  for name in ("eval/t2v_r5", "eval/mAP_avg", "eval/top1"):
+    assert limits[name] == (0, 1.02), name
+  low, high = limits["eval/loss"]  # Not a fraction: fitted to the values.
+  assert 0.6 < low and high < 0.9

@@ -1,5 +1,6 @@
 """The synthetic corpus: real chunked H.264, annotations in two layouts."""
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -33,3 +34,13 @@ def test_corpus_layout_and_content(tmp_path):
   mtime = (root / "train.jsonl").stat().st_mtime
   synthetic.make_corpus(tmp_path, num_videos=4, progress=False)
   assert (root / "train.jsonl").stat().st_mtime == mtime
+
+
+def test_prepare_leaves_user_paths_alone(tmp_path):
+  from vidjax import config as config_lib
+  repo = Path(__file__).resolve().parents[1]
+  config = config_lib.load_config(str(repo / "configs/demo.py:debug"),
+                                  ["data.root=/mine/chunks"])
+  assert not synthetic.prepare(config, tmp_path)
+  assert config.data.root == "/mine/chunks" and not config.data.train_annotations
+  assert not any(tmp_path.iterdir())  # Nothing written.

@@ -16,7 +16,11 @@ mid-save leaves a temporary directory that is never picked up.
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
 `config.init_from` (weights only, loaded by `models.loader`; a vidjax run's
-parameters are read with `read_params`); else scratch.
+parameters are read with `read_params`); else scratch. Before a checkpoint
+is restored, `check_fits` compares its array shapes with the new run's (from
+the files' metadata, reading no array) and names the config keys that
+changed. `remove_partial_saves` deletes the temporary directories a killed
+save left.
 
 Best checkpoint: with `checkpoint.best_metric` set (a metric name as in
 metrics.jsonl, e.g. 'eval/mAP_avg') each evaluation that improves it is
@@ -33,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 from typing import Any
@@ -43,7 +48,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vidjax import config as config_lib, errors
+
 CHECKPOINT_SUBDIR = "checkpoints"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
 
 
 # ---------------------------------------------------------------------------
@@ -452,8 +460,8 @@ def resolve_start(workdir, config) -> StartPoint:
   the same command continues where it stopped, even if `resume` is set.
 
   Raises:
-    FileNotFoundError: `resume` or `init_from` names a path with nothing
-      to load.
+    errors.PathError: `resume` or `init_from` names a path with nothing to
+      load (a FileNotFoundError).
   """
   own = checkpoint_dir(workdir)
   step = latest_complete_step(own)
@@ -463,16 +471,91 @@ def resolve_start(workdir, config) -> StartPoint:
   if resume:
     directory, step = find_checkpoint(resume)
     if step is None:
-      raise FileNotFoundError(
-          f"config.resume={resume!r}: no complete checkpoint found there "
-          "(expected a run's workdir, its checkpoints/ dir or a step dir)")
+      raise errors.PathError(
+          f"config.resume={resume!r}: no complete checkpoint found there",
+          hint="give a run's workdir, its checkpoints/ dir or a step dir")
     return StartPoint("resume", directory, step)
   init_from = config.get("init_from") or None
   if init_from:
     if not epath.Path(init_from).exists():
-      raise FileNotFoundError(f"config.init_from={init_from!r} does not exist")
+      raise errors.PathError(f"config.init_from={init_from!r} does not exist")
     return StartPoint("init_from", os.fspath(init_from))
   return StartPoint("scratch")
+
+
+# ---------------------------------------------------------------------------
+# Before restoring: does the checkpoint fit? Left-overs of a killed save.
+# ---------------------------------------------------------------------------
+def _dotted(path) -> str:
+  return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                  for k in path)
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  return {_dotted(p): tuple(x.shape)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def check_fits(start: StartPoint, target: Any, config) -> None:
+  """Stops before a restore whose arrays would not fit the new run.
+
+  Reads the checkpoint's metadata only (shapes, and the config it was saved
+  with), so nothing is loaded, written or left half-done.
+
+  Args:
+    start: a 'workdir' or 'resume' start point.
+    target: the new run's state: arrays or `jax.ShapeDtypeStruct`s.
+    config: the new run's config.
+
+  Raises:
+    errors.WorkdirError: naming the config keys that changed and the first
+      arrays whose shapes differ.
+  """
+  with _manager(start.path, ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+    saved = _shapes(mngr.item_metadata(start.step)["state"])
+    want = _shapes(target)
+    differ = sorted(k for k in saved.keys() | want.keys()
+                    if saved.get(k) != want.get(k))
+    if not differ:
+      return
+    meta = mngr.restore(start.step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+  changed = config_lib.changes(meta.get("metadata", {}).get("config", {}),
+                               config.to_dict())
+  # The model and optimizer decide the arrays; other keys may change freely.
+  shaping = [c for c in changed if c[0].startswith(("model.", "optim."))] or changed
+  keys = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shaping[:6]) or (
+      "not recorded in the checkpoint")
+  differ.sort(key=lambda k: not k.startswith("params."))
+  arrays = "; ".join(f"{k}: saved {saved.get(k, 'nothing')}, now "
+                     f"{want.get(k, 'nothing')}" for k in differ[:2])
+  raise errors.WorkdirError(
+      f"the checkpoint {start.path}/{start.step} was saved by another model: "
+      f"changed config: {keys}. {len(differ)} arrays differ, e.g. {arrays}",
+      hint="use a new --workdir for the new model, or set those keys back to "
+      "resume (the run's config is in its config.json); nothing was changed")
+
+
+def remove_partial_saves(workdir) -> list[str]:
+  """Deletes WORKDIR/checkpoints/*.orbax-checkpoint-tmp* (process 0 only).
+
+  A run killed while saving leaves such a directory; it is never restored,
+  only takes disk space. Call at start-up, before any save.
+
+  Returns:
+    The directories removed.
+  """
+  directory = epath.Path(checkpoint_dir(workdir))
+  if jax.process_index() != 0 or not directory.is_dir():
+    return []
+  removed = []
+  for path in sorted(directory.iterdir()):
+    if TMP_SUFFIX in path.name:
+      shutil.rmtree(os.fspath(path), ignore_errors=True)
+      removed.append(os.fspath(path))
+      logging.info("removed %s, the left-over of a save that did not finish",
+                   path)
+  return removed
 
 
 # ---------------------------------------------------------------------------

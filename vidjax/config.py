@@ -1,29 +1,33 @@
 """Config helpers: load "file.py[:arg]" with overrides, validate, config.json.
 
 Configs are Python files with `get_config(arg=None) -> ConfigDict` (big_vision
-style): `configs/demo.py:debug` calls `get_config("debug")`. `main.py`
-reads them through `config_flags.DEFINE_config_file`; `load_config` does the
-same from a notebook or a test, overrides included.
+style): `configs/demo.py:debug` calls `get_config("debug")`. `load_config`
+loads one with `--config.KEY=VALUE` overrides, for `main.py`, notebooks and
+tests alike; mistakes raise `vidjax.errors.ConfigError`s that name the key
+(with the known ones and close matches) or the value.
 
-Keys every config has (DESIGN §3): `seed`, `total_steps`,
-`checkpoint.every_steps`, `log.every_steps`. `validate` also checks, when
-present: `batch_size` (global, all processes) against the devices and
-`accum_steps`, `eval.batch_size`, and `data.num_frames` against
-`model.tubelet`.
+Keys every config has: `seed`, `total_steps`, `checkpoint.every_steps`,
+`log.every_steps`. `validate` also checks, when present: `batch_size`
+(global, all processes) against the devices and `accum_steps`,
+`eval.batch_size`, `data.num_frames` against `model.tubelet`, the names of
+the task, annotation format, sampling and crop, and the fractions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 import difflib
+import importlib.util
 import json
 import os
-import warnings
+import re
 
 from absl import flags
 import jax
 import ml_collections
 from ml_collections import config_flags
+
+from vidjax import errors
 
 CONFIG_JSON = "config.json"
 REQUIRED_KEYS = ("seed", "total_steps", "checkpoint.every_steps", "log.every_steps")
@@ -48,22 +52,48 @@ def _get(config, dotted: str, default=_MISSING):
   return node
 
 
-def _unknown_key_message(config, dotted: str) -> str | None:
-  """Explains the first missing part of `dotted`; None if the path exists."""
+def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
+  """(message, hint) for the first missing part of `dotted`; None if it exists."""
   node, walked = config, []
   for part in dotted.split("."):
     if not isinstance(node, (ml_collections.ConfigDict, dict)):
-      return f"'{'.'.join(walked)}' is a {type(node).__name__}, not a config section"
+      return (f"'{'.'.join(walked)}' is a {type(node).__name__}, not a config "
+              f"section, so '{dotted}' does not exist", "")
     if part not in node:
-      where = f"'{'.'.join(walked)}'" if walked else "the top level"
+      prefix = "".join(f"{w}." for w in walked)
       keys = sorted(node.keys())
-      close = difflib.get_close_matches(part, keys, n=3)
-      hint = f"; did you mean {', '.join(close)}?" if close else ""
-      return (f"unknown config key '{'.'.join(walked + [part])}': {where} has "
-              f"{keys}{hint}")
+      close = [prefix + k for k in difflib.get_close_matches(part, keys, n=3)]
+      where = f"'{prefix[:-1]}'" if walked else "the top level"
+      hint = f"did you mean {' or '.join(close)}? " if close else ""
+      return (f"unknown config key '{prefix}{part}'",
+              f"{hint}{where} has: {', '.join(keys)}")
     node = node[part]
     walked.append(part)
   return None
+
+
+def _load_module(path: str, spec: str):
+  """Imports the config file `path` as a fresh module."""
+  name = "vidjax_config_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
+  module_spec = importlib.util.spec_from_file_location(name, path)
+  if module_spec is None:
+    raise errors.ConfigError(f"{spec}: not a Python file",
+                             hint="configs are .py files with get_config()")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise errors.ConfigError(f"{path} has no get_config() function")
+  return module
+
+
+def _override_args(overrides: Sequence[str]) -> list[str]:
+  """'a.b=v', '--config.a.b=v', '--noconfig.flag' -> ml_collections flags."""
+  args = []
+  for o in overrides:
+    o = o.removeprefix("--")
+    no = "no" if o.startswith("noconfig.") else ""
+    args.append(f"--{no}config.{o.removeprefix('noconfig.').removeprefix('config.')}")
+  return args
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
@@ -72,41 +102,48 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   Args:
     spec: "path/to/config.py" or "path/to/config.py:arg" (passed to
       `get_config(arg)`).
-    overrides: "key.sub=value" strings (a leading "--config." is allowed);
-      values are parsed with the type of the existing field.
+    overrides: "key.sub=value" strings (a leading "--config." is allowed;
+      "--noconfig.key" sets a boolean to False); values are parsed with the
+      type of the existing field.
 
   Returns:
     The locked `ConfigDict`: assigning a new key raises.
 
   Raises:
-    FileNotFoundError: the file does not exist.
-    KeyError: an override names a key the config does not have.
-    ValueError: an override's value does not parse as the field's type.
+    errors.PathError: the file does not exist (a FileNotFoundError).
+    errors.UnknownKeyError: an override names a key the config does not
+      have (a KeyError; the message lists the known keys and close matches).
+    errors.ConfigError: `get_config` refused `arg`, or an override's value
+      does not parse as the field's type (a ValueError).
   """
-  path = spec.split(":", 1)[0]
+  path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} (from {spec!r}) not found")
-  overrides = [o.removeprefix("--").removeprefix("config.") for o in overrides]
-  for o in overrides:
-    if "=" not in o:
-      raise ValueError(f"override {o!r} must look like key.sub=value")
-  argv = ["load_config", f"--config={spec}"] + [f"--config.{o}" for o in overrides]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, flag_values=flag_values,
-                                  sys_argv=argv, lock_config=True)
+    raise errors.PathError(f"config file {path!r} not found",
+                           hint="the shipped configs are in configs/*.py")
+  module = _load_module(path, spec)
   try:
-    with warnings.catch_warnings():  # ml_collections' loader, not ours
-      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
-      flag_values(argv)
-  except (AttributeError, KeyError) as e:
-    base = load_config(spec)  # to say which key is unknown
-    for o in overrides:
-      message = _unknown_key_message(base, o.split("=", 1)[0])
-      if message:
-        raise KeyError(f"{spec}: override {o!r}: {message}") from e
+    config = module.get_config(arg) if arg else module.get_config()
+  except ValueError as e:  # The config's own message, e.g. an unknown variant.
+    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    config = ml_collections.ConfigDict(config)
+  args = _override_args(overrides)
+  argv = ["load_config"] + args
+  flag_values = flags.FlagValues()
+  try:
+    config_flags.DEFINE_config_dict("config", config, flag_values=flag_values,
+                                    sys_argv=argv, lock_config=True)
+    flag_values(argv)
+  except (AttributeError, KeyError):
+    for a in args:
+      key = a.split("=", 1)[0].removeprefix("--no").removeprefix("--config.")
+      unknown = _unknown_key(config, key)
+      if unknown:
+        raise errors.UnknownKeyError(f"{unknown[0]} ({a}, {spec})",
+                                     hint=unknown[1]) from None
     raise
-  except flags.Error as e:
-    raise ValueError(f"{spec}: {e}") from e
+  except (flags.Error, TypeError, ValueError) as e:
+    raise errors.ConfigError(f"{spec}: {str(e).removeprefix('flag ')}") from None
   return flag_values.config
 
 
@@ -114,6 +151,28 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Locks `config` in place (new keys raise; values may change); returns it."""
   config.lock()
   return config
+
+
+def _choice_problems(config) -> list[str]:
+  """Names the task / format / sampling / crop / fractions that are unknown."""
+  # Imported here: the config module stays light for `load_config`.
+  from vidjax import tasks  # pylint: disable=import-outside-toplevel
+  from vidjax.data import annotations  # pylint: disable=import-outside-toplevel
+  choices = {"task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
+             "data.sampling": ("segment", "stride"),
+             "data.crop": ("random_resized", "multi_scale", "center")}
+  problems = []
+  for key, allowed in choices.items():
+    value = _get(config, key, None)
+    if value is not None and value not in allowed:
+      close = difflib.get_close_matches(str(value), allowed, n=1)
+      problems.append(f"'{key}' = {value!r} is not one of {list(allowed)}"
+                      + (f"; did you mean {close[0]!r}?" if close else ""))
+  for key in ("data.max_skip_fraction", "data.max_bad_row_fraction"):
+    value = _get(config, key, None)
+    if value is not None and not 0 <= value <= 1:
+      problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
+  return problems
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
@@ -124,7 +183,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     num_devices: devices the batch is split over (default: all of them).
 
   Raises:
-    ValueError: naming each problem and what to change.
+    errors.ConfigError: naming each problem and what to change.
   """
   num_devices = num_devices or jax.device_count()
   problems = []
@@ -157,8 +216,28 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   if frames is not None and tubelet and frames % tubelet:
     problems.append(f"'{NUM_FRAMES_KEY}' = {frames} is not divisible by "
                     f"'{TUBELET_KEY}' = {tubelet}")
+  problems += _choice_problems(config)
   if problems:
-    raise ValueError("invalid config:\n  - " + "\n  - ".join(problems))
+    raise errors.ConfigError("invalid config:\n  - " + "\n  - ".join(problems),
+                             hint="change them with --config.KEY=VALUE")
+
+
+def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+  """(dotted key, old value, new value) for each key that differs between two
+  config dicts; a key only in one has None in the other.
+
+  Tuples and lists compare equal when their items do (JSON turns one into
+  the other).
+  """
+  out = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += changes(a, b, f"{prefix}{key}.")
+    elif (list(a) if isinstance(a, (list, tuple)) else a) != (
+        list(b) if isinstance(b, (list, tuple)) else b):
+      out.append((f"{prefix}{key}", a, b))
+  return out
 
 
 def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:

@@ -27,6 +27,8 @@ import jax
 import numpy as np
 import tqdm
 
+from vidjax import errors
+
 METRICS_FILE = "metrics.jsonl"
 
 # Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
@@ -160,15 +162,21 @@ class ProgressBar:
     self._step = start_step
 
   def update(self, step: int, metrics: Mapping[str, Any] | None = None):
-    """Moves the bar to `step`; shows a few metrics (Python floats) if given."""
+    """Moves the bar to `step`; shows a few metrics (Python numbers) if given."""
     self._bar.update(step - self._step)
     self._step = step
     if metrics:
       self._bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in metrics.items()
-                             if isinstance(v, float)}, refresh=False)
+                             if isinstance(v, (int, float))}, refresh=False)
 
   def close(self):
     self._bar.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()  # Also on an error: its message is then the last line.
 
 
 # ---------------------------------------------------------------------------
@@ -286,7 +294,7 @@ class StepTimer:
 # ---------------------------------------------------------------------------
 # Non-finite guard.
 # ---------------------------------------------------------------------------
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(errors.UserError, FloatingPointError):
   """A logged metric became NaN or infinite."""
 
 
@@ -310,5 +318,7 @@ def check_finite(metrics: Mapping[str, Any], *, step: int,
       kept = ("no checkpoint was saved yet" if last_checkpoint_step is None else
               f"last good checkpoint at step {last_checkpoint_step} is kept")
       raise NonFiniteError(
-          f"non-finite {name} ({value}) at step {step}; {kept}. Try a lower "
-          "learning rate, more warmup or gradient clipping, then resume")
+          f"non-finite {name} ({value}) at step {step}; {kept}",
+          hint="try a lower learning rate (optim.lr), more warmup "
+          "(optim.warmup_steps) or gradient clipping (optim.clip_grad_norm), "
+          "then resume")

@@ -1,8 +1,15 @@
 """Command line: `python -m vidjax.main --config configs/NAME.py[:ARG] --workdir DIR`.
 
-    --config.a.b=value   override any config key (unknown keys are refused)
+    --config.a.b=value   override any config key (unknown keys are refused,
+                         with the known ones and close matches)
     --mode train|eval    train (resuming from the workdir's checkpoint), or
-                         only evaluate the workdir's latest checkpoint
+                         only evaluate the workdir's latest checkpoint (or
+                         `--config.init_from`)
+
+Mistakes in the command, the config or the data are printed as one message
+and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
+at start-up, 75 stopped by SIGTERM/SIGINT after saving a checkpoint (run the
+same command to resume); see `vidjax.errors`.
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
 the environment describes one (SLURM, or JAX_COORDINATOR_ADDRESS /
@@ -10,19 +17,52 @@ JAX_NUM_PROCESSES / JAX_PROCESS_ID).
 """
 from __future__ import annotations
 
-import logging as py_logging
 import os
+import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (configs/NAME.py[:ARG]).", lock_config=True)
+from vidjax import config as config_lib, console, errors
+
+_CONFIG = flags.DEFINE_string("config", None, "Config file: configs/NAME.py[:ARG]; "
+                              "--config.KEY=VALUE overrides its keys.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, "
-                               "metrics.jsonl, config.json.")
+                               "metrics.jsonl, config.json, log.txt, plots/.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
                           "train (and evaluate), or evaluate only.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+  """(`--config.KEY[=VALUE]` overrides, the other arguments).
+
+  `--config.KEY VALUE` (a space instead of '=') is joined into one.
+  """
+  overrides, rest, i = [], [], 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith(("--config.", "--noconfig.")):
+      if "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--"):
+        arg, i = f"{arg}={args[i + 1]}", i + 1
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return overrides, rest
+
+
+def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+  """absl's flags; the config overrides are kept for `load_config`."""
+  overrides, rest = _split_overrides(argv[1:])
+  try:
+    rest = flags.FLAGS([argv[0]] + rest)
+    if len(rest) > 1:
+      raise flags.Error(f"unexpected arguments {rest[1:]}")
+  except flags.Error as e:
+    print(f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
+          "lists the flags", file=sys.stderr)
+    sys.exit(errors.EXIT_USAGE)
+  return rest, overrides
 
 
 def _maybe_initialize_distributed():
@@ -66,26 +106,32 @@ def _maybe_initialize_distributed():
   logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
 
-class _OnlyOurInfo(py_logging.Filter):
-  """Keeps vidjax's INFO lines; other libraries' (Orbax, Grain) from WARNING."""
-
-  def filter(self, record):
-    return record.levelno >= py_logging.WARNING or (
-        f"{os.sep}vidjax{os.sep}" in record.pathname)
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.get_absl_handler().addFilter(_OnlyOurInfo())
+def _run(overrides: list[str]) -> None:
+  config = config_lib.load_config(_CONFIG.value, overrides)
   _maybe_initialize_distributed()
   from vidjax import train  # pylint: disable=import-outside-toplevel
   if _MODE.value == "eval":
-    train.evaluate_only(_CONFIG.value, _WORKDIR.value)
+    train.evaluate_only(config, _WORKDIR.value)
   else:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train.train_and_evaluate(config, _WORKDIR.value)
+
+
+def main(parsed) -> int:
+  _, overrides = parsed
+  console.setup_console(verbose=flags.FLAGS["verbosity"].present)
+  try:
+    _run(overrides)
+  except errors.UserError as e:
+    logging.error("%s", e.describe())
+    return e.exit_code
+  except errors.Preempted as e:
+    logging.warning("%s", e)
+    return e.exit_code
+  except KeyboardInterrupt:
+    logging.error("interrupted: stopped without saving a checkpoint")
+    return 130  # The shell's code for SIGINT.
+  return errors.EXIT_FINISHED
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -9,7 +9,8 @@ run appends the steps after its last checkpoint again, so for every
   loss.png        train/loss (and a moving average on long runs)
   lr.png          train/lr
   eval.png        one panel per eval/* metric (eval/chance_* drawn as a
-                  dashed line on the panels of the same cut-off)
+                  dashed line on the panels of the same cut-off); recall,
+                  accuracy, mAP and nDCG on a 0-1 axis
   throughput.png  perf/clips_per_s (with a moving average), and
                   perf/data_wait_frac when logged
 
@@ -32,12 +33,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from vidjax import logging as log_lib
+from vidjax import console, logging as log_lib
 
 PLOTS_SUBDIR = "plots"
 # Noisy curves (loss, throughput) with at least this many points also get
 # a trailing mean.
 SMOOTH_MIN_POINTS = 20
+# Metrics that are fractions by definition (recall@K, top-K accuracy, mAP,
+# nDCG, *_frac): drawn on a 0-1 axis, so that noise does not look like swings.
+FRACTION_METRIC = re.compile(r"((^|_)(r|top)\d+|(^|_)(mAP|nDCG))(_|$)|_frac$")
 
 Series = tuple[np.ndarray, np.ndarray]  # (int64[N] steps, float64[N] values)
 
@@ -95,11 +99,6 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
   return (cumsum[ends] - cumsum[starts]) / (ends - starts)
 
 
-def _natural_key(name: str) -> list:
-  # eval/t2v_r5 before eval/t2v_r10.
-  return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
 def _new_figure(panels: int = 1):
   cols = min(panels, 3)
   rows = math.ceil(panels / cols)
@@ -124,8 +123,8 @@ def _curve(ax, series: Series, name: str, *, smooth: bool = False):
     ax.legend(fontsize="small")
   ax.ticklabel_format(axis="y", useOffset=False)  # no "1e-13+0.1" axes
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  if name.endswith("_frac"):
-    ax.set_ylim(0, 1)
+  if FRACTION_METRIC.search(name.split("/")[-1]):
+    ax.set_ylim(0, 1.02)  # Room for the markers of a perfect score.
   ax.set_title(name)
   ax.set_xlabel("step")
   ax.grid(alpha=0.3)
@@ -136,12 +135,13 @@ def _save(fig, path: Path) -> Path:
   return path
 
 
-def _plot_eval(metrics: dict[str, Series], out: Path) -> Path | None:
+def eval_figure(metrics: dict[str, Series]) -> Figure | None:
+  """One panel per eval/* metric, with its chance level; None without any."""
   chance = {n[len("eval/chance_"):]: s for n, s in metrics.items()
             if n.startswith("eval/chance_")}
   names = sorted((n for n in metrics if n.startswith("eval/")
                   and not n.startswith("eval/chance_") and n != "eval/skipped"),
-                 key=_natural_key)
+                 key=console.natural_key)
   if not names:
     return None
   fig, axes = _new_figure(len(names))
@@ -153,7 +153,7 @@ def _plot_eval(metrics: dict[str, Series], out: Path) -> Path | None:
       ax.plot(*chance[cutoff], "--", marker="_", markersize=14, color="grey",
               label="chance")
       ax.legend(fontsize="small")
-  return _save(fig, out / "eval.png")
+  return fig
 
 
 def plot_run(workdir: str | os.PathLike) -> list[Path]:
@@ -176,9 +176,9 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
       fig, (ax,) = _new_figure()
       _curve(ax, metrics[name], name, smooth=smooth)
       written.append(_save(fig, out / file))
-  eval_png = _plot_eval(metrics, out)
-  if eval_png:
-    written.append(eval_png)
+  fig = eval_figure(metrics)
+  if fig:
+    written.append(_save(fig, out / "eval.png"))
   perf = [n for n in ("perf/clips_per_s", "perf/data_wait_frac")
           if n in metrics]
   if perf:

@@ -10,8 +10,6 @@ buffers that never train (`rest`) are rebuilt from the config at start-up.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from pathlib import Path
 
 from absl import logging
@@ -22,57 +20,14 @@ import ml_collections
 import optax
 from jax.experimental import multihost_utils
 
-from vidjax import augment, checkpoint, config as config_lib, eval_sets, models
-from vidjax import logging as log_lib, optim, sharding, tasks
-from vidjax.data import pipeline, synthetic, synthetic_annotations
-from vidjax.data import tokenizer as tokenizer_lib
+from vidjax import augment, checkpoint, config as config_lib, console, errors
+from vidjax import eval_sets, logging as log_lib, models, optim, sharding, tasks
+from vidjax.data import checks, pipeline, synthetic
 from vidjax.models import clip as clip_lib, flops as flops_lib, loader, weights
 
-
-def prepare_synthetic(config: ml_collections.ConfigDict, workdir: Path):
-  """Writes the synthetic corpus under the workdir and points the data at it.
-
-  Process 0 writes it; the others wait, then find it complete (shared
-  workdir) or write their own copy (per-machine workdir).
-  """
-  spec, root = config.data.synthetic, workdir / "synthetic"
-
-  def make():
-    synthetic.make_corpus(
-        root, num_videos=spec.num_videos,
-        segments_per_video=spec.segments_per_video,
-        segment_seconds=spec.segment_seconds, height=spec.height,
-        width=spec.width, seed=spec.seed, progress=jax.process_index() == 0)
-    if not config.data.vocab and not (root / "vocab.txt.gz").exists():
-      synthetic.write_vocab(root / "vocab.txt.gz")
-
-  if jax.process_index() == 0:
-    make()
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("vidjax:synthetic corpus")
-    if jax.process_index() != 0:
-      make()
-  synthetic_annotations.use_corpus(config, root)
-
-
-def check_paths(config: ml_collections.ConfigDict, needs_text: bool,
-                keys: list[str] | None = None):
-  """Stops at start-up, naming every data path that is unset or missing."""
-  check_all = keys is None
-  if check_all:
-    keys = eval_sets.required_paths(config, needs_text)
-  problems = []
-  for key in keys:
-    value = functools.reduce(lambda node, part: node[part], key.split("."),
-                             config)
-    for path in pipeline.split_paths(value) or [value]:  # a,b: several files
-      if not path or not os.path.exists(path):
-        problems.append(f"  {key} = {path!r} ({'unset' if not path else 'not found'});"
-                        f" set it with --config.{key}=PATH")
-  if problems:
-    raise ValueError("data paths to fix:\n" + "\n".join(problems))
-  if check_all:
-    eval_sets.check_files(config)
+# Steps after the start before the time estimate and the data-bound check.
+ESTIMATE_AFTER_STEPS = 10
+DATA_BOUND_FRACTION = 0.5  # Of the wall time spent waiting for batches.
 
 
 def _clamp_logit_scale(params):
@@ -241,30 +196,59 @@ class Run:
   steps: Steps
   data_state: object = None
   workdir: Path | None = None  # Where evaluations save embeddings.
+  train_records: list | None = None  # Checked rows; None: from the file.
 
 
-def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
-  """Mesh, data paths, model and optimizer state (sharded), resume point."""
-  workdir.mkdir(parents=True, exist_ok=True)
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+def _start_text(start: checkpoint.StartPoint) -> str:
+  return {"workdir": f"resuming at step {start.step}",
+          "resume": f"resuming {start.path} at step {start.step}",
+          "init_from": f"parameters from {start.path}"}.get(start.kind,
+                                                            "from scratch")
+
+
+def setup(config: ml_collections.ConfigDict, workdir: Path, *,
+          splits: tuple[str, ...] = ()) -> Run:
+  """Config, data, model and optimizer state (sharded), resume point.
+
+  Everything a user can get wrong is checked before the workdir is touched:
+  the config, the data paths, the vocabulary, the annotation files of
+  `splits` ('train', 'eval'; none for tools on synthetic batches) and
+  whether a checkpoint to resume fits the model. Then WORKDIR/config.json
+  and WORKDIR/log.txt are written and half-written checkpoints removed.
+  """
   config_lib.validate(config, jax.device_count())
+  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
   task = tasks.get_task(config.task)
-  if config.data.get("synthetic", None) and config.data.synthetic.enabled:
-    prepare_synthetic(config, workdir)
-  config_lib.save_config_json(config, workdir)
-  if task.NEEDS_TEXT:
-    check_paths(config, True, keys=["data.vocab"])
-  tokenizer = (tokenizer_lib.Tokenizer(config.data.vocab)
-               if task.NEEDS_TEXT else None)
-  if tokenizer and tokenizer.vocab_size > config.model.text.vocab_size:
-    raise ValueError(f"{config.data.vocab} has {tokenizer.vocab_size} tokens "
-                     f"but config.model.text.vocab_size is "
-                     f"{config.model.text.vocab_size}; raise it")
-
-  state, rest, steps = build_state_and_steps(config, task, mesh)
-  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  synthetic.prepare(config, workdir)
+  if splits:
+    keys = [k for k in eval_sets.required_paths(config, needs_text=False)
+            if "train" in splits or not k.startswith("data.train_")]
+    checks.check_paths(config, keys)
+    if "eval" in splits:
+      eval_sets.check_files(config)
+  tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
+  reports = checks.check_annotations(
+      config, splits, needs_text=task.NEEDS_TEXT,
+      needs_label=config.task == "classification") if splits else {}
 
   start = checkpoint.resolve_start(workdir, config)
+  if start.kind in ("workdir", "resume"):
+    checkpoint.check_fits(
+        start, build_state_and_steps(config, task, mesh, abstract=True)[0],
+        config)
+  # --- The run is accepted: from here on the workdir is written.
+  if reports:
+    checks.report(reports, config, workdir)
+  checkpoint.remove_partial_saves(workdir)
+  if "train" in splits or not splits:  # An evaluation keeps the run's own.
+    config_lib.save_config_json(config, workdir)
+  if jax.process_index() == 0:
+    console.attach_log_file(workdir)
+  state, rest, steps = build_state_and_steps(config, task, mesh)
+  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  if "train" in reports:
+    run.train_records = reports["train"].kept_records()
+
   if start.kind in ("workdir", "resume"):
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
@@ -277,19 +261,40 @@ def setup(config: ml_collections.ConfigDict, workdir: Path) -> Run:
         keep_init=tuple(config.get("init_keep", ())))
     report.log(workdir)  # Also WORKDIR/init_from.json.
     run.state = dict(state, params=params)
+  if splits:
+    _log_summary(run, config, reports, start)
   return run
+
+
+def _log_summary(run: Run, config, reports: dict, start) -> None:
+  """The start-up summary; a warning when the batch is larger than the data."""
+  num_params = sum(x.size for x in jax.tree.leaves(run.state["params"]))
+  clips = {s: len(r.kept_records()) for s, r in reports.items()}
+  logging.info("%s", console.run_summary(
+      devices=jax.devices(), batch_size=config.batch_size,
+      accum_steps=config.get("accum_steps", 1), num_params=num_params,
+      clips=clips, total_steps=config.total_steps,
+      first_step=int(run.state["step"]), start=_start_text(start)))
+  if "train" in clips and config.batch_size > clips["train"]:
+    logging.warning("batch_size=%d is larger than the %d training clips: every "
+                    "batch repeats clips; lower --config.batch_size",
+                    config.batch_size, clips["train"])
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Evaluates without training: the workdir's latest checkpoint, else
   `resume`, else `init_from` (released or vidjax weights: zero-shot)."""
   workdir = Path(workdir)
-  run = setup(config, workdir)
-  check_paths(config, run.task.NEEDS_TEXT)
+  if checkpoint.resolve_start(workdir, config).kind == "scratch":
+    raise errors.WorkdirError(
+        f"{workdir} has no checkpoint to evaluate",
+        hint="check the --workdir path, or evaluate other weights with "
+        "--config.init_from=PATH (or --config.resume=RUN_DIR)")
+  run = setup(config, workdir, splits=("eval",))
   metrics = run_eval(run, config)
   with log_lib.MetricWriter(workdir) as writer:
     writer.write(int(run.state["step"]), metrics)
-  logging.info("eval at step %d: %s", int(run.state["step"]), metrics)
+  logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
   return metrics
 
 
@@ -301,8 +306,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   # ------------------------------------------------------------------ setup
   workdir = Path(workdir)
-  run = setup(config, workdir)
-  check_paths(config, run.task.NEEDS_TEXT)
+  run = setup(config, workdir, splits=("train", "eval"))
   state, rest, steps = run.state, run.rest, run.steps
   first_step = int(state["step"])
   writer = log_lib.MetricWriter(workdir)
@@ -310,7 +314,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # ------------------------------------------------------------------- data
   train_batches = pipeline.make_pipeline(
       config, run.mesh, train=True, batch_size=config.batch_size,
-      tokenizer=run.tokenizer)
+      tokenizer=run.tokenizer, records=run.train_records)
   if run.data_state is not None:
     train_batches = train_batches.restored(run.data_state)
 
@@ -326,22 +330,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   late = log_lib.LateMetrics()
   bar = log_lib.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.get("every_steps", 0)
-  last_eval, last_saved, step = {}, first_step, first_step
+  last_eval, last_saved, step = {}, first_step or None, first_step
+  preempted, estimated = False, False
 
   def log(item):
+    nonlocal estimated
     if item is None:
       return
     logged_step, metrics = item
     log_lib.check_finite(metrics, step=logged_step,
                          last_checkpoint_step=last_saved)
+    metrics["data/skipped"] = train_batches.skipped
     if logged_step % config.log.every_steps == 0 or logged_step == config.total_steps:
       metrics.update(timer.summary())
-      metrics["data/skipped"] = train_batches.skipped
       writer.write(logged_step, metrics)
+      if not estimated and logged_step >= first_step + ESTIMATE_AFTER_STEPS:
+        estimated = True  # Once, past the compilation and the first batches.
+        _say_pace(logged_step, metrics, config)
     bar.update(logged_step, {k: v for k, v in metrics.items()
-                             if k in ("train/loss", "perf/clips_per_s")})
+                             if k in ("train/loss", "perf/clips_per_s") or
+                             (k == "data/skipped" and v)})
 
-  with checkpoint.PreemptionHandler() as preemption:
+  with checkpoint.PreemptionHandler() as preemption, bar:
     while step < config.total_steps:
       with timer.waiting_for_data():
         batch = next(train_batches)
@@ -357,8 +367,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                    rng=base_key, force=stop or step == config.total_steps):
         last_saved = step
       if stop:
-        logging.warning("preempted: saved step %d; rerun the same command "
-                        "to resume", step)
+        preempted = True
         break
       if eval_every and step % eval_every == 0 and step < config.total_steps:
         run.state = state
@@ -366,19 +375,50 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.write(step, last_eval)
         ckpt.record_eval(step, last_eval, state, rng=base_key,
                          data_state=train_batches.get_state())
+        logging.info("%s", console.eval_table(step, last_eval))
   log(late.flush())
   bar.close()
   train_batches.close()
+  _say_read_failures(train_batches.host.failures)
   run.state = state
   if step >= config.total_steps:
     last_eval = run_eval(run, config)
     writer.write(step, last_eval)
     ckpt.record_eval(step, last_eval, state)  # The final step is saved.
-    logging.info("final eval at step %d: %s", step, last_eval)
+    logging.info("%s", console.eval_table(step, last_eval))
+  ckpt.wait_until_finished()
+  saved_steps = ckpt.all_steps()
   ckpt.close()
   writer.close()
   if jax.process_index() == 0:
     # Imported here: matplotlib is needed for the plots only.
     from vidjax import plot  # pylint: disable=import-outside-toplevel
-    plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    logging.info("%s", console.end_message(workdir, step, config.total_steps,
+                                           plots, saved_steps))
+  if preempted:
+    if jax.process_count() > 1:  # Nobody exits (75) before every save is done.
+      multihost_utils.sync_global_devices("vidjax:preempted")
+    raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
   return last_eval
+
+
+def _say_pace(step: int, metrics: dict, config) -> None:
+  """The time estimate; the data-bound warning when batches keep the devices waiting."""
+  if "perf/step_time_s" not in metrics:
+    return
+  logging.info("%s", console.time_estimate(step, config.total_steps,
+                                           metrics["perf/step_time_s"]))
+  if metrics.get("perf/data_wait_frac", 0.0) > DATA_BOUND_FRACTION:
+    logging.warning("%s", console.data_bound_warning(
+        metrics["perf/data_wait_frac"], config.data))
+
+
+def _say_read_failures(failures) -> None:
+  """The end-of-training summary of clips that could not be read, per file."""
+  if failures:
+    logging.warning(
+        "%d clip reads failed in %d file%s during training (other clips were "
+        "read instead):\n  %s", sum(failures.values()), len(failures),
+        "s" if len(failures) > 1 else "",
+        "\n  ".join(pipeline.failure_lines(failures)))

@@ -257,8 +257,10 @@ def mir_positives(records: Sequence[ClipRecord], clips_file: PathLike,
   """The training positives of EK-100 MIR clips, checked against the files.
 
   Args:
-    records: the clips, `load_ek100_mir(clips_file)`.
-    clips_file: EPIC_100_retrieval_train.csv, for messages.
+    records: the clips, `load_ek100_mir(clips_file)` or some of them (the
+      rows that passed the start-up data checks), by `narration_id`.
+    clips_file: EPIC_100_retrieval_train.csv, whose rows are the
+      relevancy's.
     sentences: EPIC_100_retrieval_train_sentence.csv.
     relevancy: caption_relevancy_EPIC_100_retrieval_train.pkl (or its .npy,
       which is memory-mapped rather than read whole).
@@ -267,6 +269,10 @@ def mir_positives(records: Sequence[ClipRecord], clips_file: PathLike,
   """
   captions = [text for _, text in load_ek100_mir_sentences(sentences)]
   matrix = load_relevancy(relevancy, allow_pickle=allow_pickle, mmap=True)
-  check_relevancy_shape(matrix, relevancy, len(records), clips_file,
+  rows = {r.extra["narration_id"]: i
+          for i, r in enumerate(load_ek100_mir(clips_file))}
+  check_relevancy_shape(matrix, relevancy, len(rows), clips_file,
                         len(captions), sentences)
-  return CaptionPositives.from_relevancy(matrix, captions, threshold)
+  positives = CaptionPositives.from_relevancy(matrix, captions, threshold)
+  kept = [rows[r.extra["narration_id"]] for r in records]
+  return dataclasses.replace(positives, row_of=positives.row_of[kept])

@@ -43,6 +43,12 @@ Config keys (`config.data`, see `default_data_config`):
   device_prefetch batches in flight to the devices
   max_skip_fraction  stop when more than this share of reads failed
   max_attempts    reads per training element before giving up on it
+  max_bad_row_fraction  stop at start-up when more than this share of an
+                  annotation file's rows are bad (`vidjax.data.checks`)
+
+A failed read is logged when a file fails for the first time (once per
+file and process), counted per file (`HostBatches.failures`), and the
+`DataError` past `max_skip_fraction` lists each bad file once with its count.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ import os
 import shutil
 
 from absl import flags
+from absl import logging
 import grain
 import jax
 import jax.numpy as jnp
@@ -60,6 +67,7 @@ import numpy as np
 
 from vidjax import sharding, tasks
 from vidjax.data import annotations, ek100, source
+from vidjax.errors import DataError  # pylint: disable=unused-import  (re-exported)
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
 SHM_DIR = "/dev/shm"
@@ -77,7 +85,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
       eval_clips=1, eval_crops=1,
       workers=0, threads=0, worker_buffer=8, device_prefetch=2,
-      max_skip_fraction=0.25, max_attempts=10))
+      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01))
 
 
 def clip_spec(data: ml_collections.ConfigDict) -> source.ClipSpec:
@@ -185,8 +193,18 @@ def random_batch(config: ml_collections.ConfigDict, batch_size: int,
   return make(jax.random.key(seed))
 
 
-class DataError(RuntimeError):
-  """Too many clips failed to read; the message names the bad files."""
+# Files whose first failed read was logged already (once per process, so the
+# evaluation pipelines do not repeat what training said).
+_REPORTED_FILES: set[str] = set()
+
+
+def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
+  """'FILE: N failed reads' lines, most failures first, at most `limit`."""
+  lines = [f"{path}: {n} failed read{'s' if n > 1 else ''}"
+           for path, n in failures.most_common(limit)]
+  if len(failures) > limit:
+    lines.append(f"... and {len(failures) - limit} more files")
+  return lines
 
 
 class HostBatches:
@@ -194,7 +212,8 @@ class HostBatches:
 
   Builds each batch in the main process, copying clip after clip into it so
   that each clip's /dev/shm block is freed before the next arrives. Strips
-  the per-element error strings, counts failed reads, stops with
+  the per-element error strings, counts failed reads per file (`failures`;
+  the first failure of each file is logged), stops with
   `DataError` when they pass `max_skip_fraction`, and pads a short final
   evaluation batch with invalid elements to the full batch size (training
   drops it).
@@ -205,7 +224,7 @@ class HostBatches:
     self._it, self._batch_size = iterator, batch_size
     self._max_fraction, self._drop_remainder = max_skip_fraction, drop_remainder
     self.skipped = self.attempts = 0
-    self._bad = collections.OrderedDict()  # message -> None, first 20 kept.
+    self.failures = collections.Counter()  # file -> failed reads
 
   def __iter__(self):
     return self
@@ -226,6 +245,15 @@ class HostBatches:
         break
     return batch, errors, count
 
+  def _count(self, message: str) -> None:
+    # VideoReadError messages start with the file: "PATH: problem".
+    path = message.split(": ", 1)[0]
+    if path not in _REPORTED_FILES:
+      _REPORTED_FILES.add(path)
+      logging.warning("cannot read a clip: %s (reported once per file; such "
+                      "clips are replaced and counted)", message)
+    self.failures[path] += 1
+
   def __next__(self) -> dict[str, np.ndarray]:
     batch, errors, count = self._collect()
     if not count or (count < self._batch_size and self._drop_remainder):
@@ -234,17 +262,17 @@ class HostBatches:
     self.skipped += skipped
     self.attempts += skipped + int(batch["valid"][:count].sum())
     for message in (m for msgs in errors for m in msgs.split("\n") if m):
-      if len(self._bad) < 20:
-        self._bad[message] = None
+      self._count(message)
     fraction = self.skipped / max(self.attempts, 1)
     if not batch["valid"][:count].any() or (
         self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
         and fraction > self._max_fraction):
       raise DataError(
-          f"{self.skipped} of {self.attempts} clip reads failed "
-          f"({fraction:.0%}; the limit is data.max_skip_fraction="
-          f"{self._max_fraction}). First failures:\n  "
-          + "\n  ".join(self._bad))
+          f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
+          f" in {len(self.failures)} files:\n  "
+          + "\n  ".join(failure_lines(self.failures)),
+          hint="re-chunk or remove those videos; the limit is "
+          f"data.max_skip_fraction={self._max_fraction}")
     for value in batch.values():  # A short final eval batch: invalid rows.
       value[count:] = 0
     return batch

@@ -1,5 +1,9 @@
 """A small synthetic corpus of real H.264 videos, for the demo and the tests.
 
+`prepare(config, workdir)` writes it into the workdir and points
+`config.data` at it when `data.synthetic.enabled` and no data path is set:
+paths set by the user always win.
+
 Each video is a few segments; in each segment one coloured shape moves across
 a textured background, e.g. "a red square moves left". The class label of a
 segment is its (shape, colour, motion) triple: 3 x 4 x 4 = 48 classes. Videos
@@ -25,10 +29,16 @@ import json
 import os
 from pathlib import Path
 
+from absl import logging
 import av
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
 import numpy as np
 
 from vidjax.data import annotations, chunk, synthetic_annotations
+
+DATA_PATH_KEYS = ("root", "train_annotations", "eval_annotations")
 
 SHAPES = ("square", "circle", "triangle")
 COLOURS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 240),
@@ -169,3 +179,47 @@ def write_vocab(path: str | os.PathLike) -> Path:
     f.write("#version: 0.2 - vidjax synthetic captions\n")
     f.write("\n".join(f"{a} {b}" for a, b in merges) + "\n")
   return path
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bool:
+  """Points `config.data` at the synthetic corpus when no data is given.
+
+  Only when `data.synthetic.enabled` and none of `data.root`,
+  `data.train_annotations`, `data.eval_annotations` is set: a path set by the
+  user always wins. The corpus goes to WORKDIR/synthetic; process 0 writes
+  it, the others wait, then find it complete (shared workdir) or write their
+  own copy (per-machine workdir). `data.vocab`, when unset, becomes the
+  corpus's own small vocabulary.
+
+  Returns:
+    Whether the synthetic corpus is used.
+  """
+  spec = config.data.get("synthetic", None)
+  if not spec or not spec.enabled:
+    return False
+  given = [f"data.{k}" for k in DATA_PATH_KEYS if config.data[k]]
+  if given:
+    logging.info("data: %s given, so the synthetic corpus is not used",
+                 ", ".join(given))
+    return False
+  root = Path(workdir) / "synthetic"
+
+  def make():
+    make_corpus(root, num_videos=spec.num_videos,
+                segments_per_video=spec.segments_per_video,
+                segment_seconds=spec.segment_seconds, height=spec.height,
+                width=spec.width, seed=spec.seed,
+                progress=jax.process_index() == 0)
+    if not config.data.vocab and not (root / "vocab.txt.gz").exists():
+      write_vocab(root / "vocab.txt.gz")
+
+  if jax.process_index() == 0:
+    make()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("vidjax:synthetic corpus")
+    if jax.process_index() != 0:
+      make()
+  synthetic_annotations.use_corpus(config, root)
+  logging.info("data: the synthetic corpus in %s (set data.root and the "
+               "annotation paths to train on your own videos)", root)
+  return True

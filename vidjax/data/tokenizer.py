@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import gzip
 import html
+import importlib.util
 import os
 from collections.abc import Sequence
 
@@ -32,6 +33,9 @@ import regex
 
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2
+CLIP_VOCAB_FILE = 'bpe_simple_vocab_16e6.txt.gz'
+# Installed packages that ship CLIP's vocabulary next to their code.
+VOCAB_PACKAGES = ('open_clip', 'clip')
 START_TOKEN = '<|startoftext|>'
 END_TOKEN = '<|endoftext|>'
 
@@ -91,6 +95,24 @@ def _load_merges(vocab_path: str | os.PathLike,
           f'{vocab_path}:{line_no}: expected a merge "a b", got {line!r}')
     merges.append((parts[0], parts[1]))
   return merges
+
+
+def find_clip_vocab() -> str | None:
+  """CLIP's `bpe_simple_vocab_16e6.txt.gz` from an installed package, or None.
+
+  OpenCLIP (`pip install open_clip_torch`) and OpenAI's `clip` ship the
+  file; they are located without being imported (no torch import).
+  """
+  for package in VOCAB_PACKAGES:
+    try:
+      spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+      continue
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+      path = os.path.join(folder, CLIP_VOCAB_FILE)
+      if os.path.isfile(path):
+        return path
+  return None
 
 
 class Tokenizer:

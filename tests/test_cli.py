@@ -1,0 +1,303 @@
+"""The command line on your own videos: the README's path, and every mistake.
+
+One module-scoped corpus of videos made here, chunked with the chunker's
+command line, serves all tests. The mistakes run as subprocesses (a few at
+a time) and stop before anything is compiled; only the README's own-data
+path trains, once, and its workdir then serves the resume test.
+"""
+import json
+import os
+from pathlib import Path
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from video_fixtures import write_video
+from vidjax import plot
+from vidjax.data import synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+VIDEOS = {  # id -> (fps, width, height); two 2-second segments each.
+    "bikes": (25, 128, 96), "car": (30, 160, 96), "garden": (24, 128, 80),
+    "street": (25, 128, 96), "kitchen": (30, 128, 96), "park": (25, 144, 96)}
+EVAL_VIDEOS = ("kitchen", "park")
+PARALLEL = 3  # Mistake subprocesses at a time.
+
+
+def _segments(video_id):
+  return [(s * 2.0, s * 2.0 + 2.0) for s in range(2)]
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+  """Six videos of moving shapes, chunked; captions in train/val.jsonl."""
+  root = tmp_path_factory.mktemp("own")
+  (root / "videos").mkdir()
+  rng = np.random.default_rng(0)
+  rows = {"train": [], "val": []}
+  for v, (video_id, (fps, width, height)) in enumerate(VIDEOS.items()):
+    frames = []
+    for start, end in _segments(video_id):
+      shape, colour, motion = v % 3, (v + int(start)) % 4, (v + int(start)) % 4
+      frames.append(synthetic.render_segment(rng, shape, colour, motion,
+                                             int((end - start) * fps), height,
+                                             width))
+      label = synthetic.label_of(shape, colour, motion)
+      split = "val" if video_id in EVAL_VIDEOS else "train"
+      rows[split].append({"video_id": video_id, "start": start, "end": end,
+                          "text": synthetic.class_names()[label],
+                          "label": label})
+    write_video(root / "videos" / f"{video_id}.mp4", np.concatenate(frames),
+                fps=fps, gop=30)
+  # README step 1: chunk.
+  subprocess.run([sys.executable, "-m", "vidjax.data.chunk", str(root / "videos"),
+                  str(root / "chunks"), "--short-side", "64",
+                  "--chunk-seconds", "2"], check=True, cwd=REPO,
+                 capture_output=True)
+  for split, split_rows in rows.items():  # README step 2: annotations.
+    _write_jsonl(root / f"{split}.jsonl", split_rows)
+  return root
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _paths(root, train="train.jsonl", val="val.jsonl"):
+  return [f"--config.data.root={root / 'chunks'}",
+          f"--config.data.train_annotations={root / train}",
+          f"--config.data.eval_annotations={root / val}"]
+
+
+def _main(config, workdir, *args):
+  return [sys.executable, "-m", "vidjax.main", "--config",
+          str(REPO / "configs" / config), "--workdir", str(workdir), *args]
+
+
+# Small enough for 8 CPU devices and 8 training clips.
+CPU_RUN = ["--config.total_steps=2", "--config.batch_size=8",
+           "--config.eval.batch_size=8", "--config.log.every_steps=1",
+           "--config.checkpoint.every_steps=1000"]
+
+
+@pytest.fixture(scope="module")
+def trained(own, tmp_path_factory):
+  """README step 3: train on the own videos (with one bad row, one bad chunk)."""
+  root = tmp_path_factory.mktemp("trained")
+  # A row naming a video that is not there (a capital letter), allowed below.
+  rows = [json.loads(line) for line in (own / "train.jsonl").read_text().splitlines()]
+  _write_jsonl(root / "train.jsonl",
+               rows + [dict(rows[0], video_id="Bikes")])
+  shutil.copy(own / "val.jsonl", root / "val.jsonl")
+  # A truncated chunk: its reads fail while training.
+  shutil.copytree(own / "chunks", root / "chunks")
+  bad_chunk = root / "chunks" / "garden" / "2.mp4"
+  bad_chunk.write_bytes(bad_chunk.read_bytes()[:600])
+  workdir = root / "run"
+  result = subprocess.run(
+      _main("own_videos.py:captions,cpu", workdir, *_paths(root), *CPU_RUN,
+            "--config.data.max_bad_row_fraction=0.2"),
+      cwd=REPO, capture_output=True, text=True, timeout=400)
+  return root, workdir, bad_chunk, result
+
+
+def test_own_videos_from_chunks_to_plots(trained):
+  root, workdir, bad_chunk, result = trained
+  err = result.stderr
+  assert result.returncode == 0, err[-3000:]
+  assert "Traceback" not in err
+  # The paths given win, and the vocabulary size comes from the file.
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["data"]["root"] == str(root / "chunks")
+  assert config["data"]["train_annotations"] == str(root / "train.jsonl")
+  assert config["model"]["text"]["vocab_size"] == 49408
+  assert not (workdir / "synthetic").exists()
+  # Before training: the bad row, named with a suggestion; the summary.
+  assert re.search(r"data check: train train.jsonl: 1 of 9 rows are bad.*"
+                   r"left out\n.*'Bikes' is not in the chunk store \(did you "
+                   r"mean 'bikes'\?\)", err)
+  assert json.loads((workdir / "bad_rows_train.jsonl").read_text())["row"] == 9
+  assert re.search(r"8 devices \(cpu\); batch 8 = 1 per device; [\d.]+M "
+                   r"parameters, from scratch\n  data: 8 train clips, 4 eval "
+                   r"clips; 1 steps per epoch", err)
+  # Read failures: the first of the file while it happens, counts at the end.
+  assert err.count(f"cannot read a clip: {bad_chunk}") == 1
+  assert re.search(rf"clip reads failed in 1 file during training.*\n  "
+                   rf"{re.escape(str(bad_chunk))}: \d+ failed read", err)
+  assert re.search(r"eval at step 2:\n  t2v_r1 +\d\.\d{4} \|", err)
+  assert f"finished at step 2. Results in {workdir}" in err
+  final = [r for r in plot.log_lib.read_metrics(workdir) if "eval/t2v_r1" in r]
+  assert final[-1]["step"] == 2 and final[-1]["eval/chance_r1"] == 0.25
+  # README step 5: plots.
+  assert plot.main([str(workdir)]) == 0
+  assert (workdir / "plots" / "eval.png").exists()
+  assert (workdir / "log.txt").read_text().count("eval at step 2") == 1
+
+
+def test_changed_model_on_resume_names_the_keys_and_changes_nothing(trained):
+  root, workdir, _, _ = trained
+  before = {p: (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in workdir.rglob("*")}
+  result = subprocess.run(
+      _main("own_videos.py:captions,cpu", workdir, *_paths(root), *CPU_RUN,
+            "--config.data.max_bad_row_fraction=0.2", "--config.model.width=96"),
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert re.search(r"error: the checkpoint .*checkpoints/2 was saved by "
+                   r"another model: changed config: model.width 64 -> 96\. "
+                   r"\d+ arrays differ, e.g. params\.", result.stderr)
+  _assert_short(result.stderr)
+  after = {p: (p.stat().st_mtime_ns, p.stat().st_size)
+           for p in workdir.rglob("*")}
+  assert after == before
+
+
+def _bad_rows(own):
+  rows = [json.loads(line) for line in
+          (own / "train.jsonl").read_text().splitlines()]
+  caption = dict(rows[2])
+  caption["caption"] = caption.pop("text")
+  return rows[:2] + [
+      dict(rows[0], video_id="Bikes"),  # Case.
+      dict(rows[1], start=1200.0, end=3400.0),  # Milliseconds.
+      caption]  # A key other than 'text'.
+
+
+def _mistakes(own, tmp):
+  """name -> (command, exit code, patterns stderr must match)."""
+  bad = _write_jsonl(tmp / "bad.jsonl", _bad_rows(own))
+  no_labels = _write_jsonl(tmp / "no_labels.jsonl", [  # 'class', not 'label'.
+      {("class" if k == "label" else k): v
+       for k, v in json.loads(line).items()}
+      for line in (own / "train.jsonl").read_text().splitlines()])
+  broken = tmp / "broken.jsonl"
+  broken.write_text((own / "train.jsonl").read_text() + "{'video_id': 1\n")
+  unreadable = tmp / "unreadable"
+  shutil.copytree(own / "chunks", unreadable / "chunks")
+  for chunk in (unreadable / "chunks").glob("*/*.mp4"):
+    chunk.write_bytes(b"garbage" * 10)
+  for split in ("train", "val"):
+    shutil.copy(own / f"{split}.jsonl", unreadable)
+  own_paths = _paths(own)
+  demo = "demo.py:debug"
+  return {
+      "unknown_key": (_main(demo, tmp / "a", "--config.optim.learning_rate=1e-3"),
+                      2, [r"error: unknown config key 'optim.learning_rate'",
+                          r"hint: 'optim' has: .*\blr\b"]),
+      "unknown_flag": (_main(demo, tmp / "c", "--wokdir=x"), 2,
+                       [r"error: Unknown command line flag 'wokdir'"]),
+      "batch": (_main(demo, tmp / "d", "--config.batch_size=12"), 2,
+                [r"'batch_size' = 12 is not divisible by the 8 devices"]),
+      "paths": (_main("own_videos.py:cpu", tmp / "e",
+                      "--config.data.root=/no/such/chunks"), 2,
+                [r"data.root = '/no/such/chunks' \(not found\)",
+                 r"data.train_annotations = '' \(unset\)"]),
+      # demo.py with your own data: your paths win; its small text model
+      # does not hold CLIP's vocabulary, and says what to set.
+      "vocab_size": (_main(demo, tmp / "g", *own_paths), 2,
+                     [r"has 49408 tokens but model.text.vocab_size is 1024",
+                      r"hint: set --config.model.text.vocab_size=49408"]),
+      "bad_rows": (_main("own_videos.py:cpu", tmp / "h",
+                         *_paths(own, train=str(bad))), 1,
+                   [r"train bad.jsonl: 3 of 5 rows are bad \(60\.0%; the limit "
+                    r"is data.max_bad_row_fraction=0.01\)",
+                    r"'Bikes' is not in the chunk store \(did you mean 'bikes'\?\)",
+                    r"1200-3400 s but 'bikes' has 4.0 s \(milliseconds\?\)",
+                    r"no caption in 'text' \(it has 'caption': the caption goes "
+                    r"under 'text'\)",
+                    r"hint: .*--config.data.max_bad_row_fraction=0.6"]),
+      "no_labels": (_main("own_videos.py:labels,cpu", tmp / "i",
+                          *_paths(own, train=str(no_labels))), 1,
+                    [r"8 of 8 rows are bad", r"8 rows without a label, e.g. row "
+                     r"1: no 'label' \(it has 'class': the class goes under "
+                     r"'label'\)"]),
+      "broken_file": (_main("own_videos.py:cpu", tmp / "j",
+                            *_paths(own, train=str(broken))), 1,
+                      [rf"{re.escape(str(broken))}:9: not JSON"]),
+      # Every chunk unreadable: the first batch stops, each file named once.
+      "unreadable": (_main("own_videos.py:cpu", tmp / "l", *_paths(unreadable),
+                           *CPU_RUN), 1,
+                     [r"error: (\d+) of \1 clip reads failed \(100%\), in 8 "
+                      r"files:\n(  \S+/chunks/(bikes|car|garden|street)/[02]\.mp4: "
+                      r"\d+ failed reads?\n){8}  hint: re-chunk or remove"]),
+      "eval_no_checkpoint": (_main(demo, tmp / "k", "--mode=eval"), 2,
+                             [r"has no checkpoint to evaluate",
+                              r"hint: .*--config.init_from"]),
+  }
+
+
+@pytest.fixture(scope="module")
+def mistakes(own, tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("mistakes")
+  cases = _mistakes(own, tmp)
+  results, names = {}, list(cases)
+  for i in range(0, len(names), PARALLEL):
+    procs = {n: subprocess.Popen(cases[n][0], cwd=REPO, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for n in names[i:i + PARALLEL]}
+    for name, proc in procs.items():
+      _, err = proc.communicate(timeout=300)
+      results[name] = (proc.returncode, err)
+  return cases, results, tmp
+
+
+def _assert_short(stderr):
+  assert "Traceback" not in stderr
+  error = stderr[stderr.rindex("error: "):]
+  assert len(error.splitlines()) <= 12, error
+
+
+@pytest.mark.parametrize("name", [
+    "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows",
+    "no_labels", "broken_file", "unreadable", "eval_no_checkpoint"])
+def test_mistake_exits_with_one_message(mistakes, name):
+  cases, results, tmp = mistakes
+  _, code, patterns = cases[name]
+  returncode, stderr = results[name]
+  assert returncode == code, stderr[-3000:]
+  for pattern in patterns:
+    assert re.search(pattern, stderr), f"{pattern!r} not in:\n{stderr[-3000:]}"
+  _assert_short(stderr)
+  # Refused before the workdir is written, but for the list of bad rows.
+  workdir = Path(cases[name][0][cases[name][0].index("--workdir") + 1])
+  written = sorted(p.name for p in workdir.iterdir()) if workdir.exists() else []
+  if name == "unreadable":  # Accepted, then failed reading.
+    assert "config.json" in written
+  else:
+    assert written == (["bad_rows_train.jsonl"]
+                       if name in ("bad_rows", "no_labels") else [])
+
+
+def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():
+  readme = (REPO / "README.md").read_text()
+  commands = re.findall(r"^pip install .*$", readme, flags=re.M)
+  assert commands[0].startswith('pip install -e . && python -m vidjax.main')
+  ci = (REPO / ".ci/run").read_text().strip().splitlines()[-1]
+  assert ci == commands[1] == 'pip install -e ".[dev]" && python -m pytest -q'
+  assert os.access(REPO / ".ci/run", os.X_OK)
+
+
+@pytest.mark.parametrize("variant", ["captions", "labels", "labels,cpu"])
+def test_own_videos_variants_build(variant):
+  from flax import nnx
+  from vidjax import config as config_lib, models, tasks
+  config = config_lib.load_config(str(REPO / f"configs/own_videos.py:{variant}"))
+  config_lib.validate(config, num_devices=8)
+  labels = "labels" in variant
+  assert tasks.get_task(config.task).NEEDS_TEXT is not labels
+  if labels:
+    assert config.model.num_classes == 0  # From the labels, at start-up.
+    config.model.num_classes = 5
+  else:
+    assert config.model.text.vocab_size == 0  # From the vocabulary file.
+    config.model.text.vocab_size = 49408
+  model = nnx.eval_shape(lambda: models.build_model(config.model,
+                                                    rngs=nnx.Rngs(0)))
+  assert model is not None
+  with pytest.raises(Exception, match="unknown variant 'caption'"):
+    config_lib.load_config(str(REPO / "configs/own_videos.py:caption"))

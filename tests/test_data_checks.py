@@ -1,0 +1,158 @@
+"""Data checked before the first step: annotations against the chunk manifest,
+the vocabulary, the paths. Reads only a manifest: no video is decoded."""
+import importlib.util
+import json
+
+import ml_collections
+import pytest
+
+from vidjax import errors
+from vidjax.data import checks, pipeline, synthetic, tokenizer
+
+# Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
+MANIFEST = [
+    {"video_id": "bikes", "fps": 25.0, "frame_rate": "25", "num_frames": 250,
+     "width": 170, "height": 72, "chunk_seconds": 15.0, "source": "/v/bikes.mp4"},
+    {"video_id": "carphone", "fps": 29.97002997002997, "frame_rate": "30000/1001",
+     "num_frames": 120, "width": 88, "height": 72, "chunk_seconds": 15.0,
+     "source": "/v/carphone.mp4"},
+]
+
+
+def _config(tmp_path, train_rows, eval_rows=None, **data):
+  (tmp_path / "chunks").mkdir(exist_ok=True)
+  (tmp_path / "chunks" / "manifest.jsonl").write_text(
+      "".join(json.dumps(m) + "\n" for m in MANIFEST))
+  for name, rows in (("train", train_rows), ("val", eval_rows or train_rows)):
+    (tmp_path / f"{name}.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+  config = ml_collections.ConfigDict({
+      "data": pipeline.default_data_config(),
+      "model": {"num_classes": 0, "text": {"vocab_size": 0}}})
+  config.data.update(root=str(tmp_path / "chunks"),
+                     train_annotations=str(tmp_path / "train.jsonl"),
+                     eval_annotations=str(tmp_path / "val.jsonl"), **data)
+  return config
+
+
+GOOD = [{"video_id": "bikes", "start": 0.0, "end": 4.0, "text": "two bikes",
+         "label": 1},
+        {"video_id": "carphone", "start": 1.0, "end": 4.004, "text": "a call",
+         "label": 0},
+        # Ends 2 s past the end: its frames are clamped, so it is fine.
+        {"video_id": "carphone", "start": 2.0, "end": 6.0, "text": "a call",
+         "label": 0}]
+BAD = [{"video_id": "Bikes", "start": 0.0, "end": 2.0, "text": "bikes"},
+       {"video_id": "bikes", "start": 1200.0, "end": 3400.0, "text": "bikes"},
+       {"video_id": "bikes", "start": 0.0, "end": 2.0, "caption": "bikes"},
+       {"video_id": "carphone", "start": 0.0, "end": 2.0, "text": "   "},
+       {"video_id": "carphone", "start": 1.0, "end": 30.0, "text": "a call"}]
+
+
+def test_each_problem_found_with_a_hint(tmp_path):
+  config = _config(tmp_path, GOOD + BAD)
+  report = checks.check_annotations(config, ("train",), needs_text=True,
+                                    needs_label=False)["train"]
+  assert len(report.records) == 8 and sorted(report.bad) == [3, 4, 5, 6, 7]
+  details = {row: [d for _, d in problems] for row, problems in report.bad.items()}
+  assert details[3] == ["'Bikes' is not in the chunk store (did you mean 'bikes'?)"]
+  assert details[4] == ["1200-3400 s but 'bikes' has 10.0 s (milliseconds?)"]
+  assert details[5] == ["no caption in 'text' (it has 'caption': the caption "
+                        "goes under 'text')"]
+  assert details[6] == ["no caption in 'text'"]
+  assert details[7] == ["1-30 s but 'carphone' has 4.0 s"]
+  assert report.good_records == report.records[:3]
+  assert report.kept_records() == report.records[:3]  # Training drops them.
+
+
+def test_report_stops_past_the_limit_and_lists_the_rows(tmp_path):
+  config = _config(tmp_path, GOOD + BAD[:2])
+  reports = checks.check_annotations(config, ("train", "eval"), needs_text=True,
+                                     needs_label=False)
+  with pytest.raises(errors.DataError) as e:
+    checks.report(reports, config, tmp_path / "run")
+  assert str(e.value).startswith(
+      "data check: train train.jsonl: 2 of 5 rows are bad (40.0%; the limit is "
+      "data.max_bad_row_fraction=0.01), listed in ")
+  assert "1 unknown video id, e.g. row 4: 'Bikes'" in str(e.value)
+  assert e.value.hint.endswith("--config.data.max_bad_row_fraction=0.4")
+  rows = [json.loads(line) for line in
+          (tmp_path / "run" / "bad_rows_train.jsonl").read_text().splitlines()]
+  assert [r["row"] for r in rows] == [4, 5]
+  assert rows[1]["problems"] == ["1200-3400 s but 'bikes' has 10.0 s (milliseconds?)"]
+  assert rows[1]["start"] == 1200.0
+  # Raised: the run goes on without them; the evaluation keeps its rows.
+  config.data.max_bad_row_fraction = 0.5
+  checks.report(reports, config, tmp_path / "run")
+  assert len(reports["train"].kept_records()) == 3
+  assert len(reports["eval"].kept_records()) == 5
+
+
+def test_labels_checked_and_num_classes_from_them(tmp_path):
+  rows = GOOD + [{"video_id": "bikes", "start": 0.0, "end": 1.0, "class": 2}]
+  config = _config(tmp_path, rows, GOOD + [dict(GOOD[0], label=4)])
+  report = checks.check_annotations(config, ("train",), needs_text=False,
+                                    needs_label=True)["train"]
+  assert config.model.num_classes == 5  # Both files' labels: max 4.
+  assert report.bad == {3: [("no_label", "no 'label' (it has 'class': the "
+                             "class goes under 'label')")]}
+  config.model.num_classes = 2
+  report = checks.check_annotations(config, ("eval",), needs_text=False,
+                                    needs_label=True)["eval"]
+  assert report.bad == {3: [("bad_label", "label 4 is not in [0, 2)")]}
+
+
+def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
+  config = _config(tmp_path, GOOD)
+  (tmp_path / "train.jsonl").write_text('{"video_id": "bikes", "start": -1, '
+                                        '"end": 2}\n')
+  with pytest.raises(errors.DataError, match=r"train.jsonl:1: need 0 <= start"):
+    checks.check_annotations(config, ("train",), needs_text=False,
+                             needs_label=False)
+  (tmp_path / "chunks" / "manifest.jsonl").unlink()
+  with pytest.raises(errors.DataError, match="no manifest; chunk the videos"):
+    checks.check_annotations(config, ("eval",), needs_text=False,
+                             needs_label=False)
+
+
+def test_paths_named_all_at_once(tmp_path):
+  config = _config(tmp_path, GOOD)
+  config.data.update(root=str(tmp_path / "nope"), eval_annotations="")
+  with pytest.raises(errors.PathError) as e:
+    checks.check_paths(config, ["data.root", "data.train_annotations",
+                                "data.eval_annotations"])
+  assert str(e.value).splitlines()[1:] == [
+      f"  data.root = '{tmp_path / 'nope'}' (not found)",
+      "  data.eval_annotations = '' (unset)"]
+
+
+def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
+  config = _config(tmp_path, GOOD)
+  path = synthetic.write_vocab(tmp_path / "vocab.txt.gz")
+  monkeypatch.setattr(tokenizer, "find_clip_vocab", lambda: str(path))
+  tok = checks.load_tokenizer(config)
+  assert config.data.vocab == str(path)
+  assert config.model.text.vocab_size == tok.vocab_size == 560
+  config.model.text.vocab_size = 100
+  with pytest.raises(errors.ConfigError, match="has 560 tokens but "
+                     "model.text.vocab_size is 100") as e:
+    checks.load_tokenizer(config)
+  assert "--config.model.text.vocab_size=560" in e.value.hint
+  monkeypatch.setattr(tokenizer, "find_clip_vocab", lambda: None)
+  config.data.vocab = ""
+  with pytest.raises(errors.PathError, match="no CLIP vocabulary was found") as e:
+    checks.load_tokenizer(config)
+  assert "open_clip_torch" in e.value.hint
+  (tmp_path / "bad.gz").write_bytes(b"not gzip")
+  config.data.vocab = str(tmp_path / "bad.gz")
+  with pytest.raises(errors.ConfigError, match="cannot read a gzip BPE"):
+    checks.load_tokenizer(config)
+
+
+def test_find_clip_vocab_in_open_clip():
+  spec = importlib.util.find_spec("open_clip")  # Not imported: no torch.
+  if spec is None:
+    pytest.skip("open_clip_torch is not installed")
+  path = tokenizer.find_clip_vocab()
+  assert path == f"{spec.submodule_search_locations[0]}/{tokenizer.CLIP_VOCAB_FILE}"
+  assert tokenizer.Tokenizer(path).vocab_size == 49408

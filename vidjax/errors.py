@@ -1,0 +1,74 @@
+"""Mistakes a user can fix, how a run ends, and the command line's exit codes.
+
+Every mistake a user can make on the command line, in a config or in the
+data raises a `UserError`: `python -m vidjax.main` prints its message and
+hint without a traceback and exits with its `exit_code`. Any other exception
+is a bug in vidjax and keeps its traceback.
+
+Exit codes of `python -m vidjax.main`:
+
+  0   finished: `total_steps` reached and the final evaluation done
+  1   failed: the message says why (with a traceback: a bug)
+  2   refused at start-up: the command line, the config, a path or the
+      workdir (nothing was trained or written)
+  75  stopped by SIGTERM or SIGINT after saving a checkpoint: run the same
+      command again to resume (EX_TEMPFAIL in sysexits.h)
+"""
+from __future__ import annotations
+
+EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+
+
+class UserError(Exception):
+  """A mistake the user can fix: a message naming it, and a hint.
+
+  Attributes:
+    hint: what to do about it ('' when the message says it all).
+    exit_code: the command line's exit status for it.
+  """
+  exit_code = EXIT_FAILED
+
+  def __init__(self, message: str, hint: str = ""):
+    super().__init__(message)
+    self.hint = hint
+
+  def __str__(self) -> str:
+    return str(self.args[0])  # KeyError would quote it.
+
+  def describe(self) -> str:
+    """The message, and the hint on its own line."""
+    return f"{self}\n  hint: {self.hint}" if self.hint else str(self)
+
+
+class ConfigError(UserError, ValueError):
+  """A bad config: unknown key, bad value, inconsistent settings."""
+  exit_code = EXIT_USAGE
+
+
+class UnknownKeyError(ConfigError, KeyError):
+  """An override names a key the config does not have."""
+
+
+class PathError(ConfigError, FileNotFoundError):
+  """A file or directory the config names is unset or missing."""
+
+
+class WorkdirError(ConfigError):
+  """The workdir does not fit the command (no checkpoint, another model)."""
+
+
+class DataError(UserError):
+  """Bad annotations, or too many clips that could not be read."""
+
+
+class Preempted(Exception):
+  """A run stopped by SIGTERM/SIGINT after saving its checkpoint.
+
+  Not a failure: the same command resumes at `step`.
+  """
+  exit_code = EXIT_PREEMPTED
+
+  def __init__(self, step: int, checkpoint_dir: str):
+    super().__init__(f"stopped at step {step}; checkpoint saved in "
+                     f"{checkpoint_dir}: run the same command to resume")
+    self.step = step
