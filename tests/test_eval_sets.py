@@ -8,6 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+import debug_runs
+
 from vidjax import config as config_lib, eval_sets, evaluate as eval_lib, train
 from vidjax import logging as log_lib
 from vidjax.data import ek100
@@ -50,10 +52,13 @@ def test_sets_names_prefixes_and_files():
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
-  """`ek100_mir_ft.py:debug --mode eval` with saved embeddings, untrained."""
-  config = config_lib.load_config(str(CONFIGS / "ek100_mir_ft.py:debug"),
-                                  ["--config.eval.save_embeddings=True"])
-  workdir = tmp_path_factory.mktemp("mir_eval")
+  """`ek100_mir_ft.py:debug --mode eval` with saved embeddings: zero-shot
+  retrieval of the `:debug` pretraining."""
+  pretrained, _ = debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")
+  config = debug_runs.load("ek100_mir_ft", "--config.eval.save_embeddings=True",
+                           f"--config.init_from={pretrained}")
+  workdir = debug_runs.prepare(config, tmp_path_factory.mktemp("mir_eval"),
+                               tmp_path_factory)
   metrics = train.evaluate_only(config, workdir)
   return config, workdir, metrics
 
