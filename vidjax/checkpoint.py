@@ -76,7 +76,7 @@ class _IteratorStateHandler(ocp.CheckpointHandler):
     path = _process_file(directory)
     if not path.exists():
       found = sorted(p.name for p in directory.iterdir())
-      raise FileNotFoundError(
+      raise errors.WorkdirError(
           f"{path} is missing (found {found}): the checkpoint was written by "
           "a different number of processes; resume with the same number")
     return json.loads(path.read_text())
@@ -201,9 +201,9 @@ class Checkpointer:
                async_save: bool = True, metadata: dict | None = None,
                best_metric: str = "", best_mode: str = "max"):
     if every_steps <= 0:
-      raise ValueError(f"checkpoint.every_steps must be > 0, got {every_steps}")
+      raise errors.ConfigError(f"checkpoint.every_steps must be > 0, got {every_steps}")
     if best_mode not in ("max", "min"):
-      raise ValueError(f"checkpoint.best_mode must be 'max' or 'min', got {best_mode!r}")
+      raise errors.ConfigError(f"checkpoint.best_mode must be 'max' or 'min', got {best_mode!r}")
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
@@ -395,7 +395,7 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
     tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
     tree = getattr(tree, "tree", tree)
     if "params" not in tree:
-      raise ValueError(f"{step_dir}: the saved state has no 'params' "
+      raise errors.InitFromError(f"{step_dir}: the saved state has no 'params' "
                        f"(it has {sorted(tree)}); not a vidjax checkpoint")
     item = {"params": tree["params"]}
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)

@@ -61,6 +61,15 @@ class DataError(UserError):
   """Bad annotations, or too many clips that could not be read."""
 
 
+class DataFileError(DataError, ValueError):
+  """An annotation, sentence, relevancy or vocabulary file that does not read
+  as its format says, or does not fit the files it goes with."""
+
+
+class InitFromError(ConfigError):
+  """`init_from` weights that cannot be read, or do not fit the model."""
+
+
 class Preempted(Exception):
   """A run stopped by SIGTERM/SIGINT after saving its checkpoint.
 

@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from vidjax import sharding
+from vidjax import errors, sharding
 from vidjax.data import ek100, pipeline
 
 # `eval` keys that a named set may not change: they belong to the run.
@@ -58,11 +58,11 @@ def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
       if key == "data":
         unknown = sorted(set(value.keys()) - set(config.data.keys()))
         if unknown:
-          raise ValueError(f"eval.sets.{name}.data: unknown data keys "
+          raise errors.ConfigError(f"eval.sets.{name}.data: unknown data keys "
                            f"{unknown}; see config.data")
         resolved.data.update(value)
       elif key in _RUN_KEYS:
-        raise ValueError(f"eval.sets.{name}.{key}: set it in eval, for the run")
+        raise errors.ConfigError(f"eval.sets.{name}.{key}: set it in eval, for the run")
       else:
         resolved.eval[key] = value
   return resolved

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from vidjax import errors
 from vidjax.data.records import (ClipRecord, PathLike, error, load_pickle,
                                  parse_timestamp, read_csv, to_int)
 
@@ -99,7 +100,7 @@ def load_ek100_cls(
     Records with `text` = narration and `label` set.
   """
   if label not in ('action', 'verb', 'noun'):
-    raise ValueError(f"label must be 'action', 'verb' or 'noun', not {label!r}")
+    raise errors.ConfigError(f"label must be 'action', 'verb' or 'noun', not {label!r}")
   if label == 'action' and action_map is None:
     raise ValueError('label="action" needs action_map=ek100_action_map('
                      '[train_csv, validation_csv]) so ids agree across splits')
@@ -187,13 +188,13 @@ def check_relevancy_shape(matrix: np.ndarray, relevancy: PathLike,
   if matrix.shape == (num_clips, num_captions):
     return
   if captions_file is None:
-    raise ValueError(
+    raise errors.DataFileError(
         f'{os.fspath(relevancy)} is {matrix.shape[0]} x {matrix.shape[1]} but '
         f'{os.fspath(clips_file)} has {num_clips} clips; without a sentence '
         f'file it must be {num_clips} x {num_clips}. A clips x captions '
         'matrix (the released one) needs its sentence CSV (eval.sentences '
         'or data.train_sentences)')
-  raise ValueError(
+  raise errors.DataFileError(
       f'{os.fspath(relevancy)} is {matrix.shape[0]} x {matrix.shape[1]} but '
       f'{os.fspath(clips_file)} has {num_clips} clips and '
       f'{os.fspath(captions_file)} has {num_captions} captions: rows must be '

@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vidjax import sharding, tasks
+from vidjax import errors, sharding, tasks
 from vidjax.data import annotations, ek100, source
 from vidjax.errors import DataError  # pylint: disable=unused-import  (re-exported)
 
@@ -121,7 +121,7 @@ def caption_positives(data: ml_collections.ConfigDict, records):
     return None
   files = split_paths(data.train_annotations)
   if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:
-    raise ValueError(
+    raise errors.ConfigError(
         "data.train_relevancy needs data.format='ek100_mir', one "
         "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
         "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)")
@@ -308,7 +308,7 @@ def check_shared_memory(data: ml_collections.ConfigDict,
   if need > free:
     clips = 2 * data.worker_buffer + 2
     clip_kib = need / data.workers / clips / 1024
-    raise ValueError(
+    raise errors.ConfigError(
         f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
         f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
         f"decoded clips there ({data.workers} workers x {clips} clips of "

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from vidjax import errors
+
 PathLike = str | os.PathLike
 
 FIELDS = ('video_id', 'start', 'end', 'text', 'label')
@@ -44,9 +46,9 @@ class ClipRecord:
   extra: dict = dataclasses.field(default_factory=dict, hash=False)
 
 
-def error(where: str, message: str) -> ValueError:
-  """`ValueError('WHERE: message')`; WHERE is 'FILE:LINE' or 'FILE[index]'."""
-  return ValueError(f'{where}: {message}' if where else message)
+def error(where: str, message: str) -> errors.DataFileError:
+  """`DataFileError('WHERE: message')`; WHERE is 'FILE:LINE' or 'FILE[index]'."""
+  return errors.DataFileError(f'{where}: {message}' if where else message)
 
 
 def parse_timestamp(value: str, where: str = '',
@@ -120,7 +122,7 @@ def load_pickle(path: PathLike, allow_pickle: bool, command: str) -> Any:
   """
   name = os.fspath(path)
   if not allow_pickle:
-    raise ValueError(
+    raise errors.DataFileError(
         f'{name}: unpickling can run code stored in the file; pass '
         'allow_pickle=True (data.allow_pickle) if you trust it, or convert it '
         f'once with `python -m vidjax.data.annotations {command} {name} OUT '
@@ -130,7 +132,7 @@ def load_pickle(path: PathLike, allow_pickle: bool, command: str) -> Any:
       return _DataUnpickler(f).load()
     except (pickle.UnpicklingError, EOFError, AttributeError,
             ImportError) as e:
-      raise ValueError(f'{name}: cannot unpickle ({e})') from e
+      raise errors.DataFileError(f'{name}: cannot unpickle ({e})') from e
 
 
 def jsonable(value: Any, where: str) -> Any:

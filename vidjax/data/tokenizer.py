@@ -31,6 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 import regex
 
+from vidjax import errors
+
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2
 CLIP_VOCAB_FILE = 'bpe_simple_vocab_16e6.txt.gz'
@@ -83,7 +85,7 @@ def _load_merges(vocab_path: str | os.PathLike,
     with gzip.open(vocab_path, 'rt', encoding='utf-8') as f:
       lines = f.read().split('\n')
   except (OSError, EOFError) as e:
-    raise ValueError(
+    raise errors.DataFileError(
         f'{vocab_path}: cannot read a gzip BPE vocabulary ({e})') from e
   merges = []
   for line_no, line in enumerate(lines[1:num_merges + 1], start=2):
@@ -91,7 +93,7 @@ def _load_merges(vocab_path: str | os.PathLike,
     if not parts:  # Trailing newline at the end of a short file.
       continue
     if len(parts) != 2:
-      raise ValueError(
+      raise errors.DataFileError(
           f'{vocab_path}:{line_no}: expected a merge "a b", got {line!r}')
     merges.append((parts[0], parts[1]))
   return merges

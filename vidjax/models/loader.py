@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from vidjax import errors
 from vidjax.models.tensor_io import (inflate_kernel, interpolate_pos_embed,
                                      interpolate_temporal)
 
@@ -38,8 +39,7 @@ REPORT_FILE = 'init_from.json'
 KINDS = ('clip', 'videomae', 'classifier')
 
 
-class InitFromError(ValueError):
-  """Weights that do not fit the configured model (the message says which)."""
+InitFromError = errors.InitFromError  # Weights that do not fit the model.
 
 
 @dataclasses.dataclass

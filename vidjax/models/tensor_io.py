@@ -23,6 +23,7 @@ import zipfile
 import jax
 import ml_dtypes
 import numpy as np
+from vidjax import errors
 
 TORCH_SUFFIXES = ('.pt', '.pth', '.bin', '.ckpt')
 
@@ -52,7 +53,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     if name == '__metadata__':
       continue
     if info['dtype'] not in dtypes:
-      raise ValueError(f'{path}: tensor {name!r} has unsupported dtype '
+      raise errors.InitFromError(f'{path}: tensor {name!r} has unsupported dtype '
                        f"{info['dtype']}")
     start, end = info['data_offsets']
     tensors[name] = np.frombuffer(data[start:end], dtypes[info['dtype']]
@@ -73,7 +74,7 @@ def _read_torch(path: str, allow_pickle: bool):
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError(f'reading {path} needs PyTorch (pip install torch); '
+    raise errors.InitFromError(f'reading {path} needs PyTorch (pip install torch); '
                       'or convert it to .safetensors or .npz') from e
   if is_torchscript(path):  # TorchScript code runs in its own interpreter.
     return torch.jit.load(path, map_location='cpu').state_dict()
@@ -85,7 +86,7 @@ def _read_torch(path: str, allow_pickle: bool):
   except pickle.UnpicklingError as e:
     named = re.search(r'GLOBAL (\S+)', str(e))
     reason = f'it names {named.group(1)}' if named else 'not only tensors'
-    raise ValueError(
+    raise errors.InitFromError(
         f'{path}: a pickle that would run code to load ({reason}). If you '
         'trust the file, allow it with --config.init_allow_pickle=True '
         '(load_state_dict(..., allow_pickle=True))') from None
@@ -111,7 +112,7 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
     FileNotFoundError, ValueError: naming the file and the problem.
   """
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: no such file')
+    raise errors.PathError(f'{path}: no such file')
   suffix = os.path.splitext(path)[1].lower()
   if suffix == '.safetensors':
     raw = read_safetensors(path)
@@ -121,7 +122,7 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
   elif suffix in TORCH_SUFFIXES:
     raw = _read_torch(path, allow_pickle)
   else:
-    raise ValueError(f'{path}: unknown checkpoint format {suffix!r} (expected '
+    raise errors.InitFromError(f'{path}: unknown checkpoint format {suffix!r} (expected '
                      f"{', '.join(TORCH_SUFFIXES)}, .safetensors or .npz)")
   for wrapper in ('state_dict', 'model', 'module'):
     if isinstance(raw, dict) and isinstance(raw.get(wrapper), dict):
@@ -131,7 +132,7 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
                 for name, value in raw.items()
                 if hasattr(value, 'shape') and hasattr(value, 'dtype')}
   if not state_dict:
-    raise ValueError(f'{path}: no tensors found')
+    raise errors.InitFromError(f'{path}: no tensors found')
   return state_dict
 
 

@@ -27,7 +27,7 @@ import re
 import numpy as np
 from flax import nnx
 
-from vidjax import checkpoint
+from vidjax import checkpoint, errors
 from vidjax.models import loader, tensor_io
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
@@ -144,11 +144,11 @@ def convert(state_dict: dict, description: str = 'state dict'
     description: where it came from, for messages (e.g. the file path).
 
   Raises:
-    ValueError: a format we do not read, named.
+    errors.InitFromError: a format we do not read, named.
   """
   sd = {name: to_numpy(value) for name, value in state_dict.items()}
   if any('.timeattn.' in name for name in sd):
-    raise ValueError(
+    raise errors.InitFromError(
         f'{description}: a TimeSformer (divided space-time attention, as in '
         "LaViLa's own models); vidjax's video ViT uses joint attention, so "
         "these weights do not apply. Use AVION's checkpoints or a CLIP")
@@ -174,8 +174,8 @@ def convert(state_dict: dict, description: str = 'state dict'
                          names, f'{description} ({fmt})', unexpected,
                          tubelet=conv.shape[2] if conv is not None else None,
                          backbone='videomae')
-  raise ValueError(f'{description}: not a CLIP or VideoMAE checkpoint we '
-                   f'know (first names: {list(sd)[:5]})')
+  raise errors.InitFromError(f'{description}: not a CLIP or VideoMAE checkpoint '
+                   f'we know (first names: {list(sd)[:5]})')
 
 
 def _vidjax_source(params: dict, config: dict, description: str
@@ -214,7 +214,7 @@ def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
     if step is None:
       files = sorted(f for f in os.listdir(path) if f.endswith(
           ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
-      raise FileNotFoundError(
+      raise errors.PathError(
           f'{path}: no complete vidjax checkpoint (expected a workdir, its '
           'checkpoints/ directory or one step directory)'
           + (f'; to load a weights file, name it: {files}' if files else ''))
@@ -232,7 +232,7 @@ def _count(tensors: dict, prefix: str) -> int:
 
 def _require(source: loader.Source, path: str, kind: str) -> np.ndarray:
   if path not in source.tensors:
-    raise ValueError(f'not a {kind} state dict: {source.description} has no '
+    raise errors.InitFromError(f'not a {kind} state dict: {source.description} has no '
                      f'{path!r} (first names: {list(source.names.values())[:5]})')
   return source.tensors[path]
 

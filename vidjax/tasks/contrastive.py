@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vidjax import evaluate as eval_lib
+from vidjax import errors, evaluate as eval_lib
 from vidjax.data import ek100
 from vidjax.tasks import common, losses
 
@@ -93,7 +93,7 @@ def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
   if (matrix.shape[0] <= ids.max() or matrix.shape[1] <= columns.max()
       or (sentences and matrix.shape[1] != num_texts)):
     what = f"its {num_texts} captions" if sentences else "clips x clips"
-    raise ValueError(f"{path} is {matrix.shape[0]} x {matrix.shape[1]}, which "
+    raise errors.DataFileError(f"{path} is {matrix.shape[0]} x {matrix.shape[1]}, which "
                      f"does not fit {config.data.eval_annotations} and {what}")
   return matrix[np.ix_(ids, columns)]
 
