@@ -11,7 +11,7 @@ from flax import nnx
 import debug_runs
 from vidjax import augment, models, optim, tasks
 from vidjax import config as config_lib
-from vidjax import logging as log_lib
+from vidjax import monitor
 from vidjax.data import annotations, synthetic
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -104,7 +104,7 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   # One run per recipe for the session, shared with test_handoff.py.
   workdir, returned = debug_runs.run(tmp_path_factory, name)
 
-  rows = log_lib.read_metrics(workdir)
+  rows = monitor.read_metrics(workdir)
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
   assert sorted(losses) == [1, 2]
   assert all(math.isfinite(v) for v in losses.values())

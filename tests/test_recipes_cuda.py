@@ -13,8 +13,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from vidjax import config as config_lib, models, sharding, tasks, train
-from vidjax.data import pipeline
+from vidjax import config as config_lib, models, sharding, steps as steps_lib, tasks
+from vidjax.data import batches
 
 from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
 
@@ -43,10 +43,10 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
     config.model.num_classes = 10
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  batch = pipeline.batch_spec(config, 8)
+  batch = batches.batch_spec(config, 8)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with forced_cudnn():
-    state, rest, steps = train.build_state_and_steps(config, task, mesh,
+    state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh,
                                                      abstract=True)
     lower = lambda step, *args: step.trace(*args).lower(
         lowering_platforms=("cuda",))

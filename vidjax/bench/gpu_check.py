@@ -65,7 +65,7 @@ import traceback
 import jax
 import numpy as np
 
-from vidjax import config as config_lib, logging as log_lib
+from vidjax import config as config_lib, monitor
 from vidjax.bench import gpu_measure
 from vidjax.bench.gpu_measure import GiB, make_plan
 from vidjax.data import pipeline
@@ -85,7 +85,7 @@ def environment(plan: gpu_measure.Plan) -> dict:
       versions[dist] = importlib.metadata.version(dist)
   device = jax.devices()[0]
   stats = device.memory_stats() or {}
-  peak = log_lib.peak_flops_per_device()
+  peak = monitor.peak_flops_per_device()
   shm = pipeline.SHM_DIR
   return dict(
       python=sys.version.split()[0], versions=versions,

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vidjax import config as config_lib, logging as log_lib, models, sharding
-from vidjax import tasks, train
+from vidjax import config as config_lib, models, monitor, sharding
+from vidjax import steps as steps_lib, tasks
 from vidjax.bench import cuda_trace
-from vidjax.data import chunk, pipeline, synthetic, tokenizer
+from vidjax.data import batches, chunk, pipeline, synthetic, tokenizer
 from vidjax.models import attention, flops as flops_lib
 
 GiB = 2**30
@@ -200,7 +200,7 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
   config = config.copy_and_resolve_references()
   config.model.update(attention="cudnn", dtype="bfloat16")
   with cuda_trace.forced_cudnn():
-    state, rest, steps = train.build_state_and_steps(
+    state, rest, steps = steps_lib.build_state_and_steps(
         config, tasks.get_task(config.task), mesh, abstract=True)
     key = jax.eval_shape(lambda: jax.random.key(0))
     return steps.train.trace(state, rest, batch, key).lower(
@@ -217,11 +217,11 @@ def measure_step(plan: Plan, remat: str) -> Measured:
     try:
       if plan.dry:  # The CPU step has XLA attention: count in CUDA's.
         lowered = _lowered_for_cuda(
-            config, mesh, pipeline.batch_spec(config, config.batch_size))
+            config, mesh, batches.batch_spec(config, config.batch_size))
         calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)")
       task = tasks.get_task(config.task)
-      state, rest, steps = train.build_state_and_steps(config, task, mesh)
-      batch = pipeline.random_batch(config, config.batch_size, mesh)
+      state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
+      batch = batches.random_batch(config, config.batch_size, mesh)
       key = jax.random.key(config.seed)
       start = time.perf_counter()
       lowered = steps.train.lower(state, rest, batch, key)
@@ -246,8 +246,8 @@ def measure_step(plan: Plan, remat: str) -> Measured:
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
   memory = compiled.memory_analysis()
   flops = flops_lib.flops_per_example(config.model)["training"] * config.batch_size
-  peak = log_lib.peak_flops_per_device()
-  metrics = log_lib.to_python(metrics)
+  peak = monitor.peak_flops_per_device()
+  metrics = monitor.to_python(metrics)
   result = dict(
       remat=remat, batch_per_device=per_device, global_batch=config.batch_size,
       halved_from=halved, compile_s=compile_s, cudnn_calls=calls,
@@ -256,7 +256,7 @@ def measure_step(plan: Plan, remat: str) -> Measured:
       peak_gib=_peak_memory_gib(), step_s=step_s,
       clips_per_s=config.batch_size / step_s,
       tflops_per_device=flops / step_s / jax.device_count() / 1e12,
-      mfu=(log_lib.model_flops_utilization(flops, step_s, jax.device_count(), peak)
+      mfu=(monitor.model_flops_utilization(flops, step_s, jax.device_count(), peak)
            if peak else None),
       loss=metrics["train/loss"])
   return Measured(config, compiled, state, rest, result)
@@ -393,15 +393,15 @@ def check_data(plan: Plan, measured: Measured | None, workdir: Path,
                      train_annotations=str(annotations),
                      workers=plan.data_workers)
   mesh = sharding.make_mesh()
-  batches = pipeline.make_pipeline(config, mesh, train=True,
-                                   batch_size=config.batch_size,
-                                   tokenizer=tokenizer.Tokenizer(vocab))
+  pipe = pipeline.make_pipeline(config, mesh, train=True,
+                                batch_size=config.batch_size,
+                                tokenizer=tokenizer.Tokenizer(vocab))
   state, rest, key = measured.state, measured.rest, jax.random.key(0)
-  timer = log_lib.StepTimer(global_batch=config.batch_size)
-  late = log_lib.LateMetrics()
+  timer = monitor.StepTimer(global_batch=config.batch_size)
+  late = monitor.LateMetrics()
   try:
     start = time.perf_counter()
-    batch = next(batches)
+    batch = next(pipe)
     first_batch_s = time.perf_counter() - start
     state, metrics = measured.compiled(state, rest, batch, key)
     jax.block_until_ready(metrics)
@@ -409,16 +409,16 @@ def check_data(plan: Plan, measured: Measured | None, workdir: Path,
     steps = 0
     while steps < plan.data_steps - 1 and deadline.left() > 20:
       with timer.waiting_for_data():
-        batch = next(batches)
+        batch = next(pipe)
       state, metrics = measured.compiled(state, rest, batch, key)
       late.push(steps, metrics)  # The real loop's: waits for the step before.
       timer.step()
       steps += 1
     late.flush()
     perf = timer.summary()
-    skipped = batches.skipped
+    skipped = pipe.skipped
   finally:
-    batches.close()
+    pipe.close()
   measured.state = state
   return dict(footage=footage, videos=len(manifest),
               workers=config.data.workers, threads=config.data.threads,

@@ -103,7 +103,7 @@ def load_ego4d(path: PathLike, *,
   narrations' NLLs), kept as `extra['score']`. A list narration (LaViLa's
   rephraser and narrator files) gives `text` = its first element and
   `extra['texts']` = the list; in training each element draws one of them
-  with its own random generator (`source.ClipLoader`), as LaViLa/AVION's
+  with its own random generator (`loader.ClipLoader`), as LaViLa/AVION's
   `random.choice` does, but reproducibly.
 
   Args:
