@@ -21,8 +21,9 @@ def _grain_iter():
 def test_prefetch_yields_same_batches_in_order():
   mesh = sharding.make_mesh()
   expected = _batches(5)
-  with prefetch.DevicePrefetcher(iter(expected), 2, mesh) as it:
-    got = list(it)
+  it = prefetch.DevicePrefetcher(iter(expected), 2, mesh)
+  got = list(it)
+  it.close()
   for g, e in zip(got, expected, strict=True):
     assert g["video"].dtype == jnp.uint8
     np.testing.assert_array_equal(np.asarray(g["video"]), e["video"])

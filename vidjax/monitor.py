@@ -124,10 +124,6 @@ class MetricWriter:
         if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
           self._tb.add_scalar(name, value, int(step))
 
-  def flush(self):
-    if self._tb is not None:
-      self._tb.flush()
-
   def close(self):
     if self._file is not None:
       self._file.close()

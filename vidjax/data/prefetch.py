@@ -115,9 +115,3 @@ class DevicePrefetcher:
           pass
       self._thread.join()
     self._done = True
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()

@@ -62,8 +62,8 @@ from ml_collections import config_dict
 
 from vidjax.models.clip import CLIP, INIT_LOGIT_SCALE
 from vidjax.models.videomae import Classifier, VideoMAE
-from vidjax.models.vit import (VARIANTS, VisionTransformer, drop_path_rates,
-                               parse_variant)
+from vidjax.models.transformer import drop_path_rates
+from vidjax.models.vit import VARIANTS, VisionTransformer, parse_variant
 
 __all__ = ['CLIP', 'Classifier', 'VARIANTS', 'VideoMAE', 'VisionTransformer',
            'build_model', 'default_model_config', 'model_kwargs',
