@@ -20,7 +20,7 @@ holds {"error": ...} while the others still run. A hard deadline
                bf16, batch 64: cuDNN and XLA, forward and forward+backward
                ms, the relative error of each against float32.
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
-               built as train.py builds it with attention 'cudnn' (an XLA
+               built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
                directly at 256 clips per GPU (halved only on out-of-memory),
                for remat none, full and the recipe's policy while the budget
