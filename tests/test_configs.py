@@ -49,7 +49,8 @@ def test_recipe_builds_and_validates_for_8_devices(name, variant):
       config.data.num_frames, config.data.size)
   assert config.model.num_frames % config.model.tubelet == 0
   task = tasks.get_task(config.task)
-  augment.make_augment(task.augment_config(config))
+  for train in (True, False):
+    augment.make_augment(task.augment_config(config, train=train))
   model = nnx.eval_shape(
       lambda: models.build_model(config.model, rngs=nnx.Rngs(0)))
   params = nnx.split(model, nnx.Param, ...)[1]
