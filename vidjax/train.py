@@ -210,7 +210,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                              if k in ("train/loss", "perf/clips_per_s") or
                              (k == "data/skipped" and v)})
 
-  def evaluate() -> dict:
+  def evaluate_and_log() -> dict:
     metrics = eval_sets.evaluate(run, config)
     writer.write(step, metrics)
     logging.info("%s", console.eval_table(step, metrics))
@@ -235,7 +235,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         preempted = True
         break
       if eval_every and step % eval_every == 0 and step < config.total_steps:
-        last_eval = evaluate()
+        last_eval = evaluate_and_log()
         ckpt.record_eval(step, last_eval, run.state, rng=base_key,
                          data_state=train_batches.get_state())
   log(late.flush())
@@ -243,7 +243,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_batches.close()
   _say_read_failures(train_batches.failures)
   if step >= config.total_steps:
-    last_eval = evaluate()
+    last_eval = evaluate_and_log()
     ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
   ckpt.wait_until_finished()
   saved_steps = ckpt.all_steps()

@@ -115,6 +115,11 @@ class HostBatches:
     self._it.set_state(state["grain"])
     self.skipped, self.attempts = state["skipped"], state["attempts"]
 
+  def close(self) -> None:
+    """Stops Grain's worker processes, if it has any."""
+    if hasattr(self._it, "close"):
+      self._it.close()
+
 
 def batch_spec(config: ml_collections.ConfigDict,
                batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:

@@ -255,9 +255,7 @@ class Pipeline(prefetch.DevicePrefetcher):
 
   def close(self):
     super().close()
-    grain_iterator = getattr(self.host, "_it", None)
-    if hasattr(grain_iterator, "close"):  # Stops Grain's worker processes.
-      grain_iterator.close()
+    self.host.close()
 
   @property
   def skipped(self) -> int:
