@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vidjax import checkpoint, sharding
+from vidjax import checkpoint, resume, sharding
 
 
 def _state(mesh, scale=1.0):
@@ -95,7 +95,7 @@ def test_keeps_last_k_and_restores_latest(tmp_path):
     assert not ckpt.save(9, _state(mesh, scale=9), force=True)  # already there
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [8, 9]
-    restored = ckpt.restore(_state(mesh))
+    restored = checkpoint.restore_checkpoint(tmp_path, _state(mesh))
   assert restored.step == 9 and restored.data_state is None and restored.rng is None
   np.testing.assert_array_equal(restored.state["params"]["b"], np.full(4, 9.0))
 
@@ -108,7 +108,7 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
   # A crash mid-save leaves Orbax's temporary directory behind.
   os.makedirs(os.path.join(ckpt_dir, "4.orbax-checkpoint-tmp-1234", "state"))
   assert checkpoint.latest_complete_step(ckpt_dir) == 3
-  assert checkpoint.resolve_start(tmp_path, _config()) == checkpoint.StartPoint(
+  assert resume.resolve_start(tmp_path, _config()) == resume.StartPoint(
       "workdir", ckpt_dir, 3)
   assert checkpoint.restore_checkpoint(ckpt_dir, _state(mesh)).step == 3
 
@@ -119,30 +119,30 @@ def test_resolve_start_order(tmp_path):
   weights = tmp_path / "clip.npz"
   weights.write_bytes(b"x")
 
-  assert checkpoint.resolve_start(run_b, _config()).kind == "scratch"
-  assert checkpoint.resolve_start(run_b, _config(init_from=str(weights))) == (
-      checkpoint.StartPoint("init_from", str(weights)))
+  assert resume.resolve_start(run_b, _config()).kind == "scratch"
+  assert resume.resolve_start(run_b, _config(init_from=str(weights))) == (
+      resume.StartPoint("init_from", str(weights)))
 
   with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_a), every_steps=5) as ckpt:
     ckpt.save(5, _state(mesh))
   a_dir = checkpoint.checkpoint_dir(run_a)
   for spec in (run_a, a_dir):  # a workdir or its checkpoints dir
-    start = checkpoint.resolve_start(run_b, _config(resume=str(spec),
+    start = resume.resolve_start(run_b, _config(resume=str(spec),
                                                     init_from=str(weights)))
-    assert start == checkpoint.StartPoint("resume", a_dir, 5)
-  start = checkpoint.resolve_start(run_b, _config(resume=os.path.join(a_dir, "5")))
-  assert start == checkpoint.StartPoint("resume", a_dir, 5)
+    assert start == resume.StartPoint("resume", a_dir, 5)
+  start = resume.resolve_start(run_b, _config(resume=os.path.join(a_dir, "5")))
+  assert start == resume.StartPoint("resume", a_dir, 5)
 
   # Once run b has its own checkpoint, it wins over resume.
   with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_b), every_steps=5) as ckpt:
     ckpt.save(10, _state(mesh))
-  start = checkpoint.resolve_start(run_b, _config(resume=str(run_a)))
-  assert start == checkpoint.StartPoint("workdir", checkpoint.checkpoint_dir(run_b), 10)
+  start = resume.resolve_start(run_b, _config(resume=str(run_a)))
+  assert start == resume.StartPoint("workdir", checkpoint.checkpoint_dir(run_b), 10)
 
   with pytest.raises(FileNotFoundError, match="config.resume"):
-    checkpoint.resolve_start(tmp_path / "c", _config(resume=str(tmp_path / "nope")))
+    resume.resolve_start(tmp_path / "c", _config(resume=str(tmp_path / "nope")))
   with pytest.raises(FileNotFoundError, match="config.init_from"):
-    checkpoint.resolve_start(tmp_path / "c", _config(init_from=str(tmp_path / "nope")))
+    resume.resolve_start(tmp_path / "c", _config(init_from=str(tmp_path / "nope")))
 
 
 def test_from_config_reads_checkpoint_keys(tmp_path):
@@ -157,16 +157,15 @@ def test_from_config_reads_checkpoint_keys(tmp_path):
 
 def test_sigterm_sets_flag_and_restores_previous_handler():
   before = signal.getsignal(signal.SIGTERM)
-  with checkpoint.PreemptionHandler() as preempt:
+  with resume.PreemptionHandler() as preempt:
     assert not preempt.should_stop(1)
     os.kill(os.getpid(), signal.SIGTERM)
     assert preempt.requested and preempt.should_stop(2)
-    assert preempt.signal_received == signal.SIGTERM
   assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_second_sigint_interrupts():
-  with checkpoint.PreemptionHandler() as preempt:
+  with resume.PreemptionHandler() as preempt:
     os.kill(os.getpid(), signal.SIGINT)
     assert preempt.requested
     with pytest.raises(KeyboardInterrupt):
@@ -189,8 +188,8 @@ def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
     assert ckpt.all_steps() == [4, 10, 12]  # The last 2, and the best.
   best = {"metric": "eval/mAP_avg", "mode": "max", "step": 4, "value": 0.5}
   assert checkpoint.read_best(directory) == best
-  assert checkpoint.find_checkpoint(tmp_path, prefer_best=True) == (directory, 4)
-  assert checkpoint.find_checkpoint(tmp_path) == (directory, 12)
+  assert resume.find_checkpoint(tmp_path, prefer_best=True) == (directory, 4)
+  assert resume.find_checkpoint(tmp_path) == (directory, 12)
 
   # A resumed run keeps the record; a better step off the schedule is saved.
   with checkpoint.Checkpointer(directory, every_steps=100, keep=2,
@@ -230,5 +229,5 @@ def test_partial_save_is_ignored_then_removed(tmp_path):
   partial = ckpts / f"2{checkpoint.TMP_SUFFIX}"
   shutil.copytree(ckpts / "1", partial)
   assert checkpoint.latest_complete_step(ckpts) == 1
-  assert checkpoint.remove_partial_saves(tmp_path) == [str(partial)]
+  assert resume.remove_partial_saves(tmp_path) == [str(partial)]
   assert sorted(p.name for p in ckpts.iterdir()) == ["1"]

@@ -131,7 +131,7 @@ def test_own_videos_from_chunks_to_plots(trained):
                    rf"{re.escape(str(bad_chunk))}: \d+ failed read", err)
   assert re.search(r"eval at step 2:\n  t2v_r1 +\d\.\d{4} \|", err)
   assert f"finished at step 2. Results in {workdir}" in err
-  final = [r for r in plot.log_lib.read_metrics(workdir) if "eval/t2v_r1" in r]
+  final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final[-1]["step"] == 2 and final[-1]["eval/chance_r1"] == 0.25
   # README step 5: plots.
   assert plot.main([str(workdir)]) == 0

@@ -11,7 +11,7 @@ from flax import nnx
 import debug_runs
 from vidjax import augment, models, optim, tasks
 from vidjax import config as config_lib
-from vidjax import logging as log_lib
+from vidjax import monitor
 from vidjax.data import annotations, synthetic
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -49,7 +49,8 @@ def test_recipe_builds_and_validates_for_8_devices(name, variant):
       config.data.num_frames, config.data.size)
   assert config.model.num_frames % config.model.tubelet == 0
   task = tasks.get_task(config.task)
-  augment.make_augment(task.augment_config(config))
+  for train in (True, False):
+    augment.make_augment(task.augment_config(config, train=train))
   model = nnx.eval_shape(
       lambda: models.build_model(config.model, rngs=nnx.Rngs(0)))
   params = nnx.split(model, nnx.Param, ...)[1]
@@ -104,7 +105,7 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   # One run per recipe for the session, shared with test_handoff.py.
   workdir, returned = debug_runs.run(tmp_path_factory, name)
 
-  rows = log_lib.read_metrics(workdir)
+  rows = monitor.read_metrics(workdir)
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
   assert sorted(losses) == [1, 2]
   assert all(math.isfinite(v) for v in losses.values())

@@ -75,3 +75,10 @@ def test_console_that_went_away_is_harmless(tmp_path):
   proc.stdout.close()
   assert proc.wait(timeout=60) == 0
   assert done.read_text() == "finished"
+
+
+def test_progress_bar_moves_to_step(capsys):
+  bar = console.ProgressBar(10, start_step=2, enabled=True)
+  bar.update(5, {"train/loss": 0.5, "eval/name": "x"})
+  assert bar._bar.n == 5
+  bar.close()

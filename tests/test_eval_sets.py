@@ -10,11 +10,11 @@ import pytest
 
 import debug_runs
 
-from vidjax import config as config_lib, eval_sets, evaluate as eval_lib, train
-from vidjax import logging as log_lib
+from vidjax import config as config_lib, eval_sets, metrics as metrics_lib, train
+from vidjax import monitor
 from vidjax.data import ek100
 from vidjax.tasks import contrastive
-from test_evaluate import _ndcg_loop, _official_ap_loop
+from test_metrics import _ndcg_loop, _official_ap_loop
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -99,7 +99,7 @@ def test_mir_eval_on_clips_x_captions_matches_the_saved_embeddings(evaluated):
     ndcg = np.mean([_ndcg_loop(s[i], r[i]) for i in range(len(s))])
     assert metrics[f"eval/mAP_{name}"] == pytest.approx(ap, abs=1e-9)
     assert metrics[f"eval/nDCG_{name}"] == pytest.approx(ndcg, abs=1e-9)
-  logged = [r for r in log_lib.read_metrics(workdir) if "eval/mAP_avg" in r][-1]
+  logged = [r for r in monitor.read_metrics(workdir) if "eval/mAP_avg" in r][-1]
   assert logged["step"] == 0 and logged["eval/mAP_avg"] == pytest.approx(metrics["eval/mAP_avg"])
   assert metrics["eval/chance_r1"] == pytest.approx(1 / len(clips))  # Recall: clips x own narrations.
 
@@ -146,8 +146,8 @@ def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
   mean_video = unit(unit(video).mean(1))[kept]
-  got = contrastive.evaluate(outputs, config)
-  want = eval_lib.ek100_mir_metrics(mean_video @ unit(text[kept]).T,
+  got = contrastive.eval_metrics(outputs, config)
+  want = metrics_lib.ek100_mir_metrics(mean_video @ unit(text[kept]).T,
                                     square[np.ix_(kept, kept)])
   for key, value in want.items():
     assert got[key] == pytest.approx(value, abs=1e-6), key
@@ -162,10 +162,10 @@ def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
     config.eval.update(relevancy=str(tmp_path / "rel.pkl"),
                        sentences=str(tmp_path / "s.csv"))
     config.data.allow_pickle = True
-  got = contrastive.evaluate({**outputs, "caption_emb": caption_emb}, config)
-  want = eval_lib.ek100_mir_metrics(mean_video @ unit(caption_emb).T,
+  got = contrastive.eval_metrics({**outputs, "caption_emb": caption_emb}, config)
+  want = metrics_lib.ek100_mir_metrics(mean_video @ unit(caption_emb).T,
                                     rectangular[kept])
   for key, value in want.items():
     assert got[key] == pytest.approx(value, abs=1e-6), key
   with pytest.raises(ValueError, match="does not fit clips.csv and its 3 captions"):
-    contrastive.evaluate({**outputs, "caption_emb": caption_emb[:3]}, config)
+    contrastive.eval_metrics({**outputs, "caption_emb": caption_emb[:3]}, config)

@@ -15,18 +15,18 @@ import pytest
 
 import debug_runs
 from vidjax import checkpoint, train
-from vidjax import logging as log_lib
-from vidjax.models import loader
+from vidjax import monitor
+from vidjax.models import init_from
 from vidjax.models.tensor_io import interpolate_temporal
 
 
 def first_loss(workdir) -> float:
-  return next(row["train/loss"] for row in log_lib.read_metrics(workdir)
+  return next(row["train/loss"] for row in monitor.read_metrics(workdir)
               if row["step"] == 1 and "train/loss" in row)
 
 
 def init_report(workdir) -> dict:
-  return json.loads((workdir / loader.REPORT_FILE).read_text())
+  return json.loads((workdir / init_from.REPORT_FILE).read_text())
 
 
 def test_eval_mode_reproduces_the_pretraining_final_metrics(tmp_path_factory):

@@ -3,14 +3,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from vidjax import sharding
+from vidjax.models.clip import INIT_LOGIT_SCALE
 from vidjax.tasks import losses
 
 # Jitted once per test: much faster than dozens of eager ops on 2 cores.
 contrastive = jax.jit(losses.contrastive_loss, static_argnames="normalize")
-mae = jax.jit(losses.mae_loss, static_argnames="norm_pix")
 cross_entropy = jax.jit(losses.softmax_cross_entropy, static_argnames="label_smoothing")
 ranking = jax.jit(losses.max_margin_ranking_loss, static_argnames="margin")
 
@@ -39,8 +38,8 @@ def _embeddings(b=32, d=16, seed=0):
 
 def test_contrastive_matches_numpy_reference():
   video, text = _embeddings()
-  loss, metrics = contrastive(video, text, losses.INIT_LOGIT_SCALE)
-  ref = _reference_contrastive(video, text, losses.INIT_LOGIT_SCALE)
+  loss, metrics = contrastive(video, text, INIT_LOGIT_SCALE)
+  ref = _reference_contrastive(video, text, INIT_LOGIT_SCALE)
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
   assert 0.0 <= metrics["v2t_acc"] <= 1.0
   np.testing.assert_allclose(metrics["logit_scale"], 1 / 0.07, rtol=1e-5)
@@ -51,19 +50,19 @@ def test_contrastive_sharded_equals_global_batch_loss():
   video, text = _embeddings(b=32)
   spec = sharding.batch_sharding(mesh)
   video_s, text_s = jax.device_put(video, spec), jax.device_put(text, spec)
-  scale = jax.device_put(jnp.float32(losses.INIT_LOGIT_SCALE), sharding.replicated(mesh))
+  scale = jax.device_put(jnp.float32(INIT_LOGIT_SCALE), sharding.replicated(mesh))
 
   loss, metrics = contrastive(video_s, text_s, scale)
-  single, single_metrics = contrastive(video, text, losses.INIT_LOGIT_SCALE)
+  single, single_metrics = contrastive(video, text, INIT_LOGIT_SCALE)
   np.testing.assert_allclose(loss, single, rtol=1e-5)
   np.testing.assert_allclose(metrics["v2t_acc"], single_metrics["v2t_acc"])
-  ref = _reference_contrastive(video, text, losses.INIT_LOGIT_SCALE)
+  ref = _reference_contrastive(video, text, INIT_LOGIT_SCALE)
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
 
   # Sanity: a per-device loss (negatives from the local 4 only) differs, so
   # the equality above really means all 32 embeddings were compared.
   local = np.mean([_reference_contrastive(video[i:i + 4], text[i:i + 4],
-                                          losses.INIT_LOGIT_SCALE)
+                                          INIT_LOGIT_SCALE)
                    for i in range(0, 32, 4)])
   assert abs(local - ref) > 1e-2
 
@@ -82,30 +81,14 @@ def test_contrastive_without_normalization_uses_raw_dot_products():
   np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
-def test_mae_loss_counts_only_masked_patches():
-  rng = np.random.default_rng(0)
-  b, n, k, c = 2, 6, 8, 3
-  target = rng.uniform(0, 255, size=(b, n, k, c)).astype(np.float32)
-  pred = rng.normal(size=(b, n, k * c)).astype(np.float32)
-  mask = np.zeros((b, n), bool)
-  mask[:, :4] = True
-
-  loss = mae(pred, target, mask, norm_pix=True)
-  garbage = pred.copy()
-  garbage[:, 4:] = 1e6  # visible patches: must not matter
-  np.testing.assert_allclose(mae(garbage, target, mask), loss, rtol=1e-6)
-
-  mean = target.mean(axis=2, keepdims=True)
-  std = target.std(axis=2, ddof=1, keepdims=True)
-  normed = ((target - mean) / (std + 1e-6)).reshape(b, n, k * c)
-  ref = np.mean((pred[:, :4] - normed[:, :4]) ** 2)
-  np.testing.assert_allclose(loss, ref, rtol=1e-5)
-
-  raw = mae(pred, target, mask, norm_pix=False)
-  ref_raw = np.mean((pred[:, :4] - target.reshape(b, n, -1)[:, :4]) ** 2)
-  np.testing.assert_allclose(raw, ref_raw, rtol=1e-5)
-  with pytest.raises(ValueError, match="does not match"):
-    mae(pred[..., :-1], target, mask)
+def test_l2_normalize_on_host_and_device():
+  x = np.array([[3.0, 4.0], [0.0, 0.0]])
+  host = losses.l2_normalize(x)
+  assert isinstance(host, np.ndarray) and host.dtype == np.float64
+  np.testing.assert_allclose(host, [[0.6, 0.8], [0.0, 0.0]])
+  device = jax.jit(losses.l2_normalize)(jnp.asarray(x, jnp.bfloat16))
+  assert device.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(device, np.float32), host, atol=1e-2)
 
 
 def test_softmax_cross_entropy_hard_soft_and_smoothing():
@@ -157,9 +140,9 @@ def test_max_margin_ranking_loss_matches_loop():
 
 @jax.jit
 def _every_loss_and_gradient(video, text, logits, targets, pred, patches,
-                             mask, valid):
+                             valid):
   """{loss name: (value, (grad wrt input 0, grad wrt input 1))}: one compile."""
-  scale = losses.INIT_LOGIT_SCALE
+  scale = INIT_LOGIT_SCALE
   fns = {
       "contrastive": (lambda v, t: losses.contrastive_loss(
           v, t, scale, valid=valid)[0], (video, text)),
@@ -168,8 +151,8 @@ def _every_loss_and_gradient(video, text, logits, targets, pred, patches,
                   (video, text)),
       "cross_entropy": (lambda x, y: losses.softmax_cross_entropy(
           x, y, 0.1, valid=valid), (logits, targets)),
-      "mae": (lambda p, t: losses.mae_loss(p, t, mask, valid=valid),
-              (pred, patches)),
+      "mae": (lambda p, t: losses.masked_mean(
+          losses.reconstruction_error(p, t), valid), (pred, patches)),
   }
   return {name: jax.value_and_grad(fn, argnums=(0, 1))(*args)
           for name, (fn, args) in fns.items()}
@@ -184,9 +167,8 @@ def test_invalid_elements_change_neither_loss_nor_gradient():
   video, text = _embeddings(b=b, d=d, seed=4)
   inputs = [video, text, rng.normal(size=(b, d)).astype(np.float32),
             np.eye(d, dtype=np.float32)[rng.integers(0, d, b)],
-            rng.normal(size=(b, 4, 2)).astype(np.float32),
-            rng.uniform(0, 255, (b, 4, 2, 1)).astype(np.float32),
-            np.broadcast_to(np.arange(4) < 3, (b, 4))]  # 3 masked patches
+            rng.normal(size=(b, 3, 2)).astype(np.float32),  # 3 masked patches
+            rng.normal(size=(b, 3, 2)).astype(np.float32)]
   # Anything in the invalid rows: large noise, other labels.
   garbage = [np.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x,
                       (50 * rng.normal(size=x.shape)).astype(x.dtype)
@@ -205,5 +187,5 @@ def test_invalid_elements_change_neither_loss_nor_gradient():
       np.testing.assert_allclose(g_noisy, g, rtol=1e-5, atol=1e-7,
                                  err_msg=name)
   # The contrastive accuracies count the valid pairs only.
-  _, metrics = contrastive(video, video, losses.INIT_LOGIT_SCALE, valid=valid)
+  _, metrics = contrastive(video, video, INIT_LOGIT_SCALE, valid=valid)
   assert float(metrics["v2t_acc"]) == 1.0

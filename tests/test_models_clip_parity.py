@@ -12,7 +12,7 @@ rounded to fp16 as released, is written in the layouts users download:
 
 (OpenCLIP's own files use OpenAI's names, so the first case covers them.)
 
-Each goes through `weights.read_source` and the loader into a vidjax CLIP
+Each goes through `weights.read_source` and `init_from` into a vidjax CLIP
 and gives OpenCLIP's image and text embeddings to 1e-4 (relative).
 Needs open_clip_torch (skipped otherwise); no weights are downloaded.
 """
@@ -28,7 +28,7 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from vidjax import models  # noqa: E402
-from vidjax.models import loader, weights  # noqa: E402
+from vidjax.models import init_from, weights  # noqa: E402
 
 
 @pytest.fixture(scope='module')
@@ -101,7 +101,7 @@ def embed(reference):
   compiled = {}
 
   def run(source):
-    model = loader.build(lambda: models.build_model(config, rngs=nnx.Rngs(0)),
+    model = init_from.build(lambda: models.build_model(config, rngs=nnx.Rngs(0)),
                          source, 'clip', tubelet=1)
     graphdef, state = nnx.split(model)
     if 'forward' not in compiled:  # One compile for every source.

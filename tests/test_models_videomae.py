@@ -8,6 +8,7 @@ from flax import nnx
 from vidjax.models import build_model, default_model_config
 from vidjax.models.videomae import (Classifier, VideoMAE, normalize_patches,
                                     patchify)
+from vidjax.tasks import losses
 
 
 def tiny_videomae(**overrides):
@@ -53,6 +54,9 @@ def test_loss_is_the_mse_on_masked_patches_and_ignores_their_pixels():
   np.testing.assert_allclose(targets, expected_targets, atol=1e-5)
   np.testing.assert_allclose(loss, np.mean((predictions - targets)**2),
                              rtol=1e-5)
+  # The task's per-example errors (padding dropped by `valid`) average to it.
+  np.testing.assert_allclose(
+      losses.reconstruction_error(predictions, targets).mean(), loss, rtol=1e-5)
   # The encoder sees visible tokens only: masked pixels cannot leak.
   noisy = patchify(video, 2, 8) + 5.0 * mask[..., None]
   noisy_video = noisy.reshape(2, 2, 2, 2, 2, 8, 8, 3).transpose(

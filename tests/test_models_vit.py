@@ -6,8 +6,8 @@ import pytest
 from flax import nnx
 
 from vidjax.models import build_model, default_model_config
-from vidjax.models.vit import (Transformer, VisionTransformer, parse_variant,
-                               patchify)
+from vidjax.models.transformer import Transformer
+from vidjax.models.vit import VisionTransformer, parse_variant, patchify
 
 from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 

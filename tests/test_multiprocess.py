@@ -12,7 +12,7 @@ process 0 writes metrics.jsonl, and the checkpoint holds every process's
 data-iterator state.
 
 Process 1 is made to lag at start-up (a `sitecustomize` hook delays its
-`checkpoint.resolve_start`), as a slow node would: a fresh workdir must
+`resume.resolve_start`), as a slow node would: a fresh workdir must
 still start cleanly when process 0 gets ahead and creates the checkpoint
 directory first.
 """
@@ -46,12 +46,12 @@ OVERRIDES = (f"--config.total_steps={STEPS}", "--config.log.every_steps=1",
 _LAG_HOOK = """
 import os, time
 if os.environ.get("JAX_PROCESS_ID") == "1":
-  from vidjax import checkpoint
-  _resolve_start = checkpoint.resolve_start
+  from vidjax import resume
+  _resolve_start = resume.resolve_start
   def _late_resolve_start(*args, **kwargs):
     time.sleep(5)
     return _resolve_start(*args, **kwargs)
-  checkpoint.resolve_start = _late_resolve_start
+  resume.resolve_start = _late_resolve_start
 """
 
 

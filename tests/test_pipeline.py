@@ -12,8 +12,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vidjax import augment, sharding
-from vidjax.data import annotations, ek100, pipeline, synthetic, synthetic_annotations
+from vidjax import augment, errors, sharding
+from vidjax.data import annotations, batches as batches_lib, ek100, pipeline
+from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +139,8 @@ def test_restored_iterator_reproduces_following_batches(corpus, mesh):
   take(pipe, 2)
   state = json.loads(json.dumps(pipe.get_state()))  # As a checkpoint saves it.
   expected = take(pipe, 3)
-  resumed = pipeline.make_pipeline(config, mesh, train=True,
-                                   batch_size=8).restored(state)
+  resumed = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
+                                   state=state)
   for a, b in zip(expected, take(resumed, 3)):
     assert_same(a, b)
   pipe.close()
@@ -189,7 +190,7 @@ def corrupt(root, video_ids):
 def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path,
                                                  monkeypatch):
   warnings = []
-  monkeypatch.setattr(pipeline.logging, "warning",
+  monkeypatch.setattr(batches_lib.logging, "warning",
                       lambda fmt, *args: warnings.append(fmt % args))
   root = tmp_path / "c"
   shutil.copytree(corpus, root)
@@ -207,7 +208,7 @@ def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path,
   skipped = sum(int(b["skipped"].sum()) for b in batches)
   assert skipped >= 2 and pipe.skipped == skipped
   # Counted per file, each file's first failure logged once.
-  failures = pipe.host.failures
+  failures = pipe.failures
   assert sum(failures.values()) == skipped
   assert {p.split("/chunks/")[1].split("/")[0] for p in failures} == set(bad)
   logged = [m for m in warnings if "cannot read a clip" in m]
@@ -221,7 +222,7 @@ def test_all_corrupt_stops_with_the_bad_files_named(corpus, mesh, tmp_path):
   corrupt(root, [p.name for p in (root / "chunks").iterdir() if p.is_dir()])
   pipe = pipeline.make_pipeline(config_for(root), mesh, train=True,
                                 batch_size=8)
-  with pytest.raises(pipeline.DataError) as e:
+  with pytest.raises(errors.DataError) as e:
     next(pipe)
   pipe.close()
   lines = str(e.value).splitlines()
@@ -334,14 +335,13 @@ def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
 
 def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   """AVION's `path num_frames label` lists: clips anywhere in the video."""
-  from vidjax.data import source
   listing = tmp_path / "k400_val_list.txt"
   listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
   config = config_for(corpus, format="kinetics_list", sampling="stride",
                       stride=2, eval_clips=2)
   records = pipeline.load_annotations(config.data, str(listing))
-  loader = source.ClipLoader(records, config.data.root,
-                             pipeline.clip_spec(config.data))
+  loader = loader_lib.ClipLoader(records, config.data.root,
+                                 loader_lib.ClipSpec.from_config(config.data))
   last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
   assert last["valid"] and last["label"] == 5
   from vidjax.data import crop, sampling, video

@@ -13,10 +13,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from vidjax import config as config_lib, models, sharding, tasks, train
-from vidjax.data import pipeline
+from vidjax import config as config_lib, models, sharding, steps as steps_lib, tasks
+from vidjax.data import batches
 
-from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn
+from vidjax.bench.cuda_trace import (cudnn_attention_calls, forced_cudnn,
+                                     lower_for_cuda)
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.name for p in CONFIGS.glob("*.py"))
@@ -43,17 +44,15 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
     config.model.num_classes = 10
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  batch = pipeline.batch_spec(config, 8)
+  batch = batches.batch_spec(config, 8)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with forced_cudnn():
-    state, rest, steps = train.build_state_and_steps(config, task, mesh,
-                                                     abstract=True)
-    lower = lambda step, *args: step.trace(*args).lower(
-        lowering_platforms=("cuda",))
+    state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh,
+                                                         abstract=True)
     train_calls = cudnn_attention_calls(
-        lower(steps.train, state, rest, batch, key))
+        lower_for_cuda(steps.train, state, rest, batch, key))
     eval_calls = cudnn_attention_calls(
-        lower(steps.eval, state["params"], rest, batch))
+        lower_for_cuda(steps.eval, state["params"], rest, batch))
 
   layers = attention_layers(config.model)
   assert train_calls["backward"] == layers, train_calls

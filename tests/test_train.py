@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import checkpoint, errors, logging as log_lib, train
+from vidjax import checkpoint, errors, monitor, steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def losses(workdir):
   by_step = {}
   if not (Path(workdir) / "metrics.jsonl").exists():
     return by_step
-  for row in log_lib.read_metrics(workdir):
+  for row in monitor.read_metrics(workdir):
     if "train/loss" in row:
       by_step[row["step"]] = row["train/loss"]  # Resumed runs append.
   return by_step
@@ -77,7 +77,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
   assert sorted(resumed) == sorted(expected) == list(range(1, 25))
   np.testing.assert_allclose([resumed[s] for s in range(1, 25)],
                              [expected[s] for s in range(1, 25)], rtol=1e-5)
-  final = [r for r in log_lib.read_metrics(workdir) if "eval/t2v_r1" in r]
+  final = [r for r in monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final and final[-1]["step"] == 24
   config = json.loads((workdir / "config.json").read_text())
   assert config["total_steps"] == 24
@@ -95,8 +95,8 @@ def test_gradient_accumulation_matches_one_big_batch():
     return loss, {"abs": jnp.abs(loss)}
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  one = train._accumulate(grad_fn, 1, params, None, batch, jax.random.key(0))
-  four = train._accumulate(grad_fn, 4, params, None, batch, jax.random.key(0))
+  one = steps._accumulate(grad_fn, 1, params, None, batch, jax.random.key(0))
+  four = steps._accumulate(grad_fn, 4, params, None, batch, jax.random.key(0))
   for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four)):
     np.testing.assert_allclose(a, b, rtol=1e-5)
 

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vidjax import config as config_lib, sharding, tasks, train
-from vidjax.data import pipeline
+from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
+from vidjax.data import batches
 
 
 def _config(fsdp):
@@ -24,13 +24,13 @@ def _config(fsdp):
 def test_train_step_compiles_once_over_three_steps(fsdp):
   config = _config(fsdp)
   mesh = sharding.make_mesh(fsdp=fsdp)
-  state, rest, steps = train.build_state_and_steps(
+  state, rest, steps = steps_lib.build_state_and_steps(
       config, tasks.get_task(config.task), mesh)
   first_shardings = jax.tree.map(lambda x: x.sharding, state)
   if fsdp > 1:
     specs = {s.spec for s in jax.tree.leaves(first_shardings)}
     assert sharding.P() in specs and len(specs) > 1  # Split and replicated.
-  batch = pipeline.random_batch(config, 16, mesh)
+  batch = batches.random_batch(config, 16, mesh)
   key = jax.random.key(config.seed)
   for _ in range(3):
     state, metrics = steps.train(state, rest, batch, key)
@@ -52,8 +52,8 @@ def test_frames_reach_the_model_in_the_compute_dtype(monkeypatch):
     return jnp.zeros(()), {}
 
   monkeypatch.setattr(task, "loss", loss)
-  state, rest, steps = train.build_state_and_steps(
+  state, rest, steps = steps_lib.build_state_and_steps(
       config, task, sharding.make_mesh(), abstract=True)
   jax.eval_shape(steps.loss, state["params"], rest,
-                 pipeline.batch_spec(config, 8), jax.random.key(0))
+                 batches.batch_spec(config, 8), jax.random.key(0))
   assert seen == [jnp.bfloat16]

@@ -9,8 +9,9 @@ then). Writing to a closed stdout/stderr (`2>&1 | tee log` after tee died) is
 harmless: the stream is pointed at /dev/null and the run goes on, so a
 SIGINT/SIGTERM still saves its checkpoint.
 
-The rest formats what the train loop reports: the start-up summary, an
-evaluation as a short table, the data-bound warning and the closing lines.
+`ProgressBar` is the training's progress bar; the rest formats what the
+train loop reports: the start-up summary, an evaluation as a short table,
+the data-bound warning and the closing lines.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
 from absl import logging as absl_logging
+import jax
 import tqdm
 
 LOG_FILE = "log.txt"
@@ -176,6 +179,38 @@ def attach_log_file(workdir) -> str | None:
   path = os.path.join(os.fspath(workdir), LOG_FILE)
   _log_file.open(path)
   return path
+
+
+# ---------------------------------------------------------------------------
+# The progress bar.
+# ---------------------------------------------------------------------------
+class ProgressBar:
+  """tqdm bar over steps with rate and ETA; silent off process 0."""
+
+  def __init__(self, total_steps: int, start_step: int = 0, *,
+               enabled: bool | None = None, desc: str = "train"):
+    enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._bar = tqdm.tqdm(total=total_steps, initial=start_step, desc=desc,
+                          unit="step", dynamic_ncols=True, disable=not enabled,
+                          mininterval=1.0)
+    self._step = start_step
+
+  def update(self, step: int, metrics: Mapping[str, Any] | None = None):
+    """Moves the bar to `step`; shows a few metrics (Python numbers) if given."""
+    self._bar.update(step - self._step)
+    self._step = step
+    if metrics:
+      self._bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in metrics.items()
+                             if isinstance(v, (int, float))}, refresh=False)
+
+  def close(self):
+    self._bar.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()  # Also on an error: its message is then the last line.
 
 
 # ---------------------------------------------------------------------------

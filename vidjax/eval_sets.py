@@ -176,7 +176,7 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   if captions:
     merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
                                         config.eval.batch_size)
-  metrics = run.task.evaluate(merged, config)
+  metrics = run.task.eval_metrics(merged, config)
   if (config.eval.get("save_embeddings", False) and run.workdir
       and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
     emb = run.task.embeddings(merged, config)
@@ -188,8 +188,16 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
           f"{es.prefix}skipped": skipped}
 
 
-def evaluate_all(run, config: ml_collections.ConfigDict) -> dict[str, float]:
-  """Every evaluation set of the run, at the run's current step."""
+def evaluate(run, config: ml_collections.ConfigDict) -> dict[str, float]:
+  """Runs every evaluation set once with the run's current parameters.
+
+  Args:
+    run: a `train.Run` (its state, steps, mesh, task, tokenizer, workdir).
+    config: the run config.
+
+  Returns:
+    The `eval/...` metrics of every set (see the module docstring).
+  """
   step, metrics = int(run.state["step"]), {}
   for es in eval_sets(config):
     metrics.update(evaluate_set(run, es, step))

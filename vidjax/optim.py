@@ -3,7 +3,7 @@
 `tx, schedule = make_optimizer(config, total_steps)` chains, in order:
   clip by global norm -> AdamW / SGD / Lion (with masked weight decay)
   -> layer-wise lr decay. (Gradient accumulation lives in the train step:
-  `config.accum_steps`, see `vidjax.train`.)
+  `config.accum_steps`, see `vidjax.steps`.)
 
 Config keys (`default_optim_config()` has them all):
   name: 'adamw', 'sgd' (heavy-ball momentum, torch-style coupled weight

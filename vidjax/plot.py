@@ -2,7 +2,7 @@
 
     python -m vidjax.plot WORKDIR      # -> WORKDIR/plots/*.png
 
-Reads `WORKDIR/metrics.jsonl` (see `vidjax.logging.MetricWriter`). A resumed
+Reads `WORKDIR/metrics.jsonl` (see `vidjax.monitor.MetricWriter`). A resumed
 run appends the steps after its last checkpoint again, so for every
 (step, metric) the last line wins. Writes, for the metrics the run has:
 
@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-import json
 import math
 import os
 from pathlib import Path
 import re
 
-from absl import logging
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from vidjax import console, logging as log_lib
+from vidjax import console, monitor
 
 PLOTS_SUBDIR = "plots"
 # Noisy curves (loss, throughput) with at least this many points also get
@@ -61,26 +59,13 @@ def load_metrics(workdir: str | os.PathLike) -> dict[str, Series]:
   Raises:
     FileNotFoundError: no metrics.jsonl in `workdir`.
   """
-  path = Path(workdir) / log_lib.METRICS_FILE
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: is {workdir} a run's "
-                            "workdir (python -m vidjax.main --workdir ...)?")
   latest: dict[str, dict[int, float]] = {}
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      try:
-        row = json.loads(line) if line.strip() else None
-        step = None if row is None else int(row["step"])
-      except (ValueError, KeyError, TypeError):
-        # A run killed mid-write leaves a torn line; the rest is still good.
-        logging.warning("%s:%d: skipped, not a JSON object with a 'step': %r",
-                        path, number, line[:120])
+  for row in monitor.read_metrics(workdir):
+    for name, value in row.items():
+      if (name == "step" or isinstance(value, bool)
+          or not isinstance(value, (int, float))):
         continue
-      for name, value in (row or {}).items():
-        if (name == "step" or isinstance(value, bool)
-            or not isinstance(value, (int, float))):
-          continue
-        latest.setdefault(name, {})[step] = float(value)
+      latest.setdefault(name, {})[int(row["step"])] = float(value)
   out = {}
   for name, by_step in latest.items():
     steps = np.array(sorted(by_step), dtype=np.int64)

@@ -1,4 +1,4 @@
-"""Device mesh, shardings, global batch assembly and device prefetch.
+"""Device mesh, shardings and global batch assembly.
 
 One mesh with two axes covers every run:
 
@@ -14,9 +14,7 @@ and XLA inserts the collectives (no `pmap`, no `shard_map`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-import queue
-import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -186,118 +184,3 @@ def host_to_global_batch(local_batch: Mapping[str, np.ndarray],
           "batch size or the number of devices")
     out[key] = jax.make_array_from_process_local_data(sharding, value)
   return out
-
-
-_END = object()
-
-
-class DevicePrefetcher:
-  """Keeps the next `size` batches on their way to the devices.
-
-  A background thread pulls local batches from `iterator`, turns them into
-  global arrays (`host_to_global_batch`, asynchronous device transfers) and
-  queues them. Use it instead of the iterator it wraps; don't touch that
-  iterator while the prefetcher runs.
-
-  Checkpointing: the wrapped iterator runs ahead by up to `size + 1`
-  batches, so its own `get_state()` would skip them on resume. Save
-  `prefetcher.get_state()` instead: the iterator's state captured right
-  after it produced the last batch *returned by* `next()`, so restoring
-  it makes the iterator yield exactly the first batch not yet consumed.
-  """
-
-  def __init__(self, iterator: Iterator[Mapping[str, np.ndarray]], size: int,
-               mesh: Mesh):
-    self._iterator = iterator
-    self._mesh = mesh
-    self._has_state = hasattr(iterator, "get_state")
-    self._state = self._capture_state()
-    self._queue: queue.Queue = queue.Queue(maxsize=max(size, 1))
-    self._stop = threading.Event()
-    self._done = False
-    self._thread = None
-    if size > 0:
-      self._thread = threading.Thread(target=self._produce, daemon=True,
-                                      name="vidjax-device-prefetch")
-      self._thread.start()
-
-  def _capture_state(self):
-    return self._iterator.get_state() if self._has_state else None
-
-  def _next_item(self):
-    local = next(self._iterator)
-    state = self._capture_state()  # right after producing, before the next
-    return host_to_global_batch(local, self._mesh), state
-
-  def _produce(self):
-    while not self._stop.is_set():
-      try:
-        item = self._next_item()
-      except StopIteration:
-        item = _END
-      except BaseException as e:  # surfaced to the consumer  # pylint: disable=broad-except
-        item = e
-      while not self._stop.is_set():
-        try:
-          self._queue.put(item, timeout=0.1)
-          break
-        except queue.Full:
-          continue
-      if item is _END or isinstance(item, BaseException):
-        return
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, jax.Array]:
-    if self._done:
-      raise StopIteration
-    if self._thread is None:
-      try:
-        item = self._next_item()
-      except StopIteration:
-        item = _END
-    else:
-      item = self._queue.get()
-    if item is _END:
-      self._done = True
-      raise StopIteration
-    if isinstance(item, BaseException):
-      self._done = True
-      raise item
-    batch, self._state = item
-    return batch
-
-  def get_state(self):
-    """Iterator state to checkpoint: resumes at the first unconsumed batch."""
-    if not self._has_state:
-      raise TypeError(f"{type(self._iterator).__name__} has no get_state()")
-    return self._state
-
-  def close(self):
-    """Stops the thread and drops the batches still queued."""
-    self._stop.set()
-    if self._thread is not None:
-      while self._thread.is_alive():
-        try:  # unblock a producer waiting on a full queue
-          self._queue.get(timeout=0.05)
-        except queue.Empty:
-          pass
-      self._thread.join()
-    self._done = True
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-
-def prefetch_to_device(iterator: Iterator[Mapping[str, np.ndarray]],
-                       size: int, mesh: Mesh) -> DevicePrefetcher:
-  """Wraps `iterator` so the next `size` global batches are in flight.
-
-  See `DevicePrefetcher` for checkpointing (`get_state()`) and `close()`.
-  `size=0` transfers synchronously in `next()` (no thread), for debugging.
-  """
-  return DevicePrefetcher(iterator, size, mesh)

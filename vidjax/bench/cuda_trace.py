@@ -9,7 +9,8 @@ cuDNN 9.10 would, so the cuDNN code path is traced exactly as on that GPU and
 every shape rule JAX applies there is checked. The tests use it to prove the
 GPU path on CPU, `vidjax.bench.memory` to size what the backward pass keeps
 under cuDNN, and `vidjax.bench.gpu_check` counts the cuDNN calls of the
-step it compiled with `cudnn_attention_calls`.
+step it compiled with `cudnn_attention_calls` (in its CPU dry run, of the
+step `lower_for_cuda` lowered).
 """
 from __future__ import annotations
 
@@ -42,9 +43,13 @@ def forced_cudnn(compute_capability=(9, 0), cudnn_version=91000):
 
 
 def lower_for_cuda(fn, *args, **jit_kwargs) -> jax.stages.Lowered:
-  """`jax.jit(fn, **jit_kwargs)` traced for `args` and lowered for CUDA."""
-  traced = jax.jit(fn, **jit_kwargs).trace(*args)
-  return traced.lower(lowering_platforms=('cuda',))
+  """`fn` traced for `args` and lowered for CUDA.
+
+  `fn` is jitted with `jit_kwargs` first, unless it already is (e.g. a
+  run's train step, with its shardings).
+  """
+  jitted = fn if hasattr(fn, 'trace') else jax.jit(fn, **jit_kwargs)
+  return jitted.trace(*args).lower(lowering_platforms=('cuda',))
 
 
 def cudnn_attention_calls(hlo) -> collections.Counter:

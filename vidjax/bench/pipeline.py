@@ -136,16 +136,14 @@ def main(argv=None):
   p.add_argument("--batches", type=int, default=20, help="batches timed")
   p.add_argument("--frames", type=int, default=16, help="frames per clip")
   p.add_argument("--stride", type=int, default=4, help="frame stride")
-  p.add_argument("--size", type=int, default=224, help="output side")
   p.add_argument("--consumer-clips-per-s", type=float, default=0.0,
                  help="simulate a training loop consuming this many clips/s")
   p.add_argument("--memory-clips", type=int, default=0,
                  help="measure RSS growth over this many clips (0: skip)")
-  p.add_argument("--seconds", type=float, default=60,
-                 help="length of the real-footage source")
   p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
                                                    "vidjax_bench_loader"),
                  help="where the source and chunk store are kept")
+  footage.add_arguments(p)
   args = p.parse_args(argv)
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)

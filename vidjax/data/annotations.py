@@ -35,8 +35,8 @@ from vidjax.data.ek100 import (check_relevancy_shape, ek100_action_map,
                                load_ek100_cls, load_ek100_mir,
                                load_ek100_mir_sentences, load_relevancy)
 from vidjax.data.records import (FIELDS, ClipRecord, PathLike, error, jsonable,
-                                 load_pickle, parse_timestamp, read_csv, span,
-                                 to_int)
+                                 load_pickle, parse_timestamp, read_csv,
+                                 read_lines, span, to_int)
 
 __all__ = [
     'ClipRecord', 'LOADERS', 'check_relevancy_shape', 'ek100_action_map',
@@ -56,26 +56,22 @@ def load_jsonl(path: PathLike) -> list[ClipRecord]:
   """One JSON object per line: `video_id`, `start`, `end` (seconds), optional
   `text` (str) and `label` (int); other keys go to `extra`."""
   records = []
-  with open(path, encoding='utf-8') as f:
-    for line_no, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f'{os.fspath(path)}:{line_no}'
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise error(where, f'not JSON ({e.msg})') from None
-      if not isinstance(obj, dict) or 'video_id' not in obj:
-        raise error(where, 'expected an object with video_id, start, end')
-      start, end = span(obj.get('start'), obj.get('end'), where)
-      text, label = obj.get('text'), obj.get('label')
-      if text is not None and not isinstance(text, str):
-        raise error(where, f'text {text!r} is not a string')
-      if label is not None and type(label) is not int:
-        raise error(where, f'label {label!r} is not an integer')
-      extra = {k: v for k, v in obj.items() if k not in FIELDS}
-      records.append(
-          ClipRecord(str(obj['video_id']), start, end, text, label, extra))
+  for where, line in read_lines(path):
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise error(where, f'not JSON ({e.msg})') from None
+    if not isinstance(obj, dict) or 'video_id' not in obj:
+      raise error(where, 'expected an object with video_id, start, end')
+    start, end = span(obj.get('start'), obj.get('end'), where)
+    text, label = obj.get('text'), obj.get('label')
+    if text is not None and not isinstance(text, str):
+      raise error(where, f'text {text!r} is not a string')
+    if label is not None and type(label) is not int:
+      raise error(where, f'label {label!r} is not an integer')
+    extra = {k: v for k, v in obj.items() if k not in FIELDS}
+    records.append(
+        ClipRecord(str(obj['video_id']), start, end, text, label, extra))
   return records
 
 
@@ -103,7 +99,7 @@ def load_ego4d(path: PathLike, *,
   narrations' NLLs), kept as `extra['score']`. A list narration (LaViLa's
   rephraser and narrator files) gives `text` = its first element and
   `extra['texts']` = the list; in training each element draws one of them
-  with its own random generator (`source.ClipLoader`), as LaViLa/AVION's
+  with its own random generator (`loader.ClipLoader`), as LaViLa/AVION's
   `random.choice` does, but reproducibly.
 
   Args:
@@ -224,22 +220,18 @@ def load_kinetics_list(path: PathLike) -> list[ClipRecord]:
     Records with `label` and `extra` holding `path` and `num_frames`.
   """
   records = []
-  with open(path, encoding='utf-8') as f:
-    for line_no, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f'{os.fspath(path)}:{line_no}'
-      fields = line.rsplit(None, 2)  # The path may contain spaces.
-      if len(fields) != 3:
-        raise error(where, f'expected "path num_frames label", got {line!r}')
-      video, frames, label = fields
-      num_frames = to_int(frames, where, 'num_frames')
-      if num_frames < 1:
-        raise error(where, f'num_frames {num_frames} is not positive')
-      video_id = os.path.splitext(os.path.basename(video))[0]
-      records.append(ClipRecord(
-          video_id, 0.0, math.inf, None, to_int(label, where, 'label'),
-          {'path': video, 'num_frames': num_frames}))
+  for where, line in read_lines(path):
+    fields = line.rsplit(None, 2)  # The path may contain spaces.
+    if len(fields) != 3:
+      raise error(where, f'expected "path num_frames label", got {line!r}')
+    video, frames, label = fields
+    num_frames = to_int(frames, where, 'num_frames')
+    if num_frames < 1:
+      raise error(where, f'num_frames {num_frames} is not positive')
+    video_id = os.path.splitext(os.path.basename(video))[0]
+    records.append(ClipRecord(
+        video_id, 0.0, math.inf, None, to_int(label, where, 'label'),
+        {'path': video, 'num_frames': num_frames}))
   return records
 
 

@@ -1,10 +1,10 @@
 """The Grain graph: records -> per-process uint8 batches -> global device arrays.
 
     records --range/shuffle/repeat--> element ids
-            --random_map(ClipLoader)--> decoded clips      (workers or threads)
+            --random_map(loader.ClipLoader)--> decoded clips (workers, threads)
             --slice per process--> this process's clips, one at a time
-            --HostBatches: batch, skip accounting, eval padding--> local batches
-            --DevicePrefetcher--> global jax.Arrays sharded on the batch axis
+            --batches.HostBatches: skip accounting, eval padding--> local batches
+            --prefetch.DevicePrefetcher--> global jax.Arrays on the batch axis
 
 Workers hand the main process single clips, never whole batches: Grain
 passes each through its own /dev/shm block, and the main process copies it
@@ -18,8 +18,8 @@ Per-element randomness comes from Grain's per-element seeds (seed + element
 index), and workers' clips are interleaved in element order, so the batches
 are the same whatever the number of workers or threads. The iterator state
 (Grain's state plus the skip counters) is captured after each batch actually
-handed to the caller, so a restored pipeline reproduces the following
-batches exactly.
+handed to the caller; `make_pipeline(..., state=...)` builds a pipeline
+positioned there, which reproduces the following batches exactly.
 
 Config keys (`config.data`, see `default_data_config`):
   root            chunk store (written by `python -m vidjax.data.chunk`)
@@ -36,7 +36,7 @@ Config keys (`config.data`, see `default_data_config`):
   positive_threshold  0.1
   vocab           CLIP BPE vocabulary (bpe_simple_vocab_16e6.txt.gz) for text
   num_frames, sampling, stride, size, crop, crop_scale, hflip,
-  eval_clips, eval_crops                 see `source.ClipSpec`
+  eval_clips, eval_crops                 see `loader.ClipSpec`
   workers         Grain worker processes (0: in the main process)
   threads         reader threads per process (PyAV releases the GIL)
   worker_buffer   clips buffered per worker (and as many on the main side)
@@ -47,29 +47,23 @@ Config keys (`config.data`, see `default_data_config`):
                   annotation file's rows are bad (`vidjax.data.checks`)
 
 A failed read is logged when a file fails for the first time (once per
-file and process), counted per file (`HostBatches.failures`), and the
+file and process), counted per file (`Pipeline.failures`), and the
 `DataError` past `max_skip_fraction` lists each bad file once with its count.
 """
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import shutil
 
 from absl import flags
-from absl import logging
 import grain
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from vidjax import errors, sharding, tasks
-from vidjax.data import annotations, ek100, source
-from vidjax.errors import DataError  # pylint: disable=unused-import  (re-exported)
+from vidjax import errors
+from vidjax.data import annotations, batches, ek100, loader, prefetch
 
-MIN_ATTEMPTS_BEFORE_STOP = 64
 SHM_DIR = "/dev/shm"
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
 # a block per token array or label would cost more than the copy.
@@ -86,14 +80,6 @@ def default_data_config() -> ml_collections.ConfigDict:
       eval_clips=1, eval_crops=1,
       workers=0, threads=0, worker_buffer=8, device_prefetch=2,
       max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01))
-
-
-def clip_spec(data: ml_collections.ConfigDict) -> source.ClipSpec:
-  size = data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
-  return source.ClipSpec(
-      num_frames=data.num_frames, sampling=data.sampling, stride=data.stride,
-      size=tuple(size), crop=data.crop, crop_scale=tuple(data.crop_scale),
-      hflip=data.hflip, eval_clips=data.eval_clips, eval_crops=data.eval_crops)
 
 
 def split_paths(value: str) -> list[str]:
@@ -130,162 +116,6 @@ def caption_positives(data: ml_collections.ConfigDict, records):
       threshold=data.positive_threshold, allow_pickle=data.allow_pickle)
 
 
-def batch_spec(config: ml_collections.ConfigDict,
-               batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """Shapes and dtypes of the global batches `make_pipeline` yields.
-
-  For tracing, compiling or timing the steps without reading any video: the
-  keys are those the config's task reads.
-
-  Args:
-    config: the run config (reads `task` and `data`).
-    batch_size: global batch size B.
-
-  Returns:
-    dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
-    int32[B, 77] for video-text tasks; label int32[B] for classification
-    (and verb, noun for data.format 'ek100_cls'); index, view, skipped
-    int32[B]; valid bool[B].
-  """
-  data = config.data
-  height, width = clip_spec(data).size
-  spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
-  if tasks.get_task(config.task).NEEDS_TEXT:
-    spec["tokens"] = ((source.CONTEXT_LENGTH,), np.int32)
-  if config.task == "classification":
-    names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
-    spec.update({name: ((), np.int32) for name in names})
-  spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
-              skipped=((), np.int32))
-  return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
-          for k, (shape, dtype) in spec.items()}
-
-
-def random_batch(config: ml_collections.ConfigDict, batch_size: int,
-                 mesh: jax.sharding.Mesh, seed: int = 0) -> dict[str, jax.Array]:
-  """A device-resident random batch of `batch_spec`, sharded as the pipeline's.
-
-  Frames are uniform uint8, tokens uniform over the text tower's vocabulary,
-  labels over the classifier's classes; every element is valid. Made on the
-  devices, so that a benchmark times the step without the host in the way.
-  """
-  spec = batch_spec(config, batch_size)
-  high = {"tokens": config.model.get("text", {}).get("vocab_size", 1),
-          **{name: config.model.get("num_classes", 1)
-             for name in ("label", "verb", "noun")}}
-
-  @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))
-  def make(key):
-    keys = dict(zip(spec, jax.random.split(key, len(spec))))
-    out = {}
-    for name, s in spec.items():
-      if name == "video":
-        out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
-      elif name in high:
-        out[name] = jax.random.randint(keys[name], s.shape, 0, high[name],
-                                       jnp.int32)
-      elif name == "index":
-        out[name] = jnp.arange(batch_size, dtype=jnp.int32)
-      else:  # view, skipped: 0; valid: True.
-        out[name] = jnp.full(s.shape, name == "valid", s.dtype)
-    return out
-
-  return make(jax.random.key(seed))
-
-
-# Files whose first failed read was logged already (once per process, so the
-# evaluation pipelines do not repeat what training said).
-_REPORTED_FILES: set[str] = set()
-
-
-def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
-  """'FILE: N failed reads' lines, most failures first, at most `limit`."""
-  lines = [f"{path}: {n} failed read{'s' if n > 1 else ''}"
-           for path, n in failures.most_common(limit)]
-  if len(failures) > limit:
-    lines.append(f"... and {len(failures) - limit} more files")
-  return lines
-
-
-class HostBatches:
-  """Grain's clips -> numeric local batches, with skip accounting.
-
-  Builds each batch in the main process, copying clip after clip into it so
-  that each clip's /dev/shm block is freed before the next arrives. Strips
-  the per-element error strings, counts failed reads per file (`failures`;
-  the first failure of each file is logged), stops with
-  `DataError` when they pass `max_skip_fraction`, and pads a short final
-  evaluation batch with invalid elements to the full batch size (training
-  drops it).
-  """
-
-  def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
-               drop_remainder: bool = False):
-    self._it, self._batch_size = iterator, batch_size
-    self._max_fraction, self._drop_remainder = max_skip_fraction, drop_remainder
-    self.skipped = self.attempts = 0
-    self.failures = collections.Counter()  # file -> failed reads
-
-  def __iter__(self):
-    return self
-
-  def _collect(self) -> tuple[dict[str, np.ndarray], list[str], int]:
-    """Up to `batch_size` clips: (batch with room for all, errors, count)."""
-    batch, errors, count = {}, [], 0
-    for element in self._it:
-      element = dict(element)
-      errors.append(str(element.pop("errors")))
-      if not batch:
-        batch = {k: np.empty((self._batch_size,) + np.shape(v),
-                             np.asarray(v).dtype) for k, v in element.items()}
-      for key, value in element.items():
-        batch[key][count] = value  # Copied out; the shm block goes with it.
-      count += 1
-      if count == self._batch_size:
-        break
-    return batch, errors, count
-
-  def _count(self, message: str) -> None:
-    # VideoReadError messages start with the file: "PATH: problem".
-    path = message.split(": ", 1)[0]
-    if path not in _REPORTED_FILES:
-      _REPORTED_FILES.add(path)
-      logging.warning("cannot read a clip: %s (reported once per file; such "
-                      "clips are replaced and counted)", message)
-    self.failures[path] += 1
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    batch, errors, count = self._collect()
-    if not count or (count < self._batch_size and self._drop_remainder):
-      raise StopIteration
-    skipped = int(batch["skipped"][:count].sum())
-    self.skipped += skipped
-    self.attempts += skipped + int(batch["valid"][:count].sum())
-    for message in (m for msgs in errors for m in msgs.split("\n") if m):
-      self._count(message)
-    fraction = self.skipped / max(self.attempts, 1)
-    if not batch["valid"][:count].any() or (
-        self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
-        and fraction > self._max_fraction):
-      raise DataError(
-          f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
-          f" in {len(self.failures)} files:\n  "
-          + "\n  ".join(failure_lines(self.failures)),
-          hint="re-chunk or remove those videos; the limit is "
-          f"data.max_skip_fraction={self._max_fraction}")
-    for value in batch.values():  # A short final eval batch: invalid rows.
-      value[count:] = 0
-    return batch
-
-  def get_state(self) -> dict:
-    return {"grain": self._it.get_state(), "skipped": self.skipped,
-            "attempts": self.attempts}
-
-  def set_state(self, state: dict) -> None:
-    self._it.set_state(state["grain"])
-    self.skipped, self.attempts = state["skipped"], state["attempts"]
-
-
 def shared_memory_bytes(data: ml_collections.ConfigDict) -> int:
   """The most /dev/shm the workers' clips can take at once (0: no workers).
 
@@ -293,7 +123,7 @@ def shared_memory_bytes(data: ml_collections.ConfigDict) -> int:
   the main process, plus one being handed over on each side. Only the
   frames go through /dev/shm (`MIN_SHM_BYTES`).
   """
-  height, width = clip_spec(data).size
+  height, width = loader.ClipSpec.from_config(data).size
   clip_bytes = data.num_frames * height * width * 3
   return data.workers * (2 * data.worker_buffer + 2) * clip_bytes
 
@@ -327,7 +157,7 @@ def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def make_dataset(loader: source.ClipLoader, *, train: bool, seed: int,
+def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
                  num_epochs: int | None = None, workers: int = 0,
                  threads: int = 0, worker_buffer: int = 8,
                  process_index: int = 0,
@@ -335,7 +165,7 @@ def make_dataset(loader: source.ClipLoader, *, train: bool, seed: int,
   """The Grain graph of this process's clips, one element at a time.
 
   Args:
-    loader: element loader over the records.
+    clip_loader: element loader over the records.
     train: shuffle, repeat, random augmentation; else every (record, view)
       once in order.
     seed: shuffle and augmentation seed.
@@ -343,12 +173,13 @@ def make_dataset(loader: source.ClipLoader, *, train: bool, seed: int,
     workers, threads, worker_buffer: parallelism (see module docstring).
     process_index, process_count: this process's share of every batch.
   """
+  records = len(clip_loader.records)
   if train:
-    ds = grain.MapDataset.range(len(loader.records)).shuffle(seed=seed)
-    ds = ds.repeat(num_epochs).random_map(loader.train_element, seed=seed)
+    ds = grain.MapDataset.range(records).shuffle(seed=seed)
+    ds = ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
   else:
-    ds = grain.MapDataset.range(len(loader.records) * loader.spec.views)
-    ds = ds.map(loader.eval_element)
+    ds = grain.MapDataset.range(records * clip_loader.spec.views)
+    ds = ds.map(clip_loader.eval_element)
   # Slicing after the map keeps each element's seed independent of the
   # number of processes.
   ds = ds[process_index::process_count]
@@ -368,7 +199,8 @@ def make_dataset(loader: source.ClipLoader, *, train: bool, seed: int,
 def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                   *, train: bool, batch_size: int, tokenizer=None,
                   records=None, num_epochs: int | None = None,
-                  seed: int | None = None) -> sharding.DevicePrefetcher:
+                  seed: int | None = None, state: dict | None = None
+                  ) -> Pipeline:
   """Global device batches for training or evaluation.
 
   Args:
@@ -381,11 +213,14 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     records: clip records; default: load the configured annotation file.
     num_epochs: stop after this many epochs (training).
     seed: default `config.seed`.
+    state: a `get_state()` of an earlier pipeline of the same config: this
+      one starts at the batch that one would have yielded next (a resumed
+      run).
 
   Returns:
-    An iterator of dicts of `jax.Array` (video uint8[B, T, H, W, 3], tokens /
-    label / verb / noun, index, view, valid, skipped) with `get_state()`;
-    resume with `pipeline.restored(state)`.
+    A `Pipeline`: an iterator of dicts of `jax.Array` (video
+    uint8[B, T, H, W, 3], tokens / label / verb / noun, index, view, valid,
+    skipped) with `get_state()`.
   """
   data = config.data
   if batch_size % jax.process_count():
@@ -395,43 +230,32 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     path = data.train_annotations if train else data.eval_annotations
     records = load_annotations(data, path)
   check_shared_memory(data)
-  loader = source.ClipLoader(
-      records, data.root, clip_spec(data), tokenizer,
+  clip_loader = loader.ClipLoader(
+      records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
       positives=caption_positives(data, records) if train else None)
   ds = make_dataset(
-      loader, train=train, seed=config.seed if seed is None else seed,
+      clip_loader, train=train, seed=config.seed if seed is None else seed,
       num_epochs=num_epochs, workers=data.workers, threads=data.threads,
       worker_buffer=data.worker_buffer, process_index=jax.process_index(),
       process_count=jax.process_count())
-  return Pipeline(ds, batch_size // jax.process_count(), train,
-                  data.max_skip_fraction, mesh, data.device_prefetch)
+  host = batches.HostBatches(iter(ds), batch_size // jax.process_count(),
+                             data.max_skip_fraction, drop_remainder=train)
+  if state is not None:
+    host.set_state(state)
+  return Pipeline(host, data.device_prefetch, mesh)
 
 
-class Pipeline(sharding.DevicePrefetcher):
-  """Device batches plus the state needed to resume them exactly."""
+class Pipeline(prefetch.DevicePrefetcher):
+  """Device batches plus what a run reports about them: skips and failures."""
 
-  def __init__(self, dataset: grain.IterDataset, local_batch: int,
-               train: bool, max_skip_fraction: float, mesh, prefetch: int,
-               state=None):
-    self._args = (dataset, local_batch, train, max_skip_fraction, mesh,
-                  prefetch)
-    self.host = HostBatches(iter(dataset), local_batch, max_skip_fraction,
-                            drop_remainder=train)
-    if state is not None:
-      self.host.set_state(state)
-    super().__init__(self.host, prefetch, mesh)
-
-  def restored(self, state: dict) -> "Pipeline":
-    """A new pipeline positioned at `state` (from `get_state()`); closes this."""
-    self.close()
-    return Pipeline(*self._args, state=state)
+  def __init__(self, host: batches.HostBatches, prefetch_size: int, mesh):
+    self.host = host
+    super().__init__(host, prefetch_size, mesh)
 
   def close(self):
     super().close()
-    grain_iterator = getattr(self.host, "_it", None)
-    if hasattr(grain_iterator, "close"):  # Stops Grain's worker processes.
-      grain_iterator.close()
+    self.host.close()
 
   @property
   def skipped(self) -> int:
@@ -439,3 +263,7 @@ class Pipeline(sharding.DevicePrefetcher):
     state = self.get_state()
     return state["skipped"] if state else 0
 
+  @property
+  def failures(self) -> collections.Counter:
+    """Failed reads per file so far (including batches still in flight)."""
+    return self.host.failures

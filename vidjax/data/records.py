@@ -93,6 +93,14 @@ def read_csv(path: PathLike,
       yield f'{os.fspath(path)}:{reader.line_num}', row
 
 
+def read_lines(path: PathLike) -> Iterator[tuple[str, str]]:
+  """Yields `('FILE:LINE', line)` for each line that is not blank."""
+  with open(path, encoding='utf-8') as f:
+    for number, line in enumerate(f, start=1):
+      if line.strip():
+        yield f'{os.fspath(path)}:{number}', line
+
+
 # All the Ego4D lists and relevancy matrices need: numpy arrays and scalars
 # (old and new module paths), and `_codecs.encode` for protocol-2 bytes.
 _SAFE_GLOBALS = {('numpy', 'ndarray'), ('numpy', 'dtype'),

@@ -54,18 +54,16 @@ construction, or from `rngs=` given at call time (nnx.Rngs or a key).
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 from ml_collections import config_dict
 
-from vidjax.models.clip import CLIP
+from vidjax.models.clip import CLIP, INIT_LOGIT_SCALE
 from vidjax.models.videomae import Classifier, VideoMAE
-from vidjax.models.vit import (VARIANTS, VisionTransformer, drop_path_rates,
-                               parse_variant)
+from vidjax.models.transformer import drop_path_rates
+from vidjax.models.vit import VARIANTS, VisionTransformer, parse_variant
 
 __all__ = ['CLIP', 'Classifier', 'VARIANTS', 'VideoMAE', 'VisionTransformer',
            'build_model', 'default_model_config', 'model_kwargs',
@@ -102,7 +100,7 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
     config.embed_dim = 512
     config.text = ml_collections.ConfigDict(dict(
         vocab_size=49408, context_length=77, width=512, heads=8, layers=12))
-    config.logit_scale_init = math.log(1 / 0.07)
+    config.logit_scale_init = INIT_LOGIT_SCALE
     config.learn_logit_scale = True
   elif name == 'videomae':
     config.mask_ratio = 0.9

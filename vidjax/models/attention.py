@@ -159,7 +159,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   if chosen == 'xla':
     out = jax.nn.dot_product_attention(
         query, key, value, is_causal=is_causal, implementation='xla')
-    # Named so that a remat policy can keep it (vit.REMAT_POLICIES); cuDNN's
+    # Named so that a remat policy can keep it (transformer.REMAT_POLICIES); cuDNN's
     # output is kept through its kernel instead, with its statistics.
     return checkpoint_name(out, 'attention')
   return _cudnn_attention(query, key, value, is_causal=is_causal)

@@ -10,7 +10,10 @@ from flax import nnx
 from vidjax.models.text import TextTransformer
 from vidjax.models.vit import VisionTransformer
 
-# CLIP clamps the learned temperature so that exp(logit_scale) <= 100.
+# CLIP's initial temperature 0.07, as a log-space logit scale (LaViLa/AVION).
+INIT_LOGIT_SCALE = math.log(1 / 0.07)
+# CLIP and AVION clamp the learned log-space scale to [0, ln 100] after each
+# update (the train step does), so that exp(logit_scale) <= 100.
 MAX_LOGIT_SCALE = math.log(100.0)
 
 
@@ -36,7 +39,7 @@ class CLIP(nnx.Module):
                attention: str = 'auto', remat: str = 'none',
                scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32,
-               logit_scale_init: float = math.log(1 / 0.07),
+               logit_scale_init: float = INIT_LOGIT_SCALE,
                learn_logit_scale: bool = True, rngs: nnx.Rngs):
     self.visual = VisionTransformer(
         width=vision_width, depth=vision_depth, heads=vision_heads,
@@ -72,10 +75,6 @@ class CLIP(nnx.Module):
   def encode_text(self, tokens: jax.Array) -> jax.Array:
     """Embeds int32[B, 77] token ids -> float32[B, embed_dim], unnormalised."""
     return self.text(tokens)
-
-  def scale(self) -> jax.Array:
-    """exp(logit_scale), clamped at 100 as CLIP does: the logits' multiplier."""
-    return jnp.exp(jnp.minimum(self.logit_scale[...], MAX_LOGIT_SCALE))
 
   def __call__(self, video: jax.Array, tokens: jax.Array, *,
                deterministic: bool = True, rngs=None

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vidjax.models.vit import Transformer
+from vidjax.models.transformer import Transformer
 
 
 class TextTransformer(nnx.Module):

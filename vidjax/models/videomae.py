@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vidjax.models.vit import (Transformer, VisionTransformer,
-                               dropout_stream, patchify, sincos_table)
+from vidjax.models.transformer import Transformer, dropout_stream
+from vidjax.models.vit import VisionTransformer, patchify, sincos_table
 
 __all__ = ['BACKBONE_STYLES', 'Classifier', 'VideoMAE', 'num_masked_tokens',
            'patchify']

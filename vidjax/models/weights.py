@@ -1,4 +1,4 @@
-"""Weight import: released checkpoints and vidjax runs as loader `Source`s.
+"""Weight import: released checkpoints and vidjax runs as `init_from.Source`s.
 
 Every format is mapped to our parameter paths (foreign layouts first become
 OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
@@ -16,7 +16,7 @@ OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
 
 Layouts become ours (PyTorch Linear weights transposed, conv patch
 embeddings flattened to patch kernels); resizing to the configured model is
-`loader.fill`'s. `*_from_state_dict` build a model sized from the weights.
+`init_from.fill`'s. `*_from_state_dict` build a model sized from the weights.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import re
 import numpy as np
 from flax import nnx
 
-from vidjax import checkpoint, errors
-from vidjax.models import loader, tensor_io
+from vidjax import checkpoint, errors, resume
+from vidjax.models import init_from, tensor_io
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
                                      conv_to_kernel, inflate_kernel,
@@ -136,8 +136,8 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
 # ------------------------------------------------------------------ sources
 
 def convert(state_dict: dict, description: str = 'state dict'
-            ) -> loader.Source:
-  """A state dict of any supported format -> a loader `Source`.
+            ) -> init_from.Source:
+  """A state dict of any supported format -> an `init_from.Source`.
 
   Args:
     state_dict: name -> numpy array or torch tensor.
@@ -161,7 +161,7 @@ def convert(state_dict: dict, description: str = 'state dict'
       tensors = {re.sub(r'^visual\.', 'encoder.', k): v
                  for k, v in tensors.items()}
       names = {re.sub(r'^visual\.', 'encoder.', k): v for k, v in names.items()}
-    return loader.Source(kind, tensors, names, f'{description} ({fmt})',
+    return init_from.Source(kind, tensors, names, f'{description} ({fmt})',
                          unexpected, tubelet=1, backbone='clip')
   if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
          for k in sd):
@@ -170,7 +170,7 @@ def convert(state_dict: dict, description: str = 'state dict'
     finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
                     for k in sd)
     conv = sd.get('encoder.patch_embed.proj.weight')
-    return loader.Source('classifier' if finetuned else 'videomae', tensors,
+    return init_from.Source('classifier' if finetuned else 'videomae', tensors,
                          names, f'{description} ({fmt})', unexpected,
                          tubelet=conv.shape[2] if conv is not None else None,
                          backbone='videomae')
@@ -179,7 +179,7 @@ def convert(state_dict: dict, description: str = 'state dict'
 
 
 def _vidjax_source(params: dict, config: dict, description: str
-                   ) -> loader.Source:
+                   ) -> init_from.Source:
   """A vidjax run's parameters; scanned layers are unstacked."""
   tensors = {}
   for path, value in params.items():
@@ -194,13 +194,13 @@ def _vidjax_source(params: dict, config: dict, description: str
       'videomae' if 'mask_token' in tensors else 'classifier')
   backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
       'clip' if 'encoder.class_token' in tensors else 'videomae')
-  return loader.Source(kind, tensors, {p: p for p in tensors},
+  return init_from.Source(kind, tensors, {p: p for p in tensors},
                        f'{description} (vidjax {kind})',
                        tubelet=model.get('tubelet'), backbone=backbone,
                        vidjax=True)
 
 
-def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
+def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
   """What `config.init_from` names, as a `Source`.
 
   Args:
@@ -210,7 +210,7 @@ def read_source(path: str, *, allow_pickle: bool = False) -> loader.Source:
     allow_pickle: see `load_state_dict`.
   """
   if os.path.isdir(path):
-    directory, step = checkpoint.find_checkpoint(path, prefer_best=True)
+    directory, step = resume.find_checkpoint(path, prefer_best=True)
     if step is None:
       files = sorted(f for f in os.listdir(path) if f.endswith(
           ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
@@ -230,14 +230,14 @@ def _count(tensors: dict, prefix: str) -> int:
   return len({m.group(1) for m in map(pattern.match, tensors) if m})
 
 
-def _require(source: loader.Source, path: str, kind: str) -> np.ndarray:
+def _require(source: init_from.Source, path: str, kind: str) -> np.ndarray:
   if path not in source.tensors:
     raise errors.InitFromError(f'not a {kind} state dict: {source.description} has no '
                      f'{path!r} (first names: {list(source.names.values())[:5]})')
   return source.tensors[path]
 
 
-def _vision_sizes(source: loader.Source, prefix: str, kind: str) -> dict:
+def _vision_sizes(source: init_from.Source, prefix: str, kind: str) -> dict:
   """ViT sizes from a tower's tensors (heads = width / 64, as CLIP's)."""
   kernel = _require(source, f'{prefix}.patch_embed.kernel', kind)
   tubelet = source.tubelet or 1
@@ -253,7 +253,7 @@ def _vision_sizes(source: loader.Source, prefix: str, kind: str) -> dict:
   return sizes
 
 
-def _clip_config(source: loader.Source) -> dict:
+def _clip_config(source: init_from.Source) -> dict:
   vision = _vision_sizes(source, 'visual', 'CLIP')
   embed = _require(source, 'text.token_embed.embedding', 'CLIP')
   config = dict(
@@ -300,7 +300,7 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
   """
   source = convert(state_dict)
   kwargs = dict(_clip_config(source), num_frames=num_frames, **overrides)
-  return loader.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
+  return init_from.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'clip', tubelet=kwargs.get('tubelet', 1),
                       keep_init=keep_init, patch_inflation=patch_inflation)
 
@@ -324,7 +324,7 @@ def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
   kwargs = dict(videomae_config_from_state_dict(state_dict), **overrides)
-  return loader.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
+  return init_from.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       convert(state_dict), 'videomae',
                       tubelet=kwargs['tubelet'])
 
@@ -349,7 +349,7 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
     sizes.pop('image_size', None)
   kwargs = dict(sizes, backbone=source.backbone, num_classes=num_classes,
                 **overrides)
-  return loader.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
+  return init_from.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'classifier', tubelet=kwargs['tubelet'],
                       patch_inflation=patch_inflation)
 

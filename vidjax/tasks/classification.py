@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from vidjax import evaluate as eval_lib
+from vidjax import metrics as metrics_lib
 from vidjax.data import annotations
 from vidjax.tasks import common, losses
 
 NEEDS_TEXT = False
+# The labels an evaluation keeps: EK-100 actions also score verb and noun.
+LABELS = ("label", "verb", "noun")
 
 
-def augment_config(config) -> dict:
-  return {**dict(config.get("augment", {})),
-          "num_classes": {"label": config.model.num_classes}}
+def augment_config(config, *, train: bool) -> dict:
+  augment = dict(config.get("augment", {}))
+  if not train:
+    return common.eval_augment(augment)
+  return {**augment, "num_classes": {"label": config.model.num_classes}}
 
 
 def loss(model, batch, key, config):
@@ -33,15 +37,18 @@ def loss(model, batch, key, config):
 
 
 def eval_outputs(model, batch):
-  return {"logits": model(batch["video"])}
+  return {"logits": model(batch["video"]),
+          **{k: batch[k] for k in LABELS if k in batch}}
 
 
-def evaluate(outputs, config) -> dict[str, float]:
+def eval_metrics(outputs, config) -> dict[str, float]:
   out = common.valid_outputs(outputs)
-  ids, probs = eval_lib.average_views_by_id(out["logits"], out["index"])
+  # Views averaged as probabilities, as AVION and VideoMAE do.
+  ids, probs = metrics_lib.average_views(metrics_lib.softmax(out["logits"]),
+                                         out["index"])
   first = {int(i): k for k, i in reversed(list(enumerate(out["index"])))}
   labels = np.array([out["label"][first[int(i)]] for i in ids])
-  metrics = eval_lib.topk_accuracy(probs, labels, ks=(1, 5))
+  metrics = metrics_lib.topk_accuracy(probs, labels, ks=(1, 5))
   if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
       and config.data.label == "action":
     action_map = annotations.ek100_action_map(
@@ -50,11 +57,11 @@ def evaluate(outputs, config) -> dict[str, float]:
     pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
     for pair, action in action_map.items():
       pairs[action] = pair
-    verb_p, noun_p = eval_lib.marginalize_action_scores(
+    verb_p, noun_p = metrics_lib.marginalize_action_scores(
         probs[:, :len(pairs)], pairs)  # Heads may be wider than the map.
     for name, p in (("verb", verb_p), ("noun", noun_p)):
       truth = np.array([out[name][first[int(i)]] for i in ids])
       if p.shape[1] > truth.max():
-        metrics.update(eval_lib.topk_accuracy(p, truth, ks=(1, 5),
-                                              prefix=f"{name}_"))
+        metrics.update(metrics_lib.topk_accuracy(p, truth, ks=(1, 5),
+                                                 prefix=f"{name}_"))
   return metrics

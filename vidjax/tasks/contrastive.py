@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from vidjax import errors, evaluate as eval_lib
+from vidjax import errors, metrics as metrics_lib
 from vidjax.data import ek100
 from vidjax.tasks import common, losses
 
 NEEDS_TEXT = True
 
 
-def augment_config(config) -> dict:
-  return dict(config.get("augment", {}))
+def augment_config(config, *, train: bool) -> dict:
+  augment = dict(config.get("augment", {}))
+  return augment if train else common.eval_augment(augment)
 
 
 def loss(model, batch, key, config):
@@ -68,13 +69,14 @@ def embeddings(outputs, config) -> dict[str, np.ndarray]:
   captions = outputs.get("caption_emb")
   out = common.valid_outputs(
       {k: v for k, v in outputs.items() if k != "caption_emb"})
-  ids, video = common.mean_by_index(common.l2_normalize(out["video_emb"]),
-                                    out["index"])
-  _, own_text = common.mean_by_index(out["text_emb"], out["index"])
-  own_text = common.l2_normalize(own_text).astype(np.float32)
-  text = own_text if captions is None else common.l2_normalize(
+  unit = losses.l2_normalize
+  ids, video = metrics_lib.average_views(
+      unit(out["video_emb"].astype(np.float64)), out["index"])
+  _, own_text = metrics_lib.average_views(out["text_emb"], out["index"])
+  own_text = unit(own_text).astype(np.float32)
+  text = own_text if captions is None else unit(
       np.asarray(captions, np.float64)).astype(np.float32)
-  return {"video": common.l2_normalize(video).astype(np.float32),
+  return {"video": unit(video).astype(np.float32),
           "text": text, "own_text": own_text, "index": ids}
 
 
@@ -98,11 +100,12 @@ def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
   return matrix[np.ix_(ids, columns)]
 
 
-def evaluate(outputs, config) -> dict[str, float]:
+def eval_metrics(outputs, config) -> dict[str, float]:
   emb = embeddings(outputs, config)
-  metrics = eval_lib.retrieval_recall(similarity(emb["video"], emb["own_text"]))
+  metrics = metrics_lib.retrieval_recall(
+      similarity(emb["video"], emb["own_text"]))
   if config.get("eval", {}).get("relevancy", ""):
     relevancy = _relevancy(config, emb["index"], len(emb["text"]))
-    metrics.update(eval_lib.ek100_mir_metrics(
+    metrics.update(metrics_lib.ek100_mir_metrics(
         similarity(emb["video"], emb["text"]), relevancy))
   return metrics

@@ -13,17 +13,10 @@ counted in any mean.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-
-# CLIP's initial temperature 0.07, as a log-space logit scale (LaViLa/AVION).
-INIT_LOGIT_SCALE = math.log(1 / 0.07)
-# AVION clamps the log-space scale to [0, ln 100] after each update.
-MAX_LOGIT_SCALE = math.log(100.0)
-
 
 # Logit of an invalid column: finite, so no inf or NaN reaches a gradient.
 _MASKED_LOGIT = -1e9
@@ -40,10 +33,16 @@ def masked_mean(values: jax.Array, valid: jax.Array | None) -> jax.Array:
   return total / jnp.maximum(jnp.sum(valid), 1)
 
 
-def l2_normalize(x: jax.Array, eps: float = 1e-8) -> jax.Array:
-  """x / max(||x||, eps) along the last axis (float32 norm)."""
-  norm = jnp.linalg.norm(x.astype(jnp.float32), axis=-1, keepdims=True)
-  return (x / jnp.maximum(norm, eps)).astype(x.dtype)
+def l2_normalize(x, eps: float = 1e-8):
+  """x / max(||x||, eps) along the last axis, the norm in float32 or wider.
+
+  A numpy array stays numpy (the host's evaluation embeddings, float64
+  kept); anything else goes through jax (the losses, inside `jit`).
+  """
+  xp = np if isinstance(x, np.ndarray) else jnp
+  norm = xp.linalg.norm(x.astype(xp.promote_types(x.dtype, xp.float32)),
+                        axis=-1, keepdims=True)
+  return (x / xp.maximum(norm, eps)).astype(x.dtype)
 
 
 def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
@@ -61,9 +60,10 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
     video_emb: float[B, D] video embeddings (global batch).
     text_emb: float[B, D] text embeddings, row i paired with video i.
     logit_scale: float[] log-space scale (the model's learnable parameter,
-      initialised to `INIT_LOGIT_SCALE`); logits are multiplied by its exp.
-      AVION clamps it to [0, `MAX_LOGIT_SCALE`] after each optimizer step;
-      that is the train step's job, this function does not clip.
+      initialised to `models.clip.INIT_LOGIT_SCALE`); logits are multiplied
+      by its exp. AVION clamps it to [0, `models.clip.MAX_LOGIT_SCALE`]
+      after each optimizer step; that is the train step's job, this
+      function does not clip.
     normalize: L2-normalise the embeddings first (AVION's model does).
     valid: optional bool[B]; invalid pairs are neither anchors nor
       negatives, and the means run over the valid ones.
@@ -94,53 +94,21 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
   return loss, metrics
 
 
-def normalize_patches(patches: jax.Array, eps: float = 1e-6) -> jax.Array:
-  """Per-patch, per-channel standardisation (VideoMAE's `norm_pix_loss`).
+def reconstruction_error(predictions: jax.Array,
+                         targets: jax.Array) -> jax.Array:
+  """Per-example mean squared error of VideoMAE's masked-patch predictions.
 
   Args:
-    patches: float[B, N, K, C]: N patches of K pixels with C channels.
-    eps: added to the (unbiased) standard deviation, as VideoMAE/AVION do.
+    predictions: float[B, M, K], the decoder's pixels for the M masked
+      patches of each example.
+    targets: float[B, M, K], those patches' (normalised) pixels.
 
   Returns:
-    float32[B, N, K, C] with zero mean and unit std over K in each channel.
-  """
-  x = patches.astype(jnp.float32)
-  mean = x.mean(axis=-2, keepdims=True)
-  std = jnp.sqrt(x.var(axis=-2, keepdims=True, ddof=1))
-  return (x - mean) / (std + eps)
-
-
-def mae_loss(pred: jax.Array, target: jax.Array, mask: jax.Array,
-             norm_pix: bool = True, valid: jax.Array | None = None
-             ) -> jax.Array:
-  """Mean squared error on the masked patches only (VideoMAE / AVION).
-
-  Args:
-    pred: float[B, N, K * C] the decoder's pixel predictions for all N
-      patches, each flattened in (K, C) order.
-    target: float[B, N, K, C] the patchified input pixels (e.g. 0-255
-      before the model's normalisation; AVION normalises raw pixels).
-    mask: bool[B, N], True where a patch was masked (hidden from the
-      encoder); only these count.
-    norm_pix: standardise each target patch per channel first.
-    valid: optional bool[B]; invalid examples' patches do not count.
-
-  Returns:
-    float32[]: mean over masked patches of the per-patch mean squared error.
-    With a fixed number of masked patches per example this equals AVION's
+    float32[B]. With M the same for every example, their mean is AVION's
     `MSELoss` over the gathered masked patches.
   """
-  b, n = mask.shape
-  if norm_pix:
-    target = normalize_patches(target)
-  target = target.reshape(b, n, -1).astype(jnp.float32)
-  if pred.shape != target.shape:
-    raise ValueError(f"mae_loss: pred {pred.shape} does not match the target "
-                     f"patches {target.shape}")
-  per_patch = jnp.mean((pred.astype(jnp.float32) - target) ** 2, axis=-1)
-  mask = (mask & _valid(valid, b)[:, None]).astype(jnp.float32)
-  per_patch = jnp.where(mask > 0, per_patch, 0.0)
-  return jnp.sum(per_patch * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  error = jnp.square(predictions.astype(jnp.float32) - targets)
+  return jnp.mean(error, axis=(1, 2))
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,

@@ -16,9 +16,12 @@ from vidjax.tasks import common, losses
 NEEDS_TEXT = False
 
 
-def augment_config(config) -> dict:
+def augment_config(config, *, train: bool) -> dict:
+  augment = dict(config.get("augment", {}))
   patch = vit.parse_variant(config.model.variant)["patch_size"]
-  return {**dict(config.get("augment", {})), "mask_ratio": config.model.mask_ratio,
+  # The tube mask in evaluation too: the model reconstructs masked tubes.
+  return {**(augment if train else common.eval_augment(augment)),
+          "mask_ratio": config.model.mask_ratio,
           "tubelet": config.model.tubelet, "patch": patch}
 
 
@@ -29,7 +32,7 @@ def loss(model, batch, key, config):
                                       return_predictions=True)
   # The model's loss averages every example; keep its NaN for a bad mask,
   # but average over the valid examples only (each has as many patches).
-  per_example = jnp.mean(jnp.square(predictions - targets), axis=(1, 2))
+  per_example = losses.reconstruction_error(predictions, targets)
   value = jnp.where(jnp.isnan(value), value,
                     losses.masked_mean(per_example, batch.get("valid")))
   return value, {}
@@ -39,10 +42,10 @@ def eval_outputs(model, batch):
   # Per-example losses, so that padded rows can be dropped exactly.
   _, predictions, targets = model(batch["video"], batch["mask"],
                                   return_predictions=True)
-  return {"loss": ((predictions - targets) ** 2).mean(axis=(1, 2))}
+  return {"loss": losses.reconstruction_error(predictions, targets)}
 
 
-def evaluate(outputs, config) -> dict[str, float]:
+def eval_metrics(outputs, config) -> dict[str, float]:
   del config
   out = common.valid_outputs(outputs)
   return {"loss": float(np.mean(out["loss"]))}

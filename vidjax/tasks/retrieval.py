@@ -16,7 +16,7 @@ augment_config = contrastive.augment_config
 eval_outputs = contrastive.eval_outputs
 eval_captions = contrastive.eval_captions
 embeddings = contrastive.embeddings
-evaluate = contrastive.evaluate
+eval_metrics = contrastive.eval_metrics
 
 
 def loss(model, batch, key, config):

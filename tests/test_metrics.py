@@ -1,10 +1,10 @@
-"""Tests for vidjax.evaluate against independent per-query implementations."""
+"""Tests for vidjax.metrics against independent per-query implementations."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import evaluate
+from vidjax import metrics
 
 sklearn_metrics = pytest.importorskip('sklearn.metrics')
 
@@ -42,7 +42,7 @@ def _ndcg_loop(sim_row, rel_row):
 
 def test_mir_binary_relevancy_matches_sklearn():
   sim, rel = _random_mir(graded=False)
-  got = evaluate.ek100_mir_metrics(sim, rel)
+  got = metrics.ek100_mir_metrics(sim, rel)
   for name, s, r in (('v2t', sim, rel), ('t2v', sim.T, rel.T)):
     ap = np.mean([sklearn_metrics.average_precision_score(r[i] == 1, s[i]) for i in range(len(s))])
     ndcg = np.mean([sklearn_metrics.ndcg_score(r[i:i + 1], s[i:i + 1], k=int((r[i] > 0).sum()))
@@ -55,9 +55,9 @@ def test_mir_binary_relevancy_matches_sklearn():
 
 @pytest.mark.parametrize('seed', [1, 2])
 def test_mir_graded_relevancy_matches_per_query_loops(seed, monkeypatch):
-  monkeypatch.setattr(evaluate, '_MIR_ROWS_PER_CHUNK', 8)  # Exercise the chunking.
+  monkeypatch.setattr(metrics, '_MIR_ROWS_PER_CHUNK', 8)  # Exercise the chunking.
   sim, rel = _random_mir(num_videos=41, num_texts=29, seed=seed)
-  got = evaluate.ek100_mir_metrics(sim, rel)
+  got = metrics.ek100_mir_metrics(sim, rel)
   for name, s, r in (('v2t', sim, rel), ('t2v', sim.T, rel.T)):
     ap = np.mean([_official_ap_loop(s[i], r[i]) for i in range(len(s))])
     ndcg_loop = np.mean([_ndcg_loop(s[i], r[i]) for i in range(len(s))])
@@ -71,97 +71,72 @@ def test_mir_graded_relevancy_matches_per_query_loops(seed, monkeypatch):
 
 def test_mir_perfect_ranking_and_validation():
   _, rel = _random_mir()
-  perfect = evaluate.ek100_mir_metrics(rel + 1e-9 * np.random.default_rng(0).random(rel.shape), rel)
+  perfect = metrics.ek100_mir_metrics(rel + 1e-9 * np.random.default_rng(0).random(rel.shape), rel)
   assert perfect['nDCG_avg'] == pytest.approx(1.0)
   with pytest.raises(ValueError, match='same shape'):
-    evaluate.ek100_mir_metrics(np.zeros((3, 4)), np.zeros((4, 3)))
+    metrics.ek100_mir_metrics(np.zeros((3, 4)), np.zeros((4, 3)))
 
 
 def test_topk_and_ties():
   scores = np.array([[0.1, 0.5, 0.4], [0.3, 0.2, 0.1], [0.2, 0.2, 0.2]])
   labels = np.array([2, 2, 0])
-  np.testing.assert_array_equal(evaluate.topk_correct(scores, labels, 1), [False, False, False])
-  np.testing.assert_array_equal(evaluate.topk_correct(scores, labels, 2), [True, False, False])
-  acc = evaluate.topk_accuracy(scores, labels, ks=(1, 3), prefix='verb_')
+  np.testing.assert_array_equal(metrics.topk_correct(scores, labels, 1), [False, False, False])
+  np.testing.assert_array_equal(metrics.topk_correct(scores, labels, 2), [True, False, False])
+  acc = metrics.topk_accuracy(scores, labels, ks=(1, 3), prefix='verb_')
   assert acc == {'verb_top1': 0.0, 'verb_top3': 1.0}
-  jitted = jax.jit(evaluate.topk_correct, static_argnums=2)(jnp.asarray(scores), labels, 2)
+  jitted = jax.jit(metrics.topk_correct, static_argnums=2)(jnp.asarray(scores), labels, 2)
   np.testing.assert_array_equal(jitted, [True, False, False])
 
 
 def test_average_views():
   rng = np.random.default_rng(0)
-  logits = rng.standard_normal((3, 4, 5))
-  probs = evaluate.average_views(logits)
+  logits = rng.standard_normal((3, 4, 5))  # 3 views of 4 examples.
+  probs = metrics.softmax(logits).mean(0)
   np.testing.assert_allclose(probs.sum(-1), 1.0)
-  np.testing.assert_allclose(evaluate.average_views(logits, 'logits'), logits.mean(0))
   # The same views, shuffled and grouped by id, give the same averages.
   flat, ids = logits.reshape(12, 5), np.tile(np.arange(4) + 10, 3)
   perm = rng.permutation(12)
-  got_ids, got = evaluate.average_views_by_id(flat[perm], ids[perm])
+  got_ids, got = metrics.average_views(metrics.softmax(flat[perm]), ids[perm])
   np.testing.assert_array_equal(got_ids, np.arange(4) + 10)
   np.testing.assert_allclose(got, probs)
-  with pytest.raises(ValueError, match='mode'):
-    evaluate.average_views(logits, 'max')
+  # Any trailing shape: embeddings [M, D] or [M, K, D].
+  _, means = metrics.average_views(flat[perm, None], ids[perm])
+  np.testing.assert_allclose(means[:, 0], logits.mean(0))
+
+
+def test_evaluate_module_is_a_deprecated_alias():
+  import importlib
+  with pytest.warns(DeprecationWarning, match='vidjax.metrics'):
+    from vidjax import evaluate  # pylint: disable=import-outside-toplevel
+    importlib.reload(evaluate)  # Warns again if it was imported before.
+  assert evaluate.ek100_mir_metrics is metrics.ek100_mir_metrics
 
 
 def test_marginalize_action_scores():
   mapping = np.array([[0, 0], [0, 1], [1, 1], [2, 0]])  # 4 actions over 3 verbs, 2 nouns.
   probs = np.array([[0.1, 0.2, 0.3, 0.4]])
-  verb, noun = evaluate.marginalize_action_scores(probs, mapping, 3, 2)
+  verb, noun = metrics.marginalize_action_scores(probs, mapping, 3, 2)
   np.testing.assert_allclose(verb, [[0.3, 0.3, 0.4]])
   np.testing.assert_allclose(noun, [[0.5, 0.5]])
-  inferred = evaluate.marginalize_action_scores(probs, mapping)  # Sizes from the map.
+  inferred = metrics.marginalize_action_scores(probs, mapping)  # Sizes from the map.
   np.testing.assert_allclose(inferred[0], verb)
-  assert evaluate.marginalize_action_scores(probs, mapping, 5, 2)[0].shape == (1, 5)
+  assert metrics.marginalize_action_scores(probs, mapping, 5, 2)[0].shape == (1, 5)
   with pytest.raises(ValueError, match='action_to_verb_noun'):
-    evaluate.marginalize_action_scores(probs, mapping[:3], 3, 2)
+    metrics.marginalize_action_scores(probs, mapping[:3], 3, 2)
   with pytest.raises(ValueError, match='num_verbs=2'):
-    evaluate.marginalize_action_scores(probs, mapping, 2, 2)
-
-
-def test_zero_shot_scores():
-  rng = np.random.default_rng(0)
-  classes = rng.standard_normal((6, 8))
-  labels = np.arange(6).repeat(2)
-  videos = 3.0 * classes[labels] + 0.01 * rng.standard_normal((12, 8))
-  scores = evaluate.zero_shot_scores(videos, classes)
-  assert scores.shape == (12, 6) and np.abs(scores).max() <= 1 + 1e-9
-  assert evaluate.topk_accuracy(scores, labels, ks=(1,)) == {'top1': 1.0}
-  # Several prompts per class: averaged after normalising each prompt.
-  prompts = np.stack([classes, 5.0 * classes], axis=1)
-  np.testing.assert_allclose(evaluate.zero_shot_scores(videos, prompts), scores, atol=1e-12)
+    metrics.marginalize_action_scores(probs, mapping, 2, 2)
 
 
 def test_retrieval_recall():
   rng = np.random.default_rng(0)
   n = 50
   sim = rng.standard_normal((n, n))
-  got = evaluate.retrieval_recall(sim)
+  got = metrics.retrieval_recall(sim)
   ranks_v2t = [(np.argsort(-sim[i]) == i).nonzero()[0][0] for i in range(n)]
   ranks_t2v = [(np.argsort(-sim[:, i]) == i).nonzero()[0][0] for i in range(n)]
   for k in (1, 5, 10):
     assert got[f'v2t_r{k}'] == pytest.approx(np.mean(np.array(ranks_v2t) < k))
     assert got[f't2v_r{k}'] == pytest.approx(np.mean(np.array(ranks_t2v) < k))
   assert got['chance_r1'] == pytest.approx(1 / n)
-  assert evaluate.retrieval_recall(np.eye(n))['t2v_r1'] == 1.0
-  assert evaluate.retrieval_recall(np.ones((n, n)))['v2t_r10'] == 0.0  # Ties count against.
-
-
-def test_metric_sums_exact_over_padded_batches():
-  values = np.arange(10, dtype=np.float64)
-  sums = evaluate.MetricSums()
-  # Two batches of 6, the second padded with 2 garbage rows (NaN must not leak).
-  sums.add('x', values[:6])
-  padded = np.concatenate([values[6:], [np.nan, 1e9]])
-  sums.add('x', padded, valid=np.array([1, 1, 1, 1, 0, 0], bool))
-  assert sums.compute()['x'] == pytest.approx(values.mean())
-  other = evaluate.MetricSums().add_sums('x', *evaluate.masked_sum_count(
-      jnp.array([100.0, jnp.nan]), jnp.array([True, False])))
-  merged = sums.merge(other)
-  assert merged.compute()['x'] == pytest.approx((values.sum() + 100) / 11)
-  assert sums.compute()['x'] == pytest.approx(values.mean())  # merge does not mutate.
-  total, count = jax.jit(evaluate.masked_sum_count)(jnp.ones(4), jnp.array([1, 0, 1, 1], bool))
-  assert (float(total), float(count)) == (3.0, 3.0)
-  with pytest.raises(ValueError, match='validity'):
-    sums.add('x', values, valid=np.ones(3, bool))
-  assert np.isnan(evaluate.MetricSums().add('y', [1.0], valid=[False]).compute()['y'])
+  assert metrics.retrieval_recall(np.eye(n))['t2v_r1'] == 1.0
+  assert metrics.retrieval_recall(np.ones((n, n)))['v2t_r10'] == 0.0  # Ties count against.

@@ -1,4 +1,4 @@
-"""Tests for vidjax.logging: JSONL rows, late fetching, timing/MFU, guard."""
+"""Tests for vidjax.monitor: JSONL rows, late fetching, timing/MFU, guard."""
 
 import json
 
@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import logging as vlog
+from vidjax import monitor
 
 
 def test_jsonl_rows_are_plain_json(tmp_path):
-  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+  with monitor.MetricWriter(tmp_path, tensorboard=False) as writer:
     writer.write(1, {"train/loss": jnp.float32(2.5), "data/skipped": np.int64(3),
                      "eval/t2v_r1": np.float64(0.25), "perf/mfu": 0.4})
     writer.write(2, {"train/loss": jnp.array(float("nan")), "eval/name": "ek100"})
@@ -21,32 +21,32 @@ def test_jsonl_rows_are_plain_json(tmp_path):
   assert type(rows[0]["data/skipped"]) is int
   assert rows[1] == {"step": 2, "train/loss": None, "eval/name": "ek100"}
   assert "NaN" not in lines[1]
-  assert vlog.read_metrics(tmp_path) == rows
+  assert monitor.read_metrics(tmp_path) == rows
 
   # A resumed run appends to the same file.
-  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+  with monitor.MetricWriter(tmp_path, tensorboard=False) as writer:
     writer.write(3, {"train/loss": 1.0})
-  assert [r["step"] for r in vlog.read_metrics(tmp_path)] == [1, 2, 3]
+  assert [r["step"] for r in monitor.read_metrics(tmp_path)] == [1, 2, 3]
 
 
 def test_writer_rejects_arrays_and_other_processes_write_nothing(tmp_path):
-  with vlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+  with monitor.MetricWriter(tmp_path, tensorboard=False) as writer:
     with pytest.raises(ValueError, match="'train/logits' has shape"):
       writer.write(1, {"train/logits": np.zeros(3)})
-  with vlog.MetricWriter(tmp_path / "other", enabled=False) as writer:
+  with monitor.MetricWriter(tmp_path / "other", enabled=False) as writer:
     writer.write(1, {"train/loss": 1.0})
   assert not (tmp_path / "other").exists()
 
 
 def test_tensorboard_events_when_available(tmp_path):
   pytest.importorskip("tensorboardX")
-  with vlog.MetricWriter(tmp_path) as writer:
+  with monitor.MetricWriter(tmp_path) as writer:
     writer.write(1, {"train/loss": 1.0, "eval/name": "x"})
   assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
 
 
 def test_late_metrics_returns_previous_step_as_floats():
-  late = vlog.LateMetrics()
+  late = monitor.LateMetrics()
   assert late.push(1, {"train/loss": jnp.float32(3.0)}) is None
   # Step 2's values are not touched when step 1's are handed back: this
   # non-scalar would raise if they were converted now.
@@ -60,7 +60,7 @@ def test_late_metrics_returns_previous_step_as_floats():
 
 def test_step_timer_splits_data_wait_and_computes_mfu():
   now = [0.0]
-  timer = vlog.StepTimer(global_batch=64, flops_per_step=8e12, num_devices=8,
+  timer = monitor.StepTimer(global_batch=64, flops_per_step=8e12, num_devices=8,
                          peak_flops_per_device=1e12, clock=lambda: now[0])
   for _ in range(4):
     with timer.waiting_for_data():
@@ -76,31 +76,24 @@ def test_step_timer_splits_data_wait_and_computes_mfu():
   assert perf["perf/tflops_per_device"] == pytest.approx(2.0)
   assert perf["perf/mfu"] == pytest.approx(2.0)
   assert timer.summary() == {}  # the window was reset
-  assert vlog.model_flops_utilization(989e12 * 8 * 0.5, 1.0, 8, 989e12) == pytest.approx(0.5)
+  assert monitor.model_flops_utilization(989e12 * 8 * 0.5, 1.0, 8, 989e12) == pytest.approx(0.5)
 
 
 def test_peak_flops_lookup():
-  assert vlog.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
-  assert vlog.peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
-  assert vlog.peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
-  assert vlog.peak_flops_per_device("cpu") is None
+  assert monitor.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+  assert monitor.peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
+  assert monitor.peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+  assert monitor.peak_flops_per_device("cpu") is None
 
 
 def test_check_finite_names_metric_step_and_checkpoint():
-  vlog.check_finite({"train/loss": 1.0, "eval/name": "x"}, step=3)
-  with pytest.raises(vlog.NonFiniteError,
+  monitor.check_finite({"train/loss": 1.0, "eval/name": "x"}, step=3)
+  with pytest.raises(monitor.NonFiniteError,
                      match=r"non-finite train/loss \(nan\) at step 12; last good "
                            r"checkpoint at step 10 is kept"):
-    vlog.check_finite({"train/loss": float("nan")}, step=12, last_checkpoint_step=10)
+    monitor.check_finite({"train/loss": float("nan")}, step=12, last_checkpoint_step=10)
   with pytest.raises(FloatingPointError, match="no checkpoint was saved yet"):
-    vlog.check_finite({"train/grad_norm": jnp.inf}, step=1)
-  with pytest.raises(vlog.NonFiniteError, match="train/loss"):  # None = was NaN
-    vlog.check_finite({"train/loss": None}, step=1)
-  vlog.check_finite({"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"])
-
-
-def test_progress_bar_moves_to_step(capsys):
-  bar = vlog.ProgressBar(10, start_step=2, enabled=True)
-  bar.update(5, {"train/loss": 0.5, "eval/name": "x"})
-  assert bar._bar.n == 5
-  bar.close()
+    monitor.check_finite({"train/grad_norm": jnp.inf}, step=1)
+  with pytest.raises(monitor.NonFiniteError, match="train/loss"):  # None = was NaN
+    monitor.check_finite({"train/loss": None}, step=1)
+  monitor.check_finite({"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"])

@@ -79,6 +79,15 @@ class ClipSpec:
   def views(self) -> int:
     return self.eval_clips * self.eval_crops
 
+  @classmethod
+  def from_config(cls, data) -> "ClipSpec":
+    """From `config.data` (its `size` an int side or (H, W))."""
+    size = data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
+    return cls(num_frames=data.num_frames, sampling=data.sampling,
+               stride=data.stride, size=tuple(size), crop=data.crop,
+               crop_scale=tuple(data.crop_scale), hflip=data.hflip,
+               eval_clips=data.eval_clips, eval_crops=data.eval_crops)
+
 
 class ClipLoader:
   """Loads element `index` of a record list (see the module docstring)."""

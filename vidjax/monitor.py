@@ -1,9 +1,9 @@
-"""Metrics out of the loop: JSONL/TensorBoard, progress bar, timing, MFU.
+"""Metrics out of the loop: JSONL/TensorBoard, late fetching, timing, MFU.
 
 * `MetricWriter`: `WORKDIR/metrics.jsonl` (one JSON object per line: `step`
   plus names such as `train/loss`, `eval/t2v_r1`, `perf/mfu`,
   `data/skipped`) and TensorBoard events when `tensorboardX` is installed.
-  Only process 0 writes.
+  Only process 0 writes; `read_metrics` reads the rows back.
 * `LateMetrics`: hands back step N's metrics as Python floats once step
   N+1 is dispatched, so fetching them never stalls the device.
 * `StepTimer`: wall time split into waiting-for-data and the rest (device
@@ -25,7 +25,6 @@ from typing import Any
 from absl import logging
 import jax
 import numpy as np
-import tqdm
 
 from vidjax import errors
 
@@ -125,10 +124,6 @@ class MetricWriter:
         if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
           self._tb.add_scalar(name, value, int(step))
 
-  def flush(self):
-    if self._tb is not None:
-      self._tb.flush()
-
   def close(self):
     if self._file is not None:
       self._file.close()
@@ -145,38 +140,32 @@ class MetricWriter:
 
 
 def read_metrics(workdir) -> list[dict]:
-  """All rows of `WORKDIR/metrics.jsonl`, in order."""
-  with open(os.path.join(os.fspath(workdir), METRICS_FILE), encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The rows of `WORKDIR/metrics.jsonl`, in order.
 
+  A line that is not a JSON object with a `step` (the torn last line of a
+  killed run) is skipped with a warning: the rest is still good.
 
-class ProgressBar:
-  """tqdm bar over steps with rate and ETA; silent off process 0."""
-
-  def __init__(self, total_steps: int, start_step: int = 0, *,
-               enabled: bool | None = None, desc: str = "train"):
-    enabled = jax.process_index() == 0 if enabled is None else enabled
-    self._bar = tqdm.tqdm(total=total_steps, initial=start_step, desc=desc,
-                          unit="step", dynamic_ncols=True, disable=not enabled,
-                          mininterval=1.0)
-    self._step = start_step
-
-  def update(self, step: int, metrics: Mapping[str, Any] | None = None):
-    """Moves the bar to `step`; shows a few metrics (Python numbers) if given."""
-    self._bar.update(step - self._step)
-    self._step = step
-    if metrics:
-      self._bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in metrics.items()
-                             if isinstance(v, (int, float))}, refresh=False)
-
-  def close(self):
-    self._bar.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()  # Also on an error: its message is then the last line.
+  Raises:
+    FileNotFoundError: no metrics.jsonl in `workdir`.
+  """
+  path = os.path.join(os.fspath(workdir), METRICS_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: is {workdir} a run's "
+                            "workdir (python -m vidjax.main --workdir ...)?")
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        int(row["step"])
+      except (ValueError, KeyError, TypeError):
+        logging.warning("%s:%d: skipped, not a JSON object with a 'step': %r",
+                        path, number, line[:120])
+        continue
+      rows.append(row)
+  return rows
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The weight loader: fills a model's parameter tree from a pretrained source.
+"""`config.init_from`: fills the live parameters from pretrained weights.
 
 A `Source` holds tensors already named by our parameter paths, with layers
 unstacked (`visual.blocks.layers.3.attn.qkv.kernel`), in our layouts;

@@ -1,4 +1,4 @@
-"""The weight loader: task changes, resizing, errors, shardings, vidjax runs.
+"""`init_from`: task changes, resizing, errors, shardings, vidjax runs.
 
 Small random state dicts (from test_models_weights) stand in for released
 files; the models are built abstractly, so nothing here compiles a model.
@@ -15,13 +15,13 @@ from jax.sharding import PartitionSpec as P
 from test_models_weights import (random_clip_state_dict,
                                  random_videomae_state_dict)
 from vidjax import checkpoint, sharding
-from vidjax.models import CLIP, Classifier, loader, weights
+from vidjax.models import CLIP, Classifier, init_from, weights
 
 
 def shapes(make):
   """Parameter path -> shape of the model `make()` builds (abstractly)."""
   params = nnx.state(nnx.eval_shape(make), nnx.Param)
-  return {loader.path_name(k): v.shape
+  return {init_from.path_name(k): v.shape
           for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
@@ -36,7 +36,7 @@ def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
   sd['visual.temporal_embedding'] = np.arange(2 * 64, dtype=np.float32
                                               ).reshape(2, 64)  # 2 frames
   source = weights.convert(sd, 'clip.pt')
-  values, report = loader.fill(shapes(clip_classifier(scan=True)), source,
+  values, report = init_from.fill(shapes(clip_classifier(scan=True)), source,
                                'classifier')
   qkv = np.stack([sd[f'visual.transformer.resblocks.{i}.attn.in_proj_weight'].T
                   for i in range(2)])
@@ -47,8 +47,8 @@ def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
                                                     'linear interpolation'}
   np.testing.assert_allclose(values['encoder.temporal_pos'][[0, -1]],
                              sd['visual.temporal_embedding'][[0, -1]])
-  assert report.fresh == {'head.bias': loader._NEW_HEAD,
-                          'head.kernel': loader._NEW_HEAD}
+  assert report.fresh == {'head.bias': init_from._NEW_HEAD,
+                          'head.kernel': init_from._NEW_HEAD}
   assert report.dropped['visual.proj'] == 'the classifier has no projection'
   assert report.dropped['transformer.resblocks.1.ln_2.weight'] == (
       'the classifier has no text tower')
@@ -62,7 +62,7 @@ def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
   make = lambda: Classifier(num_classes=3, width=64, depth=1, heads=1,
                             patch_size=8, image_size=16, num_frames=4,
                             tubelet=2, rngs=nnx.Rngs(0))
-  values, report = loader.fill(shapes(make), source, 'classifier', tubelet=2)
+  values, report = init_from.fill(shapes(make), source, 'classifier', tubelet=2)
   assert set(report.fresh) == {'head.kernel', 'head.bias',
                                'encoder.norm.scale', 'encoder.norm.bias'}
   assert 'decoder.blocks.0.attn.qkv.weight' in report.dropped
@@ -79,8 +79,8 @@ def test_misfits_are_named_and_init_keep_starts_them_fresh():
                                vision_heads=1, vocab_size=50, context_length=12,
                                text_width=64, text_heads=1, text_depth=1,
                                rngs=nnx.Rngs(0)))
-  with pytest.raises(loader.InitFromError) as error:
-    loader.fill(target, weights.convert(sd, 'clip.npz'), 'clip')
+  with pytest.raises(init_from.InitFromError) as error:
+    init_from.fill(target, weights.convert(sd, 'clip.npz'), 'clip')
   message = str(error.value)
   assert message.startswith('clip.npz (OpenAI/OpenCLIP CLIP) does not fit the '
                             'clip model:')
@@ -90,15 +90,15 @@ def test_misfits_are_named_and_init_keep_starts_them_fresh():
   sd.update({f'visual.transformer.resblocks.1.{k[len("visual.transformer.resblocks.0."):]}': v
              for k, v in sd.items()
              if k.startswith('visual.transformer.resblocks.0.')})
-  _, report = loader.fill(target, weights.convert(sd), 'clip',
+  _, report = init_from.fill(target, weights.convert(sd), 'clip',
                           keep_init=('visual.proj', 'text.proj'))
   assert report.fresh == {'text.proj.kernel': 'config.init_keep',
                           'visual.proj.kernel': 'config.init_keep',
-                          'visual.temporal_pos': loader._NO_TEMPORAL}
+                          'visual.temporal_pos': init_from._NO_TEMPORAL}
   assert report.dropped['text_projection'] == 'config.init_keep'
-  with pytest.raises(loader.InitFromError, match='holds a videomae model; it '
+  with pytest.raises(init_from.InitFromError, match='holds a videomae model; it '
                      'cannot initialise a clip model'):
-    loader.fill(target, weights.convert(random_videomae_state_dict()), 'clip')
+    init_from.fill(target, weights.convert(random_videomae_state_dict()), 'clip')
 
 
 def test_load_params_puts_each_array_on_the_live_sharding():
@@ -111,7 +111,7 @@ def test_load_params_puts_each_array_on_the_live_sharding():
                       abstract, shardings)
   sd = random_clip_state_dict()
   model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
-  params, _ = loader.load_params(live, model_config, weights.convert(sd))
+  params, _ = init_from.load_params(live, model_config, weights.convert(sd))
   kernel = params['encoder']['blocks']['layers'][0]['mlp']['fc1']['kernel']
   assert kernel[...].sharding.spec == P(None, 'fsdp')  # [64, 256] split
   np.testing.assert_array_equal(
@@ -120,9 +120,9 @@ def test_load_params_puts_each_array_on_the_live_sharding():
   for new, old in zip(jax.tree.leaves(params), jax.tree.leaves(live)):
     assert new.sharding == old.sharding
   model_config.backbone = 'videomae'
-  with pytest.raises(loader.InitFromError, match="has a clip backbone but "
+  with pytest.raises(init_from.InitFromError, match="has a clip backbone but "
                      "config.model.backbone is 'videomae'"):
-    loader.load_params(live, model_config, weights.convert(sd))
+    init_from.load_params(live, model_config, weights.convert(sd))
 
 
 def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
@@ -147,13 +147,13 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
   assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
   live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
   model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
-  loaded, report = loader.load_params(live, model_config, source)
+  loaded, report = init_from.load_params(live, model_config, source)
   np.testing.assert_array_equal(
       loaded['encoder']['blocks']['layers'][1]['attn']['qkv']['kernel'][...],
       params['visual']['blocks']['layers']['attn']['qkv']['kernel'][...][1])
   assert set(report.fresh) == {'head.kernel', 'head.bias'}
   report.log(tmp_path)
-  written = json.loads((tmp_path / loader.REPORT_FILE).read_text())
+  written = json.loads((tmp_path / init_from.REPORT_FILE).read_text())
   assert written['change'] == 'clip -> classifier'
   assert written['dropped']['text.pos_embed'] == (
       'the classifier has no text tower')

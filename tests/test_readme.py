@@ -1,0 +1,35 @@
+"""README's layout section names every module where it lives."""
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _layout_sections() -> dict[str | None, str]:
+  """Package folder ('' for vidjax/ itself) -> the layout's lines for it."""
+  readme = (REPO / "README.md").read_text()
+  block = re.search(r"## Layout\n.*?```\n(.*?)```", readme, re.S).group(1)
+  sections, folder = {}, None
+  for line in block.splitlines():
+    header = re.fullmatch(r"  (\w+)/(.*)", line)
+    if not line.startswith(" "):  # vidjax/, or configs/, tests/, ...
+      folder = "" if line.startswith("vidjax/") else None
+    elif header:
+      folder = header.group(1)
+    elif not line.startswith("    "):
+      folder = ""
+    sections[folder] = sections.get(folder, "") + line + "\n"
+  return sections
+
+
+def test_layout_names_every_module():
+  sections = _layout_sections()
+  missing = []
+  for path in sorted((REPO / "vidjax").rglob("*.py")):
+    relative = path.relative_to(REPO / "vidjax")
+    folder = "/".join(relative.parent.parts)
+    if path.name == "__init__.py" and "def " not in path.read_text():
+      continue  # A package's docstring (and version) only.
+    if not re.search(rf"\b{re.escape(path.name)}", sections.get(folder, "")):
+      missing.append(relative.as_posix())
+  assert not missing, f"README's layout section lacks {missing}"

@@ -1,0 +1,184 @@
+"""Batches: the host's local batches from clips, and the global batches' shapes.
+
+`HostBatches` turns Grain's stream of single clips into this process's
+numeric batches, counting failed reads per file and padding a short final
+evaluation batch with invalid elements; `batch_spec` and `random_batch`
+describe the global batches the pipeline yields, for tools that trace,
+compile or time the steps without reading any video.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vidjax import errors, sharding, tasks
+from vidjax.data import loader
+
+MIN_ATTEMPTS_BEFORE_STOP = 64
+
+
+# Files whose first failed read was logged already (once per process, so the
+# evaluation pipelines do not repeat what training said).
+_REPORTED_FILES: set[str] = set()
+
+
+def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
+  """'FILE: N failed reads' lines, most failures first, at most `limit`."""
+  lines = [f"{path}: {n} failed read{'s' if n > 1 else ''}"
+           for path, n in failures.most_common(limit)]
+  if len(failures) > limit:
+    lines.append(f"... and {len(failures) - limit} more files")
+  return lines
+
+
+class HostBatches:
+  """Grain's clips -> numeric local batches, with skip accounting.
+
+  Builds each batch in the main process, copying clip after clip into it so
+  that each clip's /dev/shm block is freed before the next arrives. Strips
+  the per-element error strings, counts failed reads per file (`failures`;
+  the first failure of each file is logged), stops with `errors.DataError`
+  when they pass `max_skip_fraction`, and pads a short final evaluation
+  batch with invalid elements to the full batch size (training drops it).
+  """
+
+  def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
+               drop_remainder: bool = False):
+    self._it, self._batch_size = iterator, batch_size
+    self._max_fraction, self._drop_remainder = max_skip_fraction, drop_remainder
+    self.skipped = self.attempts = 0
+    self.failures = collections.Counter()  # file -> failed reads
+
+  def __iter__(self):
+    return self
+
+  def _collect(self) -> tuple[dict[str, np.ndarray], list[str], int]:
+    """Up to `batch_size` clips: (batch with room for all, their error
+    messages, count)."""
+    batch, messages, count = {}, [], 0
+    for element in self._it:
+      element = dict(element)
+      messages.append(str(element.pop("errors")))
+      if not batch:
+        batch = {k: np.empty((self._batch_size,) + np.shape(v),
+                             np.asarray(v).dtype) for k, v in element.items()}
+      for key, value in element.items():
+        batch[key][count] = value  # Copied out; the shm block goes with it.
+      count += 1
+      if count == self._batch_size:
+        break
+    return batch, messages, count
+
+  def _count(self, message: str) -> None:
+    # VideoReadError messages start with the file: "PATH: problem".
+    path = message.split(": ", 1)[0]
+    if path not in _REPORTED_FILES:
+      _REPORTED_FILES.add(path)
+      logging.warning("cannot read a clip: %s (reported once per file; such "
+                      "clips are replaced and counted)", message)
+    self.failures[path] += 1
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch, messages, count = self._collect()
+    if not count or (count < self._batch_size and self._drop_remainder):
+      raise StopIteration
+    skipped = int(batch["skipped"][:count].sum())
+    self.skipped += skipped
+    self.attempts += skipped + int(batch["valid"][:count].sum())
+    for message in (m for text in messages for m in text.split("\n") if m):
+      self._count(message)
+    fraction = self.skipped / max(self.attempts, 1)
+    if not batch["valid"][:count].any() or (
+        self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
+        and fraction > self._max_fraction):
+      raise errors.DataError(
+          f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
+          f" in {len(self.failures)} files:\n  "
+          + "\n  ".join(failure_lines(self.failures)),
+          hint="re-chunk or remove those videos; the limit is "
+          f"data.max_skip_fraction={self._max_fraction}")
+    for value in batch.values():  # A short final eval batch: invalid rows.
+      value[count:] = 0
+    return batch
+
+  def get_state(self) -> dict:
+    return {"grain": self._it.get_state(), "skipped": self.skipped,
+            "attempts": self.attempts}
+
+  def set_state(self, state: dict) -> None:
+    self._it.set_state(state["grain"])
+    self.skipped, self.attempts = state["skipped"], state["attempts"]
+
+  def close(self) -> None:
+    """Stops Grain's worker processes, if it has any."""
+    if hasattr(self._it, "close"):
+      self._it.close()
+
+
+def batch_spec(config: ml_collections.ConfigDict,
+               batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """Shapes and dtypes of the global batches `make_pipeline` yields.
+
+  For tracing, compiling or timing the steps without reading any video: the
+  keys are those the config's task reads.
+
+  Args:
+    config: the run config (reads `task` and `data`).
+    batch_size: global batch size B.
+
+  Returns:
+    dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
+    int32[B, 77] for video-text tasks; label int32[B] for classification
+    (and verb, noun for data.format 'ek100_cls'); index, view, skipped
+    int32[B]; valid bool[B].
+  """
+  data = config.data
+  height, width = loader.ClipSpec.from_config(data).size
+  spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
+  if tasks.get_task(config.task).NEEDS_TEXT:
+    spec["tokens"] = ((loader.CONTEXT_LENGTH,), np.int32)
+  if config.task == "classification":
+    names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
+    spec.update({name: ((), np.int32) for name in names})
+  spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
+              skipped=((), np.int32))
+  return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
+          for k, (shape, dtype) in spec.items()}
+
+
+def random_batch(config: ml_collections.ConfigDict, batch_size: int,
+                 mesh: jax.sharding.Mesh, seed: int = 0) -> dict[str, jax.Array]:
+  """A device-resident random batch of `batch_spec`, sharded as the pipeline's.
+
+  Frames are uniform uint8, tokens uniform over the text tower's vocabulary,
+  labels over the classifier's classes; every element is valid. Made on the
+  devices, so that a benchmark times the step without the host in the way.
+  """
+  spec = batch_spec(config, batch_size)
+  high = {"tokens": config.model.get("text", {}).get("vocab_size", 1),
+          **{name: config.model.get("num_classes", 1)
+             for name in ("label", "verb", "noun")}}
+
+  @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))
+  def make(key):
+    keys = dict(zip(spec, jax.random.split(key, len(spec))))
+    out = {}
+    for name, s in spec.items():
+      if name == "video":
+        out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
+      elif name in high:
+        out[name] = jax.random.randint(keys[name], s.shape, 0, high[name],
+                                       jnp.int32)
+      elif name == "index":
+        out[name] = jnp.arange(batch_size, dtype=jnp.int32)
+      else:  # view, skipped: 0; valid: True.
+        out[name] = jnp.full(s.shape, name == "valid", s.dtype)
+    return out
+
+  return make(jax.random.key(seed))

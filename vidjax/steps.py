@@ -1,0 +1,176 @@
+"""The jitted steps of a run and the sharded state they update.
+
+    state, rest, steps = build_state_and_steps(config, task, mesh)
+    state, metrics = steps.train(state, rest, batch, key)  # one optimizer step
+    outputs = steps.eval(state["params"], rest, batch)      # one eval batch
+
+The train state is a dict {step, params, opt}, created already sharded (see
+`sharding.create_sharded_state`); model buffers that never train (`rest`)
+are rebuilt from the config. Both steps augment the raw uint8 batch on the
+device (`vidjax.augment`, with the task's training or evaluation keys).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+from vidjax import augment, models, optim, sharding
+from vidjax.models import clip as clip_lib
+
+# The batch keys every evaluation keeps beside the task's outputs: the record
+# and view of each row, and whether it is padding.
+EVAL_KEYS = ("index", "view", "valid")
+
+
+def _clamp_logit_scale(params):
+  # CLIP/AVION clamp the learned temperature after each update (<= 100).
+  def clamp(path, x):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if "logit_scale" not in name:
+      return x
+    return jnp.clip(x, 0.0, clip_lib.MAX_LOGIT_SCALE)
+  return jax.tree_util.tree_map_with_path(clamp, params)
+
+
+def _microbatches(batch: dict, accum: int) -> dict:
+  """[B, ...] -> [accum, B/accum, ...], microbatch a = examples a, a+accum, ...
+
+  Strided so that each device's contiguous shard of the batch holds an equal
+  part of every microbatch: no data moves between devices.
+  """
+  return jax.tree.map(
+      lambda x: jnp.moveaxis(x.reshape((-1, accum) + x.shape[1:]), 1, 0), batch)
+
+
+def _accumulate(grad_fn, accum: int, params, rest, batch, key):
+  """grad_fn over `accum` microbatches of the batch, averaged (lax.scan)."""
+  if accum == 1:
+    return grad_fn(params, rest, batch, key)
+  micro = _microbatches(batch, accum)
+  keys = jax.random.split(key, accum)
+  shapes = jax.eval_shape(grad_fn, params, rest,
+                          jax.tree.map(lambda x: x[0], micro), keys[0])
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def add(total, xs):
+    return jax.tree.map(jnp.add, total, grad_fn(params, rest, *xs)), None
+
+  total, _ = jax.lax.scan(add, zeros, (micro, keys))
+  return jax.tree.map(lambda x: x / accum, total)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted functions of a run, closed over the model structure.
+
+  `loss(params, rest, batch, key) -> (loss, metrics)` is what `train`
+  differentiates, on one raw batch (augmented inside), unjitted: for memory
+  analysis (`vidjax.bench.memory`).
+  """
+  train: callable
+  eval: callable
+  loss: callable
+  text: callable = None  # tokens -> text embeddings (captions, `eval_sets`)
+
+
+def make_steps(config, task, graphdef, tx, schedule, mesh,
+               shardings) -> Steps:
+  """The jitted train and eval steps, pinned to the state's shardings.
+
+  Explicit in and out shardings (those `sharding.create_sharded_state`
+  returned for (state, rest)) keep every step's state laid out as the
+  first: without them XLA may hand back a small replicated leaf sharded,
+  and the next call compiles the step again.
+  """
+  accum = config.get("accum_steps", 1)
+  # Frames leave the augment in the compute dtype (bf16 on GPU): the model
+  # casts them anyway, and half the bytes cross HBM. A config's own
+  # augment.dtype wins.
+  dtype = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name}
+  train_augment = augment.make_augment(
+      {**dtype, **task.augment_config(config, train=True)})
+  eval_augment = augment.make_augment(
+      {**dtype, **task.augment_config(config, train=False)})
+
+  def loss_fn(params, rest, batch, key):
+    model = nnx.merge(graphdef, params, rest)
+    return task.loss(model, batch, key, config)
+
+  def train_step(state, rest, batch, base_key):
+    key = jax.random.fold_in(base_key, state["step"])
+    aug_key, drop_key = jax.random.split(key)
+    batch = train_augment(batch, aug_key)
+    (loss, metrics), grads = _accumulate(
+        jax.value_and_grad(loss_fn, has_aux=True), accum, state["params"],
+        rest, batch, drop_key)
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
+    metrics = {f"train/{k}": v for k, v in metrics.items()}
+    metrics.update({"train/loss": loss, "train/grad_norm": optax.global_norm(grads),
+                    "train/lr": schedule(state["step"])})
+    return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
+
+  def eval_step(params, rest, batch):
+    batch = eval_augment(batch, jax.random.key(0))
+    out = task.eval_outputs(nnx.merge(graphdef, params, rest), batch)
+    return {**out, **{k: batch[k] for k in EVAL_KEYS}}
+
+  def text_step(params, rest, tokens):
+    return nnx.merge(graphdef, params, rest).encode_text(tokens)
+
+  def raw_batch_loss(params, rest, batch, key):
+    aug_key, drop_key = jax.random.split(key)
+    return loss_fn(params, rest, train_augment(batch, aug_key), drop_key)
+
+  state_shardings, rest_shardings = shardings
+  batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  return Steps(
+      loss=raw_batch_loss,
+      train=jax.jit(train_step, donate_argnums=0,
+                    in_shardings=(state_shardings, rest_shardings, batch,
+                                  replicated),
+                    out_shardings=(state_shardings, replicated)),
+      eval=jax.jit(eval_step,
+                   in_shardings=(state_shardings["params"], rest_shardings,
+                                 batch),
+                   out_shardings=batch),
+      text=jax.jit(text_step))
+
+
+def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
+  """The train state (created sharded), model buffers and jitted steps.
+
+  Args:
+    config: the run config (`model`, `optim`, `total_steps`, `seed`, ...).
+    task: the task module (`tasks.get_task(config.task)`).
+    mesh: from `sharding.make_mesh`.
+    abstract: return `jax.ShapeDtypeStruct`s (with shardings) instead of
+      arrays: nothing is computed or allocated, and the steps can still be
+      traced, lowered or compiled for them.
+
+  Returns:
+    (state, rest, steps): state {step, params, opt}, the model's untrained
+    buffers, and the `Steps`.
+  """
+  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
+
+  def build():
+    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+
+  def init():
+    _, params, rest = nnx.split(build(), nnx.Param, ...)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt": tx.init(params)}, rest
+
+  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  if abstract:
+    state, rest = sharding.abstract_sharded_state(init, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, (state, rest))
+  else:
+    (state, rest), shardings = sharding.create_sharded_state(init, mesh)
+  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings)
+  return state, rest, steps
