@@ -229,13 +229,12 @@ class Checkpointer:
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
-    """Reads `checkpoint.every_steps`, `.keep` (3), `.async_save` (True),
-    `.best_metric` ('' = none) and `.best_mode` ('max')."""
+    """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
+    `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
     return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
-               keep=ck.get("keep", 3), async_save=ck.get("async_save", True),
-               best_metric=ck.get("best_metric", ""),
-               best_mode=ck.get("best_mode", "max"), **kwargs)
+               keep=ck.keep, async_save=ck.async_save,
+               best_metric=ck.best_metric, best_mode=ck.best_mode, **kwargs)
 
   def should_save(self, step: int) -> bool:
     return step > 0 and step % self.every_steps == 0
@@ -467,7 +466,7 @@ def resolve_start(workdir, config) -> StartPoint:
   step = latest_complete_step(own)
   if step is not None:
     return StartPoint("workdir", own, step)
-  resume = config.get("resume") or None
+  resume = config.resume or None
   if resume:
     directory, step = find_checkpoint(resume)
     if step is None:
@@ -475,7 +474,7 @@ def resolve_start(workdir, config) -> StartPoint:
           f"config.resume={resume!r}: no complete checkpoint found there",
           hint="give a run's workdir, its checkpoints/ dir or a step dir")
     return StartPoint("resume", directory, step)
-  init_from = config.get("init_from") or None
+  init_from = config.init_from or None
   if init_from:
     if not epath.Path(init_from).exists():
       raise errors.PathError(f"config.init_from={init_from!r} does not exist")

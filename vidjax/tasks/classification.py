@@ -17,7 +17,7 @@ NEEDS_TEXT = False
 
 
 def augment_config(config) -> dict:
-  return {**dict(config.get("augment", {})),
+  return {**dict(config.augment),
           "num_classes": {"label": config.model.num_classes}}
 
 

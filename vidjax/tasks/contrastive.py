@@ -25,7 +25,7 @@ NEEDS_TEXT = True
 
 
 def augment_config(config) -> dict:
-  return dict(config.get("augment", {}))
+  return dict(config.augment)
 
 
 def loss(model, batch, key, config):
@@ -44,7 +44,7 @@ def eval_outputs(model, batch):
 
 def eval_captions(config) -> list[tuple[str, str]] | None:
   """`(narration_id, text)` of `config.eval.sentences`, to embed apart."""
-  sentences = config.get("eval", {}).get("sentences", "")
+  sentences = config.eval.sentences
   return ek100.load_ek100_mir_sentences(sentences) if sentences else None
 
 
@@ -85,7 +85,7 @@ def similarity(video: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
   """Relevancy of the evaluated clips (rows `ids`) to the texts (columns)."""
-  path, sentences = config.eval.relevancy, config.eval.get("sentences", "")
+  path, sentences = config.eval.relevancy, config.eval.sentences
   matrix = ek100.load_relevancy(path, allow_pickle=config.data.allow_pickle)
   columns = np.arange(num_texts) if sentences else ids
   # The shapes were checked against the files at start-up (`eval_sets`);
@@ -101,7 +101,7 @@ def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
 def evaluate(outputs, config) -> dict[str, float]:
   emb = embeddings(outputs, config)
   metrics = eval_lib.retrieval_recall(similarity(emb["video"], emb["own_text"]))
-  if config.get("eval", {}).get("relevancy", ""):
+  if config.eval.relevancy:
     relevancy = _relevancy(config, emb["index"], len(emb["text"]))
     metrics.update(eval_lib.ek100_mir_metrics(
         similarity(emb["video"], emb["text"]), relevancy))

@@ -18,7 +18,7 @@ NEEDS_TEXT = False
 
 def augment_config(config) -> dict:
   patch = vit.parse_variant(config.model.variant)["patch_size"]
-  return {**dict(config.get("augment", {})), "mask_ratio": config.model.mask_ratio,
+  return {**dict(config.augment), "mask_ratio": config.model.mask_ratio,
           "tubelet": config.model.tubelet, "patch": patch}
 
 
