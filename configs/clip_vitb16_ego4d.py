@@ -116,7 +116,8 @@ import ml_collections
 from vidjax import recipe
 
 # LaViLa's ego4d_train.pkl: "Corpus size 4.0M" (AVION docs/MODEL_ZOO.md).
-# Set total_steps yourself if your narration file differs.
+# If your narration file differs, set total_steps yourself, or count epochs
+# of it: --config.total_epochs=5 --config.eval.every_epochs=1.
 EGO4D_TRAIN_CLIPS = 4_000_000
 GPUS, BATCH_PER_GPU, EPOCHS = 8, 256, 5
 BATCH = GPUS * BATCH_PER_GPU  # 2048

@@ -37,8 +37,8 @@ WORKDIR/init_from.json lists all of it. The run keeps its best checkpoint
 by top-1, as AVION does; `--mode eval --config.init_from=...` evaluates
 released fine-tuned weights. Class ids: the class names of each CSV,
 sorted (both splits list all 400); AVION's lists carry the ids.
-`total_steps` assumes 240,000 training clips: set it to 100 x (your clips //
-256) to match.
+`total_steps` assumes 240,000 training clips: `--config.total_epochs=100`
+counts 100 epochs of yours instead (the warmup stays 5 x 937 steps).
 
 AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
 (README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch

@@ -29,7 +29,7 @@ are checked against the chunk store; rows naming unknown videos, spans
 outside their video, missing captions or labels are listed in
 WORKDIR/bad_rows_*.jsonl and left out of training, and more than
 `data.max_bad_row_fraction` of them stops the run. Set `total_steps` for your
-data: the start-up summary prints the steps per epoch.
+data (the start-up summary prints the steps per epoch), or `total_epochs`.
 """
 import ml_collections
 

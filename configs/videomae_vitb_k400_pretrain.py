@@ -34,7 +34,8 @@ label,youtube_id,time_start,time_end,split), or AVION's video lists
 k400_320p_train_list.txt / k400_val_list.txt (`path num_frames label`) with
 `--config.data.format=kinetics_list`.
 `total_steps` assumes 240,000 training clips (the count depends on how many
-videos are still online): set it to 800 x (your clips // 256) to match.
+videos are still online): `--config.total_epochs=800` counts 800 epochs of
+yours instead (the warmup stays 40 x 937 steps).
 
 AVION's reported numbers (not ours): after fine-tuning (`k400_ft.py`),
 Kinetics-400 top-1 / top-5 80.1 / 94.5 (README; docs/MODEL_ZOO.md: 80.0 /
