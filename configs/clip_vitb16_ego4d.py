@@ -115,23 +115,10 @@ import ml_collections
 
 from vidjax import recipe
 
-# LaViLa's ego4d_train.pkl: "Corpus size 4.0M" (AVION docs/MODEL_ZOO.md).
-# If your narration file differs, set total_steps yourself, or count epochs
-# of it: --config.total_epochs=5 --config.eval.every_epochs=1.
-EGO4D_TRAIN_CLIPS = 4_000_000
-GPUS, BATCH_PER_GPU, EPOCHS = 8, 256, 5
-BATCH = GPUS * BATCH_PER_GPU  # 2048
-STEPS_PER_EPOCH = EGO4D_TRAIN_CLIPS // BATCH  # 1953 (drop_last, as AVION)
-# :lavila: the rephraser and narrator files each hold the ~4.0M clips (with
-# lists of narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
-LAVILA_TRAIN_CLIPS = 2 * EGO4D_TRAIN_CLIPS
-
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug", "lavila"))
   c = recipe.base_config("contrastive")
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 9765
-  c.batch_size = BATCH
   # init_from: OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
   # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION,
   # when starting from released weights (a vidjax run's are all loaded).
@@ -160,13 +147,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # "save_attention".
       remat="save_dots_and_attention")
 
+  # 5 epochs of LaViLa's ego4d_train.pkl at 256 clips per GPU on 8 GPUs:
+  # 9765 steps of 2048. If your narration file differs, set total_steps, or
+  # count its epochs: --config.total_epochs=5 --config.eval.every_epochs=1.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ego4d"], epochs=5,
+                                    batch_size=8 * 256)
   c.optim.update(
       lr=3e-5, schedule="constant",  # --fix-lr, no warmup
       b2=0.999, eps=1e-8, weight_decay=0.01,
       # AVION decays every >= 2-d weight except positional tables.
       no_decay_names=("pos_embed", "spatial_pos"))
 
-  c.eval.update(every_steps=STEPS_PER_EPOCH, batch_size=1024)
+  c.eval.update(every_steps=steps_per_epoch, batch_size=1024)
   # Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
   # EPIC_100_retrieval_test.csv with its sentences and test relevancy:
   # 4-frame centre-cropped clips of the EK-100 chunks.
@@ -175,8 +167,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint.best_metric = "eval/ek100_mir/mAP_avg"
 
   if "lavila" in variants:
-    # AVION's LLM-augmented pretraining on LaViLa's two narration files.
-    c.total_steps = EPOCHS * (LAVILA_TRAIN_CLIPS // BATCH)  # 19530
+    # AVION's LLM-augmented pretraining on LaViLa's two narration files: the
+    # rephraser and narrator files each hold the ~4.0M clips (with lists of
+    # narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
+    recipe.schedule(c, 2 * recipe.TRAIN_CLIPS["ego4d"], epochs=5,
+                    batch_size=c.batch_size)  # 19530 steps
   if "debug" in variants:
     _debug(c)
   return c

@@ -61,19 +61,12 @@ import ml_collections
 
 from vidjax import recipe
 
-EK100_TRAIN_CLIPS = 67_217  # EPIC_100_train.csv rows.
 EK100_ACTIONS = 3_806  # verb:noun pairs in EPIC_100_{train,validation}.csv.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 64, 100, 2
-BATCH = GPUS * BATCH_PER_GPU  # 512
-STEPS_PER_EPOCH = EK100_TRAIN_CLIPS // BATCH  # 131 (drop_last)
-LR_SCALE = BATCH / 128  # AVION scales lr, lr_start and lr_end by batch / 128.
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
   c = recipe.base_config("classification")
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 13100
-  c.batch_size = BATCH
   # init_from: the contrastive checkpoint (AVION: --pretrain-model).
 
   c.data.update(
@@ -96,19 +89,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # pass, the costly part at 16 frames).
       remat="save_dots_and_attention")
 
+  # 100 epochs (2 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
+                                    warmup_epochs=2, batch_size=8 * 64)
   c.optim.update(
       name="sgd", momentum=0.9,  # momentum = betas[0], no nesterov
-      lr=3e-3 * LR_SCALE,  # 0.012
-      min_lr=1e-5 * LR_SCALE,  # 4e-5
-      warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,  # then cosine
+      # AVION scales lr and lr_end by batch / 128; cosine after the warmup.
+      lr=3e-3 * c.batch_size / 128,  # 0.012
+      min_lr=1e-5 * c.batch_size / 128,  # 4e-5
       weight_decay=4e-5, no_decay_names=("spatial_pos",))
 
   c.augment.update(  # CLIP mean/std (--norm-style openai).
       mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
   c.eval.update(
-      every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
+      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
       batch_size=512)
-  c.checkpoint.update(every_steps=5 * STEPS_PER_EPOCH,
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
                       best_metric="eval/top1")  # AVION: best action top-1
 
   if "debug" in variants:

@@ -63,11 +63,12 @@ their narration ids).
 
 Zero-shot evaluation of a pretraining (AVION's 27.4 mAP row), no training:
 the same command with `--mode eval --config.data.num_frames=4` (AVION
-evaluates its pretraining on 4 frames) and `--workdir` a new directory. The same at 16 frames with `init_from`
-one of AVION's downloaded MIR checkpoints (the `.pt` of its model zoo)
-evaluates AVION's released fine-tuned model. The run keeps its best
-checkpoint by `eval/mAP_avg`, as AVION does. To match AVION's code
-exactly, add `--config.model.act=gelu` (see `clip_vitb16_ego4d.py`).
+evaluates its pretraining on 4 frames) and `--workdir` a new directory.
+The same at 16 frames with `init_from` one of AVION's downloaded MIR
+checkpoints (the `.pt` of its model zoo) evaluates AVION's released
+fine-tuned model. The run keeps its best checkpoint by `eval/mAP_avg`, as
+AVION does. To match AVION's code exactly, add `--config.model.act=gelu`
+(see `clip_vitb16_ego4d.py`).
 
 AVION's reported numbers (not ours), fine-tuned from its LLM-augmented
 (LaViLa) ViT-B pretraining (`clip_vitb16_ego4d.py:lavila`): V->T / T->V /
@@ -87,17 +88,10 @@ import ml_collections
 
 from vidjax import recipe
 
-EK100_MIR_TRAIN_CLIPS = 67_217  # EPIC_100_retrieval_train.csv rows.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 64, 100, 1
-BATCH = GPUS * BATCH_PER_GPU  # 512
-STEPS_PER_EPOCH = EK100_MIR_TRAIN_CLIPS // BATCH  # 131 (drop_last)
-
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
   c = recipe.base_config("retrieval")
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 13100
-  c.batch_size = BATCH
   # init_from: the contrastive checkpoint (AVION: --pretrain-model).
   # MaxMarginRankingLoss: loss.margin 0.2.
 
@@ -122,18 +116,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # pass, the costly part at 16 frames).
       remat="save_dots_and_attention")
 
+  # 100 epochs (1 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
+                                    warmup_epochs=1, batch_size=8 * 64)
   c.optim.update(
-      lr=3e-5, min_lr=1e-5,  # cosine
-      warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
+      lr=3e-5, min_lr=1e-5,  # cosine after the warmup
       b2=0.999, eps=1e-8, weight_decay=0.01,
       no_decay_names=("pos_embed", "spatial_pos"))
 
   # eval.relevancy: caption_relevancy_EPIC_100_retrieval_test (.npy/.pkl);
   # eval.sentences: EPIC_100_retrieval_test_sentence.csv.
   c.eval.update(
-      every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
+      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
       batch_size=512)
-  c.checkpoint.update(every_steps=5 * STEPS_PER_EPOCH,
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
                       best_metric="eval/mAP_avg")  # AVION: best avg mAP
 
   if "debug" in variants:

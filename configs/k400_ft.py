@@ -54,23 +54,14 @@ import ml_collections
 
 from vidjax import augment, recipe
 
-K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 32, 100, 5
-BATCH = GPUS * BATCH_PER_GPU  # 256
-STEPS_PER_EPOCH = K400_TRAIN_CLIPS // BATCH  # 937 (drop_last)
-LR_SCALE = BATCH / 256  # AVION scales lr, lr_start and lr_end by batch / 256.
-
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
   c = recipe.base_config("classification")
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 93700
-  c.batch_size = BATCH
   # init_from: the VideoMAE pretraining checkpoint (AVION: --finetune).
 
   c.data.update(
-      format="kinetics",
-      sampling="stride",  # 16 x 4 (stride 4), 224 px
+      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
       # RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)) + flip.
       crop_scale=(0.08, 1.0),
       eval_clips=5, eval_crops=3,  # test_num_segment=5, test_num_crop=3
@@ -87,9 +78,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       head_dropout=0.0,  # --fc-drop-rate 0
       head_init_scale=0.001)  # init_scale=0.001
 
+  # 100 epochs (5 of warmup) at 32 clips per GPU on 8 GPUs: 937 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
+                                    warmup_epochs=5, batch_size=8 * 32)
   c.optim.update(
-      lr=1.5e-3 * LR_SCALE, min_lr=1e-6 * LR_SCALE,  # cosine
-      warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
+      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+      lr=1.5e-3 * c.batch_size / 256, min_lr=1e-6 * c.batch_size / 256,
       b2=0.999, eps=1e-8,
       layer_decay=0.75)  # num_layers 0: inferred (12 blocks)
 
@@ -102,8 +96,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # max_count=1, cube=True), as AVION's VideoClsDataset.
       randaugment_layers=4, erase_prob=0.25)
   c.eval.update(
-      every_steps=10 * STEPS_PER_EPOCH, batch_size=240)  # 16 clips x 15 views
-  c.checkpoint.update(every_steps=5 * STEPS_PER_EPOCH,
+      every_steps=10 * steps_per_epoch, batch_size=240)  # 16 clips x 15 views
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
                       best_metric="eval/top1")  # AVION: best top-1
 
   if "debug" in variants:

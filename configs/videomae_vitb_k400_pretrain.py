@@ -52,23 +52,14 @@ import ml_collections
 
 from vidjax import augment, recipe
 
-K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 32, 800, 40
-BATCH = GPUS * BATCH_PER_GPU  # 256, AVION's 4 x 64
-STEPS_PER_EPOCH = K400_TRAIN_CLIPS // BATCH  # 937 (drop_last)
-LR_SCALE = BATCH / 256  # AVION scales lr, lr_start and lr_end by batch / 256.
-
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
   c = recipe.base_config("mae")
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 749600
-  c.batch_size = BATCH
   # From scratch (pretrained=False).
 
   c.data.update(
-      format="kinetics",
-      sampling="stride",  # 16 x 4 (stride 4), 224 px
+      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
       # Fused GroupMultiScaleCrop(224, [1, .875, .75, .66]) + flip 0.5.
       crop="multi_scale",
       workers=16, threads=4)
@@ -80,15 +71,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # configs/videomae_vitb_k400_pretrain.py`), the encoder seeing 10% of
   # the tokens.
 
+  # 800 epochs (40 of warmup) at 32 clips per GPU on 8 GPUs (AVION's 4 x
+  # 64): 937 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=800,
+                                    warmup_epochs=40, batch_size=8 * 32)
   c.optim.update(
-      name="lion", lr=1.5e-4 * LR_SCALE, min_lr=1e-5 * LR_SCALE,  # cosine
-      warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH, b2=0.95)
+      name="lion", b2=0.95,
+      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+      lr=1.5e-4 * c.batch_size / 256, min_lr=1e-5 * c.batch_size / 256)
 
   c.augment.update(  # Flipped at decode time (data.hflip), not here.
       mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD)
-  c.eval.update(every_steps=100 * STEPS_PER_EPOCH, batch_size=256)
+  c.eval.update(every_steps=100 * steps_per_epoch, batch_size=256)
   # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
-  c.checkpoint.update(every_steps=5 * STEPS_PER_EPOCH, best_mode="min")
+  c.checkpoint.update(every_steps=5 * steps_per_epoch, best_mode="min")
   c.log.every_steps = 50
 
   if "debug" in variants:

@@ -67,6 +67,21 @@ def test_recipe_builds_and_validates_for_8_devices(name, variant):
             config.data.eval_annotations, config.init_from) == ("", "", "", "")
 
 
+def test_recipes_keep_avions_schedules():
+  """(total_steps, batch_size, optim.warmup_steps): AVION's epochs of the
+  data sets' published sizes."""
+  for spec, schedule in [
+      ("clip_vitb16_ego4d", (9765, 2048, 0)),
+      ("clip_vitb16_ego4d:lavila", (19530, 2048, 0)),
+      ("ek100_mir_ft", (13100, 512, 131)),
+      ("ek100_cls_ft", (13100, 512, 262)),
+      ("videomae_vitb_k400_pretrain", (749600, 256, 37480)),
+      ("k400_ft", (93700, 256, 4685))]:
+    config = load(*spec.split(":"))
+    assert (config.total_steps, config.batch_size,
+            config.optim.warmup_steps) == schedule, spec
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_unknown_variant_is_refused(name):
   with pytest.raises(ValueError, match="nope"):

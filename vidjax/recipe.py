@@ -7,11 +7,13 @@ default, and states only what differs:
     def get_config(arg=None):
       variants = recipe.variants(arg, ("debug",))
       c = recipe.base_config("classification")
-      c.total_steps = 1000
-      c.data.update(format="kinetics", num_frames=16, sampling="stride")
-      c.model.update(variant="B/16", num_classes=400)
+      c.data.update(format="kinetics", sampling="stride", workers=16)
+      c.model.num_classes = 400
+      recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
+                      batch_size=256)
       if "debug" in variants:
         recipe.debug_on_synthetic(c, format="jsonl")
+        recipe.tiny_model(c, num_classes=48)
       return c
 
 Top-level keys of the base config (sections are documented where they are
@@ -59,6 +61,14 @@ from vidjax.data import pipeline
 TASK_MODELS = {"contrastive": "clip", "retrieval": "clip", "mae": "videomae",
                "classification": "classifier"}
 
+# Training clips of the published data sets, as AVION counts them: the
+# recipes' schedules assume these (`total_epochs` counts your own instead).
+TRAIN_CLIPS = {
+    "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
+    "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
+    "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
+}
+
 
 def base_config(task: str) -> ml_collections.ConfigDict:
   """Every key a run of `task` reads, with its default (module docstring)."""
@@ -87,6 +97,24 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   return c
 
 
+def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
+             batch_size: int, epochs: int, warmup_epochs: int = 0) -> int:
+  """A published schedule in epochs, as steps of an assumed data set size.
+
+  Sets `batch_size`, `total_steps` and `optim.warmup_steps` for `epochs`
+  (`warmup_epochs`) of `train_clips` clips (e.g. `TRAIN_CLIPS['k400']`),
+  the last partial batch of each epoch dropped, as AVION does.
+
+  Returns:
+    The steps per epoch, for the recipe's other per-epoch keys.
+  """
+  steps_per_epoch = train_clips // batch_size
+  config.batch_size = batch_size
+  config.total_steps = epochs * steps_per_epoch
+  config.optim.warmup_steps = warmup_epochs * steps_per_epoch
+  return steps_per_epoch
+
+
 def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
   """A named evaluation set for `eval.sets` (see `vidjax.eval_sets`).
 
@@ -95,9 +123,9 @@ def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
     **data: other `config.data` keys it changes.
 
   Returns:
-    The set: `data` with its format, `root` and `eval_annotations` (the
-    user's to give, '' skips the set) and `data`; its own `relevancy` and
-    `sentences` ('' for none).
+    The set: its `data` keys (the format, the other keys given, and `root`
+    and `eval_annotations`, the user's to give: '' skips the set) and its
+    own `relevancy` and `sentences` ('' for none).
   """
   return ml_collections.ConfigDict(dict(
       data=ml_collections.ConfigDict(dict(
