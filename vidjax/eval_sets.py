@@ -8,10 +8,7 @@ zero-shot EK-100 multi-instance retrieval during Ego4D pretraining). A named
 set is a ConfigDict of `data` (the `config.data` keys it changes: format,
 root, eval_annotations, ...) and `eval` keys; the rest is the run's:
 
-    c.eval.sets.ek100_mir = ConfigDict(dict(
-        data=ConfigDict(dict(format="ek100_mir", root="",
-                             eval_annotations="")),
-        relevancy="", sentences=""))
+    c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir")  # vidjax.recipe
 
 A named set whose `data.eval_annotations` is unset is skipped (said at
 start-up); the main set is skipped when `data.eval_annotations` is unset and
