@@ -40,9 +40,6 @@ ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
 TUBELET_KEY = "model.tubelet"
-# Keys that must hold the same value: the model's refer to the data's.
-SAME_KEYS = (("model.num_frames", "data.num_frames"),
-             ("model.image_size", "data.size"))
 # `*_epochs` keys (> 0) and the step keys they set from the training records.
 EPOCH_KEYS = {"total_epochs": "total_steps",
               "eval.every_epochs": "eval.every_steps",
@@ -193,7 +190,7 @@ def _disagreements(config) -> list[str]:
   from vidjax.data import source  # pylint: disable=import-outside-toplevel
   from vidjax.models import vit  # pylint: disable=import-outside-toplevel
   problems = []
-  for key, ref in SAME_KEYS:
+  for key, ref in recipe.REFERENCES.items():
     value, expected = _get(config, key, None), _get(config, ref, None)
     if None not in (value, expected) and value != expected:
       problems.append(f"'{key}' = {value!r} but '{ref}' = {expected!r}: the "

@@ -61,6 +61,11 @@ from vidjax.data import pipeline
 TASK_MODELS = {"contrastive": "clip", "retrieval": "clip", "mae": "videomae",
                "classification": "classifier"}
 
+# One fact, one key: these keys are references to the data's, so that a
+# change of the data's frames or size (on the command line too) moves them.
+REFERENCES = {"model.num_frames": "data.num_frames",
+              "model.image_size": "data.size"}
+
 # Training clips of the published data sets, as AVION counts them: the
 # recipes' schedules assume these (`total_epochs` counts your own instead).
 TRAIN_CLIPS = {
@@ -80,10 +85,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       init_keep=(), peak_tflops=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
-  # One fact, one key: a command-line change of the data's frames or size
-  # moves the model's too.
-  c.model.num_frames = c.data.get_ref("num_frames")
-  c.model.image_size = c.data.get_ref("size")
+  for key, ref in REFERENCES.items():
+    (section, name), (ref_section, ref_name) = key.split("."), ref.split(".")
+    c[section][name] = c[ref_section].get_ref(ref_name)
   c.optim = optim.default_optim_config()
   c.augment = augment.default_augment_config()
   c.loss = ml_collections.ConfigDict(dict(margin=0.2))
