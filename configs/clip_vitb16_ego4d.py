@@ -113,51 +113,30 @@ both evaluation sets, tiny, for 2 steps on the synthetic corpus (CPU, tests).
 """
 import ml_collections
 
-from vidjax import config as config_lib, models, optim
-from vidjax.data import pipeline
-
-# LaViLa's ego4d_train.pkl: "Corpus size 4.0M" (AVION docs/MODEL_ZOO.md).
-# Set total_steps yourself if your narration file differs.
-EGO4D_TRAIN_CLIPS = 4_000_000
-GPUS, BATCH_PER_GPU, EPOCHS = 8, 256, 5
-BATCH = GPUS * BATCH_PER_GPU  # 2048
-STEPS_PER_EPOCH = EGO4D_TRAIN_CLIPS // BATCH  # 1953 (drop_last, as AVION)
-# :lavila: the rephraser and narrator files each hold the ~4.0M clips (with
-# lists of narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
-LAVILA_TRAIN_CLIPS = 2 * EGO4D_TRAIN_CLIPS
+from vidjax import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "contrastive"
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 9765
-  c.batch_size = BATCH
-  c.accum_steps = 1
-  c.fsdp = 1
-  c.resume = ""
-  c.init_from = ""  # OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
-  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
+  variants = recipe.variants(arg, ("debug", "lavila"))
+  c = recipe.base_config("contrastive")
+  # init_from: OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
   # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION,
   # when starting from released weights (a vidjax run's are all loaded).
   c.init_keep = ("visual.proj", "text.proj", "logit_scale")
-  c.peak_tflops = 0.0  # Per device; 0 = look the device kind up.
 
-  c.data = pipeline.default_data_config()
   c.data.update(
-      format="ego4d", allow_pickle=False,
+      format="ego4d",
       # --clip-length 4: one frame from each of 4 equal segments, jittered.
-      num_frames=4, sampling="segment", size=224,
+      num_frames=4,
       # Fused decode + RandomResizedCrop(224, scale=(0.5, 1.0)), no flip.
-      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.0,
+      hflip=0.0,
       # AVION: 8 loader processes per GPU; 16 x 4 threads decode as many.
-      workers=16, threads=4, device_prefetch=2)
+      workers=16, threads=4)
 
-  c.model = models.default_model_config("clip")
+  # ViT-B/16 towers with QuickGELU (OpenAI's); CLIP mean/std.
   c.model.update(
-      variant="B/16", image_size=224, num_frames=4, tubelet=1,
       embed_dim=256,  # --project-embed-dim 256 (fresh projections).
-      act="quick_gelu", drop_path=0.0,  # --drop-path-rate 0
+      drop_path=0.0,  # --drop-path-rate 0
       learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
       # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
       # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
@@ -166,51 +145,36 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # which recomputes only elementwise work, fits 80 GB GPUs; on 141 GB
       # try "none" (launch/gpu_check.sh measures both); on 24-48 GB use
       # "save_attention".
-      remat="save_dots_and_attention",
-      dtype="auto", attention="auto")
+      remat="save_dots_and_attention")
 
-  c.optim = optim.default_optim_config()
+  # 5 epochs of LaViLa's ego4d_train.pkl at 256 clips per GPU on 8 GPUs:
+  # 9765 steps of 2048. If your narration file differs, set total_steps, or
+  # count its epochs: --config.total_epochs=5 --config.eval.every_epochs=1.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ego4d"], epochs=5,
+                                    batch_size=8 * 256)
   c.optim.update(
-      name="adamw", lr=3e-5, schedule="constant", warmup_steps=0,  # --fix-lr
-      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_grad_norm=0.0,
+      lr=3e-5, schedule="constant",  # --fix-lr, no warmup
+      b2=0.999, eps=1e-8, weight_decay=0.01,
       # AVION decays every >= 2-d weight except positional tables.
       no_decay_names=("pos_embed", "spatial_pos"))
 
-  c.augment = ml_collections.ConfigDict(dict(hflip=False))  # CLIP mean/std.
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=STEPS_PER_EPOCH, batch_size=1024, relevancy="",
-      sentences="", save_embeddings=False,
-      sets=ml_collections.ConfigDict(dict(ek100_mir=_ek100_mir_set()))))
+  c.eval.update(every_steps=steps_per_epoch, batch_size=1024)
+  # Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
+  # EPIC_100_retrieval_test.csv with its sentences and test relevancy:
+  # 4-frame centre-cropped clips of the EK-100 chunks.
+  c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir", allow_pickle=False)
   # AVION keeps checkpoint_best by zero-shot EK-100 MIR average mAP.
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=1000, keep=2, best_metric="eval/ek100_mir/mAP_avg",
-      best_mode="max"))
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+  c.checkpoint.best_metric = "eval/ek100_mir/mAP_avg"
 
-  if arg == "debug":
+  if "lavila" in variants:
+    # AVION's LLM-augmented pretraining on LaViLa's two narration files: the
+    # rephraser and narrator files each hold the ~4.0M clips (with lists of
+    # narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
+    recipe.schedule(c, 2 * recipe.TRAIN_CLIPS["ego4d"], epochs=5,
+                    batch_size=c.batch_size)  # 19530 steps
+  if "debug" in variants:
     _debug(c)
-  elif arg == "lavila":
-    _lavila(c)
-  elif arg:
-    raise ValueError(f"configs/clip_vitb16_ego4d.py: unknown variant {arg!r} "
-                     "(try :debug or :lavila)")
   return c
-
-
-def _ek100_mir_set() -> ml_collections.ConfigDict:
-  """Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
-  EPIC_100_retrieval_test.csv with its sentences and test relevancy: 4-frame
-  centre-cropped clips of the EK-100 chunks."""
-  return ml_collections.ConfigDict(dict(
-      data=ml_collections.ConfigDict(dict(
-          format="ek100_mir", root="", eval_annotations="",
-          allow_pickle=False)),
-      relevancy="", sentences=""))
-
-
-def _lavila(c: ml_collections.ConfigDict) -> None:
-  """AVION's LLM-augmented pretraining on LaViLa's two narration files."""
-  c.total_steps = EPOCHS * (LAVILA_TRAIN_CLIPS // BATCH)  # 19530
 
 
 def _debug(c: ml_collections.ConfigDict) -> None:
@@ -221,8 +185,6 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   The tiny backbone is every :debug recipe's, so this run's checkpoints
   initialise the :debug fine-tunes (`ek100_mir_ft.py`, `ek100_cls_ft.py`).
   """
-  config_lib.debug_on_synthetic(c, format="jsonl")
+  recipe.debug_on_synthetic(c, format="jsonl")
   c.eval.save_embeddings = True
-  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
-                 num_frames=4, embed_dim=64, remat="none", dtype="float32")
-  c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)
+  recipe.tiny_model(c)

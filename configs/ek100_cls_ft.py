@@ -59,43 +59,25 @@ tiny, 2 steps on the synthetic corpus (CPU).
 """
 import ml_collections
 
-from vidjax import config as config_lib, models, optim
-from vidjax.data import pipeline
+from vidjax import recipe
 
-EK100_TRAIN_CLIPS = 67_217  # EPIC_100_train.csv rows.
 EK100_ACTIONS = 3_806  # verb:noun pairs in EPIC_100_{train,validation}.csv.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 64, 100, 2
-BATCH = GPUS * BATCH_PER_GPU  # 512
-STEPS_PER_EPOCH = EK100_TRAIN_CLIPS // BATCH  # 131 (drop_last)
-LR_SCALE = BATCH / 128  # AVION scales lr, lr_start and lr_end by batch / 128.
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "classification"
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 13100
-  c.batch_size = BATCH
-  c.accum_steps = 1
-  c.fsdp = 1
-  c.resume = ""
-  c.init_from = ""  # The contrastive checkpoint (AVION: --pretrain-model).
-  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
-  c.peak_tflops = 0.0
+  variants = recipe.variants(arg, ("debug",))
+  c = recipe.base_config("classification")
+  # init_from: the contrastive checkpoint (AVION: --pretrain-model).
 
-  c.data = pipeline.default_data_config()
   c.data.update(
-      format="ek100_cls", label="action",
-      num_frames=16, sampling="segment", size=224,  # --clip-length 16
-      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.0,
-      eval_clips=1, eval_crops=1,  # --num-clips 1 --num-crops 1
-      workers=16, threads=4, device_prefetch=2)
+      format="ek100_cls",  # Labels: the actions.
+      # --clip-length 16 segment frames, RandomResizedCrop(224, scale=(0.5,
+      # 1.0)), no flip; one centre view at eval (--num-clips 1 --num-crops 1).
+      num_frames=16, hflip=0.0, workers=16, threads=4)
 
-  c.model = models.default_model_config("classifier")
   c.model.update(
-      backbone="clip", pool="",  # class token after the final LayerNorm
-      variant="B/16", image_size=224, num_frames=16, tubelet=1, act="",
-      num_classes=EK100_ACTIONS,
+      backbone="clip",  # class token after the final LayerNorm (pool '')
+      tubelet=1, num_classes=EK100_ACTIONS,
       drop_path=0.1,  # --drop-path-rate 0.1
       head_dropout=0.5,  # --dropout-rate 0.5
       head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
@@ -105,35 +87,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
       # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
       # pass, the costly part at 16 frames).
-      remat="save_dots_and_attention",
-      dtype="auto", attention="auto")
+      remat="save_dots_and_attention")
 
-  c.optim = optim.default_optim_config()
+  # 100 epochs (2 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
+                                    warmup_epochs=2, batch_size=8 * 64)
   c.optim.update(
-      name="sgd", momentum=0.9, nesterov=False,  # momentum = betas[0]
-      lr=3e-3 * LR_SCALE,  # 0.012
-      min_lr=1e-5 * LR_SCALE,  # 4e-5
-      schedule="cosine", warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
-      weight_decay=4e-5, clip_grad_norm=0.0,
-      no_decay_names=("spatial_pos",))
+      name="sgd", momentum=0.9,  # momentum = betas[0], no nesterov
+      # AVION scales lr and lr_end by batch / 128; cosine after the warmup.
+      lr=3e-3 * c.batch_size / 128,  # 0.012
+      min_lr=1e-5 * c.batch_size / 128,  # 4e-5
+      weight_decay=4e-5, no_decay_names=("spatial_pos",))
 
-  c.augment = ml_collections.ConfigDict(dict(
-      hflip=False,  # CLIP mean/std (--norm-style openai).
-      mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
-      label_smoothing=0.1))
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
-      batch_size=512))
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2,
-      best_metric="eval/top1", best_mode="max"))  # AVION: best action top-1
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+  c.augment.update(  # CLIP mean/std (--norm-style openai).
+      mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
+  c.eval.update(
+      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
+      batch_size=512)
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
+                      best_metric="eval/top1")  # AVION: best action top-1
 
-  if arg == "debug":
+  if "debug" in variants:
     _debug(c)
-  elif arg:
-    raise ValueError(f"configs/ek100_cls_ft.py: unknown variant {arg!r} "
-                     "(try :debug)")
   return c
 
 
@@ -144,8 +119,7 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   (verb = motion, noun = coloured shape). The backbone is every :debug
   recipe's: `clip_vitb16_ego4d.py:debug` checkpoints initialise it.
   """
-  config_lib.debug_on_synthetic(c)
+  recipe.debug_on_synthetic(c)
   # The head must have exactly as many classes as the action map of the
   # 8-video seed-0 corpus has verb:noun pairs (14), for the verb/noun scores.
-  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
-                 num_frames=4, num_classes=14, remat="none", dtype="float32")
+  recipe.tiny_model(c, num_classes=14)

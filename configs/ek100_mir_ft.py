@@ -62,13 +62,13 @@ embeddings of each evaluation to `WORKDIR/embeddings/step_<N>.npz` (with
 their narration ids).
 
 Zero-shot evaluation of a pretraining (AVION's 27.4 mAP row), no training:
-the same command with `--mode eval --config.data.num_frames=4
---config.model.num_frames=4` (AVION evaluates its pretraining on 4 frames)
-and `--workdir` a new directory. The same at 16 frames with `init_from`
-one of AVION's downloaded MIR checkpoints (the `.pt` of its model zoo)
-evaluates AVION's released fine-tuned model. The run keeps its best
-checkpoint by `eval/mAP_avg`, as AVION does. To match AVION's code
-exactly, add `--config.model.act=gelu` (see `clip_vitb16_ego4d.py`).
+the same command with `--mode eval --config.data.num_frames=4` (AVION
+evaluates its pretraining on 4 frames) and `--workdir` a new directory.
+The same at 16 frames with `init_from` one of AVION's downloaded MIR
+checkpoints (the `.pt` of its model zoo) evaluates AVION's released
+fine-tuned model. The run keeps its best checkpoint by `eval/mAP_avg`, as
+AVION does. To match AVION's code exactly, add `--config.model.act=gelu`
+(see `clip_vitb16_ego4d.py`).
 
 AVION's reported numbers (not ours), fine-tuned from its LLM-augmented
 (LaViLa) ViT-B pretraining (`clip_vitb16_ego4d.py:lavila`): V->T / T->V /
@@ -86,45 +86,27 @@ corpus (CPU).
 """
 import ml_collections
 
-from vidjax import config as config_lib, models, optim
-from vidjax.data import pipeline
-
-EK100_MIR_TRAIN_CLIPS = 67_217  # EPIC_100_retrieval_train.csv rows.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 64, 100, 1
-BATCH = GPUS * BATCH_PER_GPU  # 512
-STEPS_PER_EPOCH = EK100_MIR_TRAIN_CLIPS // BATCH  # 131 (drop_last)
+from vidjax import recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "retrieval"
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 13100
-  c.batch_size = BATCH
-  c.accum_steps = 1
-  c.fsdp = 1
-  c.resume = ""
-  c.init_from = ""  # The contrastive checkpoint (AVION: --pretrain-model).
-  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
-  c.peak_tflops = 0.0
-  c.loss = ml_collections.ConfigDict(dict(margin=0.2))  # MaxMarginRankingLoss
+  variants = recipe.variants(arg, ("debug",))
+  c = recipe.base_config("retrieval")
+  # init_from: the contrastive checkpoint (AVION: --pretrain-model).
+  # MaxMarginRankingLoss: loss.margin 0.2.
 
-  c.data = pipeline.default_data_config()
   c.data.update(
       format="ek100_mir",
-      # Positives: captions of relevancy > 0.1 (AVION's `self.relevancy`).
-      train_sentences="", train_relevancy="", positive_threshold=0.1,
-      # --clip-length 16 segment frames (AVION's `get_frame_ids`).
-      num_frames=16, sampling="segment", size=224,
-      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.0,
-      eval_clips=1, eval_crops=1,  # Centre crop of the whole segment.
-      workers=16, threads=4, device_prefetch=2)
+      # Positives: captions of relevancy > 0.1 (AVION's `self.relevancy`,
+      # data.positive_threshold) in data.train_sentences and train_relevancy.
+      # --clip-length 16 segment frames (AVION's `get_frame_ids`),
+      # RandomResizedCrop(224, scale=(0.5, 1.0)), no flip; at eval a centre
+      # crop of the whole segment.
+      num_frames=16, hflip=0.0, workers=16, threads=4)
 
-  c.model = models.default_model_config("clip")
   c.model.update(
-      variant="B/16", image_size=224, num_frames=16, tubelet=1,
       embed_dim=256,  # The pretraining's --project-embed-dim.
-      act="quick_gelu", drop_path=0.0,  # --drop-path-rate 0
+      drop_path=0.0,  # --drop-path-rate 0
       learn_logit_scale=False,  # freeze_temperature=True
       # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
       # `python -m vidjax.bench.memory --config configs/ek100_mir_ft.py`):
@@ -132,33 +114,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
       # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
       # pass, the costly part at 16 frames).
-      remat="save_dots_and_attention",
-      dtype="auto", attention="auto")
+      remat="save_dots_and_attention")
 
-  c.optim = optim.default_optim_config()
+  # 100 epochs (1 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
+                                    warmup_epochs=1, batch_size=8 * 64)
   c.optim.update(
-      name="adamw", lr=3e-5, min_lr=1e-5, schedule="cosine",
-      warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
-      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, clip_grad_norm=0.0,
+      lr=3e-5, min_lr=1e-5,  # cosine after the warmup
+      b2=0.999, eps=1e-8, weight_decay=0.01,
       no_decay_names=("pos_embed", "spatial_pos"))
 
-  c.augment = ml_collections.ConfigDict(dict(hflip=False))  # CLIP mean/std.
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH,  # --eval-freq 5 (epochs)
-      batch_size=512,
-      relevancy="",  # caption_relevancy_EPIC_100_retrieval_test (.npy/.pkl)
-      sentences="",  # EPIC_100_retrieval_test_sentence.csv
-      save_embeddings=False))
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2,
-      best_metric="eval/mAP_avg", best_mode="max"))  # AVION: best avg mAP
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+  # eval.relevancy: caption_relevancy_EPIC_100_retrieval_test (.npy/.pkl);
+  # eval.sentences: EPIC_100_retrieval_test_sentence.csv.
+  c.eval.update(
+      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
+      batch_size=512)
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
+                      best_metric="eval/mAP_avg")  # AVION: best avg mAP
 
-  if arg == "debug":
+  if "debug" in variants:
     _debug(c)
-  elif arg:
-    raise ValueError(f"configs/ek100_mir_ft.py: unknown variant {arg!r} "
-                     "(try :debug)")
   return c
 
 
@@ -171,7 +146,5 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   The backbone is every :debug recipe's: `clip_vitb16_ego4d.py:debug`
   checkpoints initialise it.
   """
-  config_lib.debug_on_synthetic(c)
-  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
-                 num_frames=4, embed_dim=64, remat="none", dtype="float32")
-  c.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)
+  recipe.debug_on_synthetic(c)
+  recipe.tiny_model(c)

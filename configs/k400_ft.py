@@ -37,8 +37,8 @@ WORKDIR/init_from.json lists all of it. The run keeps its best checkpoint
 by top-1, as AVION does; `--mode eval --config.init_from=...` evaluates
 released fine-tuned weights. Class ids: the class names of each CSV,
 sorted (both splits list all 400); AVION's lists carry the ids.
-`total_steps` assumes 240,000 training clips: set it to 100 x (your clips //
-256) to match.
+`total_steps` assumes 240,000 training clips: `--config.total_epochs=100`
+counts 100 epochs of yours instead (the warmup stays 5 x 937 steps).
 
 AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
 (README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch
@@ -52,82 +52,56 @@ tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
 """
 import ml_collections
 
-from vidjax import config as config_lib, augment, models, optim
-from vidjax.data import pipeline
-
-K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 32, 100, 5
-BATCH = GPUS * BATCH_PER_GPU  # 256
-STEPS_PER_EPOCH = K400_TRAIN_CLIPS // BATCH  # 937 (drop_last)
-LR_SCALE = BATCH / 256  # AVION scales lr, lr_start and lr_end by batch / 256.
+from vidjax import augment, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "classification"
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 93700
-  c.batch_size = BATCH
-  c.accum_steps = 1
-  c.fsdp = 1
-  c.resume = ""
-  c.init_from = ""  # The VideoMAE pretraining checkpoint (AVION: --finetune).
-  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
-  c.peak_tflops = 0.0
+  variants = recipe.variants(arg, ("debug",))
+  c = recipe.base_config("classification")
+  # init_from: the VideoMAE pretraining checkpoint (AVION: --finetune).
 
-  c.data = pipeline.default_data_config()
   c.data.update(
-      format="kinetics",
-      num_frames=16, sampling="stride", stride=4, size=224,  # 16 x 4
+      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
       # RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)) + flip.
-      crop="random_resized", crop_scale=(0.08, 1.0), hflip=0.5,
+      crop_scale=(0.08, 1.0),
       eval_clips=5, eval_crops=3,  # test_num_segment=5, test_num_crop=3
-      workers=16, threads=4, device_prefetch=2)
+      workers=16, threads=4)
 
-  c.model = models.default_model_config("classifier")
+  # The VideoMAE ViT-B/16 (tubelets of 2), mean pool + fc_norm, no
+  # --grad-checkpointing in AVION's command. GPU memory at 32 clips per GPU
+  # (upper bounds, `python -m vidjax.bench.memory --config
+  # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
+  # save_attention 4: on 24 GB cards use "save_dots_and_attention".
   c.model.update(
-      backbone="videomae", pool="",  # mean pool + fc_norm
-      variant="B/16", image_size=224, num_frames=16, tubelet=2, act="",
       num_classes=400,  # --nb-classes 400
       drop_path=0.1,  # --drop-path-rate 0.1
       head_dropout=0.0,  # --fc-drop-rate 0
-      head_init_scale=0.001,  # init_scale=0.001
-      # No --grad-checkpointing in AVION's command. GPU memory at 32 clips
-      # per GPU (upper bounds, `python -m vidjax.bench.memory --config
-      # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
-      # save_attention 4: on 24 GB cards use "save_dots_and_attention".
-      remat="none",
-      dtype="auto", attention="auto")
+      head_init_scale=0.001)  # init_scale=0.001
 
-  c.optim = optim.default_optim_config()
+  # 100 epochs (5 of warmup) at 32 clips per GPU on 8 GPUs: 937 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
+                                    warmup_epochs=5, batch_size=8 * 32)
   c.optim.update(
-      name="adamw", lr=1.5e-3 * LR_SCALE, min_lr=1e-6 * LR_SCALE,
-      schedule="cosine", warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
-      b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.05, clip_grad_norm=0.0,
-      layer_decay=0.75, num_layers=0)  # 0: inferred (12 blocks)
+      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+      lr=1.5e-3 * c.batch_size / 256, min_lr=1e-6 * c.batch_size / 256,
+      b2=0.999, eps=1e-8,
+      layer_decay=0.75)  # num_layers 0: inferred (12 blocks)
 
-  c.augment = ml_collections.ConfigDict(dict(
-      hflip=False,  # Flipped at decode time (data.hflip).
+  c.augment.update(
+      # Flipped at decode time (data.hflip), not here.
       mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
-      mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
-      label_smoothing=0.1,
+      mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
       # pytorchvideo's RandAugment(magnitude=7, num_layers=4) (prob 0.5,
       # level std 0.5) and RandomErasing(--reprob 0.25, mode='pixel',
       # max_count=1, cube=True), as AVION's VideoClsDataset.
-      randaugment_layers=4, randaugment_magnitude=7, randaugment_prob=0.5,
-      randaugment_std=0.5, erase_prob=0.25, erase_mode="pixel"))
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=10 * STEPS_PER_EPOCH, batch_size=240))  # 16 clips x 15 views
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2,
-      best_metric="eval/top1", best_mode="max"))  # AVION: best top-1
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+      randaugment_layers=4, erase_prob=0.25)
+  c.eval.update(
+      every_steps=10 * steps_per_epoch, batch_size=240)  # 16 clips x 15 views
+  c.checkpoint.update(every_steps=5 * steps_per_epoch,
+                      best_metric="eval/top1")  # AVION: best top-1
 
-  if arg == "debug":
+  if "debug" in variants:
     _debug(c)
-  elif arg:
-    raise ValueError(f"configs/k400_ft.py: unknown variant {arg!r} "
-                     "(try :debug)")
   return c
 
 
@@ -139,6 +113,5 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   is every :debug recipe's: `videomae_vitb_k400_pretrain.py:debug`
   checkpoints initialise it.
   """
-  config_lib.debug_on_synthetic(c, format="jsonl", stride=4)
-  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
-                 num_frames=4, num_classes=48, dtype="float32")
+  recipe.debug_on_synthetic(c, format="jsonl", stride=4)
+  recipe.tiny_model(c, num_classes=48)

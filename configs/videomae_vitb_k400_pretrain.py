@@ -34,7 +34,8 @@ label,youtube_id,time_start,time_end,split), or AVION's video lists
 k400_320p_train_list.txt / k400_val_list.txt (`path num_frames label`) with
 `--config.data.format=kinetics_list`.
 `total_steps` assumes 240,000 training clips (the count depends on how many
-videos are still online): set it to 800 x (your clips // 256) to match.
+videos are still online): `--config.total_epochs=800` counts 800 epochs of
+yours instead (the warmup stays 40 x 937 steps).
 
 AVION's reported numbers (not ours): after fine-tuning (`k400_ft.py`),
 Kinetics-400 top-1 / top-5 80.1 / 94.5 (README; docs/MODEL_ZOO.md: 80.0 /
@@ -49,73 +50,45 @@ tiny, 2 steps on the synthetic corpus (JSONL, CPU).
 """
 import ml_collections
 
-from vidjax import config as config_lib, augment, models, optim
-from vidjax.data import pipeline
-
-K400_TRAIN_CLIPS = 240_000  # ~240k (VideoMAE/AVION lists); yours may differ.
-GPUS, BATCH_PER_GPU, EPOCHS, WARMUP_EPOCHS = 8, 32, 800, 40
-BATCH = GPUS * BATCH_PER_GPU  # 256, AVION's 4 x 64
-STEPS_PER_EPOCH = K400_TRAIN_CLIPS // BATCH  # 937 (drop_last)
-LR_SCALE = BATCH / 256  # AVION scales lr, lr_start and lr_end by batch / 256.
+from vidjax import augment, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.task = "mae"
-  c.total_steps = EPOCHS * STEPS_PER_EPOCH  # 749600
-  c.batch_size = BATCH
-  c.accum_steps = 1
-  c.fsdp = 1
-  c.resume = ""
-  c.init_from = ""  # From scratch (pretrained=False).
-  c.init_allow_pickle = False  # Pickled weights may run code: opt in.
-  c.peak_tflops = 0.0
+  variants = recipe.variants(arg, ("debug",))
+  c = recipe.base_config("mae")
+  # From scratch (pretrained=False).
 
-  c.data = pipeline.default_data_config()
   c.data.update(
-      format="kinetics",
-      num_frames=16, sampling="stride", stride=4, size=224,  # 16 x 4
+      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
       # Fused GroupMultiScaleCrop(224, [1, .875, .75, .66]) + flip 0.5.
-      crop="multi_scale", hflip=0.5,
-      eval_clips=1, eval_crops=1,
-      workers=16, threads=4, device_prefetch=2)
+      crop="multi_scale",
+      workers=16, threads=4)
 
-  c.model = models.default_model_config("videomae")
-  c.model.update(
-      variant="B/16", image_size=224, num_frames=16, tubelet=2, act="gelu",
-      mask_ratio=0.9,  # --mask-ratio 0.9
-      norm_pix_loss=True,  # --normalize-target
-      drop_path=0.0,  # --drop-path-rate 0
-      # No --grad-checkpointing in AVION's command: at 32 clips per GPU the
-      # step holds at most 10 GiB (`python -m vidjax.bench.memory --config
-      # configs/videomae_vitb_k400_pretrain.py`), the encoder seeing 10% of
-      # the tokens.
-      remat="none",
-      dtype="auto", attention="auto")
-  c.model.decoder.update(width=384, depth=4, heads=6)  # VIDEOMAE_VITB16
+  # ViT-B/16 on tubelets of 2, exact GELU; --mask-ratio 0.9,
+  # --normalize-target, --drop-path-rate 0; a 384-wide 4-layer decoder.
+  # No --grad-checkpointing in AVION's command: at 32 clips per GPU the
+  # step holds at most 10 GiB (`python -m vidjax.bench.memory --config
+  # configs/videomae_vitb_k400_pretrain.py`), the encoder seeing 10% of
+  # the tokens.
 
-  c.optim = optim.default_optim_config()
+  # 800 epochs (40 of warmup) at 32 clips per GPU on 8 GPUs (AVION's 4 x
+  # 64): 937 steps each.
+  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=800,
+                                    warmup_epochs=40, batch_size=8 * 32)
   c.optim.update(
-      name="lion", lr=1.5e-4 * LR_SCALE, min_lr=1e-5 * LR_SCALE,
-      schedule="cosine", warmup_steps=WARMUP_EPOCHS * STEPS_PER_EPOCH,
-      b1=0.9, b2=0.95, weight_decay=0.05, clip_grad_norm=0.0)
+      name="lion", b2=0.95,
+      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+      lr=1.5e-4 * c.batch_size / 256, min_lr=1e-5 * c.batch_size / 256)
 
-  c.augment = ml_collections.ConfigDict(dict(
-      hflip=False,  # Flipped at decode time (data.hflip).
-      mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD))
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=100 * STEPS_PER_EPOCH, batch_size=256))
+  c.augment.update(  # Flipped at decode time (data.hflip), not here.
+      mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD)
+  c.eval.update(every_steps=100 * steps_per_epoch, batch_size=256)
   # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=5 * STEPS_PER_EPOCH, keep=2, best_metric="", best_mode="min"))
-  c.log = ml_collections.ConfigDict(dict(every_steps=50))
+  c.checkpoint.update(every_steps=5 * steps_per_epoch, best_mode="min")
+  c.log.every_steps = 50
 
-  if arg == "debug":
+  if "debug" in variants:
     _debug(c)
-  elif arg:
-    raise ValueError(f"configs/videomae_vitb_k400_pretrain.py: unknown "
-                     f"variant {arg!r} (try :debug)")
   return c
 
 
@@ -126,9 +99,8 @@ def _debug(c: ml_collections.ConfigDict) -> None:
   backbone is every :debug recipe's, so these checkpoints initialise
   `k400_ft.py:debug`.
   """
-  config_lib.debug_on_synthetic(c, format="jsonl", stride=4)
-  c.model.update(variant="Ti/16", width=64, depth=2, heads=2, image_size=64,
-                 num_frames=4, dtype="float32")
+  recipe.debug_on_synthetic(c, format="jsonl", stride=4)
+  recipe.tiny_model(c)
   c.model.decoder.update(width=32, depth=1, heads=2)
   # No warmup: 2 steps that train, so the checkpoint is not the init.
   c.optim.warmup_steps = 0

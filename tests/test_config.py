@@ -1,33 +1,27 @@
-"""Tests for vidjax.config with a small config file written in tmp_path."""
+"""Tests for vidjax.config and vidjax.recipe with a small recipe written in
+tmp_path."""
 
 import json
 import textwrap
 
+import ml_collections
 import pytest
 
-from vidjax import config as vconfig, errors
+from vidjax import config as vconfig, errors, models, recipe
 
 CONFIG_PY = textwrap.dedent('''
-    import ml_collections
+    from vidjax import recipe
 
     def get_config(arg=None):
-      c = ml_collections.ConfigDict()
-      c.seed = 0
+      variants = recipe.variants(arg, ("debug", "small"))
+      c = recipe.base_config("mae")
       c.total_steps = 100
       c.batch_size = 32
-      c.accum_steps = 1
-      c.lr = 1e-3
-      c.checkpoint = dict(every_steps=50, keep=2)
-      c.log = dict(every_steps=10)
-      c.data = dict(num_frames=16)
-      c.model = dict(tubelet=2, name="vit_b16")
-      c.task = "contrastive"
-      c.flag = True
-      if arg == "debug":
+      c.checkpoint.every_steps = 50
+      c.optim.lr = 1e-3
+      if "debug" in variants:
         c.total_steps = 4
         c.batch_size = 8
-      elif arg:
-        raise ValueError(f"unknown variant {arg!r}")
       return c
 ''')
 
@@ -41,10 +35,10 @@ def config_file(tmp_path):
 
 def test_load_with_arg_and_overrides(config_file):
   config = vconfig.load_config(f"{config_file}:debug",
-                               ["lr=0.5", "--config.model.name=vit_l14",
+                               ["optim.lr=0.5", "--config.model.variant=S/16",
                                 "checkpoint.keep=5"])
   assert config.total_steps == 4 and config.batch_size == 8
-  assert config.lr == 0.5 and config.model.name == "vit_l14"
+  assert config.optim.lr == 0.5 and config.model.variant == "S/16"
   assert config.checkpoint.keep == 5
   assert vconfig.load_config(config_file).total_steps == 100
   with pytest.raises(AttributeError):
@@ -55,12 +49,12 @@ def test_load_errors_say_what_is_wrong(config_file):
   with pytest.raises(KeyError) as e:
     vconfig.load_config(config_file, ["model.nmae=x"])
   assert str(e.value).startswith("unknown config key 'model.nmae' (--config.")
-  assert e.value.hint == "did you mean model.name? 'model' has: name, tubelet"
+  assert e.value.hint.startswith("did you mean model.name? 'model' has: act, ")
   with pytest.raises(errors.UnknownKeyError, match=r"unknown config key 'btach_size'") as e:
     vconfig.load_config(config_file, ["btach_size=4"])
   assert e.value.hint.startswith("did you mean batch_size? the top level has: ")
-  with pytest.raises(KeyError, match=r"'lr' is a float, not a config section"):
-    vconfig.load_config(config_file, ["lr.x=1"])
+  with pytest.raises(KeyError, match=r"'seed' is a int, not a config section"):
+    vconfig.load_config(config_file, ["seed.x=1"])
   with pytest.raises(ValueError, match="total_steps=1.5: invalid literal for int"):
     vconfig.load_config(config_file, ["total_steps=1.5"])
   with pytest.raises(FileNotFoundError, match="nope.py"):
@@ -70,10 +64,38 @@ def test_load_errors_say_what_is_wrong(config_file):
   assert e.value.exit_code == errors.EXIT_USAGE
 
 
+def test_variants_are_named_once_for_every_recipe():
+  assert recipe.variants(None, ("debug",)) == set()
+  assert recipe.variants("labels,cpu", ("captions", "labels", "cpu"),
+                         exclusive=("captions", "labels")) == {"labels", "cpu"}
+  with pytest.raises(ValueError, match=r"^unknown variant 'dbug'; known "
+                     r"variants: :debug, :lavila \(join several with commas, "
+                     r"e.g. :debug,lavila\)$"):
+    recipe.variants("dbug", ("debug", "lavila"))
+  with pytest.raises(ValueError, match="variants captions and labels exclude "
+                     "each other; known variants: :captions, :labels, :cpu"):
+    recipe.variants("captions,labels", ("captions", "labels", "cpu"),
+                    exclusive=("captions", "labels"))
+
+
 def test_load_boolean_override(config_file):
-  assert vconfig.load_config(config_file, ["--noconfig.flag"]).flag is False
-  assert vconfig.load_config(config_file, ["--config.flag=false"]).flag is False
-  assert vconfig.load_config(config_file).flag is True
+  assert vconfig.load_config(config_file, ["--noconfig.eval.save_embeddings"]
+                             ).eval.save_embeddings is False
+  assert vconfig.load_config(config_file, ["--config.init_allow_pickle=true"]
+                             ).init_allow_pickle is True
+  assert vconfig.load_config(config_file).init_allow_pickle is False
+
+
+def test_the_model_frames_and_size_are_the_data_keys(config_file, tmp_path):
+  config = vconfig.load_config(config_file, ["data.num_frames=8", "data.size=32"])
+  assert (config.model.num_frames, config.model.image_size) == (8, 32)
+  config = vconfig.load_config(config_file, ["model.num_frames=4"])
+  assert config.data.num_frames == config.model.num_frames == 4
+  vconfig.validate(config, num_devices=8)
+  # The saved config holds the values (config.json, checkpoint metadata).
+  assert config.to_dict()["model"]["num_frames"] == 4
+  saved = json.loads(open(vconfig.save_config_json(config, tmp_path)).read())
+  assert (saved["model"]["num_frames"], saved["model"]["image_size"]) == (4, 224)
 
 
 def test_validate_accepts_good_config(config_file):
@@ -88,6 +110,10 @@ def test_validate_accepts_good_config(config_file):
                         r"by the 8 devices; use a multiple of 64"),
     (["data.num_frames=15"],
      r"'data.num_frames' = 15 is not divisible by 'model.tubelet' = 2"),
+    (["data.size=200"], r"'data.size' = 200 is not divisible by the patch "
+                        r"size 16 of 'model.variant' = 'B/16'"),
+    (["model.name=clip"], r"'model.name' = 'clip' but 'task' = 'mae' trains "
+                          r"a 'videomae' model"),
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
     (["task=contrastiv"], r"'task' = 'contrastiv' is not one of \[.*\]; did you "
                           r"mean 'contrastive'\?"),
@@ -98,8 +124,27 @@ def test_validate_reports_what_to_change(config_file, overrides, message):
     vconfig.validate(config, num_devices=8)
 
 
+def test_validate_names_both_keys_of_a_pair_that_disagrees():
+  config = recipe.base_config("contrastive")
+  config.total_steps = 10
+  config.data.num_frames = 8
+  # A model section built on its own holds its own frames and size.
+  config.model = models.default_model_config("clip")
+  config.model.text.context_length = 32
+  config.eval.sets.short = recipe.eval_set("jsonl", num_frames=4)
+  with pytest.raises(ValueError) as e:
+    vconfig.validate(config, num_devices=1)
+  problems = str(e.value).splitlines()[1:]
+  assert problems == [
+      "  - 'model.num_frames' = 16 but 'data.num_frames' = 8: the model's is "
+      "the data's; set 'data.num_frames' alone",
+      "  - 'model.text.context_length' = 32 but the tokenizer makes 77 "
+      "tokens per text",
+      "  - 'eval.sets.short.data.num_frames' = 4 but 'data.num_frames' = 8: "
+      "the model is the run's"]
+
+
 def test_validate_lists_all_missing_required_keys():
-  import ml_collections
   config = ml_collections.ConfigDict({"seed": 1, "checkpoint": {}})
   with pytest.raises(ValueError) as e:
     vconfig.validate(config, num_devices=1)
@@ -110,16 +155,41 @@ def test_validate_lists_all_missing_required_keys():
   assert "'seed'" not in text
 
 
+def test_validate_names_the_keys_a_config_lacks():
+  config = recipe.base_config("classification")
+  config.total_steps = 10
+  del config.augment["mixup_alpha"]
+  del config.model["num_classes"]
+  config.eval.sets.other = ml_collections.ConfigDict({"data": {"root": ""}})
+  with pytest.raises(ValueError, match=r"missing keys: augment.mixup_alpha, "
+                     r"model.num_classes, eval.sets.other.data.eval_annotations, "
+                     r"eval.sets.other.data.format, eval.sets.other.relevancy, "
+                     r"eval.sets.other.sentences; build the config on "
+                     r"vidjax.recipe.base_config\('classification'\)"):
+    vconfig.validate(config, num_devices=1)
+
+
+def test_epochs_become_steps_of_the_training_records():
+  config = recipe.base_config("contrastive")
+  config.batch_size = 16
+  config.total_steps = 5  # Replaced: total_epochs is set.
+  config.total_epochs = 2.5
+  config.eval.every_epochs = 1.0
+  vconfig.validate(config, num_devices=8)
+  vconfig.epochs_to_steps(config, train_clips=100)  # 6 steps per epoch.
+  assert (config.total_steps, config.eval.every_steps,
+          config.checkpoint.every_steps) == (15, 6, 1000)
+
+
 def test_lock_and_save_config_json(config_file, tmp_path):
-  import ml_collections
   config = ml_collections.ConfigDict({"a": 1, "fn": len})
   assert vconfig.lock(config) is config
   with pytest.raises(AttributeError):
     config.b = 2
   path = vconfig.save_config_json(vconfig.load_config(config_file), tmp_path / "run")
   saved = json.loads(open(path).read())
-  assert saved["checkpoint"] == {"every_steps": 50, "keep": 2}
-  assert saved["model"]["name"] == "vit_b16"
+  assert saved["checkpoint"]["every_steps"] == 50
+  assert saved["model"]["name"] == "videomae"
   assert "len" in json.loads(open(vconfig.save_config_json(config, tmp_path)).read())["fn"]
 
 

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import debug_runs
-from vidjax import augment, models, optim, tasks
+from vidjax import augment, checkpoint, models, optim, tasks
 from vidjax import config as config_lib
 from vidjax import monitor
 from vidjax.data import annotations, synthetic
@@ -28,6 +28,11 @@ RECIPES = {
     "videomae_vitb_k400_pretrain": ("eval/loss",),
     "k400_ft": ("eval/top1", "eval/top5"),
 }
+# The demo's run (demo:debug itself trains in test_train.py) changes the
+# frames and the image size through the data keys alone, and counts its 2
+# steps as 2 epochs of its 12 training clips (1 step each at batch 16).
+OVERRIDES = {"demo": ("--config.data.num_frames=8", "--config.data.size=32",
+                      "--config.total_steps=1", "--config.total_epochs=2")}
 TOP_LEVEL = ("seed", "task", "total_steps", "batch_size", "accum_steps", "fsdp",
              "resume", "init_from", "peak_tflops", "data", "model", "optim",
              "augment", "eval", "checkpoint", "log")
@@ -61,6 +66,21 @@ def test_recipe_builds_and_validates_for_8_devices(name, variant):
     # Real recipes hard-code no paths: the user gives every one.
     assert (config.data.root, config.data.train_annotations,
             config.data.eval_annotations, config.init_from) == ("", "", "", "")
+
+
+def test_recipes_keep_avions_schedules():
+  """(total_steps, batch_size, optim.warmup_steps): AVION's epochs of the
+  data sets' published sizes."""
+  for spec, schedule in [
+      ("clip_vitb16_ego4d", (9765, 2048, 0)),
+      ("clip_vitb16_ego4d:lavila", (19530, 2048, 0)),
+      ("ek100_mir_ft", (13100, 512, 131)),
+      ("ek100_cls_ft", (13100, 512, 262)),
+      ("videomae_vitb_k400_pretrain", (749600, 256, 37480)),
+      ("k400_ft", (93700, 256, 4685))]:
+    config = load(*spec.split(":"))
+    assert (config.total_steps, config.batch_size,
+            config.optim.warmup_steps) == schedule, spec
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -103,7 +123,8 @@ def test_synthetic_relevancy_grades_shared_verb_and_noun(corpora):
 @pytest.mark.parametrize("name", RECIPES)
 def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   # One run per recipe for the session, shared with test_handoff.py.
-  workdir, returned = debug_runs.run(tmp_path_factory, name)
+  workdir, returned = debug_runs.run(tmp_path_factory, name,
+                                     *OVERRIDES.get(name, ()))
 
   rows = monitor.read_metrics(workdir)
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
@@ -117,8 +138,14 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   for key in ("eval/mAP_avg", "eval/ek100_mir/mAP_avg"):
     if key in final:
       assert 0 < final[key] <= 1
-  config = load(name, "debug")
-  if config.eval.get("save_embeddings", False):  # One file per set and eval.
-    for set_name in [""] + list(config.eval.get("sets", {})):
+  config = debug_runs.load(name, *OVERRIDES.get(name, ()))
+  if name in OVERRIDES:  # 8 frames, (32 / 16)^2 patches and the class token.
+    params, saved = checkpoint.read_params(workdir / "checkpoints", 2)
+    assert (saved["model"]["num_frames"], saved["model"]["image_size"]) == (8, 32)
+    assert params["visual.temporal_pos"].shape[0] == 8
+    assert params["visual.spatial_pos"].shape[0] == 5
+  if config.eval.save_embeddings:  # One file per set and eval.
+    for set_name in [""] + list(config.eval.sets):
       saved = np.load(workdir / "embeddings" / set_name / "step_2.npz")
       assert saved["video"].shape[1] == saved["text"].shape[1]
+

@@ -71,7 +71,7 @@ def test_mir_finetune_at_8_frames_starts_from_a_checkpoint_step(
   step_dir = pretrained / "checkpoints" / "2"
   config = debug_runs.load(
       "ek100_mir_ft", f"--config.init_from={step_dir}",
-      "--config.data.num_frames=8", "--config.model.num_frames=8")
+      "--config.data.num_frames=8")
   workdir = debug_runs.prepare(config, tmp_path_factory.mktemp("mir8"),
                                tmp_path_factory)
   params = train.setup(config, workdir).state["params"]

@@ -8,11 +8,10 @@ import threading
 import time
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
-from vidjax import augment, errors, sharding
+from vidjax import augment, errors, recipe, sharding
 from vidjax.data import annotations, batches as batches_lib, ek100, pipeline
 from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
 
@@ -25,8 +24,8 @@ def corpus(tmp_path_factory):
 
 
 def config_for(root, **data):
-  config = ml_collections.ConfigDict({"seed": 3,
-                                      "data": pipeline.default_data_config()})
+  config = recipe.base_config("contrastive")
+  config.seed = 3
   config.data.update(root=str(root / "chunks"),
                      train_annotations=str(root / "train.jsonl"),
                      eval_annotations=str(root / "val.jsonl"), num_frames=4,
@@ -263,8 +262,6 @@ def tok(corpus):
 def corpus_config(corpus, data_format, **data):
   """The corpus's files in `data_format`, as a `:debug` run points at them."""
   config = config_for(corpus, format=data_format, **data)
-  with config.unlocked():
-    config.eval = ml_collections.ConfigDict(dict(relevancy="", sentences=""))
   synthetic_annotations.use_corpus(config, corpus)
   return config
 

@@ -138,7 +138,8 @@ def test_random_erase_one_box_per_clip(jitted):
 
 
 def test_config_keys_turn_them_on():
-  assert ra.make_clip_augment({}, augment.CLIP_MEAN, augment.CLIP_STD) is None
+  assert ra.make_clip_augment(augment.default_augment_config(), augment.CLIP_MEAN,
+                              augment.CLIP_STD) is None
   with pytest.raises(ValueError, match="erase_mode"):
     augment.make_augment({"erase_prob": 0.5, "erase_mode": "blur"})
   # The recipe's values; `k400_ft.py:debug` trains with them (test_configs).

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from vidjax import randaugment
 
@@ -30,6 +31,23 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # VideoMAE and most Kinetics recipes use the ImageNet statistics.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def default_augment_config() -> ml_collections.ConfigDict:
+  """`config.augment`: every key `make_augment` takes from a config, with
+  its default (the task adds num_classes, mask_ratio, tubelet, patch and
+  the model's dtype)."""
+  return ml_collections.ConfigDict(dict(
+      mean=CLIP_MEAN, std=CLIP_STD, hflip=False, mixup_alpha=0.0,
+      cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0,
+      mix_groups=1, randaugment_layers=0, randaugment_magnitude=7.0,
+      randaugment_prob=0.5, randaugment_std=0.5, erase_prob=0.0,
+      erase_mode='pixel'))
+
+
+# The keys a task gives `make_augment` (from the model), with their defaults.
+_TASK_KEYS = dict(dtype='float32', num_classes=None, mask_ratio=0.0, tubelet=2,
+                  patch=16)
 
 
 def normalize(video: Array, mean: Sequence[float] = CLIP_MEAN,
@@ -247,7 +265,8 @@ def tube_mask(key: Array, batch_size: int, num_frames: int, height: int, width: 
 def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]]:
   """Builds `fn(batch, key) -> batch` composing the augmentations for a task.
 
-  Config keys (a ConfigDict or dict; missing keys take the defaults):
+  Config keys (a ConfigDict or dict; missing keys take the defaults of
+  `default_augment_config` and, for the task's keys, those below):
     mean, std: normalisation on the 0-1 scale (default CLIP's).
     dtype: output video dtype, 'float32' (default) or 'bfloat16'.
     hflip: flip each clip with probability 0.5 (default False; use it when
@@ -272,24 +291,24 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     'mask': bool[B, N] when mask_ratio > 0.
   Pure and jit-compatible; works on batches sharded over a mesh.
   """
-  get = config.get
-  mean, std = tuple(get('mean', CLIP_MEAN)), tuple(get('std', CLIP_STD))
-  dtype = jnp.dtype(get('dtype', 'float32'))
-  hflip = bool(get('hflip', False))
-  mixup_alpha = float(get('mixup_alpha', 0.0))
-  cutmix_alpha = float(get('cutmix_alpha', 0.0))
+  config = {**default_augment_config(), **_TASK_KEYS, **dict(config)}
+  mean, std = tuple(config['mean']), tuple(config['std'])
+  dtype = jnp.dtype(config['dtype'])
+  hflip = bool(config['hflip'])
+  mixup_alpha = float(config['mixup_alpha'])
+  cutmix_alpha = float(config['cutmix_alpha'])
   mix = mixup_alpha > 0 or cutmix_alpha > 0
-  switch_prob, mix_prob = float(get('switch_prob', 0.5)), float(get('mix_prob', 1.0))
-  smoothing = float(get('label_smoothing', 0.0))
-  mix_groups = int(get('mix_groups', 1))
-  num_classes = get('num_classes', None)
+  switch_prob, mix_prob = float(config['switch_prob']), float(config['mix_prob'])
+  smoothing = float(config['label_smoothing'])
+  mix_groups = int(config['mix_groups'])
+  num_classes = config['num_classes']
   if isinstance(num_classes, int):
     num_classes = {'label': num_classes}
   num_classes = dict(num_classes or {})
   if (mix or smoothing > 0) and not num_classes:
     raise ValueError('augment: mixup/cutmix or label_smoothing needs config.num_classes')
-  mask_ratio = float(get('mask_ratio', 0.0))
-  tubelet, patch = int(get('tubelet', 2)), int(get('patch', 16))
+  mask_ratio = float(config['mask_ratio'])
+  tubelet, patch = int(config['tubelet']), int(config['patch'])
   clip_augment = randaugment.make_clip_augment(config, mean, std)
 
   def augment(batch: dict[str, Array], key: Array) -> dict[str, Array]:

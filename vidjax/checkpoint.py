@@ -225,13 +225,12 @@ class Checkpointer:
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
-    """Reads `checkpoint.every_steps`, `.keep` (3), `.async_save` (True),
-    `.best_metric` ('' = none) and `.best_mode` ('max')."""
+    """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
+    `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
     return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
-               keep=ck.get("keep", 3), async_save=ck.get("async_save", True),
-               best_metric=ck.get("best_metric", ""),
-               best_mode=ck.get("best_mode", "max"), **kwargs)
+               keep=ck.keep, async_save=ck.async_save,
+               best_metric=ck.best_metric, best_mode=ck.best_mode, **kwargs)
 
   def should_save(self, step: int) -> bool:
     return step > 0 and step % self.every_steps == 0

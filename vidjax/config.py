@@ -1,16 +1,19 @@
 """Config helpers: load "file.py[:arg]" with overrides, validate, config.json.
 
 Configs are Python files with `get_config(arg=None) -> ConfigDict` (big_vision
-style): `configs/demo.py:debug` calls `get_config("debug")`. `load_config`
-loads one with `--config.KEY=VALUE` overrides, for `main.py`, notebooks and
-tests alike; mistakes raise `vidjax.errors.ConfigError`s that name the key
-(with the known ones and close matches) or the value.
+style) built on `vidjax.recipe.base_config`: `configs/demo.py:debug` calls
+`get_config("debug")`. `load_config` loads one with `--config.KEY=VALUE`
+overrides, for `main.py`, notebooks and tests alike; mistakes raise
+`vidjax.errors.ConfigError`s that name the key (with the known ones and close
+matches) or the value.
 
-Keys every config has: `seed`, `total_steps`, `checkpoint.every_steps`,
-`log.every_steps`. `validate` also checks, when present: `batch_size`
-(global, all processes) against the devices and `accum_steps`,
-`eval.batch_size`, `data.num_frames` against `model.tubelet`, the names of
+`validate` checks a config before any work starts: keys missing from the
+base config, `seed`, `total_steps` (or `total_epochs`), `batch_size` (global,
+all processes) against the devices and `accum_steps`, `eval.batch_size`, the
+keys that must agree (the model's frames and image size with the data's,
+`model.tubelet` and the patch size, the model with the task), the names of
 the task, annotation format, sampling and crop, and the fractions.
+`epochs_to_steps` turns the `*_epochs` keys into steps at start-up.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import re
 
 from absl import flags
+from absl import logging
 import jax
 import ml_collections
 from ml_collections import config_flags
@@ -36,6 +40,10 @@ ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
 TUBELET_KEY = "model.tubelet"
+# `*_epochs` keys (> 0) and the step keys they set from the training records.
+EPOCH_KEYS = {"total_epochs": "total_steps",
+              "eval.every_epochs": "eval.every_steps",
+              "checkpoint.every_epochs": "checkpoint.every_steps"}
 
 _MISSING = object()
 
@@ -175,6 +183,95 @@ def _choice_problems(config) -> list[str]:
   return problems
 
 
+def _disagreements(config) -> list[str]:
+  """Keys whose values must fit each other but do not, naming both."""
+  # Imported here: the config module stays light for `load_config`.
+  from vidjax import recipe  # pylint: disable=import-outside-toplevel
+  from vidjax.data import source  # pylint: disable=import-outside-toplevel
+  from vidjax.models import vit  # pylint: disable=import-outside-toplevel
+  problems = []
+  for key, ref in recipe.REFERENCES.items():
+    value, expected = _get(config, key, None), _get(config, ref, None)
+    if None not in (value, expected) and value != expected:
+      problems.append(f"'{key}' = {value!r} but '{ref}' = {expected!r}: the "
+                      f"model's is the data's; set '{ref}' alone")
+  task, name = _get(config, "task", None), _get(config, "model.name", None)
+  if name and recipe.TASK_MODELS.get(task, name) != name:
+    problems.append(f"'model.name' = {name!r} but 'task' = {task!r} trains "
+                    f"a {recipe.TASK_MODELS[task]!r} model")
+  size, variant = _get(config, "data.size", None), _get(config, "model.variant", None)
+  if isinstance(size, int) and variant:
+    try:
+      patch = vit.parse_variant(variant)["patch_size"]
+    except ValueError as e:
+      problems.append(f"'model.variant': {e}")
+    else:
+      if size % patch:
+        problems.append(f"'data.size' = {size} is not divisible by the patch "
+                        f"size {patch} of 'model.variant' = {variant!r}")
+  length = _get(config, "model.text.context_length", None)
+  if length is not None and length != source.CONTEXT_LENGTH:
+    problems.append(f"'model.text.context_length' = {length} but the tokenizer "
+                    f"makes {source.CONTEXT_LENGTH} tokens per text")
+  for set_name, spec in _get(config, "eval.sets", {}).items():
+    for key in ("num_frames", "size"):  # The model is built for the run's.
+      value = _get(spec, f"data.{key}", None)
+      if value is not None and value != config.data[key]:
+        problems.append(f"'eval.sets.{set_name}.data.{key}' = {value!r} but "
+                        f"'data.{key}' = {config.data[key]!r}: the model is "
+                        "the run's")
+  return problems
+
+
+def _missing_keys(config) -> list[str]:
+  """Keys of the base config (and of `eval_set`) that `config` lacks."""
+  from vidjax import recipe  # pylint: disable=import-outside-toplevel
+
+  def missing(node, base, prefix):
+    out = []
+    for key in base:
+      if key not in node:
+        out.append(prefix + key)
+      elif isinstance(base[key], ml_collections.ConfigDict) and isinstance(
+          node[key], ml_collections.ConfigDict):
+        out += missing(node[key], base[key], f"{prefix}{key}.")
+    return out
+
+  task = _get(config, "task", None)
+  if task not in recipe.TASK_MODELS:
+    return []  # Named by `_choice_problems`.
+  keys = missing(config, recipe.base_config(task), "")
+  for name, spec in _get(config, "eval.sets", {}).items():
+    keys += missing(spec, recipe.eval_set(""), f"eval.sets.{name}.")
+  if not keys:
+    return []
+  more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+  return [f"missing keys: {', '.join(keys[:8])}{more}; build the config on "
+          f"vidjax.recipe.base_config({task!r}) (eval.sets on "
+          "vidjax.recipe.eval_set)"]
+
+
+def epochs_to_steps(config: ml_collections.ConfigDict, train_clips: int) -> None:
+  """Sets each step key of `EPOCH_KEYS` whose `*_epochs` key is > 0.
+
+  An epoch is `train_clips // batch_size` steps (the last partial batch is
+  dropped, as AVION does); each key gets at least one step.
+
+  Args:
+    config: the run's config (changed in place).
+    train_clips: the training records kept at start-up.
+  """
+  steps_per_epoch = max(1, train_clips // config.batch_size)
+  for epochs_key, steps_key in EPOCH_KEYS.items():
+    epochs = _get(config, epochs_key, 0)
+    if epochs > 0:
+      section, _, name = steps_key.rpartition(".")
+      node = _get(config, section) if section else config
+      node[name] = max(1, round(epochs * steps_per_epoch))
+      logging.info("%s = %d: %s = %g epochs of %d steps", steps_key,
+                   node[name], epochs_key, epochs, steps_per_epoch)
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   """Checks a config before any work starts; raises one error listing all.
 
@@ -187,11 +284,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   """
   num_devices = num_devices or jax.device_count()
   problems = []
+  by_epochs = _get(config, "total_epochs", 0) > 0  # Sets total_steps.
   for key in REQUIRED_KEYS:
     value = _get(config, key, None)
     if value is None:
       problems.append(f"'{key}' is missing: every config needs it")
-    elif key != "seed" and (not isinstance(value, int) or value <= 0):
+    elif (key != "seed" and not (key == "total_steps" and by_epochs)
+          and (not isinstance(value, int) or value <= 0)):
       problems.append(f"'{key}' = {value!r} must be a positive integer")
 
   accum = _get(config, ACCUM_KEY, 1) or 1
@@ -217,6 +316,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     problems.append(f"'{NUM_FRAMES_KEY}' = {frames} is not divisible by "
                     f"'{TUBELET_KEY}' = {tubelet}")
   problems += _choice_problems(config)
+  problems += _disagreements(config)
+  problems += _missing_keys(config)
   if problems:
     raise errors.ConfigError("invalid config:\n  - " + "\n  - ".join(problems),
                              hint="change them with --config.KEY=VALUE")
@@ -254,23 +355,3 @@ def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:
   with open(path, "w", encoding="utf-8") as f:
     f.write(text + "\n")
   return path
-
-
-def debug_on_synthetic(config: ml_collections.ConfigDict, **data) -> None:
-  """Turns a recipe into its `:debug` variant: 2 steps on CPU, synthetic data.
-
-  The part every recipe's `:debug` shares: a small synthetic corpus written
-  into the workdir, 4 frames of 64 px read by 2 threads, batch 16, a
-  checkpoint at step 2, metrics every step, one final eval. `data` adds or
-  overrides `config.data` keys (e.g. format="jsonl", stride=4). The recipe
-  then shrinks its model itself.
-  """
-  config.total_steps = 2
-  config.batch_size = 16
-  config.data.update(dict(num_frames=4, size=64, workers=0, threads=2, **data))
-  config.data.synthetic = ml_collections.ConfigDict(dict(
-      enabled=True, num_videos=8, segments_per_video=2, segment_seconds=2.0,
-      height=96, width=128, seed=0))
-  config.eval.update(every_steps=0, batch_size=8)
-  config.checkpoint.every_steps = 2
-  config.log.every_steps = 1

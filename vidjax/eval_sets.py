@@ -8,10 +8,7 @@ zero-shot EK-100 multi-instance retrieval during Ego4D pretraining). A named
 set is a ConfigDict of `data` (the `config.data` keys it changes: format,
 root, eval_annotations, ...) and `eval` keys; the rest is the run's:
 
-    c.eval.sets.ek100_mir = ConfigDict(dict(
-        data=ConfigDict(dict(format="ek100_mir", root="",
-                             eval_annotations="")),
-        relevancy="", sentences=""))
+    c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir")  # vidjax.recipe
 
 A named set whose `data.eval_annotations` is unset is skipped (said at
 start-up); the main set is skipped when `data.eval_annotations` is unset and
@@ -70,12 +67,12 @@ def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
 
 def eval_sets(config: ml_collections.ConfigDict) -> list[EvalSet]:
   """The run's evaluation sets, main set first (see the module docstring)."""
-  named = dict(config.get("eval", {}).get("sets", {}))
+  named = dict(config.eval.sets)
   sets = []
   if config.data.eval_annotations or not named:
     sets.append(EvalSet("", "eval/", config))
   for name, spec in named.items():
-    if spec.get("data", {}).get("eval_annotations", ""):
+    if spec.data.eval_annotations:
       sets.append(EvalSet(name, f"eval/{name}/", _resolve(config, name, spec)))
   return sets
 
@@ -86,35 +83,35 @@ def required_paths(config: ml_collections.ConfigDict,
   keys = ["data.root", "data.train_annotations"]
   keys += ["data.vocab"] if needs_text else []
   keys += [f"data.{k}" for k in ("train_sentences", "train_relevancy")
-           if config.data.get(k, "")]
+           if config.data[k]]
   for es in eval_sets(config):
     base = f"eval.sets.{es.name}." if es.name else ""
     spec = config.eval.sets[es.name] if es.name else config.eval
-    if es.name and spec.get("data", {}).get("root", ""):
+    if es.name and spec.data.root:
       keys.append(f"{base}data.root")
     keys.append(f"{base}data.eval_annotations" if es.name
                 else "data.eval_annotations")
     keys += [base + k if es.name else f"eval.{k}"
-             for k in ("relevancy", "sentences") if spec.get(k, "")]
+             for k in ("relevancy", "sentences") if spec[k]]
   return keys
 
 
 def check_files(config: ml_collections.ConfigDict) -> None:
   """Start-up checks beyond existence: relevancy shapes against the clips
   and captions they go with; says which named sets are skipped."""
-  for name, spec in config.get("eval", {}).get("sets", {}).items():
-    if not spec.get("data", {}).get("eval_annotations", ""):
+  for name, spec in config.eval.sets.items():
+    if not spec.data.eval_annotations:
       logging.warning("evaluation set %r skipped: set eval.sets.%s.data."
                       "eval_annotations (and its other files) to run it",
                       name, name)
   for es in eval_sets(config):
     c = es.config
-    if not c.eval.get("relevancy", ""):
+    if not c.eval.relevancy:
       continue
     matrix = ek100.load_relevancy(c.eval.relevancy,
                                   allow_pickle=c.data.allow_pickle, mmap=True)
     clips = len(pipeline.load_annotations(c.data, c.data.eval_annotations))
-    sentences = c.eval.get("sentences", "") or None
+    sentences = c.eval.sentences or None
     captions = len(ek100.load_ek100_mir_sentences(sentences)) if sentences \
         else clips
     ek100.check_relevancy_shape(matrix, c.eval.relevancy, clips,
@@ -177,7 +174,7 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
     merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
                                         config.eval.batch_size)
   metrics = run.task.eval_metrics(merged, config)
-  if (config.eval.get("save_embeddings", False) and run.workdir
+  if (config.eval.save_embeddings and run.workdir
       and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
     emb = run.task.embeddings(merged, config)
     video_ids = _record_ids(records)[emb["index"]]

@@ -169,22 +169,20 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
   """
   if total_steps <= 0:
     raise ValueError(f'optim: total_steps must be positive, got {total_steps}')
-  defaults = default_optim_config()
-  get = lambda key: config.get(key, defaults[key])  # noqa: E731  (older configs lack keys)
   schedule = make_schedule(config, total_steps)
-  mu_dtype = jnp.dtype(get('mu_dtype')) if get('mu_dtype') else None
-  wd = float(get('weight_decay'))
-  mask = lambda params: decay_mask(params, tuple(get('no_decay_names')))  # noqa: E731
+  mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
+  wd = float(config.weight_decay)
+  mask = lambda params: decay_mask(params, tuple(config.no_decay_names))  # noqa: E731
 
-  name = get('name')
+  name = config.name
   if name == 'adamw':
-    opt = optax.adamw(schedule, b1=get('b1'), b2=get('b2'), eps=get('eps'), mu_dtype=mu_dtype,
-                      weight_decay=wd, mask=mask, nesterov=bool(get('nesterov')))
+    opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
+                      weight_decay=wd, mask=mask, nesterov=bool(config.nesterov))
   elif name == 'lion':
-    opt = optax.lion(schedule, b1=get('b1'), b2=get('b2'), mu_dtype=mu_dtype,
+    opt = optax.lion(schedule, b1=config.b1, b2=config.b2, mu_dtype=mu_dtype,
                      weight_decay=wd, mask=mask)
   elif name == 'sgd':
-    opt = optax.sgd(schedule, momentum=get('momentum') or None, nesterov=bool(get('nesterov')),
+    opt = optax.sgd(schedule, momentum=config.momentum or None, nesterov=bool(config.nesterov),
                     accumulator_dtype=mu_dtype)
     if wd:  # torch.optim.SGD's weight decay: added to the gradient before momentum.
       opt = optax.chain(optax.add_decayed_weights(wd, mask), opt)
@@ -192,11 +190,11 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
     raise ValueError(f"optim: config.name must be 'adamw', 'sgd' or 'lion', got {name!r}")
 
   parts = []
-  if get('clip_grad_norm') > 0:
-    parts.append(optax.clip_by_global_norm(float(get('clip_grad_norm'))))
+  if config.clip_grad_norm > 0:
+    parts.append(optax.clip_by_global_norm(float(config.clip_grad_norm)))
   parts.append(opt)
-  if get('layer_decay') != 1.0:
-    parts.append(scale_by_layer(float(get('layer_decay')), int(get('num_layers')), layer_id_fn
-                                or regex_layer_id(get('layer_regex'), get('embed_regex')),
-                                get('layer_regex')))
+  if config.layer_decay != 1.0:
+    parts.append(scale_by_layer(float(config.layer_decay), int(config.num_layers), layer_id_fn
+                                or regex_layer_id(config.layer_regex, config.embed_regex),
+                                config.layer_regex))
   return optax.chain(*parts), schedule

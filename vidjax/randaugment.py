@@ -311,20 +311,20 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
                       ) -> Callable[[Array, Array], Array] | None:
   """`fn(video, key)` applying RandAugment then random erasing, or None.
 
-  Config keys (`vidjax.augment.make_augment`'s config): randaugment_layers
-  (0 = off; AVION 4), randaugment_magnitude (7), randaugment_prob (0.5),
+  Config keys (a full `config.augment`, see
+  `vidjax.augment.default_augment_config`): randaugment_layers (0 = off;
+  AVION 4), randaugment_magnitude (7), randaugment_prob (0.5),
   randaugment_std (0.5), erase_prob (0 = off; AVION 0.25), erase_mode
   ('pixel').
   """
-  get = config.get
-  layers, erase_prob = int(get("randaugment_layers", 0)), float(
-      get("erase_prob", 0.0))
+  layers, erase_prob = int(config["randaugment_layers"]), float(
+      config["erase_prob"])
   if not layers and not erase_prob:
     return None
-  magnitude = float(get("randaugment_magnitude", 7.0))
-  prob, std_level = float(get("randaugment_prob", 0.5)), float(
-      get("randaugment_std", 0.5))
-  mode = str(get("erase_mode", "pixel"))
+  magnitude = float(config["randaugment_magnitude"])
+  prob, std_level = float(config["randaugment_prob"]), float(
+      config["randaugment_std"])
+  mode = str(config["erase_mode"])
   if mode not in ("pixel", "rand", "const"):
     raise ValueError(f"augment: erase_mode must be 'pixel', 'rand' or "
                      f"'const', got {mode!r}")

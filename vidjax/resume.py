@@ -81,7 +81,7 @@ def resolve_start(workdir, config) -> StartPoint:
   step = checkpoint.latest_complete_step(own)
   if step is not None:
     return StartPoint("workdir", own, step)
-  resume = config.get("resume") or None
+  resume = config.resume or None
   if resume:
     directory, step = find_checkpoint(resume)
     if step is None:
@@ -89,7 +89,7 @@ def resolve_start(workdir, config) -> StartPoint:
           f"config.resume={resume!r}: no complete checkpoint found there",
           hint="give a run's workdir, its checkpoints/ dir or a step dir")
     return StartPoint("resume", directory, step)
-  init_from = config.get("init_from") or None
+  init_from = config.init_from or None
   if init_from:
     if not epath.Path(init_from).exists():
       raise errors.PathError(f"config.init_from={init_from!r} does not exist")

@@ -86,7 +86,7 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
   first: without them XLA may hand back a small replicated leaf sharded,
   and the next call compiles the step again.
   """
-  accum = config.get("accum_steps", 1)
+  accum = config.accum_steps
   # Frames leave the augment in the compute dtype (bf16 on GPU): the model
   # casts them anyway, and half the bytes cross HBM. A config's own
   # augment.dtype wins.

@@ -68,7 +68,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   and WORKDIR/log.txt are written and half-written checkpoints removed.
   """
   config_lib.validate(config, jax.device_count())
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
   if splits:
@@ -81,6 +81,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   reports = checks.check_annotations(
       config, splits, needs_text=task.NEEDS_TEXT,
       needs_label=config.task == "classification") if splits else {}
+  if "train" in reports:  # `*_epochs` keys count epochs of these records.
+    config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
 
   start = resume.resolve_start(workdir, config)
   if start.kind in ("workdir", "resume"):
@@ -105,10 +107,10 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     logging.info("resumed from %s at step %d", start.path, restored.step)
   elif start.kind == "init_from":  # Parameters only, onto their shardings.
     source = weights.read_source(
-        start.path, allow_pickle=config.get("init_allow_pickle", False))
+        start.path, allow_pickle=config.init_allow_pickle)
     params, report = init_from.load_params(
         state["params"], config.model, source,
-        keep_init=tuple(config.get("init_keep", ())))
+        keep_init=tuple(config.init_keep))
     report.log(workdir)  # Also WORKDIR/init_from.json.
     run.state = dict(state, params=params)
   if splits:
@@ -122,7 +124,7 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
   clips = {s: len(r.kept_records()) for s, r in reports.items()}
   logging.info("%s", console.run_summary(
       devices=jax.devices(), batch_size=config.batch_size,
-      accum_steps=config.get("accum_steps", 1), num_params=num_params,
+      accum_steps=config.accum_steps, num_params=num_params,
       clips=clips, total_steps=config.total_steps,
       first_step=int(run.state["step"]), start=_start_text(start)))
   if "train" in clips and config.batch_size > clips["train"]:
@@ -184,11 +186,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   flops = flops_lib.flops_per_example(config.model)["training"]
   timer = monitor.StepTimer(
       global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
-      peak_flops_per_device=config.get("peak_tflops", 0.0) * 1e12 or
+      peak_flops_per_device=config.peak_tflops * 1e12 or
       monitor.peak_flops_per_device())
   late = monitor.LateMetrics()
   bar = console.ProgressBar(config.total_steps, first_step)
-  eval_every = config.eval.get("every_steps", 0)
+  eval_every = config.eval.every_steps
   last_eval, last_saved = {}, first_step or None
   preempted, estimated = False, False
 

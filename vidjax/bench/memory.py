@@ -78,7 +78,7 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
   """
   config = config.copy_and_resolve_references()
   config.model.update(remat=remat, dtype="bfloat16")
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  mesh = sharding.make_mesh(fsdp=config.fsdp)
   on_gpu = jax.default_backend() == "gpu"
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
     state, rest, steps = steps_lib.build_state_and_steps(
@@ -101,7 +101,7 @@ def compiled_memory(config, remat: str, global_batch: int) -> float:
   """GiB of XLA's memory analysis of the step compiled here (see docstring)."""
   config = config.copy_and_resolve_references()
   config.model.update(remat=remat, dtype="bfloat16")
-  mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
+  mesh = sharding.make_mesh(fsdp=config.fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
       config, tasks.get_task(config.task), mesh, abstract=True)
   batch = batches.batch_spec(config, global_batch)
@@ -132,7 +132,7 @@ def main(argv=None) -> list[dict]:
   model = config.model
   print(f"{args.config}: {model.name} {model.variant}, {model.num_frames} "
         f"frames of {model.image_size}px, bf16, residual stream "
-        f"{model.get('residual_dtype', 'float32')}, {per_device} clips per "
+        f"{model.residual_dtype}, {per_device} clips per "
         f"device; attention as on a GPU with cuDNN; jax {jax.__version__}, "
         f"backend {jax.default_backend()}")
   header = (f"{'remat':<26}{'kept MiB/clip':>14}{'fixed GiB':>11}"

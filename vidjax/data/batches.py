@@ -161,8 +161,8 @@ def random_batch(config: ml_collections.ConfigDict, batch_size: int,
   devices, so that a benchmark times the step without the host in the way.
   """
   spec = batch_spec(config, batch_size)
-  high = {"tokens": config.model.get("text", {}).get("vocab_size", 1),
-          **{name: config.model.get("num_classes", 1)
+  high = {"tokens": config.model.text.vocab_size if "text" in config.model else 1,
+          **{name: config.model.num_classes if "num_classes" in config.model else 1
              for name in ("label", "verb", "noun")}}
 
   @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))

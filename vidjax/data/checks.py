@@ -90,10 +90,10 @@ def load_tokenizer(config: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer
   except ValueError as e:
     raise errors.ConfigError(f"data.vocab: {e}", hint="it should be a gzip "
                              f"BPE merges file like {tokenizer_lib.CLIP_VOCAB_FILE}") from e
-  text = config.model.get("text", None)
-  if text is not None and text.get("vocab_size", None) == 0:
+  text = config.model.text
+  if text.vocab_size == 0:
     text.vocab_size = tokenizer.vocab_size
-  elif text is not None and tokenizer.vocab_size > text.vocab_size:
+  elif tokenizer.vocab_size > text.vocab_size:
     raise errors.ConfigError(
         f"{config.data.vocab} has {tokenizer.vocab_size} tokens but "
         f"model.text.vocab_size is {text.vocab_size}",
@@ -201,8 +201,8 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
 
 def _num_classes(config, records_by_path: dict) -> int:
   """`model.num_classes`, set from the labels (max + 1) when it is 0."""
-  model = config.get("model", {})
-  if "num_classes" not in model:
+  model = config.model
+  if "num_classes" not in model:  # Only a classifier has classes.
     return 0
   if model.num_classes == 0:
     labels = [r.label for recs in records_by_path.values() for r in recs
@@ -262,7 +262,7 @@ def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
     errors.DataError: more than `data.max_bad_row_fraction` of a file's rows
       are bad (the message has the numbers and an example of each problem).
   """
-  limit = config.data.get("max_bad_row_fraction", 0.0)
+  limit = config.data.max_bad_row_fraction
   lines, over = [], []
   for split, r in reports.items():
     path = None

@@ -45,6 +45,8 @@ Config keys (`config.data`, see `default_data_config`):
   max_attempts    reads per training element before giving up on it
   max_bad_row_fraction  stop at start-up when more than this share of an
                   annotation file's rows are bad (`vidjax.data.checks`)
+  synthetic       the synthetic corpus used when no data path is set
+                  (`enabled`, its size and `seed`; `vidjax.data.synthetic`)
 
 A failed read is logged when a file fails for the first time (once per
 file and process), counted per file (`Pipeline.failures`), and the
@@ -79,7 +81,11 @@ def default_data_config() -> ml_collections.ConfigDict:
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
       eval_clips=1, eval_crops=1,
       workers=0, threads=0, worker_buffer=8, device_prefetch=2,
-      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01))
+      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01,
+      synthetic=ml_collections.ConfigDict(dict(
+          enabled=False, num_videos=96, segments_per_video=2,
+          segment_seconds=3.0, height=96, width=128, seed=0,
+          relevancy=False))))
 
 
 def split_paths(value: str) -> list[str]:
@@ -103,7 +109,7 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
 
 def caption_positives(data: ml_collections.ConfigDict, records):
   """EK-100 MIR training positives (`data.train_relevancy`), or None."""
-  if not data.get("train_relevancy", ""):
+  if not data.train_relevancy:
     return None
   files = split_paths(data.train_annotations)
   if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:

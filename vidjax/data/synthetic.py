@@ -194,8 +194,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bo
   Returns:
     Whether the synthetic corpus is used.
   """
-  spec = config.data.get("synthetic", None)
-  if not spec or not spec.enabled:
+  spec = config.data.synthetic
+  if not spec.enabled:
     return False
   given = [f"data.{k}" for k in DATA_PATH_KEYS if config.data[k]]
   if given:

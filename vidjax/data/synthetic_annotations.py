@@ -199,10 +199,10 @@ def use_corpus(config: ml_collections.ConfigDict,
       data.allow_pickle = True
     if data.format == "ek100_mir":
       _use_mir_files(data, config.eval, root, train=True)
-    elif data.get("synthetic", {}).get("relevancy", False):
+    elif data.synthetic.relevancy:
       config.eval.relevancy = str(root / "relevancy_val.npy")
-    for eval_set in config.eval.get("sets", {}).values():
-      if eval_set.get("data", {}).get("format", "") == "ek100_mir":
+    for eval_set in config.eval.sets.values():
+      if eval_set.data.format == "ek100_mir":
         eval_set.data.update(root=str(root / "chunks"),
                              eval_annotations=str(root / FILES["ek100_mir"][1]))
         _use_mir_files(eval_set.data, eval_set, root, train=False)

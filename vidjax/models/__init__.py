@@ -130,18 +130,18 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
   """The constructor keyword arguments (without rngs) for `config.name`."""
   sizes = parse_variant(config.variant)
   for key in ('width', 'depth', 'heads', 'mlp_dim'):
-    if config.get(key) is not None:
+    if config[key] is not None:
       sizes[key] = config[key]
-  if config.get('mlp_dim') is None:
+  if config.mlp_dim is None:
     sizes['mlp_dim'] = 4 * sizes['width']
   common = dict(
       patch_size=sizes['patch_size'], image_size=config.image_size,
       num_frames=config.num_frames, tubelet=config.tubelet,
       drop_path=drop_path_rates(config.drop_path, sizes['depth'],
-                                config.get('drop_path_schedule', 'linear')),
+                                config.drop_path_schedule),
       attention=config.attention, remat=config.remat, scan=config.scan,
       dtype=resolve_dtype(config.dtype),
-      residual_dtype=resolve_dtype(config.get('residual_dtype', 'float32')))
+      residual_dtype=resolve_dtype(config.residual_dtype))
   vision = dict(width=sizes['width'], depth=sizes['depth'],
                 heads=sizes['heads'], mlp_dim=sizes['mlp_dim'])
   if config.name == 'clip':

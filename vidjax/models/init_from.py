@@ -314,15 +314,16 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     (params with the loaded values, `Report`). Parameters the source does
     not provide keep their value.
   """
-  backbone = model_config.get('backbone', '')
-  if model_config.name == 'classifier' and backbone not in ('', source.backbone):
+  if model_config.name == 'classifier' and model_config.backbone not in (
+      '', source.backbone):
     raise InitFromError(f'{source.description} has a {source.backbone} '
-                        f"backbone but config.model.backbone is {backbone!r}")
+                        'backbone but config.model.backbone is '
+                        f'{model_config.backbone!r}')
   leaves = {path_name(k): v for k, v in
             jax.tree_util.tree_flatten_with_path(params)[0]}
   values, report = fill(
       {name: leaf.shape for name, leaf in leaves.items()}, source,
-      model_config.name, tubelet=model_config.get('tubelet', 1),
+      model_config.name, tubelet=model_config.tubelet,
       keep_init=() if source.vidjax else keep_init,
       patch_inflation=patch_inflation)
 

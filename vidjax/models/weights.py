@@ -188,6 +188,7 @@ def _vidjax_source(params: dict, config: dict, description: str
         tensors[path.replace('.layers.', f'.layers.{i}.', 1)] = layer
     else:
       tensors[path] = value
+  # The saved run's config, read back from its checkpoint: may be empty.
   model = config.get('model', {})
   kind = model.get('name') or (
       'clip' if 'text.pos_embed' in tensors else

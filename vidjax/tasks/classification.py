@@ -19,7 +19,7 @@ LABELS = ("label", "verb", "noun")
 
 
 def augment_config(config, *, train: bool) -> dict:
-  augment = dict(config.get("augment", {}))
+  augment = dict(config.augment)
   if not train:
     return common.eval_augment(augment)
   return {**augment, "num_classes": {"label": config.model.num_classes}}

@@ -25,7 +25,7 @@ NEEDS_TEXT = True
 
 
 def augment_config(config, *, train: bool) -> dict:
-  augment = dict(config.get("augment", {}))
+  augment = dict(config.augment)
   return augment if train else common.eval_augment(augment)
 
 
@@ -45,7 +45,7 @@ def eval_outputs(model, batch):
 
 def eval_captions(config) -> list[tuple[str, str]] | None:
   """`(narration_id, text)` of `config.eval.sentences`, to embed apart."""
-  sentences = config.get("eval", {}).get("sentences", "")
+  sentences = config.eval.sentences
   return ek100.load_ek100_mir_sentences(sentences) if sentences else None
 
 
@@ -87,7 +87,7 @@ def similarity(video: np.ndarray, text: np.ndarray) -> np.ndarray:
 
 def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
   """Relevancy of the evaluated clips (rows `ids`) to the texts (columns)."""
-  path, sentences = config.eval.relevancy, config.eval.get("sentences", "")
+  path, sentences = config.eval.relevancy, config.eval.sentences
   matrix = ek100.load_relevancy(path, allow_pickle=config.data.allow_pickle)
   columns = np.arange(num_texts) if sentences else ids
   # The shapes were checked against the files at start-up (`eval_sets`);
@@ -104,7 +104,7 @@ def eval_metrics(outputs, config) -> dict[str, float]:
   emb = embeddings(outputs, config)
   metrics = metrics_lib.retrieval_recall(
       similarity(emb["video"], emb["own_text"]))
-  if config.get("eval", {}).get("relevancy", ""):
+  if config.eval.relevancy:
     relevancy = _relevancy(config, emb["index"], len(emb["text"]))
     metrics.update(metrics_lib.ek100_mir_metrics(
         similarity(emb["video"], emb["text"]), relevancy))

@@ -17,7 +17,7 @@ NEEDS_TEXT = False
 
 
 def augment_config(config, *, train: bool) -> dict:
-  augment = dict(config.get("augment", {}))
+  augment = dict(config.augment)
   patch = vit.parse_variant(config.model.variant)["patch_size"]
   # The tube mask in evaluation too: the model reconstructs masked tubes.
   return {**(augment if train else common.eval_augment(augment)),

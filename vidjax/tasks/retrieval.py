@@ -23,7 +23,7 @@ def loss(model, batch, key, config):
   video = losses.l2_normalize(
       model.encode_video(batch["video"], deterministic=False, rngs=key))
   text = losses.l2_normalize(model.encode_text(batch["tokens"]))
-  margin = config.get("loss", {}).get("margin", 0.2)
+  margin = config.loss.margin
   value = losses.max_margin_ranking_loss(video @ text.T, margin=margin,
                                          valid=batch.get("valid"))
   return value, {}

@@ -1,0 +1,195 @@
+"""What every recipe builds on: the base config, `:arg` variants, `:debug`.
+
+A recipe (configs/NAME.py) is `get_config(arg=None) -> ConfigDict`. It
+starts from `base_config(task)`, which holds every key a run reads with its
+default, and states only what differs:
+
+    def get_config(arg=None):
+      variants = recipe.variants(arg, ("debug",))
+      c = recipe.base_config("classification")
+      c.data.update(format="kinetics", sampling="stride", workers=16)
+      c.model.num_classes = 400
+      recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
+                      batch_size=256)
+      if "debug" in variants:
+        recipe.debug_on_synthetic(c, format="jsonl")
+        recipe.tiny_model(c, num_classes=48)
+      return c
+
+Top-level keys of the base config (sections are documented where they are
+read):
+  seed            seeds the parameters, the data order and the augmentations
+  task            'contrastive' | 'retrieval' | 'mae' | 'classification'
+  total_steps     optimizer steps of the run
+  total_epochs    > 0: replaces total_steps by as many epochs of the checked
+                  training records, at start-up (so do `eval.every_epochs`
+                  and `checkpoint.every_epochs` for their `every_steps`)
+  batch_size      global batch (all processes)
+  accum_steps     microbatches per step (gradient accumulation)
+  fsdp            devices each parameter is sharded over (1: replicated)
+  resume          a run (workdir, checkpoints/ or step dir) to continue
+                  when the workdir has no checkpoint yet
+  init_from       weights to start from (`vidjax.models.weights`)
+  init_allow_pickle  let `init_from` unpickle a file (runs its code)
+  init_keep       parameter path prefixes kept at their initial values when
+                  `init_from` is released weights
+  peak_tflops     per device, for MFU; 0 looks the device kind up
+  data            `vidjax.data.pipeline.default_data_config`
+  model           `vidjax.models.default_model_config` of the task's model;
+                  `model.num_frames` and `model.image_size` are references
+                  to `data.num_frames` and `data.size`: set the data's
+  optim           `vidjax.optim.default_optim_config`
+  augment         `vidjax.augment.default_augment_config`
+  loss.margin     the retrieval task's max-margin ranking loss
+  eval            every_steps (0: only at the end), every_epochs,
+                  batch_size, relevancy, sentences, save_embeddings and
+                  named `sets` (`eval_set`; see `vidjax.eval_sets`)
+  checkpoint      every_steps, every_epochs, keep (the last N), async_save,
+                  best_metric ('' for none) and best_mode ('max' | 'min')
+  log.every_steps metrics written every N steps
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ml_collections
+
+from vidjax import augment, models, optim
+from vidjax.data import pipeline
+
+# The model each task trains (`model.name`).
+TASK_MODELS = {"contrastive": "clip", "retrieval": "clip", "mae": "videomae",
+               "classification": "classifier"}
+
+# One fact, one key: these keys are references to the data's, so that a
+# change of the data's frames or size (on the command line too) moves them.
+REFERENCES = {"model.num_frames": "data.num_frames",
+              "model.image_size": "data.size"}
+
+# Training clips of the published data sets, as AVION counts them: the
+# recipes' schedules assume these (`total_epochs` counts your own instead).
+TRAIN_CLIPS = {
+    "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
+    "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
+    "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
+}
+
+
+def base_config(task: str) -> ml_collections.ConfigDict:
+  """Every key a run of `task` reads, with its default (module docstring)."""
+  if task not in TASK_MODELS:
+    raise ValueError(f"task must be one of {list(TASK_MODELS)}, got {task!r}")
+  c = ml_collections.ConfigDict(dict(
+      seed=0, task=task, total_steps=0, total_epochs=0.0, batch_size=64,
+      accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
+      init_keep=(), peak_tflops=0.0))
+  c.data = pipeline.default_data_config()
+  c.model = models.default_model_config(TASK_MODELS[task])
+  for key, ref in REFERENCES.items():
+    (section, name), (ref_section, ref_name) = key.split("."), ref.split(".")
+    c[section][name] = c[ref_section].get_ref(ref_name)
+  c.optim = optim.default_optim_config()
+  c.augment = augment.default_augment_config()
+  c.loss = ml_collections.ConfigDict(dict(margin=0.2))
+  c.eval = ml_collections.ConfigDict(dict(
+      every_steps=0, every_epochs=0.0, batch_size=64, relevancy="",
+      sentences="", save_embeddings=False, sets=ml_collections.ConfigDict()))
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=1000, every_epochs=0.0, keep=2, async_save=True,
+      best_metric="", best_mode="max"))
+  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+  return c
+
+
+def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
+             batch_size: int, epochs: int, warmup_epochs: int = 0) -> int:
+  """A published schedule in epochs, as steps of an assumed data set size.
+
+  Sets `batch_size`, `total_steps` and `optim.warmup_steps` for `epochs`
+  (`warmup_epochs`) of `train_clips` clips (e.g. `TRAIN_CLIPS['k400']`),
+  the last partial batch of each epoch dropped, as AVION does.
+
+  Returns:
+    The steps per epoch, for the recipe's other per-epoch keys.
+  """
+  steps_per_epoch = train_clips // batch_size
+  config.batch_size = batch_size
+  config.total_steps = epochs * steps_per_epoch
+  config.optim.warmup_steps = warmup_epochs * steps_per_epoch
+  return steps_per_epoch
+
+
+def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
+  """A named evaluation set for `eval.sets` (see `vidjax.eval_sets`).
+
+  Args:
+    data_format: its annotation format (`data.format`).
+    **data: other `config.data` keys it changes.
+
+  Returns:
+    The set: its `data` keys (the format, the other keys given, and `root`
+    and `eval_annotations`, the user's to give: '' skips the set) and its
+    own `relevancy` and `sentences` ('' for none).
+  """
+  return ml_collections.ConfigDict(dict(
+      data=ml_collections.ConfigDict(dict(
+          format=data_format, root="", eval_annotations="", **data)),
+      relevancy="", sentences=""))
+
+
+def variants(arg: str | None, known: Sequence[str], *,
+             exclusive: Sequence[str] = ()) -> set[str]:
+  """The variants named by a recipe's `:arg`, joined by commas.
+
+  Args:
+    arg: what follows the colon of "configs/NAME.py:arg" (None: nothing).
+    known: the recipe's variants.
+    exclusive: variants of which at most one may be named.
+
+  Returns:
+    The named variants, e.g. {'labels', 'cpu'} for "labels,cpu".
+
+  Raises:
+    ValueError: an unknown variant, or two exclusive ones, naming the known.
+  """
+  named = {v.strip() for v in (arg or "").split(",") if v.strip()}
+  unknown = sorted(named - set(known))
+  clash = sorted(named & set(exclusive))
+  if unknown or len(clash) > 1:
+    what = (f"unknown variant {', '.join(map(repr, unknown))}" if unknown
+            else f"variants {' and '.join(clash)} exclude each other")
+    several = (f" (join several with commas, e.g. :{known[-2]},{known[-1]})"
+               if len(known) > 1 else "")
+    raise ValueError(f"{what}; known variants: "
+                     f"{', '.join(':' + k for k in known)}{several}")
+  return named
+
+
+def debug_on_synthetic(config: ml_collections.ConfigDict, **data) -> None:
+  """Turns a recipe into its `:debug` variant: 2 steps on CPU, synthetic data.
+
+  The part every recipe's `:debug` shares: a small synthetic corpus written
+  into the workdir, 4 frames of 64 px read by 2 threads, batch 16, a
+  checkpoint at step 2, metrics every step, one final eval. `data` adds or
+  overrides `config.data` keys (e.g. format="jsonl", stride=4). The recipe
+  then shrinks its model with `tiny_model`.
+  """
+  config.total_steps = 2
+  config.batch_size = 16
+  config.data.update(dict(num_frames=4, size=64, workers=0, threads=2, **data))
+  config.data.synthetic.update(enabled=True, num_videos=8, segment_seconds=2.0)
+  config.eval.update(every_steps=0, batch_size=8)
+  config.checkpoint.every_steps = 2
+  config.log.every_steps = 1
+
+
+def tiny_model(config: ml_collections.ConfigDict, **model) -> None:
+  """The tiny float32 backbone of every `:debug` recipe and the demo (so
+  that one's checkpoints initialise another's), its text tower and joint
+  space as small; `model` adds or overrides `config.model` keys."""
+  tiny = dict(variant="Ti/16", width=64, depth=2, heads=2, remat="none",
+              dtype="float32")
+  if config.model.name == "clip":
+    tiny["embed_dim"] = 64
+    config.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)
+  config.model.update(dict(tiny, **model))
