@@ -110,7 +110,8 @@ def test_load_params_puts_each_array_on_the_live_sharding():
                                                           x.dtype), s),
                       abstract, shardings)
   sd = random_clip_state_dict()
-  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
+  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1,
+                                                backbone=''))
   params, _ = init_from.load_params(live, model_config, weights.convert(sd))
   kernel = params['encoder']['blocks']['layers'][0]['mlp']['fc1']['kernel']
   assert kernel[...].sharding.spec == P(None, 'fsdp')  # [64, 256] split
@@ -146,7 +147,8 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
   source = weights.read_source(str(tmp_path))
   assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
   live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
-  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1))
+  model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1,
+                                                backbone=''))
   loaded, report = init_from.load_params(live, model_config, source)
   np.testing.assert_array_equal(
       loaded['encoder']['blocks']['layers'][1]['attn']['qkv']['kernel'][...],

@@ -187,7 +187,7 @@ def _disagreements(config) -> list[str]:
   """Keys whose values must fit each other but do not, naming both."""
   # Imported here: the config module stays light for `load_config`.
   from vidjax import recipe  # pylint: disable=import-outside-toplevel
-  from vidjax.data import source  # pylint: disable=import-outside-toplevel
+  from vidjax.data import loader  # pylint: disable=import-outside-toplevel
   from vidjax.models import vit  # pylint: disable=import-outside-toplevel
   problems = []
   for key, ref in recipe.REFERENCES.items():
@@ -210,9 +210,9 @@ def _disagreements(config) -> list[str]:
         problems.append(f"'data.size' = {size} is not divisible by the patch "
                         f"size {patch} of 'model.variant' = {variant!r}")
   length = _get(config, "model.text.context_length", None)
-  if length is not None and length != source.CONTEXT_LENGTH:
+  if length is not None and length != loader.CONTEXT_LENGTH:
     problems.append(f"'model.text.context_length' = {length} but the tokenizer "
-                    f"makes {source.CONTEXT_LENGTH} tokens per text")
+                    f"makes {loader.CONTEXT_LENGTH} tokens per text")
   for set_name, spec in _get(config, "eval.sets", {}).items():
     for key in ("num_frames", "size"):  # The model is built for the run's.
       value = _get(spec, f"data.{key}", None)
