@@ -2,13 +2,27 @@
 
 The flag must be set before jax is imported anywhere, hence at the top of
 conftest (pytest imports it before any test module).
+
+Many tests compile the same small steps (the `:debug` recipes in-process,
+then again in the command-line subprocesses they start): JAX's persistent
+compilation cache, in a directory new to each test session and inherited by
+the subprocesses, compiles each of them once.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="vidjax-tests-jax-cache-")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 import pytest  # noqa: E402
 
