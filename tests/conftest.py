@@ -3,18 +3,22 @@
 The flag must be set before jax is imported anywhere, hence at the top of
 conftest (pytest imports it before any test module).
 
-Many tests compile the same small steps (the `:debug` recipes in-process,
-then again in the command-line subprocesses they start): JAX's persistent
-compilation cache, in a directory new to each test session and inherited by
-the subprocesses, compiles each of them once.
+Compiling dominates the suite's time. Many tests compile the same small
+steps (the `:debug` recipes in-process, then again in the command-line
+subprocesses they start): JAX's persistent compilation cache, in a
+directory new to each test session and shared by the test processes
+(pytest-xdist) and their subprocesses, compiles each of them once.
 """
 import atexit
 import os
 import shutil
 import tempfile
 
+# LLVM's optimisation level 0: tiny models compile ~30% faster, and run
+# their few steps about as fast.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    " --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

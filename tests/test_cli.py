@@ -106,6 +106,7 @@ def trained(own, tmp_path_factory):
   return root, workdir, bad_chunk, result
 
 
+@pytest.mark.slow
 def test_own_videos_from_chunks_to_plots(trained):
   root, workdir, bad_chunk, result = trained
   err = result.stderr

@@ -14,6 +14,10 @@ from vidjax import config as config_lib
 from vidjax import monitor
 from vidjax.data import annotations, synthetic
 
+# The :debug runs are made once per test process (debug_runs.py): keep the
+# tests that share them in one process when tests run in parallel.
+pytestmark = pytest.mark.xdist_group("debug_runs")
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # Recipe -> the final evaluation metrics its task must report.

@@ -16,6 +16,10 @@ from vidjax.data import ek100
 from vidjax.tasks import contrastive
 from test_metrics import _ndcg_loop, _official_ap_loop
 
+# The :debug runs are made once per test process (debug_runs.py): keep the
+# tests that share them in one process when tests run in parallel.
+pytestmark = pytest.mark.xdist_group("debug_runs")
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 

@@ -19,6 +19,10 @@ from vidjax import monitor
 from vidjax.models import init_from
 from vidjax.models.tensor_io import interpolate_temporal
 
+# The :debug runs are made once per test process (debug_runs.py): keep the
+# tests that share them in one process when tests run in parallel.
+pytestmark = pytest.mark.xdist_group("debug_runs")
+
 
 def first_loss(workdir) -> float:
   return next(row["train/loss"] for row in monitor.read_metrics(workdir)

@@ -1,7 +1,7 @@
 """Two processes x 4 CPU devices train exactly like one process x 8 devices.
 
-Runs the real CLI (`python -m vidjax.main --config configs/demo.py:debug`)
-as subprocesses: once alone with 8 devices, once as 2 processes of 4 devices
+Runs `configs/demo.py:debug` once in this process with 8 devices, and once
+through the real CLI (`python -m vidjax.main`) as 2 processes of 4 devices
 joined through `jax.distributed` on localhost (JAX_COORDINATOR_ADDRESS,
 JAX_NUM_PROCESSES, JAX_PROCESS_ID, as `vidjax.main` reads them). Each
 process reads its own slice of every batch, the global batch is assembled
@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from vidjax import config as config_lib
+from vidjax import config as config_lib, train
 from vidjax.data import synthetic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,23 +129,28 @@ def _by_step(workdir: Path, prefix: str) -> dict[int, dict[str, float]]:
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
   single, multi = tmp_path / "single", tmp_path / "multi"
-  logs = {name: tmp_path / f"{name}.log" for name in ("single", "p0", "p1")}
-  vocab = {name: _prepare_corpus(w) for name, w in (("single", single),
-                                                     ("multi", multi))}
+  logs = {name: tmp_path / f"{name}.log" for name in ("p0", "p1")}
+  vocab = _prepare_corpus(multi)
+  shutil.copytree(multi / "synthetic", single / "synthetic")
   hook = tmp_path / "hook"
   hook.mkdir()
   (hook / "sitecustomize.py").write_text(_LAG_HOOK)
   pythonpath = os.pathsep.join(
       [str(hook)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
   address = f"127.0.0.1:{_free_port()}"
-  procs = {"single": _start(single, _env(8), logs["single"],
-                            (f"--config.data.vocab={vocab['single']}",))}
+  procs = {}
   for i in range(2):
     env = _env(4, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(i), PYTHONPATH=pythonpath)
     procs[f"p{i}"] = _start(multi, env, logs[f"p{i}"],
-                            (f"--config.data.vocab={vocab['multi']}",))
-  _wait(procs, logs)
+                            (f"--config.data.vocab={vocab}",))
+  try:  # The one-process run meanwhile: this test process has 8 devices.
+    train.train_and_evaluate(config_lib.load_config(
+        str(REPO / CONFIG), OVERRIDES + (
+            f"--config.data.vocab={single / vocab.relative_to(multi)}",)),
+        single)
+  finally:
+    _wait(procs, logs)
   assert "process 1 of 2" in logs["p1"].read_text(errors="replace")
 
   want, got = _by_step(single, "train/"), _by_step(multi, "train/")

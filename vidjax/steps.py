@@ -110,7 +110,7 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
     metrics = {f"train/{k}": v for k, v in metrics.items()}
-    metrics.update({"train/loss": loss, "train/grad_norm": optax.global_norm(grads),
+    metrics.update({"train/loss": loss, "train/grad_norm": optax.tree_utils.tree_norm(grads),
                     "train/lr": schedule(state["step"])})
     return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
 
