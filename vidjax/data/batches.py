@@ -21,11 +21,23 @@ from vidjax import errors, sharding, tasks
 from vidjax.data import loader
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
+# XLA's CPU client uses host arrays in place, without a copy, when they are
+# aligned to this many bytes; numpy's own allocations are not.
+ALIGNMENT = 64
 
 
 # Files whose first failed read was logged already (once per process, so the
 # evaluation pipelines do not repeat what training said).
 _REPORTED_FILES: set[str] = set()
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+  """`np.empty(shape, dtype)` starting on an `ALIGNMENT`-byte boundary."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape)) * dtype.itemsize
+  raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
@@ -66,8 +78,9 @@ class HostBatches:
       element = dict(element)
       messages.append(str(element.pop("errors")))
       if not batch:
-        batch = {k: np.empty((self._batch_size,) + np.shape(v),
-                             np.asarray(v).dtype) for k, v in element.items()}
+        batch = {k: aligned_empty((self._batch_size,) + np.shape(v),
+                                  np.asarray(v).dtype)
+                 for k, v in element.items()}
       for key, value in element.items():
         batch[key][count] = value  # Copied out; the shm block goes with it.
       count += 1
