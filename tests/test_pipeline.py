@@ -359,4 +359,4 @@ def test_host_batches_are_aligned_for_zero_copy_transfers():
   batch = next(batches_lib.HostBatches(iter(clips), 3, 0.25))
   for value in batch.values():
     assert value.ctypes.data % batches_lib.ALIGNMENT == 0
-  np.testing.assert_array_equal(batch["video"][:, 0, 0, 0], [0, 1, 2])
+  np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 1, 2])
