@@ -23,17 +23,21 @@ def corpus(tmp_path_factory):
                                progress=False)
 
 
+SIZE = 36
+
+
 def config_for(root, **data):
   config = recipe.base_config("contrastive")
   config.seed = 3
   config.data.update(root=str(root / "chunks"),
                      train_annotations=str(root / "train.jsonl"),
                      eval_annotations=str(root / "val.jsonl"), num_frames=4,
-                     size=32, device_prefetch=1, **data)
+                     size=SIZE, device_prefetch=1, **data)
   return config
 
 
-CLIP_BYTES = 4 * 32 * 32 * 3  # config_for's uint8 clips.
+# An output size no other test uses: /dev/shm blocks of this size are ours.
+CLIP_BYTES = 4 * SIZE * SIZE * 3  # config_for's uint8 clips.
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +56,16 @@ def assert_same(a, b):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def _shm_bytes(multiple_of, before):
-  """Bytes of the /dev/shm blocks made since `before`, sized in whole clips."""
+def _shm_bytes(block_size, before):
+  """Bytes of the /dev/shm blocks of `block_size` bytes made since `before`
+  (other tests running beside this one make blocks of other sizes)."""
   total = 0
   for entry in os.scandir(pipeline.SHM_DIR):
     try:
       size = entry.stat().st_size
     except FileNotFoundError:  # Freed while we looked.
       continue
-    if entry.name not in before and size and size % multiple_of == 0:
+    if entry.name not in before and size == block_size:
       total += size
   return total
 
@@ -114,7 +119,9 @@ def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
   """Workers hand over clips, not batches of 48: /dev/shm never holds more
   than their buffers' worth (`shared_memory_bytes`)."""
   bound = pipeline.shared_memory_bytes(two_workers["config"].data)
-  assert bound == 2 * (2 * 2 + 2) * CLIP_BYTES
+  # Per worker: 2 clips buffered on each side and one in hand on each side;
+  # and 2 clips read, waiting to be freed.
+  assert bound == (2 * (2 * 2 + 2) + 2) * CLIP_BYTES
   assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
       two_workers["peak_shm"], bound)
 
@@ -152,7 +159,7 @@ def test_batches_are_global_uint8_arrays_sharded_on_batch(corpus, mesh):
   batch = next(pipe)
   video = batch["video"]
   assert isinstance(video, jax.Array) and video.dtype == np.uint8
-  assert video.shape == (16, 4, 32, 32, 3)
+  assert video.shape == (16, 4, SIZE, SIZE, 3)
   assert video.sharding.spec[0] == ("data", "fsdp")
   assert len(video.addressable_shards) == 8
   assert {s.data.shape[0] for s in video.addressable_shards} == {2}
@@ -345,9 +352,9 @@ def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   info = video.video_info(config.data.root, "vid000")
   ids = sampling.multi_view_frame_ids(0, info.num_frames, 4, 2, 2)[1]
   assert ids[-1] > info.num_frames * 3 // 4  # The whole video's last part.
-  box = crop.center_crop(None, info.height, info.width, (32, 32))
+  box = crop.center_crop(None, info.height, info.width, (SIZE, SIZE))
   np.testing.assert_array_equal(last["video"], video.read_clip(
-      config.data.root, "vid000", ids, crop=box.box, size=(32, 32)))
+      config.data.root, "vid000", ids, crop=box.box, size=(SIZE, SIZE)))
   element = loader.train_element(3, np.random.default_rng(0))
   assert element["valid"] and element["label"] == 7 and not element["errors"]
 

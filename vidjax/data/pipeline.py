@@ -60,6 +60,7 @@ import shutil
 
 from absl import flags
 import grain
+from grain._src.python.ipc import shared_memory_array
 import jax
 import ml_collections
 
@@ -70,6 +71,9 @@ SHM_DIR = "/dev/shm"
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
 # a block per token array or label would cost more than the copy.
 MIN_SHM_BYTES = 4096
+# The main process frees the blocks it has read on a thread of Grain's, which
+# lets 50 wait by default; past this many, they are freed at once instead.
+PENDING_FREES = 2
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -126,12 +130,16 @@ def shared_memory_bytes(data: ml_collections.ConfigDict) -> int:
   """The most /dev/shm the workers' clips can take at once (0: no workers).
 
   Per worker: `worker_buffer` clips in its queue and as many read ahead by
-  the main process, plus one being handed over on each side. Only the
-  frames go through /dev/shm (`MIN_SHM_BYTES`).
+  the main process, plus one being handed over on each side; and
+  `PENDING_FREES` clips read but not yet freed. Only the frames go through
+  /dev/shm (`MIN_SHM_BYTES`).
   """
+  if not data.workers:
+    return 0
   height, width = loader.ClipSpec.from_config(data).size
   clip_bytes = data.num_frames * height * width * 3
-  return data.workers * (2 * data.worker_buffer + 2) * clip_bytes
+  clips = data.workers * (2 * data.worker_buffer + 2) + PENDING_FREES
+  return clips * clip_bytes
 
 
 def check_shared_memory(data: ml_collections.ConfigDict,
@@ -143,12 +151,12 @@ def check_shared_memory(data: ml_collections.ConfigDict,
   free = shutil.disk_usage(path).free
   if need > free:
     clips = 2 * data.worker_buffer + 2
-    clip_kib = need / data.workers / clips / 1024
+    clip_kib = need / (data.workers * clips + PENDING_FREES) / 1024
     raise errors.ConfigError(
         f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
         f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
         f"decoded clips there ({data.workers} workers x {clips} clips of "
-        f"{clip_kib:,.0f} KiB). Lower --config.data.worker_buffer or "
+        f"{clip_kib:,.0f} KiB, and {PENDING_FREES} being freed). Lower --config.data.worker_buffer or "
         "--config.data.workers (or use --config.data.threads instead), or "
         "give the machine a larger /dev/shm (in a container: docker run "
         "--shm-size=...).")
@@ -193,6 +201,10 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
   if workers > 0:
     _mark_flags_parsed()
+    # Grain sets its queue of frees up on first use; setting it first keeps
+    # it short (`shared_memory_bytes`).
+    shared_memory_array.SharedMemoryArray.enable_async_del(
+        1, max_outstanding_requests=PENDING_FREES)
     ds = grain.experimental.WithOptionsIterDataset(
         ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
     ds = ds.mp_prefetch(
