@@ -18,20 +18,21 @@ chunk `k = floor(i / fps / chunk_seconds)`, at local index
 `i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
 
 Encoding defaults, chosen for decoding speed per byte on real footage
-(`python -m vidjax.bench.loader --sweep`; figures in BENCHMARKS.md):
+(`python -m vidjax.bench.loader --sweep`; the measured figures are in
+BENCHMARKS.md, Chunk settings):
 - `--tune fastdecode` (CAVLC instead of CABAC, no deblocking, no weighted
   prediction): decoding is most of the reader's time and CABAC its slowest
-  part; 1.5-1.6x faster `read_clip` for 12% more disk.
+  part; a markedly faster `read_clip` for a little more disk.
 - `--bframes 7` non-reference B-frames: the reader drops the packets of
   those no requested frame needs before the decoder, so only every 8th frame
-  is on the reference chain: 1.7 decoded frames per delivered one for 16x4
-  clips (2.1 with 3 B-frames), 3.0 for sparse 4-frame clips (4.2); +3% disk.
+  is on the reference chain: fewer decoded frames per delivered one than
+  with 3 B-frames, for both dense and sparse clips, for slightly more disk.
 - `--gop 32`, closed: a frame decodes from a keyframe at most 31 back; GOP
-  16 costs 21% more disk for no clear gain, 64 saves 10% for longer lead-ins.
+  16 costs more disk for no clear gain, 64 saves some for longer lead-ins.
 - `--crf 23 --preset veryfast --short-side 288`: x264's default quality at
   AVION's resolution (~38 dB at 224x224 against the source).
-Together 1.5x (16x4 clips) to 1.9x (4-frame clips) the speed of the previous
-defaults (`--bframes 3 --tune ''`) for 15% more disk. Chunks are yuv420p,
+Together clearly faster to read than the previous defaults (`--bframes 3
+--tune ''`) for somewhat more disk. Chunks are yuv420p,
 BT.601 limited range; the manifest records each video's encoding, and
 `read_clip` reads any H.264 chunks (older stores included).
 """
