@@ -134,6 +134,19 @@ def test_unknown_video_and_missing_manifest(store, tmp_path):
     video.read_clip(tmp_path, "numbered", [0])
 
 
+def test_malformed_manifests_name_file_and_line(store, tmp_path):
+  good = (store / "manifest.jsonl").read_text().splitlines()[0]
+  no_frames = json.loads(good)
+  del no_frames["num_frames"]
+  for bad, problem in ((good[:40], "not JSON"),  # A run killed mid-write.
+                       (json.dumps(no_frames), "no 'num_frames'"),
+                       ('["numbered"]', "not a manifest entry")):
+    (tmp_path / "manifest.jsonl").write_text(f"{good}\n{bad}")
+    with pytest.raises(video.VideoReadError,
+                       match=rf"manifest.jsonl:2: {problem}"):
+      video.read_clip(tmp_path, "numbered", [0])
+
+
 def test_rss_stable_over_many_clips(store):
   rng = np.random.default_rng(0)
 

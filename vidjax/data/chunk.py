@@ -55,6 +55,8 @@ import av
 import numpy as np
 import tqdm
 
+from vidjax import errors
+
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg",
                     ".mpeg", ".flv", ".wmv", ".ts", ".3gp")
 MANIFEST = "manifest.jsonl"
@@ -138,20 +140,42 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   raise FileNotFoundError(f"{src}: no such file or folder")
 
 
+def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+  """Yields `('FILE:LINE', entry)` for each entry of a manifest file.
+
+  Raises:
+    errors.DataFileError: a line that is not a JSON object with a
+      `video_id`, e.g. the partial last line of a run killed mid-write.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().split("\n")
+  except UnicodeDecodeError:
+    raise errors.DataFileError(f"{path}: not a manifest (not text)") from None
+  for lineno, line in enumerate(lines, 1):
+    if line.strip():
+      where = f"{os.fspath(path)}:{lineno}"
+      try:
+        entry = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise errors.DataFileError(
+            f"{where}: not JSON ({e.msg}): not a manifest line, or cut short "
+            "by a killed run", hint="delete the line; chunking again redoes "
+            "its video") from None
+      if not isinstance(entry, dict) or not isinstance(entry.get("video_id"),
+                                                        str):
+        raise errors.DataFileError(f"{where}: not a manifest entry (a JSON "
+                                   "object with a video_id)")
+      yield where, entry
+
+
 def read_manifest(dst: str | os.PathLike) -> dict[str, dict]:
-  """Manifest entries by video id ({} when there is no manifest yet)."""
+  """Manifest entries of the store `dst` by video id ({} when there is no
+  manifest yet); raises as `manifest_lines`."""
   path = Path(dst) / MANIFEST
   if not path.exists():
     return {}
-  entries = {}
-  for lineno, line in enumerate(path.read_text().splitlines(), 1):
-    if line.strip():
-      try:
-        entry = json.loads(line)
-        entries[entry["video_id"]] = entry
-      except (json.JSONDecodeError, KeyError) as e:
-        raise ValueError(f"{path}:{lineno}: bad manifest line ({e})") from e
-  return entries
+  return {entry["video_id"]: entry for _, entry in manifest_lines(path)}
 
 
 def _source_frames(container, stream) -> Iterator[tuple[float, av.VideoFrame]]:

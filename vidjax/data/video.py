@@ -34,11 +34,11 @@ import functools
 import os
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import av
 import numpy as np
 
+from vidjax import errors
 from vidjax.data import chunk as chunk_lib
 
 
@@ -74,13 +74,27 @@ class DecodeStats:
 @functools.lru_cache(maxsize=16)
 def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
   del mtime  # Part of the cache key only: a rewritten manifest is reloaded.
-  videos = {}
-  for entry in chunk_lib.read_manifest(Path(path).parent).values():
-    rate = fractions.Fraction(entry.get("frame_rate", entry["fps"]))
-    videos[entry["video_id"]] = VideoInfo(
-        entry["video_id"], rate, int(entry["num_frames"]), int(entry["width"]),
-        int(entry["height"]), entry["chunk_seconds"])
-  return videos
+  try:
+    return {entry["video_id"]: _video_info(entry, where)
+            for where, entry in chunk_lib.manifest_lines(path)}
+  except errors.DataFileError as e:
+    raise VideoReadError(e.describe()) from None
+  except OSError as e:
+    raise VideoReadError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _video_info(entry: dict, where: str) -> VideoInfo:
+  """The VideoInfo of a manifest entry; VideoReadError('FILE:LINE: ...')."""
+  try:
+    return VideoInfo(
+        entry["video_id"],
+        fractions.Fraction(entry.get("frame_rate", entry["fps"])),
+        int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
+        float(entry["chunk_seconds"]))
+  except KeyError as e:
+    raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
+  except (TypeError, ValueError, ZeroDivisionError) as e:
+    raise VideoReadError(f"{where}: bad manifest entry ({e})") from None
 
 
 def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
