@@ -157,6 +157,19 @@ def test_cli_options_all_have_help_and_show_their_default(capsys):
     assert "(default:" in entry, entry
 
 
+def test_chunks_of_no_length_are_refused(tmp_path, capsys):
+  with pytest.raises(ValueError, match="chunk_seconds"):
+    chunk.ChunkOptions(chunk_seconds=0)
+  for seconds in ("0", "-15", "nan"):
+    with pytest.raises(SystemExit) as exit_info:
+      chunk.main([str(tmp_path), str(tmp_path / "out"), "--chunk-seconds",
+                  seconds])
+    assert exit_info.value.code == 2
+    assert "--chunk-seconds) must be a positive number, not" in (
+        capsys.readouterr().err)
+  assert not (tmp_path / "out").exists()
+
+
 def test_cli_with_list_file_and_workers(tmp_path, capsys):
   for name in "xy":
     vf.write_numbered_video(tmp_path / f"{name}.mp4", 15, fps=10)

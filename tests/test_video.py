@@ -140,7 +140,9 @@ def test_malformed_manifests_name_file_and_line(store, tmp_path):
   del no_frames["num_frames"]
   for bad, problem in ((good[:40], "not JSON"),  # A run killed mid-write.
                        (json.dumps(no_frames), "no 'num_frames'"),
-                       ('["numbered"]', "not a manifest entry")):
+                       ('["numbered"]', "not a manifest entry"),
+                       (json.dumps(json.loads(good) | {"chunk_seconds": 0}),
+                        "chunk_seconds 0.0 is not a positive number")):
     (tmp_path / "manifest.jsonl").write_text(f"{good}\n{bad}")
     with pytest.raises(video.VideoReadError,
                        match=rf"manifest.jsonl:2: {problem}"):

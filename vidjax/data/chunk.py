@@ -77,6 +77,15 @@ class ChunkOptions:
   x264_params: str = ""  # Extra x264 options, "key=value:key=value".
   threads: int = 0  # x264 threads; 0 = auto.
 
+  def __post_init__(self):
+    # A chunk of no length never ends: readers would loop forever.
+    if not (math.isfinite(self.chunk_seconds) and self.chunk_seconds > 0):
+      raise errors.ConfigError(f"chunk_seconds (--chunk-seconds) must be a "
+                               f"positive number, not {self.chunk_seconds}")
+    if self.fps is not None and not (math.isfinite(self.fps) and self.fps > 0):
+      raise errors.ConfigError(f"fps (--fps) must be positive (or unset: the "
+                               f"source's rate), not {self.fps}")
+
 
 class ChunkError(Exception):
   """A source video could not be chunked; the message names file and reason."""
@@ -96,6 +105,9 @@ def chunk_start_frames(num_frames: int, fps: fractions.Fraction,
     `[starts[k], starts[k+1])` (the last one up to `num_frames`).
   """
   step = _seconds(chunk_seconds) * fps
+  if step <= 0:
+    raise ValueError(f"chunk_seconds {chunk_seconds} and fps {fps} must be "
+                     "positive")
   starts, k = [], 0
   while (start := math.ceil(k * step)) < max(num_frames, 1):
     starts.append(start)
@@ -461,11 +473,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--workers", type=int, default=1,
                       help="videos chunked in parallel")
   args = parser.parse_args(argv)
-  opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
-                      short_side=args.short_side, fps=args.fps or None,
-                      gop=args.gop, bframes=args.bframes, crf=args.crf,
-                      preset=args.preset, tune=args.tune,
-                      x264_params=args.x264_params)
+  try:
+    opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
+                        short_side=args.short_side, fps=args.fps or None,
+                        gop=args.gop, bframes=args.bframes, crf=args.crf,
+                        preset=args.preset, tune=args.tune,
+                        x264_params=args.x264_params)
+  except errors.ConfigError as e:
+    parser.error(str(e))
   summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
   print(f"chunked {summary['done']}, already done {summary['skipped']}, "
         f"failed {len(summary['failed'])}"

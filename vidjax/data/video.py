@@ -31,6 +31,7 @@ import bisect
 import dataclasses
 import fractions
 import functools
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -86,7 +87,7 @@ def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
 def _video_info(entry: dict, where: str) -> VideoInfo:
   """The VideoInfo of a manifest entry; VideoReadError('FILE:LINE: ...')."""
   try:
-    return VideoInfo(
+    info = VideoInfo(
         entry["video_id"],
         fractions.Fraction(entry.get("frame_rate", entry["fps"])),
         int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
@@ -95,6 +96,15 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
     raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
   except (TypeError, ValueError, ZeroDivisionError) as e:
     raise VideoReadError(f"{where}: bad manifest entry ({e})") from None
+  # Chunk boundaries need a positive chunk length and rate (else no end).
+  for name, value in (("chunk_seconds", info.chunk_seconds),
+                      ("frame rate", info.frame_rate),
+                      ("num_frames", info.num_frames), ("width", info.width),
+                      ("height", info.height)):
+    if not (math.isfinite(value) and value > 0):
+      raise VideoReadError(f"{where}: {name} {value} is not a positive "
+                           "number")
+  return info
 
 
 def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
