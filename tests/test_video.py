@@ -127,6 +127,15 @@ def test_bad_chunks_raise_video_read_error(store, tmp_path, damage):
     video.read_clip(root, "numbered", [8, 12, 16])
 
 
+def test_decoded_frames_without_timestamp_are_skipped():
+  # Damaged streams can decode to frames without pts: no crash, no delivery
+  # (a requested frame left missing is a VideoReadError).
+  stats, frame = video.DecodeStats(), av.VideoFrame(16, 16, "yuv420p")
+  assert frame.pts is None
+  delivered = video._deliver(frame, int, {0}, (0, 0, 16, 16), (16, 16), stats)
+  assert list(delivered) == [] and stats.decoded == 1
+
+
 def test_unknown_video_and_missing_manifest(store, tmp_path):
   with pytest.raises(video.VideoReadError, match="no video 'nope'"):
     video.read_clip(store, "nope", [0])

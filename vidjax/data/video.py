@@ -336,6 +336,8 @@ def _packets_from(container, stream, first: int, rate: fractions.Fraction):
 
 def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
   stats.decoded += 1
+  if frame.pts is None:  # No place on the timeline (a damaged stream): a
+    return               # frame it leaves missing is reported as not found.
   j = index(frame.pts)
   if j in todo:
     todo.discard(j)
