@@ -1,5 +1,7 @@
 """The chunker: constant-rate grid, sizes, rotation, failures, resume, CLI."""
 import json
+import os
+from pathlib import Path
 
 import av
 import numpy as np
@@ -181,6 +183,28 @@ def test_cli_with_list_file_and_workers(tmp_path, capsys):
   assert rc == 0
   assert "chunked 2, already done 0, failed 0" in capsys.readouterr().out
   assert numbers(video.read_clip(tmp_path / "out", "y", [0, 7, 14])) == [0, 7, 14]
+
+
+class _KillsItsWorker(type(Path())):
+  """A source path whose unpickling in a worker process kills it at once, as
+  an FFmpeg segfault or the out-of-memory killer would."""
+
+  def __reduce__(self):
+    return os._exit, (1,)
+
+
+def test_a_worker_that_dies_fails_only_its_video(tmp_path, monkeypatch, capsys):
+  vf.write_numbered_video(tmp_path / "good.mp4", 5, fps=10, width=64, height=48)
+  monkeypatch.setattr(chunk, "find_videos", lambda src: [
+      tmp_path / "good.mp4", _KillsItsWorker(tmp_path / "crash.mp4")])
+  summary = chunk.chunk_videos(tmp_path, tmp_path / "out", workers=2,
+                               progress=False)
+  assert [f["video_id"] for f in summary["failed"]] == ["crash"]
+  assert "worker process chunking it died" in summary["failed"][0]["error"]
+  assert set(chunk.read_manifest(tmp_path / "out")) == {"good"}
+  listed = (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
+  assert [json.loads(line)["video_id"] for line in listed] == ["crash"]
+  assert "FAILED" in capsys.readouterr().err
 
 
 def test_duplicate_video_ids_are_refused(tmp_path):

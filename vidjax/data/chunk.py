@@ -8,8 +8,8 @@ writes `DST/<video_id>/<start_second>.mp4` and one line per finished video in
 `DST/manifest.jsonl` (`video_id`, `fps`, `num_frames`, `width`, `height`,
 `chunk_seconds`, plus `frame_rate` as an exact fraction, the absolute
 `source` path and the `encoding` settings). Videos that fail are listed with
-the reason in `DST/errors.jsonl`; the others go on. Re-running skips the
-videos already in the manifest.
+the reason in `DST/errors.jsonl`; the others go on (also when one crashes its
+worker process). Re-running skips the videos already in the manifest.
 
 Why chunks: a clip then opens a small file and decodes from a keyframe a few
 frames back, instead of seeking in an hour-long file with keyframes seconds
@@ -39,6 +39,7 @@ BT.601 limited range; the manifest records each video's encoding, and
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures as futures
 import dataclasses
 import fractions
@@ -49,6 +50,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import av
@@ -390,6 +392,59 @@ def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
     return None, f"{src}: {type(e).__name__}: {e}"
 
 
+def _chunk_in_workers(todo: list[tuple[str, Path]], dst: Path,
+                      opts: ChunkOptions, workers: int, finish) -> None:
+  """Chunks the (video id, source) pairs `todo` in `workers` processes and
+  calls `finish(video_id, source, entry, error)` for each.
+
+  A worker process that dies (an FFmpeg crash, the out-of-memory killer)
+  breaks the pool and ends every video in flight, and which of them killed
+  it is not known: those are retried one at a time, and one that kills its
+  worker alone fails. The other videos go on.
+  """
+  queue, suspects = collections.deque(todo), collections.deque()
+  while queue or suspects:
+    if suspects:
+      lost = _chunk_in_pool(suspects, dst, opts, 1, finish)
+    else:
+      lost = _chunk_in_pool(queue, dst, opts, workers, finish)
+    if len(lost) == 1:  # Alone in flight, it killed its worker.
+      (vid, path), = lost
+      shutil.rmtree(dst / vid, ignore_errors=True)
+      finish(vid, path, None, f"{path}: the worker process chunking it died "
+             "(an FFmpeg crash, or out of memory?)")
+    else:
+      suspects.extend(lost)
+
+
+def _chunk_in_pool(queue: collections.deque, dst: Path, opts: ChunkOptions,
+                   workers: int, finish) -> list[tuple[str, Path]]:
+  """Chunks videos from `queue` in a new pool until the queue is empty or a
+  worker dies; returns the videos that were in flight when it died."""
+  running: dict[futures.Future, tuple[str, Path]] = {}
+  ctx = multiprocessing.get_context("spawn")
+  with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+    try:
+      while queue or running:
+        while queue and len(running) < workers:  # A crash loses no more.
+          vid, path = queue[0]
+          running[pool.submit(_chunk_or_error, path, dst, vid, opts)] = (
+              queue.popleft())
+        done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+        for job in done:
+          finish(*running[job], *job.result())
+          del running[job]
+    except BrokenProcessPool:
+      pass  # Shutting the pool down ends every job still in `running`.
+  lost = []
+  for job, (vid, path) in running.items():
+    if isinstance(job.exception(), BrokenProcessPool):
+      lost.append((vid, path))
+    else:  # Finished before the crash.
+      finish(vid, path, *job.result())
+  return lost
+
+
 def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
                  opts: ChunkOptions = ChunkOptions(), workers: int = 1,
                  progress: bool = True) -> dict:
@@ -431,12 +486,7 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
       for vid, path in todo:
         finish(vid, path, *_chunk_or_error(path, dst, vid, opts))
     else:
-      ctx = multiprocessing.get_context("spawn")
-      with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = {pool.submit(_chunk_or_error, path, dst, vid, opts): (vid, path)
-                for vid, path in todo}
-        for job in futures.as_completed(jobs):
-          finish(*jobs[job], *job.result())
+      _chunk_in_workers(todo, dst, opts, workers, finish)
   bar.close()
   with open(dst / ERRORS, "w") as f:
     for failure in failed:
