@@ -7,6 +7,7 @@ import av
 import numpy as np
 import pytest
 
+from vidjax import errors
 from vidjax.data import chunk, video
 import video_fixtures as vf
 
@@ -207,12 +208,31 @@ def test_a_worker_that_dies_fails_only_its_video(tmp_path, monkeypatch, capsys):
   assert "FAILED" in capsys.readouterr().err
 
 
-def test_duplicate_video_ids_are_refused(tmp_path):
+def test_duplicate_video_ids_are_refused(tmp_path, capsys):
   for sub in ("p", "q"):
     (tmp_path / sub).mkdir()
     vf.write_numbered_video(tmp_path / sub / "same.mp4", 5, fps=10)
-  with pytest.raises(ValueError, match="same"):
+  with pytest.raises(errors.DataError, match="same"):
     chunk.chunk_videos(tmp_path, tmp_path / "out", progress=False)
+  with pytest.raises(SystemExit) as exit_info:
+    chunk.main([str(tmp_path), str(tmp_path / "out")])
+  assert exit_info.value.code == 2
+  assert "hint: rename one" in capsys.readouterr().err
+
+
+def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
+  (tmp_path / "src").mkdir()
+  (tmp_path / "out").mkdir()  # A run killed while writing its second line:
+  (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi')
+  for src, dst, message in (
+      ("nope", "o", "nope: no such file or folder"),
+      ("list.txt", "o", "list.txt: no such file or folder"),
+      ("src", "out", "manifest.jsonl:2: not JSON")):
+    with pytest.raises(SystemExit) as exit_info:
+      chunk.main([str(tmp_path / src), str(tmp_path / dst)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()  # Refused before writing anything.
 
 
 def test_millisecond_timestamps_keep_every_frame(tmp_path):

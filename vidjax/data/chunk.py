@@ -146,12 +146,12 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   if src.is_dir():
     return sorted(p for p in src.rglob("*")
                   if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+  if not src.is_file():
+    raise errors.PathError(f"{src}: no such file or folder")
   if src.suffix.lower() == ".txt":
     lines = (line.strip() for line in src.read_text().splitlines())
     return [Path(line) for line in lines if line and not line.startswith("#")]
-  if src.is_file():
-    return [src]
-  raise FileNotFoundError(f"{src}: no such file or folder")
+  return [src]
 
 
 def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
@@ -453,17 +453,21 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
   Returns:
     Summary dict: `done` (newly chunked), `skipped` (already in the manifest),
     `failed` (list of {"source", "video_id", "error"}).
+
+  Raises:
+    errors.UserError: `src` missing, two sources with the same video id, or
+      a bad manifest in `dst` (before anything is chunked).
   """
-  dst = Path(dst)
-  dst.mkdir(parents=True, exist_ok=True)
-  sources = find_videos(src)
   by_id: dict[str, Path] = {}
-  for path in sources:
+  for path in find_videos(src):
     if path.stem in by_id:
-      raise ValueError(f"two source videos map to video id {path.stem!r}: "
-                       f"{by_id[path.stem]} and {path}; rename one")
+      raise errors.DataError(f"two source videos map to video id "
+                             f"{path.stem!r}: {by_id[path.stem]} and {path}",
+                             hint="rename one of them")
     by_id[path.stem] = path
+  dst = Path(dst)
   finished = read_manifest(dst)
+  dst.mkdir(parents=True, exist_ok=True)
   todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
   failed, done = [], 0
   threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
@@ -531,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
                         x264_params=args.x264_params)
   except errors.ConfigError as e:
     parser.error(str(e))
-  summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
+  try:
+    summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
+  except (errors.UserError, OSError) as e:  # Bad input: no traceback.
+    message = e.describe() if isinstance(e, errors.UserError) else str(e)
+    parser.exit(errors.EXIT_USAGE, f"{parser.prog}: error: {message}\n")
   print(f"chunked {summary['done']}, already done {summary['skipped']}, "
         f"failed {len(summary['failed'])}"
         + (f" (listed in {Path(args.dst) / ERRORS})" if summary["failed"] else ""))
