@@ -215,6 +215,22 @@ def test_convert_relevancy_cli(tmp_path):
                                 np.arange(6.0).reshape(2, 3))
 
 
+def test_convert_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
+  (tmp_path / 'garbage.pkl').write_bytes(b'garbage\n')  # Unpickling: ValueError.
+  (tmp_path / 'dict.pkl').write_bytes(pickle.dumps({'a': 1}))
+  for command, src, problem in (
+      ('convert-ego4d', 'missing.pkl', 'No such file'),
+      ('convert-ego4d', 'garbage.pkl', 'cannot unpickle'),
+      ('convert-ego4d', 'dict.pkl', 'expected a list of tuples'),
+      ('convert-relevancy', 'dict.pkl', 'expected a 2-D numeric matrix')):
+    with pytest.raises(SystemExit) as exit_info:
+      ann.main([command, str(tmp_path / src), str(tmp_path / 'out'), '--allow-pickle'])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert src in err and problem in err, err
+  assert not (tmp_path / 'out').exists()
+
+
 def test_ego4d_bad_entries_name_the_index(tmp_path):
   path = tmp_path / 'bad.pkl'
   path.write_bytes(pickle.dumps([EGO4D[0], ('vid', 5.0, 4.0, 'backwards')]))

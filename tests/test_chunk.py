@@ -1,10 +1,13 @@
 """The chunker: constant-rate grid, sizes, rotation, failures, resume, CLI."""
 import json
+import os
+from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
+from vidjax import errors
 from vidjax.data import chunk, video
 import video_fixtures as vf
 
@@ -157,6 +160,19 @@ def test_cli_options_all_have_help_and_show_their_default(capsys):
     assert "(default:" in entry, entry
 
 
+def test_chunks_of_no_length_are_refused(tmp_path, capsys):
+  with pytest.raises(ValueError, match="chunk_seconds"):
+    chunk.ChunkOptions(chunk_seconds=0)
+  for seconds in ("0", "-15", "nan"):
+    with pytest.raises(SystemExit) as exit_info:
+      chunk.main([str(tmp_path), str(tmp_path / "out"), "--chunk-seconds",
+                  seconds])
+    assert exit_info.value.code == 2
+    assert "--chunk-seconds) must be a positive number, not" in (
+        capsys.readouterr().err)
+  assert not (tmp_path / "out").exists()
+
+
 def test_cli_with_list_file_and_workers(tmp_path, capsys):
   for name in "xy":
     vf.write_numbered_video(tmp_path / f"{name}.mp4", 15, fps=10)
@@ -170,12 +186,53 @@ def test_cli_with_list_file_and_workers(tmp_path, capsys):
   assert numbers(video.read_clip(tmp_path / "out", "y", [0, 7, 14])) == [0, 7, 14]
 
 
-def test_duplicate_video_ids_are_refused(tmp_path):
+class _KillsItsWorker(type(Path())):
+  """A source path whose unpickling in a worker process kills it at once, as
+  an FFmpeg segfault or the out-of-memory killer would."""
+
+  def __reduce__(self):
+    return os._exit, (1,)
+
+
+def test_a_worker_that_dies_fails_only_its_video(tmp_path, monkeypatch, capsys):
+  vf.write_numbered_video(tmp_path / "good.mp4", 5, fps=10, width=64, height=48)
+  monkeypatch.setattr(chunk, "find_videos", lambda src: [
+      tmp_path / "good.mp4", _KillsItsWorker(tmp_path / "crash.mp4")])
+  summary = chunk.chunk_videos(tmp_path, tmp_path / "out", workers=2,
+                               progress=False)
+  assert [f["video_id"] for f in summary["failed"]] == ["crash"]
+  assert "worker process chunking it died" in summary["failed"][0]["error"]
+  assert set(chunk.read_manifest(tmp_path / "out")) == {"good"}
+  listed = (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
+  assert [json.loads(line)["video_id"] for line in listed] == ["crash"]
+  assert "FAILED" in capsys.readouterr().err
+
+
+def test_duplicate_video_ids_are_refused(tmp_path, capsys):
   for sub in ("p", "q"):
     (tmp_path / sub).mkdir()
     vf.write_numbered_video(tmp_path / sub / "same.mp4", 5, fps=10)
-  with pytest.raises(ValueError, match="same"):
+  with pytest.raises(errors.DataError, match="same"):
     chunk.chunk_videos(tmp_path, tmp_path / "out", progress=False)
+  with pytest.raises(SystemExit) as exit_info:
+    chunk.main([str(tmp_path), str(tmp_path / "out")])
+  assert exit_info.value.code == 2
+  assert "hint: rename one" in capsys.readouterr().err
+
+
+def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
+  (tmp_path / "src").mkdir()
+  (tmp_path / "out").mkdir()  # A run killed while writing its second line:
+  (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi')
+  for src, dst, message in (
+      ("nope", "o", "nope: no such file or folder"),
+      ("list.txt", "o", "list.txt: no such file or folder"),
+      ("src", "out", "manifest.jsonl:2: not JSON")):
+    with pytest.raises(SystemExit) as exit_info:
+      chunk.main([str(tmp_path / src), str(tmp_path / dst)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()  # Refused before writing anything.
 
 
 def test_millisecond_timestamps_keep_every_frame(tmp_path):

@@ -32,8 +32,16 @@ def test_corpus_layout_and_content(tmp_path):
   assert (xs[1] > xs[0]) == r.text.endswith("right")
   # A second call finds the corpus complete and does nothing.
   mtime = (root / "train.jsonl").stat().st_mtime
-  synthetic.make_corpus(tmp_path, num_videos=4, progress=False)
+  synthetic.make_corpus(tmp_path, num_videos=4, segment_seconds=2,
+                        progress=False)
   assert (root / "train.jsonl").stat().st_mtime == mtime
+  # Other settings make it anew, leaving nothing of the old one.
+  synthetic.make_corpus(tmp_path, num_videos=2, segment_seconds=2,
+                        progress=False)
+  assert len(annotations.load_jsonl(root / "train.jsonl")) == 2
+  assert sorted(video.manifest(root / "chunks")) == ["vid000", "vid001"]
+  assert sorted(p.name for p in (root / "raw").iterdir()) == [
+      "vid000.mp4", "vid001.mp4"]
 
 
 def test_prepare_leaves_user_paths_alone(tmp_path):

@@ -127,11 +127,35 @@ def test_bad_chunks_raise_video_read_error(store, tmp_path, damage):
     video.read_clip(root, "numbered", [8, 12, 16])
 
 
+def test_decoded_frames_without_timestamp_are_skipped():
+  # Damaged streams can decode to frames without pts: no crash, no delivery
+  # (a requested frame left missing is a VideoReadError).
+  stats, frame = video.DecodeStats(), av.VideoFrame(16, 16, "yuv420p")
+  assert frame.pts is None
+  delivered = video._deliver(frame, int, {0}, (0, 0, 16, 16), (16, 16), stats)
+  assert list(delivered) == [] and stats.decoded == 1
+
+
 def test_unknown_video_and_missing_manifest(store, tmp_path):
   with pytest.raises(video.VideoReadError, match="no video 'nope'"):
     video.read_clip(store, "nope", [0])
   with pytest.raises(video.VideoReadError, match="no manifest"):
     video.read_clip(tmp_path, "numbered", [0])
+
+
+def test_malformed_manifests_name_file_and_line(store, tmp_path):
+  good = (store / "manifest.jsonl").read_text().splitlines()[0]
+  no_frames = json.loads(good)
+  del no_frames["num_frames"]
+  for bad, problem in ((good[:40], "not JSON"),  # A run killed mid-write.
+                       (json.dumps(no_frames), "no 'num_frames'"),
+                       ('["numbered"]', "not a manifest entry"),
+                       (json.dumps(json.loads(good) | {"chunk_seconds": 0}),
+                        "chunk_seconds 0.0 is not a positive number")):
+    (tmp_path / "manifest.jsonl").write_text(f"{good}\n{bad}")
+    with pytest.raises(video.VideoReadError,
+                       match=rf"manifest.jsonl:2: {problem}"):
+      video.read_clip(tmp_path, "numbered", [0])
 
 
 def test_rss_stable_over_many_clips(store):

@@ -28,9 +28,11 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 import numpy as np
 
+from vidjax import errors
 from vidjax.data.ek100 import (check_relevancy_shape, ek100_action_map,
                                load_ek100_cls, load_ek100_mir,
                                load_ek100_mir_sentences, load_relevancy)
@@ -277,15 +279,33 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not args.allow_pickle:
     parser.error(f'refusing to unpickle {args.src} without --allow-pickle '
                  '(unpickling can run code stored in the file)')
-  if args.command == 'convert-ego4d':
-    count = write_jsonl(load_ego4d(args.src, allow_pickle=True), args.dst)
-    print(f'wrote {count} records to {args.dst}')
-  else:
-    matrix = load_relevancy(args.src, allow_pickle=True)
-    with open(args.dst, 'wb') as f:  # np.save(name) would append '.npy'.
-      np.save(f, matrix, allow_pickle=False)
-    print(f'wrote {matrix.dtype}{list(matrix.shape)} to {args.dst}')
+  ego4d = args.command == 'convert-ego4d'
+  try:
+    data = (load_ego4d if ego4d else load_relevancy)(args.src,
+                                                     allow_pickle=True)
+  except (errors.UserError, OSError, ValueError) as e:
+    _refuse(parser, args.src, e)
+  try:
+    if ego4d:
+      wrote = f'{write_jsonl(data, args.dst)} records'
+    else:
+      with open(args.dst, 'wb') as f:  # np.save(name) would append '.npy'.
+        np.save(f, data, allow_pickle=False)
+      wrote = f'{data.dtype}{list(data.shape)}'
+  except OSError as e:
+    _refuse(parser, args.dst, e)
+  print(f'wrote {wrote} to {args.dst}')
   return 0
+
+
+def _refuse(parser: argparse.ArgumentParser, path: str,
+            e: Exception) -> NoReturn:
+  """Exits 2 with the error's message, naming `path`: bad input gets no
+  traceback."""
+  message = e.describe() if isinstance(e, errors.UserError) else str(e)
+  if path not in message:
+    message = f'{path}: {message}'
+  parser.exit(errors.EXIT_USAGE, f'{parser.prog}: error: {message}\n')
 
 
 if __name__ == '__main__':

@@ -8,8 +8,8 @@ writes `DST/<video_id>/<start_second>.mp4` and one line per finished video in
 `DST/manifest.jsonl` (`video_id`, `fps`, `num_frames`, `width`, `height`,
 `chunk_seconds`, plus `frame_rate` as an exact fraction, the absolute
 `source` path and the `encoding` settings). Videos that fail are listed with
-the reason in `DST/errors.jsonl`; the others go on. Re-running skips the
-videos already in the manifest.
+the reason in `DST/errors.jsonl`; the others go on (also when one crashes its
+worker process). Re-running skips the videos already in the manifest.
 
 Why chunks: a clip then opens a small file and decodes from a keyframe a few
 frames back, instead of seeking in an hour-long file with keyframes seconds
@@ -18,26 +18,28 @@ chunk `k = floor(i / fps / chunk_seconds)`, at local index
 `i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
 
 Encoding defaults, chosen for decoding speed per byte on real footage
-(`python -m vidjax.bench.loader --sweep`; figures in BENCHMARKS.md):
+(`python -m vidjax.bench.loader --sweep`; the measured figures are in
+BENCHMARKS.md, Chunk settings):
 - `--tune fastdecode` (CAVLC instead of CABAC, no deblocking, no weighted
   prediction): decoding is most of the reader's time and CABAC its slowest
-  part; 1.5-1.6x faster `read_clip` for 12% more disk.
+  part; a markedly faster `read_clip` for a little more disk.
 - `--bframes 7` non-reference B-frames: the reader drops the packets of
   those no requested frame needs before the decoder, so only every 8th frame
-  is on the reference chain: 1.7 decoded frames per delivered one for 16x4
-  clips (2.1 with 3 B-frames), 3.0 for sparse 4-frame clips (4.2); +3% disk.
+  is on the reference chain: fewer decoded frames per delivered one than
+  with 3 B-frames, for both dense and sparse clips, for slightly more disk.
 - `--gop 32`, closed: a frame decodes from a keyframe at most 31 back; GOP
-  16 costs 21% more disk for no clear gain, 64 saves 10% for longer lead-ins.
+  16 costs more disk for no clear gain, 64 saves some for longer lead-ins.
 - `--crf 23 --preset veryfast --short-side 288`: x264's default quality at
   AVION's resolution (~38 dB at 224x224 against the source).
-Together 1.5x (16x4 clips) to 1.9x (4-frame clips) the speed of the previous
-defaults (`--bframes 3 --tune ''`) for 15% more disk. Chunks are yuv420p,
+Together clearly faster to read than the previous defaults (`--bframes 3
+--tune ''`) for somewhat more disk. Chunks are yuv420p,
 BT.601 limited range; the manifest records each video's encoding, and
 `read_clip` reads any H.264 chunks (older stores included).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures as futures
 import dataclasses
 import fractions
@@ -48,11 +50,14 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import av
 import numpy as np
 import tqdm
+
+from vidjax import errors
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg",
                     ".mpeg", ".flv", ".wmv", ".ts", ".3gp")
@@ -74,6 +79,15 @@ class ChunkOptions:
   x264_params: str = ""  # Extra x264 options, "key=value:key=value".
   threads: int = 0  # x264 threads; 0 = auto.
 
+  def __post_init__(self):
+    # A chunk of no length never ends: readers would loop forever.
+    if not (math.isfinite(self.chunk_seconds) and self.chunk_seconds > 0):
+      raise errors.ConfigError(f"chunk_seconds (--chunk-seconds) must be a "
+                               f"positive number, not {self.chunk_seconds}")
+    if self.fps is not None and not (math.isfinite(self.fps) and self.fps > 0):
+      raise errors.ConfigError(f"fps (--fps) must be positive (or unset: the "
+                               f"source's rate), not {self.fps}")
+
 
 class ChunkError(Exception):
   """A source video could not be chunked; the message names file and reason."""
@@ -93,6 +107,9 @@ def chunk_start_frames(num_frames: int, fps: fractions.Fraction,
     `[starts[k], starts[k+1])` (the last one up to `num_frames`).
   """
   step = _seconds(chunk_seconds) * fps
+  if step <= 0:
+    raise ValueError(f"chunk_seconds {chunk_seconds} and fps {fps} must be "
+                     "positive")
   starts, k = [], 0
   while (start := math.ceil(k * step)) < max(num_frames, 1):
     starts.append(start)
@@ -129,28 +146,50 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   if src.is_dir():
     return sorted(p for p in src.rglob("*")
                   if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+  if not src.is_file():
+    raise errors.PathError(f"{src}: no such file or folder")
   if src.suffix.lower() == ".txt":
     lines = (line.strip() for line in src.read_text().splitlines())
     return [Path(line) for line in lines if line and not line.startswith("#")]
-  if src.is_file():
-    return [src]
-  raise FileNotFoundError(f"{src}: no such file or folder")
+  return [src]
+
+
+def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+  """Yields `('FILE:LINE', entry)` for each entry of a manifest file.
+
+  Raises:
+    errors.DataFileError: a line that is not a JSON object with a
+      `video_id`, e.g. the partial last line of a run killed mid-write.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().split("\n")
+  except UnicodeDecodeError:
+    raise errors.DataFileError(f"{path}: not a manifest (not text)") from None
+  for lineno, line in enumerate(lines, 1):
+    if line.strip():
+      where = f"{os.fspath(path)}:{lineno}"
+      try:
+        entry = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise errors.DataFileError(
+            f"{where}: not JSON ({e.msg}): not a manifest line, or cut short "
+            "by a killed run", hint="delete the line; chunking again redoes "
+            "its video") from None
+      if not isinstance(entry, dict) or not isinstance(entry.get("video_id"),
+                                                        str):
+        raise errors.DataFileError(f"{where}: not a manifest entry (a JSON "
+                                   "object with a video_id)")
+      yield where, entry
 
 
 def read_manifest(dst: str | os.PathLike) -> dict[str, dict]:
-  """Manifest entries by video id ({} when there is no manifest yet)."""
+  """Manifest entries of the store `dst` by video id ({} when there is no
+  manifest yet); raises as `manifest_lines`."""
   path = Path(dst) / MANIFEST
   if not path.exists():
     return {}
-  entries = {}
-  for lineno, line in enumerate(path.read_text().splitlines(), 1):
-    if line.strip():
-      try:
-        entry = json.loads(line)
-        entries[entry["video_id"]] = entry
-      except (json.JSONDecodeError, KeyError) as e:
-        raise ValueError(f"{path}:{lineno}: bad manifest line ({e})") from e
-  return entries
+  return {entry["video_id"]: entry for _, entry in manifest_lines(path)}
 
 
 def _source_frames(container, stream) -> Iterator[tuple[float, av.VideoFrame]]:
@@ -353,6 +392,59 @@ def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
     return None, f"{src}: {type(e).__name__}: {e}"
 
 
+def _chunk_in_workers(todo: list[tuple[str, Path]], dst: Path,
+                      opts: ChunkOptions, workers: int, finish) -> None:
+  """Chunks the (video id, source) pairs `todo` in `workers` processes and
+  calls `finish(video_id, source, entry, error)` for each.
+
+  A worker process that dies (an FFmpeg crash, the out-of-memory killer)
+  breaks the pool and ends every video in flight, and which of them killed
+  it is not known: those are retried one at a time, and one that kills its
+  worker alone fails. The other videos go on.
+  """
+  queue, suspects = collections.deque(todo), collections.deque()
+  while queue or suspects:
+    if suspects:
+      lost = _chunk_in_pool(suspects, dst, opts, 1, finish)
+    else:
+      lost = _chunk_in_pool(queue, dst, opts, workers, finish)
+    if len(lost) == 1:  # Alone in flight, it killed its worker.
+      (vid, path), = lost
+      shutil.rmtree(dst / vid, ignore_errors=True)
+      finish(vid, path, None, f"{path}: the worker process chunking it died "
+             "(an FFmpeg crash, or out of memory?)")
+    else:
+      suspects.extend(lost)
+
+
+def _chunk_in_pool(queue: collections.deque, dst: Path, opts: ChunkOptions,
+                   workers: int, finish) -> list[tuple[str, Path]]:
+  """Chunks videos from `queue` in a new pool until the queue is empty or a
+  worker dies; returns the videos that were in flight when it died."""
+  running: dict[futures.Future, tuple[str, Path]] = {}
+  ctx = multiprocessing.get_context("spawn")
+  with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+    try:
+      while queue or running:
+        while queue and len(running) < workers:  # A crash loses no more.
+          vid, path = queue[0]
+          running[pool.submit(_chunk_or_error, path, dst, vid, opts)] = (
+              queue.popleft())
+        done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+        for job in done:
+          finish(*running[job], *job.result())
+          del running[job]
+    except BrokenProcessPool:
+      pass  # Shutting the pool down ends every job still in `running`.
+  lost = []
+  for job, (vid, path) in running.items():
+    if isinstance(job.exception(), BrokenProcessPool):
+      lost.append((vid, path))
+    else:  # Finished before the crash.
+      finish(vid, path, *job.result())
+  return lost
+
+
 def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
                  opts: ChunkOptions = ChunkOptions(), workers: int = 1,
                  progress: bool = True) -> dict:
@@ -361,17 +453,21 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
   Returns:
     Summary dict: `done` (newly chunked), `skipped` (already in the manifest),
     `failed` (list of {"source", "video_id", "error"}).
+
+  Raises:
+    errors.UserError: `src` missing, two sources with the same video id, or
+      a bad manifest in `dst` (before anything is chunked).
   """
-  dst = Path(dst)
-  dst.mkdir(parents=True, exist_ok=True)
-  sources = find_videos(src)
   by_id: dict[str, Path] = {}
-  for path in sources:
+  for path in find_videos(src):
     if path.stem in by_id:
-      raise ValueError(f"two source videos map to video id {path.stem!r}: "
-                       f"{by_id[path.stem]} and {path}; rename one")
+      raise errors.DataError(f"two source videos map to video id "
+                             f"{path.stem!r}: {by_id[path.stem]} and {path}",
+                             hint="rename one of them")
     by_id[path.stem] = path
+  dst = Path(dst)
   finished = read_manifest(dst)
+  dst.mkdir(parents=True, exist_ok=True)
   todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
   failed, done = [], 0
   threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
@@ -394,12 +490,7 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
       for vid, path in todo:
         finish(vid, path, *_chunk_or_error(path, dst, vid, opts))
     else:
-      ctx = multiprocessing.get_context("spawn")
-      with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = {pool.submit(_chunk_or_error, path, dst, vid, opts): (vid, path)
-                for vid, path in todo}
-        for job in futures.as_completed(jobs):
-          finish(*jobs[job], *job.result())
+      _chunk_in_workers(todo, dst, opts, workers, finish)
   bar.close()
   with open(dst / ERRORS, "w") as f:
     for failure in failed:
@@ -436,12 +527,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--workers", type=int, default=1,
                       help="videos chunked in parallel")
   args = parser.parse_args(argv)
-  opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
-                      short_side=args.short_side, fps=args.fps or None,
-                      gop=args.gop, bframes=args.bframes, crf=args.crf,
-                      preset=args.preset, tune=args.tune,
-                      x264_params=args.x264_params)
-  summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
+  try:
+    opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
+                        short_side=args.short_side, fps=args.fps or None,
+                        gop=args.gop, bframes=args.bframes, crf=args.crf,
+                        preset=args.preset, tune=args.tune,
+                        x264_params=args.x264_params)
+  except errors.ConfigError as e:
+    parser.error(str(e))
+  try:
+    summary = chunk_videos(args.src, args.dst, opts, workers=args.workers)
+  except (errors.UserError, OSError) as e:  # Bad input: no traceback.
+    message = e.describe() if isinstance(e, errors.UserError) else str(e)
+    parser.exit(errors.EXIT_USAGE, f"{parser.prog}: error: {message}\n")
   print(f"chunked {summary['done']}, already done {summary['skipped']}, "
         f"failed {len(summary['failed'])}"
         + (f" (listed in {Path(args.dst) / ERRORS})" if summary["failed"] else ""))

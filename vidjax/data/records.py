@@ -138,8 +138,8 @@ def load_pickle(path: PathLike, allow_pickle: bool, command: str) -> Any:
   with open(path, 'rb') as f:
     try:
       return _DataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError,
-            ImportError) as e:
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError,
+            ValueError, TypeError, OverflowError) as e:  # Garbage bytes.
       raise errors.DataFileError(f'{name}: cannot unpickle ({e})') from e
 
 

@@ -21,12 +21,14 @@ real pipeline runs on them.
                                        relevancy pickles) and LaViLa (list
                                        narrations): see
                                        `vidjax.data.synthetic_annotations`
+      root/settings.json               the settings it was made with
       root/classes.json                class names by label id
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from absl import logging
@@ -39,6 +41,7 @@ import numpy as np
 from vidjax.data import annotations, chunk, synthetic_annotations
 
 DATA_PATH_KEYS = ("root", "train_annotations", "eval_annotations")
+SETTINGS = "settings.json"  # make_corpus's arguments, to tell a stale corpus.
 
 SHAPES = ("square", "circle", "triangle")
 COLOURS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 240),
@@ -108,17 +111,33 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
                 fps: int = 8, height: int = 96, width: int = 128,
                 val_fraction: float = 0.25, chunk_seconds: float = 2.0,
                 seed: int = 0, progress: bool = True) -> Path:
-  """Writes the corpus under `root` (skipped if it is already complete).
+  """Writes the corpus under `root`, unless it is there, complete, and made
+  with the same settings (recorded in `root/settings.json`): a corpus made
+  with other settings is made anew.
 
   Returns:
     `root` as a Path; `root/chunks` is the chunk store.
   """
   root = Path(root)
+  settings = dict(num_videos=num_videos, segments_per_video=segments_per_video,
+                  segment_seconds=segment_seconds, fps=fps, height=height,
+                  width=width, val_fraction=val_fraction,
+                  chunk_seconds=chunk_seconds, seed=seed)
   done = root / "classes.json"
   if done.exists():
-    return root
+    try:
+      made_with = json.loads((root / SETTINGS).read_text())
+    except (OSError, ValueError):  # Made before settings were recorded.
+      made_with = None
+    if made_with == settings:
+      return root
+    logging.info("%s was made with other settings (%s): making it anew with "
+                 "%s", root, made_with, settings)
+    done.unlink()
   raw = root / "raw"
-  raw.mkdir(parents=True, exist_ok=True)
+  for stale in (raw, root / "chunks"):  # Left by other settings, or a crash.
+    shutil.rmtree(stale, ignore_errors=True)
+  raw.mkdir(parents=True)
   rng = np.random.default_rng(seed)
   names = class_names()
   records = []
@@ -152,6 +171,7 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
   synthetic_annotations.write_annotation_files(root, {
       split: [r for r in records if (r.video_id in val_ids) == keep]
       for split, keep in (("train", False), ("val", True))}, fps, seed)
+  (root / SETTINGS).write_text(json.dumps(settings, indent=1))
   done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
   return root
 

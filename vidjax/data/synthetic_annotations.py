@@ -39,6 +39,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
+from vidjax import errors
 from vidjax.data import annotations
 from vidjax.data.records import ClipRecord
 
@@ -185,8 +186,10 @@ def use_corpus(config: ml_collections.ConfigDict,
   """
   root, data = Path(root), config.data
   if data.format not in FILES:
-    raise ValueError(f"the synthetic corpus has no {data.format!r} files; "
-                     f"use one of {sorted(FILES)}")
+    raise errors.ConfigError(
+        f"data.format={data.format!r}: the synthetic corpus has no files in "
+        "this format", hint=f"use one of {sorted(FILES)}, or set data.root "
+        "and the annotation paths to your own data")
   with config.unlocked():
     train_file, eval_file = FILES[data.format]
     data.root = str(root / "chunks")

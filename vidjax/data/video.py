@@ -31,14 +31,15 @@ import bisect
 import dataclasses
 import fractions
 import functools
+import math
 import os
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import av
 import numpy as np
 
+from vidjax import errors
 from vidjax.data import chunk as chunk_lib
 
 
@@ -74,13 +75,36 @@ class DecodeStats:
 @functools.lru_cache(maxsize=16)
 def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
   del mtime  # Part of the cache key only: a rewritten manifest is reloaded.
-  videos = {}
-  for entry in chunk_lib.read_manifest(Path(path).parent).values():
-    rate = fractions.Fraction(entry.get("frame_rate", entry["fps"]))
-    videos[entry["video_id"]] = VideoInfo(
-        entry["video_id"], rate, int(entry["num_frames"]), int(entry["width"]),
-        int(entry["height"]), entry["chunk_seconds"])
-  return videos
+  try:
+    return {entry["video_id"]: _video_info(entry, where)
+            for where, entry in chunk_lib.manifest_lines(path)}
+  except errors.DataFileError as e:
+    raise VideoReadError(e.describe()) from None
+  except OSError as e:
+    raise VideoReadError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _video_info(entry: dict, where: str) -> VideoInfo:
+  """The VideoInfo of a manifest entry; VideoReadError('FILE:LINE: ...')."""
+  try:
+    info = VideoInfo(
+        entry["video_id"],
+        fractions.Fraction(entry.get("frame_rate", entry["fps"])),
+        int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
+        float(entry["chunk_seconds"]))
+  except KeyError as e:
+    raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
+  except (TypeError, ValueError, ZeroDivisionError) as e:
+    raise VideoReadError(f"{where}: bad manifest entry ({e})") from None
+  # Chunk boundaries need a positive chunk length and rate (else no end).
+  for name, value in (("chunk_seconds", info.chunk_seconds),
+                      ("frame rate", info.frame_rate),
+                      ("num_frames", info.num_frames), ("width", info.width),
+                      ("height", info.height)):
+    if not (math.isfinite(value) and value > 0):
+      raise VideoReadError(f"{where}: {name} {value} is not a positive "
+                           "number")
+  return info
 
 
 def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
@@ -312,6 +336,8 @@ def _packets_from(container, stream, first: int, rate: fractions.Fraction):
 
 def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
   stats.decoded += 1
+  if frame.pts is None:  # No place on the timeline (a damaged stream): a
+    return               # frame it leaves missing is reported as not found.
   j = index(frame.pts)
   if j in todo:
     todo.discard(j)
