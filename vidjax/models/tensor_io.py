@@ -55,8 +55,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     raw = f.read()
   header_size = int.from_bytes(raw[:8], 'little')
   if len(raw) < 8 + header_size:
-    raise ValueError(f'the header needs {header_size} bytes, the file has '
-                     f'{len(raw)} in all: truncated, or not .safetensors')
+    raise ValueError(f'a {header_size}-byte header in a {len(raw)}-byte file')
   header = json.loads(raw[8:8 + header_size])
   if not isinstance(header, dict):
     raise ValueError('the header is not a JSON object')
@@ -71,7 +70,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     start, end = info['data_offsets']
     if end > len(data):
       raise ValueError(f'tensor {name!r} ends at byte {end} of the data, which '
-                       f'has {len(data)}: the file is truncated')
+                       f'has {len(data)}')
     tensors[name] = np.frombuffer(data[start:end], dtypes[info['dtype']]
                                   ).reshape(info['shape'])
   return tensors
@@ -119,10 +118,10 @@ _DAMAGED = (ValueError, KeyError, IndexError, TypeError, AssertionError,
 
 
 def _reason(error: Exception) -> str:
-  """The line of a library's (often long) error that says what is wrong."""
+  """The sentence of a library's (often long) error that says what is wrong."""
   lines = [line.strip() for line in str(error).splitlines()
            if line.strip() and not line.startswith('Check the documentation')]
-  return lines[-1] if lines else type(error).__name__
+  return lines[-1].split('. ')[0] if lines else type(error).__name__
 
 
 def load_state_dict(path: str, *, allow_pickle: bool = False
