@@ -80,11 +80,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
       lr=1.5e-4 * c.batch_size / 256, min_lr=1e-5 * c.batch_size / 256)
 
-  c.augment.update(  # Flipped at decode time (data.hflip), not here.
+  c.augment.update(  # Flipped at decode time (data.hflip).
       mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD)
   c.eval.update(every_steps=100 * steps_per_epoch, batch_size=256)
   # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
-  c.checkpoint.update(every_steps=5 * steps_per_epoch, best_mode="min")
+  c.checkpoint.every_steps = 5 * steps_per_epoch
   c.log.every_steps = 50
 
   if "debug" in variants:

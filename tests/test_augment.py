@@ -26,16 +26,6 @@ def test_normalize_values_and_dtype():
   assert bf16.dtype == jnp.bfloat16
 
 
-def test_hflip_flips_whole_clips():
-  video = _video(b=64, t=2, h=3, w=5)
-  out = np.asarray(augment.random_hflip(video, jax.random.key(0)))
-  v = np.asarray(video)
-  flipped = [np.array_equal(out[i], v[i, :, :, ::-1]) for i in range(64)]
-  kept = [np.array_equal(out[i], v[i]) for i in range(64)]
-  assert all(f or k for f, k in zip(flipped, kept))
-  assert 10 < sum(flipped) < 54  # About half, and never a partial flip.
-
-
 def test_smooth_one_hot_matches_timm_formula():
   y = augment.smooth_one_hot(jnp.array([2, 0]), 5, 0.1)
   np.testing.assert_allclose(y[0], [0.02, 0.02, 0.92, 0.02, 0.02], atol=1e-7)
@@ -158,7 +148,7 @@ def test_tube_mask_counts_and_structure():
     augment.tube_mask(jax.random.key(1), b, 7, h, w)
 
 
-CONFIG = dict(hflip=True, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
+CONFIG = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
               num_classes={'verb': 5, 'noun': 7}, mask_ratio=0.75, tubelet=2, patch=8)
 
 

@@ -1,5 +1,6 @@
 """What a person reads: tables, summaries, log file, a console that went away."""
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -56,6 +57,20 @@ def test_lines_before_the_log_file_are_kept(tmp_path, monkeypatch):
   lines = (tmp_path / console.LOG_FILE).read_text().splitlines()
   assert [line.split("] ")[-1] for line in lines] == ["before", "after"]
   assert " WARNING test_console.py:" in lines[0]
+
+
+def test_console_shows_vidjax_info_and_other_libraries_warnings():
+  keep = console._OnlyOurInfo().filter
+  record = lambda path, level=logging.INFO, msg="m": logging.LogRecord(
+      "absl", level, path, 1, msg, None, None)
+  ours = os.path.join(os.path.dirname(console.__file__), "data", "pipeline.py")
+  # A library installed inside a checkout that is itself named vidjax.
+  theirs = os.path.join(os.sep, "home", "me", "vidjax", ".venv", "lib",
+                        "site-packages", "orbax", "checkpoint", "manager.py")
+  assert keep(record(ours))
+  assert not keep(record(theirs))
+  assert keep(record(theirs, logging.WARNING))
+  assert not keep(record(theirs, logging.WARNING, console._EXPECTED_WARNINGS[0]))
 
 
 def test_console_that_went_away_is_harmless(tmp_path):

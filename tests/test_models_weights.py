@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from vidjax import errors
 from vidjax.models import weights
 from vidjax.models.vit import patchify
 
@@ -502,6 +503,27 @@ def test_pickles_run_no_code_unless_allowed(tmp_path):
   assert str(path) in str(error.value) and 'NotATensor' in str(error.value)
   loaded = weights.load_state_dict(str(path), allow_pickle=True)
   assert list(loaded) == ['visual.proj']
+
+
+def test_damaged_files_are_named_without_a_traceback(tmp_path):
+  # Partial downloads of each format, and an error page saved as weights.
+  torch = pytest.importorskip('torch')
+  sd = {'visual.proj': np.ones((4, 4), np.float32)}
+  _write_safetensors(tmp_path / 'whole.safetensors', sd)
+  np.savez(tmp_path / 'whole.npz', **sd)
+  torch.save({k: torch.from_numpy(v) for k, v in sd.items()},
+             tmp_path / 'whole.pt')
+  for suffix in ('.safetensors', '.npz', '.pt'):
+    whole = (tmp_path / f'whole{suffix}').read_bytes()
+    (tmp_path / f'cut{suffix}').write_bytes(whole[:len(whole) // 2])
+  (tmp_path / 'page.pt').write_bytes(b'<html><body>404 Not Found</body></html>')
+  for name in ('cut.safetensors', 'cut.npz', 'cut.pt', 'page.pt'):
+    path = str(tmp_path / name)
+    with pytest.raises(errors.InitFromError) as error:
+      weights.load_state_dict(path)
+    message = str(error.value)
+    assert message.startswith(f'{path}: cannot be read as .'), message
+    assert len(message.splitlines()) == 1 and error.value.__cause__ is None
 
 
 def test_temporal_table_resized_as_avion():

@@ -83,6 +83,11 @@ def test_peak_flops_lookup():
   assert monitor.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
   assert monitor.peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
   assert monitor.peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+  # A name inside a longer one: the most specific entry wins.
+  assert monitor.peak_flops_per_device("NVIDIA L40") == 181e12
+  assert monitor.peak_flops_per_device("NVIDIA L40S") == 362e12
+  assert monitor.peak_flops_per_device("NVIDIA L4") == 121e12
+  assert monitor.peak_flops_per_device("NVIDIA A10G") == 125e12
   assert monitor.peak_flops_per_device("cpu") is None
 
 

@@ -122,8 +122,7 @@ def test_init_from_released_clip_weights(tmp_path):
       f"--config.init_from={tmp_path / 'clip.npz'}", "--config.data.size=16",
       "--config.model.variant=Ti/8", "--config.model.width=64",
       "--config.model.heads=1", "--config.model.depth=2",
-      "--config.model.image_size=16", "--config.model.embed_dim=16",
-      "--config.model.text.heads=1"])
+      "--config.model.embed_dim=16", "--config.model.text.heads=1"])
   run = train.setup(config, tmp_path / "run")
   expected = nnx.split(weights.clip_from_state_dict(sd, num_frames=4),
                        nnx.Param, ...)[1]
@@ -147,8 +146,7 @@ def test_init_from_keeps_named_params_at_init(tmp_path):
       f"--config.init_from={tmp_path / 'clip.npz'}", "--config.data.size=16",
       "--config.model.variant=Ti/8", "--config.model.width=64",
       "--config.model.heads=1", "--config.model.depth=2",
-      "--config.model.image_size=16", "--config.model.embed_dim=8",
-      "--config.model.text.heads=1"]
+      "--config.model.embed_dim=8", "--config.model.text.heads=1"]
   config = config_lib.load_config(str(REPO / "configs/demo.py:debug"),
                                   overrides)
   with pytest.raises(ValueError, match="proj"):

@@ -38,7 +38,7 @@ def default_augment_config() -> ml_collections.ConfigDict:
   its default (the task adds num_classes, mask_ratio, tubelet, patch and
   the model's dtype)."""
   return ml_collections.ConfigDict(dict(
-      mean=CLIP_MEAN, std=CLIP_STD, hflip=False, mixup_alpha=0.0,
+      mean=CLIP_MEAN, std=CLIP_STD, mixup_alpha=0.0,
       cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0,
       mix_groups=1, randaugment_layers=0, randaugment_magnitude=7.0,
       randaugment_prob=0.5, randaugment_std=0.5, erase_prob=0.0,
@@ -69,21 +69,6 @@ def normalize(video: Array, mean: Sequence[float] = CLIP_MEAN,
   scale = 1.0 / (255.0 * std)
   out = video.astype(jnp.float32) * scale - mean / std
   return out.astype(dtype)
-
-
-def random_hflip(video: Array, key: Array, prob: float = 0.5) -> Array:
-  """Flips each clip left-right with probability `prob` (all frames alike).
-
-  Args:
-    video: [B, T, H, W, C] of any dtype.
-    key: PRNG key.
-    prob: flip probability per example.
-
-  Returns:
-    [B, T, H, W, C], same dtype.
-  """
-  flip = jax.random.bernoulli(key, prob, (video.shape[0],))
-  return jnp.where(flip[:, None, None, None, None], video[:, :, :, ::-1], video)
 
 
 def smooth_one_hot(labels: Array, num_classes: int, smoothing: float = 0.0) -> Array:
@@ -269,8 +254,6 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
   `default_augment_config` and, for the task's keys, those below):
     mean, std: normalisation on the 0-1 scale (default CLIP's).
     dtype: output video dtype, 'float32' (default) or 'bfloat16'.
-    hflip: flip each clip with probability 0.5 (default False; use it when
-      decoding did not already flip).
     mixup_alpha, cutmix_alpha: Beta parameters (default 0 = no mixing; timm's
       recipe is 0.8 and 1.0).
     switch_prob (0.5), mix_prob (1.0): see `sample_mix_params`.
@@ -294,7 +277,6 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
   config = {**default_augment_config(), **_TASK_KEYS, **dict(config)}
   mean, std = tuple(config['mean']), tuple(config['std'])
   dtype = jnp.dtype(config['dtype'])
-  hflip = bool(config['hflip'])
   mixup_alpha = float(config['mixup_alpha'])
   cutmix_alpha = float(config['cutmix_alpha'])
   mix = mixup_alpha > 0 or cutmix_alpha > 0
@@ -315,10 +297,8 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     if 'video' not in batch:
       raise KeyError(f"augment: batch has no 'video' (keys: {sorted(batch)})")
     out = dict(batch)
-    k_flip, k_mix, k_mask = jax.random.split(key, 3)
+    k_mix, k_mask = jax.random.split(key)
     video = batch['video']
-    if hflip:
-      video = random_hflip(video, k_flip)
     if clip_augment is not None:
       video = clip_augment(video, jax.random.fold_in(key, 1))
     if mix or smoothing > 0:

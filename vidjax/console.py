@@ -85,11 +85,16 @@ _EXPECTED_WARNINGS = ("CheckpointManagerOptions.read_only=True",
                       "Given directory is read only")
 
 
+# absl logs every library's lines under one logger: the file that logged
+# says whose a line is.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 class _OnlyOurInfo(logging.Filter):
   """Keeps vidjax's INFO lines; other libraries' (Orbax, Grain) from WARNING."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if f"{os.sep}vidjax{os.sep}" in record.pathname:
+    if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR):
       return True
     return (record.levelno >= logging.WARNING and
             not str(record.msg).startswith(_EXPECTED_WARNINGS))

@@ -5,14 +5,25 @@ data raises a `UserError`: `python -m vidjax.main` prints its message and
 hint without a traceback and exits with its `exit_code`. Any other exception
 is a bug in vidjax and keeps its traceback.
 
-Exit codes of `python -m vidjax.main`:
+Exit codes of `python -m vidjax.main` (the kind of error decides, not when
+it is found):
 
-  0   finished: `total_steps` reached and the final evaluation done
-  1   failed: the message says why (with a traceback: a bug)
-  2   refused at start-up: the command line, the config, a path or the
-      workdir (nothing was trained or written)
-  75  stopped by SIGTERM or SIGINT after saving a checkpoint: run the same
-      command again to resume (EX_TEMPFAIL in sysexits.h)
+  0    finished: `total_steps` reached and the final evaluation done (or,
+       with `--mode eval`, the evaluation done)
+  1    failed: a `DataError` (an annotation, sentence, relevancy or
+       vocabulary file that does not load or fit, more than
+       `data.max_bad_row_fraction` bad rows, more than
+       `data.max_skip_fraction` failed clip reads during training), a
+       non-finite loss, or a bug (with a traceback)
+  2    refused: the command line or a `ConfigError` (a key, a value, a path,
+       the workdir, `init_from` weights that do not read or fit). Found
+       before training starts; most before the workdir is written, the
+       `init_from` weights once it has config.json and log.txt.
+  75   stopped by SIGTERM or SIGINT during training after saving a
+       checkpoint: run the same command again to resume (EX_TEMPFAIL in
+       sysexits.h)
+  130  interrupted without saving: Ctrl-C outside the training loop (start-up,
+       compilation, `--mode eval`, the final evaluation) or pressed twice
 """
 from __future__ import annotations
 

@@ -31,22 +31,22 @@ from vidjax import errors
 METRICS_FILE = "metrics.jsonl"
 
 # Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
-# Matched in order against `device.device_kind` (lower case).
-PEAK_FLOPS_BY_DEVICE_KIND = (
-    ("h100 pcie", 756e12), ("h100", 989e12), ("h200", 989e12),
-    ("gh200", 989e12), ("b200", 2250e12), ("a100", 312e12),
-    ("l40s", 362e12), ("l4", 121e12), ("a10", 125e12),
-    ("tpu v4", 275e12), ("tpu v5 lite", 197e12), ("tpu v5e", 197e12),
-    ("tpu v5", 459e12), ("tpu v6", 918e12),
-)
+# Keys are looked for in `device.device_kind` (lower case), longest first:
+# "gh200" before "h200", "l40s" and "l40" before "l4", "a100" before "a10".
+PEAK_FLOPS_BY_DEVICE_KIND = {
+    "h100 pcie": 756e12, "h100": 989e12, "h200": 989e12, "gh200": 989e12,
+    "b200": 2250e12, "a100": 312e12, "l40s": 362e12, "l40": 181e12,
+    "l4": 121e12, "a10": 125e12, "tpu v4": 275e12, "tpu v5 lite": 197e12,
+    "tpu v5e": 197e12, "tpu v5": 459e12, "tpu v6": 918e12,
+}
 
 
 def peak_flops_per_device(device_kind: str | None = None) -> float | None:
   """Known dense bf16 peak FLOP/s for a device kind; None if unknown (CPU)."""
   kind = (device_kind or jax.devices()[0].device_kind).lower()
-  for name, flops in PEAK_FLOPS_BY_DEVICE_KIND:
+  for name in sorted(PEAK_FLOPS_BY_DEVICE_KIND, key=len, reverse=True):
     if name in kind:
-      return flops
+      return PEAK_FLOPS_BY_DEVICE_KIND[name]
   return None
 
 

@@ -88,8 +88,7 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
   """
   accum = config.accum_steps
   # Frames leave the augment in the compute dtype (bf16 on GPU): the model
-  # casts them anyway, and half the bytes cross HBM. A config's own
-  # augment.dtype wins.
+  # casts them anyway, and half the bytes cross HBM.
   dtype = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name}
   train_augment = augment.make_augment(
       {**dtype, **task.augment_config(config, train=True)})

@@ -36,7 +36,6 @@ from vidjax.models.tensor_io import (inflate_kernel, interpolate_pos_embed,
                                      interpolate_temporal)
 
 REPORT_FILE = 'init_from.json'
-KINDS = ('clip', 'videomae', 'classifier')
 
 
 InitFromError = errors.InitFromError  # Weights that do not fit the model.

@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import zipfile
+import zlib
 
 import jax
 import ml_dtypes
@@ -40,22 +41,36 @@ def to_numpy(value) -> np.ndarray:
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """Reads a .safetensors file (an 8-byte header size, a JSON header, data)."""
+  """Reads a .safetensors file (an 8-byte header size, a JSON header, data).
+
+  Raises:
+    errors.InitFromError: a dtype numpy cannot hold.
+    ValueError, KeyError, TypeError: the file is damaged or not one
+      (`load_state_dict` says so, naming the file).
+  """
   dtypes = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
             'BF16': ml_dtypes.bfloat16, 'I64': np.int64, 'I32': np.int32,
             'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_}
   with open(path, 'rb') as f:
-    header_size = int.from_bytes(f.read(8), 'little')
-    header = json.loads(f.read(header_size))
-    data = f.read()
+    raw = f.read()
+  header_size = int.from_bytes(raw[:8], 'little')
+  if len(raw) < 8 + header_size:
+    raise ValueError(f'a {header_size}-byte header in a {len(raw)}-byte file')
+  header = json.loads(raw[8:8 + header_size])
+  if not isinstance(header, dict):
+    raise ValueError('the header is not a JSON object')
+  data = memoryview(raw)[8 + header_size:]
   tensors = {}
   for name, info in header.items():
     if name == '__metadata__':
       continue
     if info['dtype'] not in dtypes:
-      raise errors.InitFromError(f'{path}: tensor {name!r} has unsupported dtype '
-                       f"{info['dtype']}")
+      raise errors.InitFromError(f'{path}: tensor {name!r} has unsupported '
+                                 f"dtype {info['dtype']}")
     start, end = info['data_offsets']
+    if end > len(data):
+      raise ValueError(f'tensor {name!r} ends at byte {end} of the data, which '
+                       f'has {len(data)}')
     tensors[name] = np.frombuffer(data[start:end], dtypes[info['dtype']]
                                   ).reshape(info['shape'])
   return tensors
@@ -85,11 +100,28 @@ def _read_torch(path: str, allow_pickle: bool):
       return torch.load(path, map_location='cpu', weights_only=True)
   except pickle.UnpicklingError as e:
     named = re.search(r'GLOBAL (\S+)', str(e))
-    reason = f'it names {named.group(1)}' if named else 'not only tensors'
+    if not named:  # Not a class or function to import: a damaged pickle.
+      raise
     raise errors.InitFromError(
-        f'{path}: a pickle that would run code to load ({reason}). If you '
-        'trust the file, allow it with --config.init_allow_pickle=True '
-        '(load_state_dict(..., allow_pickle=True))') from None
+        f'{path}: a pickle that would run code to load (it names '
+        f'{named.group(1)}). If you trust the file, allow it with '
+        '--config.init_allow_pickle=True (load_state_dict(..., '
+        'allow_pickle=True))') from None
+
+
+# What reading a damaged or foreign file raises: the format's own parse errors
+# (JSON, zip, zlib, pickle), torch's (RuntimeError from its zip reader) and
+# a garbage pickle's (IndexError from an empty stack, EOFError, ...).
+_DAMAGED = (ValueError, KeyError, IndexError, TypeError, AssertionError,
+            EOFError, OSError, RuntimeError, pickle.UnpicklingError,
+            zipfile.BadZipFile, zlib.error)
+
+
+def _reason(error: Exception) -> str:
+  """The sentence of a library's (often long) error that says what is wrong."""
+  lines = [line.strip() for line in str(error).splitlines()
+           if line.strip() and not line.startswith('Check the documentation')]
+  return lines[-1].split('. ')[0] if lines else type(error).__name__
 
 
 def load_state_dict(path: str, *, allow_pickle: bool = False
@@ -109,23 +141,35 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
     The state dict.
 
   Raises:
-    FileNotFoundError, ValueError: naming the file and the problem.
+    errors.PathError: no such file.
+    errors.InitFromError: naming the file and the problem (an unknown
+      format, a damaged file, no tensors).
   """
   if not os.path.isfile(path):
     raise errors.PathError(f'{path}: no such file')
   suffix = os.path.splitext(path)[1].lower()
-  if suffix == '.safetensors':
-    raw = read_safetensors(path)
-  elif suffix == '.npz':
-    with np.load(path) as npz:
-      raw = dict(npz)
-  elif suffix in TORCH_SUFFIXES:
-    raw = _read_torch(path, allow_pickle)
-  else:
+  if suffix not in TORCH_SUFFIXES + ('.safetensors', '.npz'):
     raise errors.InitFromError(f'{path}: unknown checkpoint format {suffix!r} (expected '
                      f"{', '.join(TORCH_SUFFIXES)}, .safetensors or .npz)")
+  try:
+    if suffix == '.safetensors':
+      raw = read_safetensors(path)
+    elif suffix == '.npz':
+      with np.load(path) as npz:  # A .npy has no `with`: a TypeError.
+        raw = dict(npz)
+    else:
+      raw = _read_torch(path, allow_pickle)
+  except errors.InitFromError:
+    raise
+  except _DAMAGED as e:
+    raise errors.InitFromError(
+        f'{path}: cannot be read as {suffix} ({_reason(e)}): the file is '
+        'damaged (e.g. a partial download) or not in that format') from None
+  if not isinstance(raw, dict):
+    raise errors.InitFromError(f'{path}: holds a {type(raw).__name__}, not a '
+                               'dict of tensors')
   for wrapper in ('state_dict', 'model', 'module'):
-    if isinstance(raw, dict) and isinstance(raw.get(wrapper), dict):
+    if isinstance(raw.get(wrapper), dict):
       raw = raw[wrapper]
       break
   state_dict = {name.removeprefix('module.'): to_numpy(value)

@@ -136,24 +136,20 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
       optax.softmax_cross_entropy(logits.astype(jnp.float32), targets), valid)
 
 
-def max_margin_ranking_loss(similarity: jax.Array,
-                            relevancy: jax.Array | None = None,
-                            margin: float = 0.2,
+def max_margin_ranking_loss(similarity: jax.Array, margin: float = 0.2,
                             valid: jax.Array | None = None) -> jax.Array:
   """Bidirectional max-margin ranking loss (EK-100 MIR fine-tuning).
 
-  With s = similarity[i, j] (text i vs video j; pair i is the positive),
-  each off-diagonal (i, j) contributes relu(m_i - (s_ii - s_ij)) and
-  relu(m_i - (s_ii - s_ji)); the loss is their mean over 2 B (B - 1)
-  terms. This is AVION/LaViLa's `MaxMarginRankingLoss(fix_norm=True)`
-  with m_i = margin; both pass the batch relevancy but ignore it. Given
-  `relevancy`, m_i = relevancy[i] * margin instead (LaViLa/EgoVLP's
-  `AdaptiveMaxMarginRankingLoss`).
+  With s = similarity[i, j] (video i vs text j; pair i is the positive),
+  each off-diagonal (i, j) contributes relu(m - (s_ii - s_ij)) and
+  relu(m - (s_ii - s_ji)); the loss is their mean over 2 B (B - 1) terms.
+  This is AVION/LaViLa's `MaxMarginRankingLoss(fix_norm=True)` (both pass
+  the batch relevancy to it, which it ignores).
 
   Args:
-    similarity: float[B, B] cosine similarities between L2-normalised text
-      (rows) and video (columns) embeddings of the global batch.
-    relevancy: optional float[B] relevancy of each positive pair, in [0, 1].
+    similarity: float[B, B] cosine similarities between L2-normalised video
+      (rows) and text (columns) embeddings of the global batch (the loss is
+      the same for the transpose: each pair is ranked both ways).
     margin: the margin (AVION: 0.2).
     valid: optional bool[B]; only pairs of valid elements are terms (the
       mean runs over 2 V (V - 1) terms for V valid elements).
@@ -164,9 +160,8 @@ def max_margin_ranking_loss(similarity: jax.Array,
   s = similarity.astype(jnp.float32)
   n = s.shape[0]
   positive = jnp.diag(s)[:, None]  # s_ii, broadcast along each row
-  m = margin if relevancy is None else (relevancy.astype(jnp.float32) * margin)[:, None]
-  rows = jax.nn.relu(m - (positive - s))     # text i ranked against video j
-  cols = jax.nn.relu(m - (positive - s.T))   # video i ranked against text j
+  rows = jax.nn.relu(margin - (positive - s))    # video i: its text vs text j
+  cols = jax.nn.relu(margin - (positive - s.T))  # text i: its video vs video j
   valid = _valid(valid, n)
   terms = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
   return jnp.sum(jnp.where(terms, rows + cols, 0.0)) / jnp.maximum(

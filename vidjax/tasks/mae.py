@@ -1,6 +1,6 @@
 """VideoMAE pretraining: reconstruct the pixels of masked tubes.
 
-The tube mask (ratio `augment.mask_ratio`, 0.9) is drawn on the device by
+The tube mask (ratio `model.mask_ratio`, 0.9) is drawn on the device by
 `augment`; the model encodes visible tokens only and returns the MSE on masked
 patches of per-patch-normalised pixels, averaged over the valid examples.
 Eval: the same loss on held-out clips.
