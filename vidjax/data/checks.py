@@ -183,7 +183,9 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
                      f"store{_suggest(r.video_id, videos, lower, detailed)}"))
   else:
     length = info.num_frames / float(info.frame_rate)
-    if r.start >= length or r.end > MAX_END_OVER_LENGTH * length + 1:
+    # An infinite end is a whole-video record (AVION's Kinetics lists).
+    if r.start >= length or (math.isfinite(r.end)
+                             and r.end > MAX_END_OVER_LENGTH * length + 1):
       # Milliseconds: about 1000x too large, and fitting once divided.
       ms = (" (milliseconds?)" if r.end > 100 * length and
             r.end / 1000 <= length + 1 else "")
