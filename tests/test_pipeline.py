@@ -360,3 +360,27 @@ def test_host_batches_are_aligned_for_zero_copy_transfers():
   for value in batch.values():
     assert value.ctypes.data % batches_lib.ALIGNMENT == 0
   np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 1, 2])
+
+
+def host_elements(valid, video_ids=None):
+  """Elements as `ClipLoader` makes them; an invalid one failed one read."""
+  video_ids = video_ids or [f"vid{i:03d}" for i in range(len(valid))]
+  return [{"video": np.full((2, 4, 4, 3), i, np.uint8), "valid": ok,
+           "skipped": int(not ok),
+           "errors": "" if ok else f"/store/{vid}: cannot decode frame 3"}
+          for i, (ok, vid) in enumerate(zip(valid, video_ids))]
+
+
+def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
+  """Evaluation keeps going on a few bad clips; training stops at a batch
+  whose every element used up its attempts."""
+  elements = host_elements([True] * 4 + [False])
+  host = batches_lib.HostBatches(iter(elements), 4, 0.25)
+  out = list(host)
+  assert [b["valid"].tolist() for b in out] == [[True] * 4, [False] * 4]
+  assert host.skipped == 1 and host.failures == {"/store/vid004": 1}
+  host = batches_lib.HostBatches(iter(elements), 1, 0.25, train=True)
+  assert len([next(host) for _ in range(4)]) == 4
+  with pytest.raises(errors.DataError,
+                     match=r"1 of 5 clip reads failed \(20%\), in 1 file:"):
+    next(host)

@@ -246,7 +246,7 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
       worker_buffer=data.worker_buffer, process_index=jax.process_index(),
       process_count=jax.process_count())
   host = batches.HostBatches(iter(ds), batch_size // jax.process_count(),
-                             data.max_skip_fraction, drop_remainder=train)
+                             data.max_skip_fraction, train=train)
   if state is not None:
     host.set_state(state)
   return Pipeline(host, data.device_prefetch, mesh)
