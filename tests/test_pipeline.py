@@ -384,3 +384,20 @@ def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
   with pytest.raises(errors.DataError,
                      match=r"1 of 5 clip reads failed \(20%\), in 1 file:"):
     next(host)
+
+
+def test_every_process_yields_as_many_eval_batches(corpus):
+  """9 clips over 2 processes of 4: both yield ceil(9 / 8) = 2 batches, or
+  the evaluation's collectives would wait forever for the one that ran out."""
+  config = config_for(corpus)
+  records = annotations.load_jsonl(corpus / "train.jsonl")[:9]
+  clip_loader = loader_lib.ClipLoader(
+      records, config.data.root, loader_lib.ClipSpec.from_config(config.data))
+  runs = [list(batches_lib.HostBatches(iter(pipeline.make_dataset(
+      clip_loader, train=False, seed=0, batch_size=4, process_index=p,
+      process_count=2)), 4, 0.25)) for p in (0, 1)]
+  assert [len(run) for run in runs] == [2, 2]
+  valid = [(int(i), int(s)) for run in runs for b in run
+           for i, ok, s in zip(b["index"], b["valid"], b["skipped"]) if ok]
+  assert sorted(valid) == [(i, 0) for i in range(9)]  # Each clip once, read.
+  assert sum(int(b["skipped"].sum()) for run in runs for b in run) == 0

@@ -1,9 +1,10 @@
 """The Grain graph: records -> per-process uint8 batches -> global device arrays.
 
-    records --range/shuffle/repeat--> element ids
+    records --range/shuffle/repeat--> element ids (evaluation: padded to
+                                      whole global batches)
             --random_map(loader.ClipLoader)--> decoded clips (workers, threads)
             --slice per process--> this process's clips, one at a time
-            --batches.HostBatches: skip accounting, eval padding--> local batches
+            --batches.HostBatches: skip accounting--> local batches
             --prefetch.DevicePrefetcher--> global jax.Arrays on the batch axis
 
 Workers hand the main process single clips, never whole batches: Grain
@@ -166,17 +167,18 @@ def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
 def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
                  num_epochs: int | None = None, workers: int = 0,
                  threads: int = 0, worker_buffer: int = 8,
-                 process_index: int = 0,
+                 batch_size: int = 1, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The Grain graph of this process's clips, one element at a time.
 
   Args:
     clip_loader: element loader over the records.
     train: shuffle, repeat, random augmentation; else every (record, view)
-      once in order.
+      once in order, then invalid padding up to whole global batches.
     seed: shuffle and augmentation seed.
     num_epochs: training epochs (None: forever).
     workers, threads, worker_buffer: parallelism (see module docstring).
+    batch_size: this process's batch size (evaluation's padding).
     process_index, process_count: this process's share of every batch.
   """
   records = len(clip_loader.records)
@@ -184,7 +186,12 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
     ds = grain.MapDataset.range(records).shuffle(seed=seed)
     ds = ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
   else:
-    ds = grain.MapDataset.range(records * clip_loader.spec.views)
+    # Every process must yield as many batches, or the evaluation's
+    # collectives wait forever for the one that ran out: pad to whole
+    # global batches, so each process gets the same number of elements.
+    global_batch = batch_size * process_count
+    elements = records * clip_loader.spec.views
+    ds = grain.MapDataset.range(-(-elements // global_batch) * global_batch)
     ds = ds.map(clip_loader.eval_element)
   # Slicing after the map keeps each element's seed independent of the
   # number of processes.
@@ -213,7 +220,8 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     config: the run config (reads `config.data` and `config.seed`).
     mesh: device mesh; batches are sharded over its batch axes.
     train: training (shuffled, augmented, endless unless `num_epochs`) or
-      evaluation (each record's views once, final batch padded, `valid` mask).
+      evaluation (each record's views once, padded with invalid elements
+      to whole batches, as many on every process; `valid` mask).
     batch_size: GLOBAL batch size; split over processes.
     tokenizer: `vidjax.data.tokenizer.Tokenizer` for text records.
     records: clip records; default: load the configured annotation file.
@@ -243,8 +251,9 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   ds = make_dataset(
       clip_loader, train=train, seed=config.seed if seed is None else seed,
       num_epochs=num_epochs, workers=data.workers, threads=data.threads,
-      worker_buffer=data.worker_buffer, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      worker_buffer=data.worker_buffer,
+      batch_size=batch_size // jax.process_count(),
+      process_index=jax.process_index(), process_count=jax.process_count())
   host = batches.HostBatches(iter(ds), batch_size // jax.process_count(),
                              data.max_skip_fraction, train=train)
   if state is not None:
