@@ -401,3 +401,30 @@ def test_every_process_yields_as_many_eval_batches(corpus):
            for i, ok, s in zip(b["index"], b["valid"], b["skipped"]) if ok]
   assert sorted(valid) == [(i, 0) for i in range(9)]  # Each clip once, read.
   assert sum(int(b["skipped"].sum()) for run in runs for b in run) == 0
+
+
+def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
+  """A validation CSV with fewer classes gets the training ids, not its own."""
+  header = "label,youtube_id,time_start,time_end,split\n"
+
+  def write(name, labels):
+    (tmp_path / name).write_text(header + "".join(
+        f"{label},yt{i:08d}ab,{10 * i},{10 * i + 10},{name[:-4]}\n"
+        for i, label in enumerate(labels)))
+    return str(tmp_path / name)
+
+  data = pipeline.default_data_config()
+  data.update(format="kinetics", train_annotations=write(
+      "train.csv", ["zumba", "abseiling", "bowling", "zumba"]),
+              eval_annotations=write("val.csv", ["zumba", "bowling"]))
+  labels = {s: [r.label for r in pipeline.load_annotations(data, data[k])]
+            for s, k in (("train", "train_annotations"),
+                         ("eval", "eval_annotations"))}
+  assert labels == {"train": [2, 0, 1, 2], "eval": [2, 1]}
+  write("val.csv", ["zumba", "yoga", "kayaking"])
+  with pytest.raises(errors.DataFileError, match=r"val.csv: 2 classes not in "
+                     r"the training classes of \S+train.csv: 'kayaking', 'yoga'"):
+    pipeline.load_annotations(data, data.eval_annotations)
+  data.train_annotations = ""  # Evaluating released weights: its own names.
+  assert [r.label for r in pipeline.load_annotations(
+      data, data.eval_annotations)] == [2, 1, 0]

@@ -28,7 +28,8 @@ Config keys (`config.data`, see `default_data_config`):
                   files separated by commas are concatenated (LaViLa's
                   rephraser + narrator narrations)
   format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics |
-                  kinetics_list (see `vidjax.data.annotations`)
+                  kinetics_list (see `vidjax.data.annotations`); the
+                  `kinetics` class ids are the training classes, sorted
   label           for ek100_cls: action | verb | noun
   allow_pickle    let `ego4d` / relevancy loaders unpickle (runs code!)
   train_sentences, train_relevancy   EK-100 MIR training positives: each
@@ -66,6 +67,7 @@ import ml_collections
 
 from vidjax import errors
 from vidjax.data import annotations, batches, ek100, loader, prefetch
+from vidjax.data import records as records_lib
 
 SHM_DIR = "/dev/shm"
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
@@ -99,6 +101,8 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   kw = {}
   if data.format == "ego4d":
     kw["allow_pickle"] = data.allow_pickle
+  if data.format == "kinetics":
+    kw["label_map"] = kinetics_label_map(data, path)
   if data.format == "ek100_cls":
     kw["label"] = data.label
     if data.label == "action":
@@ -106,6 +110,40 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
                for p in split_paths(value)]
       kw["action_map"] = annotations.ek100_action_map(files)
   return annotations.load_records(data.format, split_paths(path), **kw)
+
+
+def _kinetics_classes(path: str) -> set[str]:
+  """The class names in a Kinetics CSV's `label` column (none if it has none)."""
+  return {row["label"] for _, row in records_lib.read_csv(path, ())
+          if row.get("label") is not None}
+
+
+def kinetics_label_map(data: ml_collections.ConfigDict,
+                       path: str) -> dict[str, int]:
+  """Class ids for format 'kinetics': the training files' class names, sorted.
+
+  One map for every file, so that training, its evaluations and a later
+  `--mode eval` agree on the ids even when the files list different classes
+  (e.g. filtered to the videos that could be downloaded). Without training
+  files (evaluating released weights) the names of `path` itself.
+
+  Raises:
+    errors.DataFileError: a file of `path` has classes the training files
+      lack (no id of the trained model is theirs).
+  """
+  train = split_paths(data.train_annotations) or split_paths(path)
+  names = set().union(*map(_kinetics_classes, train))
+  for file in split_paths(path):
+    unknown = sorted(_kinetics_classes(file) - names)
+    if unknown:
+      shown = ", ".join(map(repr, unknown[:5])) + (
+          f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+      raise errors.DataFileError(
+          f"{file}: {len(unknown)} class{'es' if len(unknown) > 1 else ''} "
+          f"not in the training classes of {', '.join(train)}: {shown}. "
+          "Class ids come from the training classes (sorted); leave these "
+          "rows out of the file")
+  return {name: i for i, name in enumerate(sorted(names))}
 
 
 def caption_positives(data: ml_collections.ConfigDict, records):
