@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from vidjax import errors
-from vidjax.data import checks, pipeline, synthetic, tokenizer
+from vidjax.data import checks, loader, pipeline, synthetic, tokenizer
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
 MANIFEST = [
@@ -131,6 +131,21 @@ def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   with pytest.raises(errors.DataError, match="no manifest; chunk the videos"):
     checks.check_annotations(config, ("eval",), needs_text=False,
                              needs_label=False)
+
+
+def test_empty_file_of_any_split_stops_at_start_up(tmp_path):
+  config = _config(tmp_path, GOOD)
+  (tmp_path / "val.jsonl").write_text("\n")
+  with pytest.raises(errors.DataFileError, match=r"val.jsonl: no annotation "
+                     "rows") as e:
+    checks.check_annotations(config, ("train", "eval"), needs_text=True,
+                             needs_label=False)
+  assert e.value.hint == "data.eval_annotations should name a file with clips"
+  config.data.eval_annotations = ""  # No main evaluation set: nothing to read.
+  checks.check_annotations(config, ("train", "eval"), needs_text=True,
+                           needs_label=False)
+  with pytest.raises(errors.DataFileError, match="annotation file is empty"):
+    loader.ClipLoader([], config.data.root, loader.ClipSpec())
 
 
 def test_paths_named_all_at_once(tmp_path):

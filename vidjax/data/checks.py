@@ -220,7 +220,8 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
   """Loads and checks the annotation files of `splits` ('train', 'eval').
 
   Reads only; `report` then logs and writes. Raises `errors.DataError` for
-  a file that does not load (naming FILE:LINE) or a missing manifest.
+  a file that does not load (naming FILE:LINE) or has no rows, or a missing
+  manifest.
   """
   data = config.data
   try:
@@ -240,6 +241,11 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
       raise errors.DataError(f"{path}: {e}" if path not in str(e) else str(e),
                              hint="fix the file (see the README for the "
                              "formats)") from None
+  for split in splits:  # Unset: no such set (named evaluation sets only).
+    if paths[split] and not records[paths[split]]:
+      raise errors.DataFileError(
+          f"{paths[split]}: no annotation rows",
+          hint=f"data.{split}_annotations should name a file with clips")
   num_classes = _num_classes(config, records) if needs_label else 0
   lower = {v.lower(): v for v in videos}
   reports = {}

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
+from vidjax.errors import DataFileError
 
 CONTEXT_LENGTH = 77
 
@@ -97,7 +98,7 @@ class ClipLoader:
                spec: ClipSpec, tokenizer=None, max_attempts: int = 10,
                positives: ek100.CaptionPositives | None = None):
     if not records:
-      raise ValueError("no records: the annotation file is empty")
+      raise DataFileError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
     self.positives = positives

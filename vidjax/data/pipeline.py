@@ -278,9 +278,11 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   if batch_size % jax.process_count():
     raise ValueError(f"batch size {batch_size} does not divide over "
                      f"{jax.process_count()} processes")
+  path = data.train_annotations if train else data.eval_annotations
   if records is None:
-    path = data.train_annotations if train else data.eval_annotations
     records = load_annotations(data, path)
+  if not records:
+    raise errors.DataFileError(f"{path}: no annotation rows")
   check_shared_memory(data)
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
