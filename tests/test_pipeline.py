@@ -428,3 +428,15 @@ def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
   data.train_annotations = ""  # Evaluating released weights: its own names.
   assert [r.label for r in pipeline.load_annotations(
       data, data.eval_annotations)] == [2, 1, 0]
+
+
+def test_unknown_video_ids_counted_per_video(corpus):
+  root = str(corpus / "chunks")
+  records = [annotations.ClipRecord(v, 0.0, 1.0, None, 0, {})
+             for v in ("ghost1", "ghost2", "ghost2")]
+  clip_loader = loader_lib.ClipLoader(records, root, loader_lib.ClipSpec(
+      num_frames=2, size=(8, 8)))
+  host = batches_lib.HostBatches(
+      map(clip_loader.eval_element, range(3)), 4, 0.25)
+  assert not next(host)["valid"].any()
+  assert host.failures == {f"{root}/ghost1": 1, f"{root}/ghost2": 2}
