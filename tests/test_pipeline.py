@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 
+import grain
 import jax
 import numpy as np
 import pytest
@@ -440,3 +441,22 @@ def test_unknown_video_ids_counted_per_video(corpus):
       map(clip_loader.eval_element, range(3)), 4, 0.25)
   assert not next(host)["valid"].any()
   assert host.failures == {f"{root}/ghost1": 1, f"{root}/ghost2": 2}
+
+
+def test_failures_per_file_survive_a_resume():
+  elements = host_elements([False, True, True, False], ["a", "b", "c", "a"])
+
+  def host():
+    source = grain.MapDataset.source(elements).to_iter_dataset()
+    return batches_lib.HostBatches(iter(source), 1, 1.0)
+
+  first = host()
+  next(first), next(first)
+  state = json.loads(json.dumps(first.get_state()))  # As a checkpoint saves it.
+  resumed = host()
+  resumed.set_state(state)
+  assert len(list(resumed)) == 2
+  assert resumed.failures == {"/store/a": 2} and resumed.skipped == 2
+  del state["failures"]  # A state saved before they were kept still loads.
+  resumed.set_state(state)
+  assert resumed.failures == {} and resumed.skipped == 1

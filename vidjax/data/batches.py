@@ -127,12 +127,15 @@ class HostBatches:
     return batch
 
   def get_state(self) -> dict:
+    """JSON-able: Grain's position and the counts, failures per file too."""
     return {"grain": self._it.get_state(), "skipped": self.skipped,
-            "attempts": self.attempts}
+            "attempts": self.attempts, "failures": dict(self.failures)}
 
   def set_state(self, state: dict) -> None:
     self._it.set_state(state["grain"])
     self.skipped, self.attempts = state["skipped"], state["attempts"]
+    # States saved before the failures were kept have none.
+    self.failures = collections.Counter(state.get("failures", {}))
 
   def close(self) -> None:
     """Stops Grain's worker processes, if it has any."""
