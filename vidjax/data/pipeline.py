@@ -309,8 +309,11 @@ class Pipeline(prefetch.DevicePrefetcher):
     super().__init__(host, prefetch_size, mesh)
 
   def close(self):
-    super().close()
+    """Stops Grain, then the thread, which may be waiting in Grain's next():
+    stopping Grain ends that wait."""
+    self._stop.set()  # The thread then asks Grain for nothing more.
     self.host.close()
+    super().close()
 
   @property
   def skipped(self) -> int:
