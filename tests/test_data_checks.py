@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from vidjax import errors
-from vidjax.data import checks, pipeline, synthetic, tokenizer
+from vidjax.data import checks, loader, pipeline, synthetic, tokenizer
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
 MANIFEST = [
@@ -102,6 +102,24 @@ def test_labels_checked_and_num_classes_from_them(tmp_path):
   assert report.bad == {3: [("bad_label", "label 4 is not in [0, 2)")]}
 
 
+def test_kinetics_lists_whole_video_records_pass(tmp_path):
+  """AVION's `path num_frames label` lists: each row spans its whole video
+  (end = inf), which is no span outside the video."""
+  config = _config(tmp_path, GOOD, format="kinetics_list")
+  for name, lines in (("train", "train_320px/bikes.mp4 250 3\n"
+                       "train_320px/carphone.mp4 120 1\n"),
+                      ("val", "val_320px/carphone.mp4 120 1\n")):
+    (tmp_path / f"{name}.txt").write_text(lines)
+    config.data[f"{name if name == 'train' else 'eval'}_annotations"] = str(
+        tmp_path / f"{name}.txt")
+  reports = checks.check_annotations(config, ("train", "eval"),
+                                     needs_text=False, needs_label=True)
+  assert {s: r.bad for s, r in reports.items()} == {"train": {}, "eval": {}}
+  checks.report(reports, config, tmp_path / "run")
+  assert len(reports["train"].kept_records()) == 2
+  assert config.model.num_classes == 4
+
+
 def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   config = _config(tmp_path, GOOD)
   (tmp_path / "train.jsonl").write_text('{"video_id": "bikes", "start": -1, '
@@ -113,6 +131,21 @@ def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   with pytest.raises(errors.DataError, match="no manifest; chunk the videos"):
     checks.check_annotations(config, ("eval",), needs_text=False,
                              needs_label=False)
+
+
+def test_empty_file_of_any_split_stops_at_start_up(tmp_path):
+  config = _config(tmp_path, GOOD)
+  (tmp_path / "val.jsonl").write_text("\n")
+  with pytest.raises(errors.DataFileError, match=r"val.jsonl: no annotation "
+                     "rows") as e:
+    checks.check_annotations(config, ("train", "eval"), needs_text=True,
+                             needs_label=False)
+  assert e.value.hint == "data.eval_annotations should name a file with clips"
+  config.data.eval_annotations = ""  # No main evaluation set: nothing to read.
+  checks.check_annotations(config, ("train", "eval"), needs_text=True,
+                           needs_label=False)
+  with pytest.raises(errors.DataFileError, match="annotation file is empty"):
+    loader.ClipLoader([], config.data.root, loader.ClipSpec())
 
 
 def test_paths_named_all_at_once(tmp_path):

@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 
+import grain
 import jax
 import numpy as np
 import pytest
@@ -367,3 +368,102 @@ def test_host_batches_are_aligned_for_zero_copy_transfers():
   for value in batch.values():
     assert value.ctypes.data % batches_lib.ALIGNMENT == 0
   np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 1, 2])
+
+
+def host_elements(valid, video_ids=None):
+  """Elements as `ClipLoader` makes them; an invalid one failed one read."""
+  video_ids = video_ids or [f"vid{i:03d}" for i in range(len(valid))]
+  return [{"video": np.full((2, 4, 4, 3), i, np.uint8), "valid": ok,
+           "skipped": int(not ok),
+           "errors": "" if ok else f"/store/{vid}: cannot decode frame 3"}
+          for i, (ok, vid) in enumerate(zip(valid, video_ids))]
+
+
+def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
+  """Evaluation keeps going on a few bad clips; training stops at a batch
+  whose every element used up its attempts."""
+  elements = host_elements([True] * 4 + [False])
+  host = batches_lib.HostBatches(iter(elements), 4, 0.25)
+  out = list(host)
+  assert [b["valid"].tolist() for b in out] == [[True] * 4, [False] * 4]
+  assert host.skipped == 1 and host.failures == {"/store/vid004": 1}
+  host = batches_lib.HostBatches(iter(elements), 1, 0.25, train=True)
+  assert len([next(host) for _ in range(4)]) == 4
+  with pytest.raises(errors.DataError,
+                     match=r"1 of 5 clip reads failed \(20%\), in 1 file:"):
+    next(host)
+
+
+def test_every_process_yields_as_many_eval_batches(corpus):
+  """9 clips over 2 processes of 4: both yield ceil(9 / 8) = 2 batches, or
+  the evaluation's collectives would wait forever for the one that ran out."""
+  config = config_for(corpus)
+  records = annotations.load_jsonl(corpus / "train.jsonl")[:9]
+  clip_loader = loader_lib.ClipLoader(
+      records, config.data.root, loader_lib.ClipSpec.from_config(config.data))
+  runs = [list(batches_lib.HostBatches(iter(pipeline.make_dataset(
+      clip_loader, train=False, seed=0, batch_size=4, process_index=p,
+      process_count=2)), 4, 0.25)) for p in (0, 1)]
+  assert [len(run) for run in runs] == [2, 2]
+  valid = [(int(i), int(s)) for run in runs for b in run
+           for i, ok, s in zip(b["index"], b["valid"], b["skipped"]) if ok]
+  assert sorted(valid) == [(i, 0) for i in range(9)]  # Each clip once, read.
+  assert sum(int(b["skipped"].sum()) for run in runs for b in run) == 0
+
+
+def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
+  """A validation CSV with fewer classes gets the training ids, not its own."""
+  header = "label,youtube_id,time_start,time_end,split\n"
+
+  def write(name, labels):
+    (tmp_path / name).write_text(header + "".join(
+        f"{label},yt{i:08d}ab,{10 * i},{10 * i + 10},{name[:-4]}\n"
+        for i, label in enumerate(labels)))
+    return str(tmp_path / name)
+
+  data = pipeline.default_data_config()
+  data.update(format="kinetics", train_annotations=write(
+      "train.csv", ["zumba", "abseiling", "bowling", "zumba"]),
+              eval_annotations=write("val.csv", ["zumba", "bowling"]))
+  labels = {s: [r.label for r in pipeline.load_annotations(data, data[k])]
+            for s, k in (("train", "train_annotations"),
+                         ("eval", "eval_annotations"))}
+  assert labels == {"train": [2, 0, 1, 2], "eval": [2, 1]}
+  write("val.csv", ["zumba", "yoga", "kayaking"])
+  with pytest.raises(errors.DataFileError, match=r"val.csv: 2 classes not in "
+                     r"the training classes of \S+train.csv: 'kayaking', 'yoga'"):
+    pipeline.load_annotations(data, data.eval_annotations)
+  data.train_annotations = ""  # Evaluating released weights: its own names.
+  assert [r.label for r in pipeline.load_annotations(
+      data, data.eval_annotations)] == [2, 1, 0]
+
+
+def test_unknown_video_ids_counted_per_video(corpus):
+  root = str(corpus / "chunks")
+  records = [annotations.ClipRecord(v, 0.0, 1.0, None, 0, {})
+             for v in ("ghost1", "ghost2", "ghost2")]
+  clip_loader = loader_lib.ClipLoader(records, root, loader_lib.ClipSpec(
+      num_frames=2, size=(8, 8)))
+  host = batches_lib.HostBatches(
+      map(clip_loader.eval_element, range(3)), 4, 0.25)
+  assert not next(host)["valid"].any()
+  assert host.failures == {f"{root}/ghost1": 1, f"{root}/ghost2": 2}
+
+
+def test_failures_per_file_survive_a_resume():
+  elements = host_elements([False, True, True, False], ["a", "b", "c", "a"])
+
+  def host():
+    source = grain.MapDataset.source(elements).to_iter_dataset()
+    return batches_lib.HostBatches(iter(source), 1, 1.0)
+
+  first = host()
+  next(first), next(first)
+  state = json.loads(json.dumps(first.get_state()))  # As a checkpoint saves it.
+  resumed = host()
+  resumed.set_state(state)
+  assert len(list(resumed)) == 2
+  assert resumed.failures == {"/store/a": 2} and resumed.skipped == 2
+  del state["failures"]  # A state saved before they were kept still loads.
+  resumed.set_state(state)
+  assert resumed.failures == {} and resumed.skipped == 1

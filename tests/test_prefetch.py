@@ -1,5 +1,7 @@
 """Tests for vidjax.data.prefetch: order, exact resume state, errors."""
 
+import threading
+
 import grain
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,7 @@ import pytest
 
 from test_sharding import _batches
 from vidjax import sharding
-from vidjax.data import prefetch
+from vidjax.data import pipeline, prefetch
 
 
 def _grain_iter():
@@ -72,3 +74,34 @@ def test_prefetch_propagates_errors_and_close_stops_thread():
   assert not it._thread.is_alive()
   with pytest.raises(StopIteration):
     next(it)
+
+
+def test_pipeline_close_stops_grain_before_waiting_for_the_thread(
+    monkeypatch):
+  """The thread may be waiting in Grain's next() for its workers: closing
+  Grain first ends that wait, so close() neither hangs nor gives up."""
+  warnings = []
+  monkeypatch.setattr(prefetch.logging, "warning",
+                      lambda fmt, *args: warnings.append(fmt % args))
+
+  class WaitingHost:  # Its next() returns only once closed, as Grain's.
+    def __init__(self):
+      self.closed = threading.Event()
+
+    def __next__(self):
+      self.closed.wait()
+      raise ValueError("Attempting to use a closed iterator.")
+
+    def get_state(self):
+      return {}
+
+    def close(self):
+      self.closed.set()
+
+  host = WaitingHost()
+  pipe = pipeline.Pipeline(host, 2, sharding.make_mesh())
+  closer = threading.Thread(target=pipe.close, daemon=True)
+  closer.start()
+  closer.join(2 * prefetch.CLOSE_TIMEOUT_S)  # Only if close() hangs.
+  assert not closer.is_alive() and not pipe._thread.is_alive()
+  assert host.closed.is_set() and not warnings

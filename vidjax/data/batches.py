@@ -58,12 +58,17 @@ class HostBatches:
   the first failure of each file is logged), stops with `errors.DataError`
   when they pass `max_skip_fraction`, and pads a short final evaluation
   batch with invalid elements to the full batch size (training drops it).
+
+  Training also stops at a batch without one valid clip: each of its
+  elements used up all its attempts. Evaluation reads each clip once and
+  keeps the bad ones as invalid elements, so a few unreadable clips (even
+  a whole short final batch of them) are counted, never fatal.
   """
 
   def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
-               drop_remainder: bool = False):
+               train: bool = False):
     self._it, self._batch_size = iterator, batch_size
-    self._max_fraction, self._drop_remainder = max_skip_fraction, drop_remainder
+    self._max_fraction, self._train = max_skip_fraction, train
     self.skipped = self.attempts = 0
     self.failures = collections.Counter()  # file -> failed reads
 
@@ -99,7 +104,7 @@ class HostBatches:
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch, messages, count = self._collect()
-    if not count or (count < self._batch_size and self._drop_remainder):
+    if not count or (count < self._batch_size and self._train):
       raise StopIteration
     skipped = int(batch["skipped"][:count].sum())
     self.skipped += skipped
@@ -107,12 +112,13 @@ class HostBatches:
     for message in (m for text in messages for m in text.split("\n") if m):
       self._count(message)
     fraction = self.skipped / max(self.attempts, 1)
-    if not batch["valid"][:count].any() or (
+    if (self._train and not batch["valid"][:count].any()) or (
         self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
         and fraction > self._max_fraction):
       raise errors.DataError(
           f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
-          f" in {len(self.failures)} files:\n  "
+          f" in {len(self.failures)} file{'s' if len(self.failures) > 1 else ''}"
+          ":\n  "
           + "\n  ".join(failure_lines(self.failures)),
           hint="re-chunk or remove those videos; the limit is "
           f"data.max_skip_fraction={self._max_fraction}")
@@ -121,12 +127,15 @@ class HostBatches:
     return batch
 
   def get_state(self) -> dict:
+    """JSON-able: Grain's position and the counts, failures per file too."""
     return {"grain": self._it.get_state(), "skipped": self.skipped,
-            "attempts": self.attempts}
+            "attempts": self.attempts, "failures": dict(self.failures)}
 
   def set_state(self, state: dict) -> None:
     self._it.set_state(state["grain"])
     self.skipped, self.attempts = state["skipped"], state["attempts"]
+    # States saved before the failures were kept have none.
+    self.failures = collections.Counter(state.get("failures", {}))
 
   def close(self) -> None:
     """Stops Grain's worker processes, if it has any."""

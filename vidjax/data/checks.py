@@ -183,7 +183,9 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
                      f"store{_suggest(r.video_id, videos, lower, detailed)}"))
   else:
     length = info.num_frames / float(info.frame_rate)
-    if r.start >= length or r.end > MAX_END_OVER_LENGTH * length + 1:
+    # An infinite end is a whole-video record (AVION's Kinetics lists).
+    if r.start >= length or (math.isfinite(r.end)
+                             and r.end > MAX_END_OVER_LENGTH * length + 1):
       # Milliseconds: about 1000x too large, and fitting once divided.
       ms = (" (milliseconds?)" if r.end > 100 * length and
             r.end / 1000 <= length + 1 else "")
@@ -218,7 +220,8 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
   """Loads and checks the annotation files of `splits` ('train', 'eval').
 
   Reads only; `report` then logs and writes. Raises `errors.DataError` for
-  a file that does not load (naming FILE:LINE) or a missing manifest.
+  a file that does not load (naming FILE:LINE) or has no rows, or a missing
+  manifest.
   """
   data = config.data
   try:
@@ -238,6 +241,11 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
       raise errors.DataError(f"{path}: {e}" if path not in str(e) else str(e),
                              hint="fix the file (see the README for the "
                              "formats)") from None
+  for split in splits:  # Unset: no such set (named evaluation sets only).
+    if paths[split] and not records[paths[split]]:
+      raise errors.DataFileError(
+          f"{paths[split]}: no annotation rows",
+          hint=f"data.{split}_annotations should name a file with clips")
   num_classes = _num_classes(config, records) if needs_label else 0
   lower = {v.lower(): v for v in videos}
   reports = {}

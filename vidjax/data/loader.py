@@ -21,7 +21,8 @@ A video that fails to read (`VideoReadError`) is replaced in training by
 another record drawn from the element's own generator, so the replacement is
 deterministic; after `max_attempts` failures the element comes out invalid
 (kept out of every loss and metric). In evaluation a failure gives an
-invalid element.
+invalid element, and so do the elements past the last view (the
+pipeline's padding to whole batches).
 
 The caption of a training element also comes from its generator: one of the
 captions its clip is relevant to (EK-100 MIR, `positives`), else one of the
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
+from vidjax.errors import DataFileError
 
 CONTEXT_LENGTH = 77
 
@@ -96,7 +98,7 @@ class ClipLoader:
                spec: ClipSpec, tokenizer=None, max_attempts: int = 10,
                positives: ek100.CaptionPositives | None = None):
     if not records:
-      raise ValueError("no records: the annotation file is empty")
+      raise DataFileError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
     self.positives = positives
@@ -121,6 +123,8 @@ class ClipLoader:
   # And with the element alone in evaluation (`map`).
   def eval_element(self, element: int) -> dict:
     index, view = divmod(int(element), self.spec.views)
+    if index >= len(self.records):  # Padding to whole batches: nothing read.
+      return self._invalid(0, 0, [])
     try:
       return self._element(index, None, view=view, errors=[])
     except video.VideoReadError as e:

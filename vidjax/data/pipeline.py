@@ -1,9 +1,10 @@
 """The Grain graph: records -> per-process uint8 batches -> global device arrays.
 
-    records --range/shuffle/repeat--> element ids
+    records --range/shuffle/repeat--> element ids (evaluation: padded to
+                                      whole global batches)
             --random_map(loader.ClipLoader)--> decoded clips (workers, threads)
             --slice per process--> this process's clips, one at a time
-            --batches.HostBatches: skip accounting, eval padding--> local batches
+            --batches.HostBatches: skip accounting--> local batches
             --prefetch.DevicePrefetcher--> global jax.Arrays on the batch axis
 
 Workers hand the main process single clips, never whole batches: Grain
@@ -27,7 +28,8 @@ Config keys (`config.data`, see `default_data_config`):
                   files separated by commas are concatenated (LaViLa's
                   rephraser + narrator narrations)
   format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics |
-                  kinetics_list (see `vidjax.data.annotations`)
+                  kinetics_list (see `vidjax.data.annotations`); the
+                  `kinetics` class ids are the training classes, sorted
   label           for ek100_cls: action | verb | noun
   allow_pickle    let `ego4d` / relevancy loaders unpickle (runs code!)
   train_sentences, train_relevancy   EK-100 MIR training positives: each
@@ -66,6 +68,7 @@ import ml_collections
 
 from vidjax import errors
 from vidjax.data import annotations, batches, ek100, loader, prefetch
+from vidjax.data import records as records_lib
 
 SHM_DIR = "/dev/shm"
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
@@ -102,6 +105,8 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   kw = {}
   if data.format == "ego4d":
     kw["allow_pickle"] = data.allow_pickle
+  if data.format == "kinetics":
+    kw["label_map"] = kinetics_label_map(data, path)
   if data.format == "ek100_cls":
     kw["label"] = data.label
     if data.label == "action":
@@ -109,6 +114,40 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
                for p in split_paths(value)]
       kw["action_map"] = annotations.ek100_action_map(files)
   return annotations.load_records(data.format, split_paths(path), **kw)
+
+
+def _kinetics_classes(path: str) -> set[str]:
+  """The class names in a Kinetics CSV's `label` column (none if it has none)."""
+  return {row["label"] for _, row in records_lib.read_csv(path, ())
+          if row.get("label") is not None}
+
+
+def kinetics_label_map(data: ml_collections.ConfigDict,
+                       path: str) -> dict[str, int]:
+  """Class ids for format 'kinetics': the training files' class names, sorted.
+
+  One map for every file, so that training, its evaluations and a later
+  `--mode eval` agree on the ids even when the files list different classes
+  (e.g. filtered to the videos that could be downloaded). Without training
+  files (evaluating released weights) the names of `path` itself.
+
+  Raises:
+    errors.DataFileError: a file of `path` has classes the training files
+      lack (no id of the trained model is theirs).
+  """
+  train = split_paths(data.train_annotations) or split_paths(path)
+  names = set().union(*map(_kinetics_classes, train))
+  for file in split_paths(path):
+    unknown = sorted(_kinetics_classes(file) - names)
+    if unknown:
+      shown = ", ".join(map(repr, unknown[:5])) + (
+          f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+      raise errors.DataFileError(
+          f"{file}: {len(unknown)} class{'es' if len(unknown) > 1 else ''} "
+          f"not in the training classes of {', '.join(train)}: {shown}. "
+          "Class ids come from the training classes (sorted); leave these "
+          "rows out of the file")
+  return {name: i for i, name in enumerate(sorted(names))}
 
 
 def caption_positives(data: ml_collections.ConfigDict, records):
@@ -174,17 +213,18 @@ def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
 def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
                  num_epochs: int | None = None, workers: int = 0,
                  threads: int = 0, worker_buffer: int = 8,
-                 process_index: int = 0,
+                 batch_size: int = 1, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
   """The Grain graph of this process's clips, one element at a time.
 
   Args:
     clip_loader: element loader over the records.
     train: shuffle, repeat, random augmentation; else every (record, view)
-      once in order.
+      once in order, then invalid padding up to whole global batches.
     seed: shuffle and augmentation seed.
     num_epochs: training epochs (None: forever).
     workers, threads, worker_buffer: parallelism (see module docstring).
+    batch_size: this process's batch size (evaluation's padding).
     process_index, process_count: this process's share of every batch.
   """
   records = len(clip_loader.records)
@@ -192,7 +232,12 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
     ds = grain.MapDataset.range(records).shuffle(seed=seed)
     ds = ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
   else:
-    ds = grain.MapDataset.range(records * clip_loader.spec.views)
+    # Every process must yield as many batches, or the evaluation's
+    # collectives wait forever for the one that ran out: pad to whole
+    # global batches, so each process gets the same number of elements.
+    global_batch = batch_size * process_count
+    elements = records * clip_loader.spec.views
+    ds = grain.MapDataset.range(-(-elements // global_batch) * global_batch)
     ds = ds.map(clip_loader.eval_element)
   # Slicing after the map keeps each element's seed independent of the
   # number of processes.
@@ -225,7 +270,8 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     config: the run config (reads `config.data` and `config.seed`).
     mesh: device mesh; batches are sharded over its batch axes.
     train: training (shuffled, augmented, endless unless `num_epochs`) or
-      evaluation (each record's views once, final batch padded, `valid` mask).
+      evaluation (each record's views once, padded with invalid elements
+      to whole batches, as many on every process; `valid` mask).
     batch_size: GLOBAL batch size; split over processes.
     tokenizer: `vidjax.data.tokenizer.Tokenizer` for text records.
     records: clip records; default: load the configured annotation file.
@@ -244,9 +290,11 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   if batch_size % jax.process_count():
     raise ValueError(f"batch size {batch_size} does not divide over "
                      f"{jax.process_count()} processes")
+  path = data.train_annotations if train else data.eval_annotations
   if records is None:
-    path = data.train_annotations if train else data.eval_annotations
     records = load_annotations(data, path)
+  if not records:
+    raise errors.DataFileError(f"{path}: no annotation rows")
   check_shared_memory(data)
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
@@ -255,10 +303,11 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   ds = make_dataset(
       clip_loader, train=train, seed=config.seed if seed is None else seed,
       num_epochs=num_epochs, workers=data.workers, threads=data.threads,
-      worker_buffer=data.worker_buffer, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      worker_buffer=data.worker_buffer,
+      batch_size=batch_size // jax.process_count(),
+      process_index=jax.process_index(), process_count=jax.process_count())
   host = batches.HostBatches(iter(ds), batch_size // jax.process_count(),
-                             data.max_skip_fraction, drop_remainder=train)
+                             data.max_skip_fraction, train=train)
   if state is not None:
     host.set_state(state)
   return Pipeline(host, data.device_prefetch, mesh)
@@ -272,8 +321,11 @@ class Pipeline(prefetch.DevicePrefetcher):
     super().__init__(host, prefetch_size, mesh)
 
   def close(self):
-    super().close()
+    """Stops Grain, then the thread, which may be waiting in Grain's next():
+    stopping Grain ends that wait."""
+    self._stop.set()  # The thread then asks Grain for nothing more.
     self.host.close()
+    super().close()
 
   @property
   def skipped(self) -> int:

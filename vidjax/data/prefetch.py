@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 import queue
 import threading
+import time
 
+from absl import logging
 import jax
 import numpy as np
 from jax.sharding import Mesh
@@ -18,6 +20,7 @@ from jax.sharding import Mesh
 from vidjax import sharding
 
 _END = object()
+CLOSE_TIMEOUT_S = 30.0  # At most this long waiting for the thread to stop.
 
 
 class DevicePrefetcher:
@@ -104,14 +107,22 @@ class DevicePrefetcher:
       raise TypeError(f"{type(self._iterator).__name__} has no get_state()")
     return self._state
 
-  def close(self):
-    """Stops the thread and drops the batches still queued."""
+  def close(self, timeout: float = CLOSE_TIMEOUT_S):
+    """Stops the thread and drops the batches still queued.
+
+    Waits for the thread at most `timeout` seconds: one still inside the
+    wrapped iterator's `next()` then is left to end on its own (a daemon).
+    Stop the iterator's source first where it can wait for long.
+    """
     self._stop.set()
     if self._thread is not None:
-      while self._thread.is_alive():
+      deadline = time.monotonic() + timeout
+      while self._thread.is_alive() and time.monotonic() < deadline:
         try:  # unblock a producer waiting on a full queue
           self._queue.get(timeout=0.05)
         except queue.Empty:
           pass
-      self._thread.join()
+      if self._thread.is_alive():
+        logging.warning("the device prefetch thread did not stop within %g s; "
+                        "left to end on its own", timeout)
     self._done = True

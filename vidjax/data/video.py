@@ -122,8 +122,10 @@ def video_info(root: str | os.PathLike, video_id: str) -> VideoInfo:
   try:
     return manifest(root)[video_id]
   except KeyError:
-    raise VideoReadError(f"{os.path.join(root, chunk_lib.MANIFEST)}: "
-                         f"no video {video_id!r}") from None
+    # The message starts with the video's own path: failures are counted
+    # (and named) per video, not all as the manifest's.
+    raise VideoReadError(f"{os.path.join(root, video_id)}: no video "
+                         f"{video_id!r} in {chunk_lib.MANIFEST}") from None
 
 
 def read_clip(root: str | os.PathLike, video_id: str,
