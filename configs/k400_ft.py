@@ -35,8 +35,9 @@ checkpoint (original, Hugging Face or AVION's). The decoder is dropped, and
 the head and the pooled norm (fc_norm) start fresh, as in VideoMAE;
 WORKDIR/init_from.json lists all of it. The run keeps its best checkpoint
 by top-1, as AVION does; `--mode eval --config.init_from=...` evaluates
-released fine-tuned weights. Class ids: the class names of each CSV,
-sorted (both splits list all 400); AVION's lists carry the ids.
+released fine-tuned weights. Class ids: the training CSV's class names,
+sorted, for both splits (a validation class not in training stops the run
+at start-up); AVION's lists carry the ids.
 `total_steps` assumes 240,000 training clips: `--config.total_epochs=100`
 counts 100 epochs of yours instead (the warmup stays 5 x 937 steps).
 

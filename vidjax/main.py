@@ -9,7 +9,8 @@
 Mistakes in the command, the config or the data are printed as one message
 and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
 at start-up, 75 stopped by SIGTERM/SIGINT after saving a checkpoint (run the
-same command to resume); see `vidjax.errors`.
+same command to resume), 130 interrupted outside the training loop; see
+`vidjax.errors`.
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
 the environment describes one (SLURM, or JAX_COORDINATOR_ADDRESS /

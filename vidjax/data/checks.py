@@ -156,6 +156,8 @@ class Report:
         line = {"row": row + 1, "problems": [d for _, d in problems],
                 **{k: getattr(r, k) for k in ("video_id", "start", "end", "text",
                                               "label")}, **r.extra}
+        if line["end"] == math.inf:  # A whole video (Kinetics lists).
+          line["end"] = None
         f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
 
 
