@@ -155,12 +155,6 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   return flag_values.config
 
 
-def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Locks `config` in place (new keys raise; values may change); returns it."""
-  config.lock()
-  return config
-
-
 def _choice_problems(config) -> list[str]:
   """Names the task / format / sampling / crop / fractions that are unknown."""
   # Imported here: the config module stays light for `load_config`.
