@@ -51,7 +51,10 @@ def test_sets_names_prefixes_and_files():
     eval_sets.eval_sets(config)
   with config.unlocked():
     del config.eval.sets.ek100_mir.data["nonsense"]
-  assert [s.name for s in eval_sets.eval_sets(config)] == ["ek100_mir"]
+    config.data.root = "/d/chunks"
+    config.eval.sets.ek100_mir.data.root = ""  # The run's chunks, then.
+  (mir,) = eval_sets.eval_sets(config)
+  assert (mir.name, mir.config.data.root) == ("ek100_mir", "/d/chunks")
 
 
 @pytest.fixture(scope="module")
