@@ -2,6 +2,7 @@
 tmp_path."""
 
 import json
+import re
 import textwrap
 
 import ml_collections
@@ -45,7 +46,7 @@ def test_load_with_arg_and_overrides(config_file):
     config.new_key = 1  # locked
 
 
-def test_load_errors_say_what_is_wrong(config_file):
+def test_load_errors_say_what_is_wrong(config_file, tmp_path):
   with pytest.raises(KeyError) as e:
     vconfig.load_config(config_file, ["model.nmae=x"])
   assert str(e.value).startswith("unknown config key 'model.nmae' (--config.")
@@ -62,6 +63,16 @@ def test_load_errors_say_what_is_wrong(config_file):
   with pytest.raises(errors.ConfigError, match="unknown variant 'large'") as e:
     vconfig.load_config(f"{config_file}:large")
   assert e.value.exit_code == errors.EXIT_USAGE
+  # Mistakes in the file itself: the file and line, no traceback.
+  broken = tmp_path / "broken.py"
+  where = re.escape(str(broken))
+  broken.write_text(CONFIG_PY.replace("arg=None):", "arg=None)"))
+  with pytest.raises(errors.ConfigError, match=rf"^{where}:4: expected ':'$"):
+    vconfig.load_config(str(broken))
+  broken.write_text(CONFIG_PY.replace("= 1e-3", "= c.optim.lr_max"))
+  with pytest.raises(errors.ConfigError,
+                     match=rf"^{where}:10: AttributeError: .*lr_max"):
+    vconfig.load_config(str(broken))
 
 
 def test_variants_are_named_once_for_every_recipe():

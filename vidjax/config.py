@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import re
+import traceback
 
 from absl import flags
 from absl import logging
@@ -80,6 +81,18 @@ def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
   return None
 
 
+def _config_error(path: str, spec: str, e: Exception) -> errors.ConfigError:
+  """What the user's config file raised, at its line in the file."""
+  if isinstance(e, ValueError):  # The config's own message, e.g. an unknown variant.
+    return errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}")
+  if isinstance(e, SyntaxError):
+    return errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}")
+  lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+           if os.path.abspath(f.filename) == os.path.abspath(path)]
+  where = f"{path}:{lines[-1]}" if lines else spec
+  return errors.ConfigError(f"{where}: {type(e).__name__}: {e}")
+
+
 def _load_module(path: str, spec: str):
   """Imports the config file `path` as a fresh module."""
   name = "vidjax_config_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
@@ -88,7 +101,12 @@ def _load_module(path: str, spec: str):
     raise errors.ConfigError(f"{spec}: not a Python file",
                              hint="configs are .py files with get_config()")
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  try:
+    module_spec.loader.exec_module(module)
+  except errors.UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    raise _config_error(path, spec, e) from e
   if not callable(getattr(module, "get_config", None)):
     raise errors.ConfigError(f"{path} has no get_config() function")
   return module
@@ -121,8 +139,9 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     errors.PathError: the file does not exist (a FileNotFoundError).
     errors.UnknownKeyError: an override names a key the config does not
       have (a KeyError; the message lists the known keys and close matches).
-    errors.ConfigError: `get_config` refused `arg`, or an override's value
-      does not parse as the field's type (a ValueError).
+    errors.ConfigError: the file or its `get_config` raised (e.g. refused
+      `arg`; named with the line), or an override's value does not parse
+      as the field's type (a ValueError).
   """
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
@@ -131,8 +150,10 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   module = _load_module(path, spec)
   try:
     config = module.get_config(arg) if arg else module.get_config()
-  except ValueError as e:  # The config's own message, e.g. an unknown variant.
-    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
+  except errors.UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    raise _config_error(path, spec, e) from e
   if not isinstance(config, ml_collections.ConfigDict):
     config = ml_collections.ConfigDict(config)
   args = _override_args(overrides)
