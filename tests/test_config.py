@@ -128,6 +128,11 @@ def test_validate_accepts_good_config(config_file):
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
     (["task=contrastiv"], r"'task' = 'contrastiv' is not one of \[.*\]; did you "
                           r"mean 'contrastive'\?"),
+    (["model.remat=ful"], r"'model.remat' = 'ful' is not one of \['none', "
+                          r"'full', .*\]; did you mean 'full'\?"),
+    (["model.attention=cudnn", "model.dtype=float32"],  # CPU, or GPU in fp32.
+     r"'model.attention' = 'cudnn' cannot run: .*(needs an NVIDIA GPU|needs "
+     r"bfloat16 or float16).*; 'auto' uses cuDNN where it can, else XLA"),
 ])
 def test_validate_reports_what_to_change(config_file, overrides, message):
   config = vconfig.load_config(config_file, overrides)

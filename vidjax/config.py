@@ -11,8 +11,10 @@ matches) or the value.
 base config, `seed`, `total_steps` (or `total_epochs`), `batch_size` (global,
 all processes) against the devices and `accum_steps`, `eval.batch_size`, the
 keys that must agree (the model's frames and image size with the data's,
-`model.tubelet` and the patch size, the model with the task), the names of
-the task, annotation format, sampling and crop, and the fractions.
+`model.tubelet` and the patch size, the model with the task), every key
+that names a choice (task, annotation format, sampling, crop, the model's
+dtypes, attention, remat, activation, the optimizer, its schedule, ...),
+cuDNN attention on a machine that cannot run it, and the fractions.
 `epochs_to_steps` turns the `*_epochs` keys into steps at start-up.
 """
 
@@ -176,16 +178,51 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   return flag_values.config
 
 
-def _choice_problems(config) -> list[str]:
-  """Names the task / format / sampling / crop / fractions that are unknown."""
+def _choices(config) -> dict[str, tuple]:
+  """Keys naming one of a few choices: the allowed values, from their homes."""
   # Imported here: the config module stays light for `load_config`.
-  from vidjax import tasks  # pylint: disable=import-outside-toplevel
-  from vidjax.data import annotations  # pylint: disable=import-outside-toplevel
-  choices = {"task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
-             "data.sampling": ("segment", "stride"),
-             "data.crop": ("random_resized", "multi_scale", "center")}
+  # pylint: disable=import-outside-toplevel
+  from vidjax import checkpoint, models, optim, randaugment, tasks
+  from vidjax.data import annotations, loader
+  from vidjax.models import attention, transformer, videomae
+  # pylint: enable=import-outside-toplevel
+  classifier = _get(config, "model.name", None) == "classifier"
+  return {
+      "task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
+      "data.sampling": loader.SAMPLINGS, "data.crop": loader.CROPS,
+      "model.dtype": models.DTYPES, "model.residual_dtype": models.DTYPES,
+      "model.attention": attention.IMPLEMENTATIONS,
+      "model.remat": tuple(transformer.REMAT_POLICIES),
+      "model.drop_path_schedule": transformer.DROP_PATH_SCHEDULES,
+      # A classifier's '' is its backbone's own activation.
+      "model.act": tuple(transformer.ACTIVATIONS) + (("",) if classifier else ()),
+      "model.backbone": tuple(videomae.BACKBONE_STYLES),
+      "optim.name": optim.OPTIMIZERS, "optim.schedule": optim.SCHEDULES,
+      "augment.erase_mode": randaugment.ERASE_MODES,
+      "checkpoint.best_mode": checkpoint.BEST_MODES}
+
+
+def _cudnn_problem(config) -> str | None:
+  """Why `model.attention='cudnn'` cannot run here (the vision tower's heads)."""
+  # pylint: disable-next=import-outside-toplevel
+  from vidjax.models import attention, resolve_dtype, vit
+  try:
+    sizes = vit.parse_variant(_get(config, "model.variant"))
+    dtype = resolve_dtype(_get(config, "model.dtype"))
+  except (KeyError, ValueError):
+    return None  # Named as a problem of its own.
+  width = _get(config, "model.width", None) or sizes["width"]
+  reason = attention.cudnn_unsupported_reason(
+      width // (_get(config, "model.heads", None) or sizes["heads"]), dtype)
+  return reason and (f"'model.attention' = 'cudnn' cannot run: {reason}; "
+                     "'auto' uses cuDNN where it can, else XLA")
+
+
+def _choice_problems(config) -> list[str]:
+  """Names the unknown choices (task, format, model, optimizer, ...), the
+  fractions out of [0, 1], and cuDNN attention where it cannot run."""
   problems = []
-  for key, allowed in choices.items():
+  for key, allowed in _choices(config).items():
     value = _get(config, key, None)
     if value is not None and value not in allowed:
       close = difflib.get_close_matches(str(value), allowed, n=1)
@@ -195,6 +232,9 @@ def _choice_problems(config) -> list[str]:
     value = _get(config, key, None)
     if value is not None and not 0 <= value <= 1:
       problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
+  if _get(config, "model.attention", None) == "cudnn" and (
+      reason := _cudnn_problem(config)):
+    problems.append(reason)
   return problems
 
 
