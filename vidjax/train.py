@@ -72,8 +72,17 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
   if splits:
+    actions = config.data.format == "ek100_cls" and config.data.label == "action"
+    if actions and not config.data.train_annotations:
+      raise errors.ConfigError(
+          "data.train_annotations is unset: with data.format='ek100_cls' and "
+          "data.label='action', the action ids are numbered over the training "
+          "and validation CSVs together (as the head was trained), also to "
+          "evaluate", hint="set --config.data.train_annotations to "
+          "EPIC_100_train.csv")
     keys = [k for k in eval_sets.required_paths(config, needs_text=False)
-            if "train" in splits or not k.startswith("data.train_")]
+            if "train" in splits or not k.startswith("data.train_")
+            or (actions and k == "data.train_annotations")]
     checks.check_paths(config, keys)
     if "eval" in splits:
       eval_sets.check_files(config)
