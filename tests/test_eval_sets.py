@@ -11,8 +11,7 @@ import pytest
 import debug_runs
 
 from vidjax import config as config_lib, errors, eval_sets, metrics as metrics_lib
-from vidjax import train
-from vidjax import monitor
+from vidjax import monitor, train
 from vidjax.data import ek100
 from vidjax.tasks import contrastive
 from test_metrics import _ndcg_loop, _official_ap_loop
