@@ -153,6 +153,8 @@ def test_init_from_keeps_named_params_at_init(tmp_path):
                                   overrides)
   with pytest.raises(ValueError, match="proj"):
     train.setup(config, tmp_path / "a")
+  # Refused at start-up: nothing of the run is written (no config.json).
+  assert [p.name for p in (tmp_path / "a").iterdir()] == ["synthetic"]
   with config.unlocked():
     config.init_keep = ("visual.proj", "text.proj")
   params = train.setup(config, tmp_path / "b").state["params"]

@@ -63,9 +63,12 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
 
   Everything a user can get wrong is checked before the workdir is touched:
   the config, the data paths, the vocabulary, the annotation files of
-  `splits` ('train', 'eval'; none for tools on synthetic batches) and
-  whether a checkpoint to resume fits the model. Then WORKDIR/config.json
-  and WORKDIR/log.txt are written and half-written checkpoints removed.
+  `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
+  checkpoint to resume fits the model, and the checkpoint or `init_from`
+  weights the run starts from are read. (Only a synthetic corpus, which
+  these checks read, is written before: WORKDIR/synthetic.) Then
+  WORKDIR/config.json and WORKDIR/log.txt are written and half-written
+  checkpoints removed.
   """
   config_lib.validate(config, jax.device_count())
   mesh = sharding.make_mesh(fsdp=config.fsdp)
@@ -97,6 +100,19 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if start.kind in ("workdir", "resume"):
     resume.check_fits(start, steps_lib.build_state_and_steps(
         config, task, mesh, abstract=True)[0], config)
+  state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
+  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  if start.kind in ("workdir", "resume"):
+    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
+    run.state, run.data_state = restored.state, restored.data_state
+  elif start.kind == "init_from":  # Parameters only, onto their shardings.
+    source = weights.read_source(
+        start.path, allow_pickle=config.init_allow_pickle)
+    params, init_report = init_from.load_params(
+        state["params"], config.model, source,
+        keep_init=tuple(config.init_keep))
+    run.state = dict(state, params=params)
+
   # --- The run is accepted: from here on the workdir is written.
   if reports:
     checks.report(reports, config, workdir)
@@ -105,23 +121,12 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     config_lib.save_config_json(config, workdir)
   if jax.process_index() == 0:
     console.attach_log_file(workdir)
-  state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  if start.kind in ("workdir", "resume"):
+    logging.info("resumed from %s at step %d", start.path, start.step)
+  elif start.kind == "init_from":
+    init_report.log(workdir)  # Also WORKDIR/init_from.json.
   if "train" in reports:
     run.train_records = reports["train"].kept_records()
-
-  if start.kind in ("workdir", "resume"):
-    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
-    run.state, run.data_state = restored.state, restored.data_state
-    logging.info("resumed from %s at step %d", start.path, restored.step)
-  elif start.kind == "init_from":  # Parameters only, onto their shardings.
-    source = weights.read_source(
-        start.path, allow_pickle=config.init_allow_pickle)
-    params, report = init_from.load_params(
-        state["params"], config.model, source,
-        keep_init=tuple(config.init_keep))
-    report.log(workdir)  # Also WORKDIR/init_from.json.
-    run.state = dict(state, params=params)
   if splits:
     _log_summary(run, config, reports, start)
   return run
