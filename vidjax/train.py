@@ -48,6 +48,7 @@ class Run:
   data_state: object = None  # Where the training batches resume.
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
+  start: resume.StartPoint = resume.StartPoint("scratch")
 
 
 def _start_text(start: resume.StartPoint) -> str:
@@ -101,7 +102,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     resume.check_fits(start, steps_lib.build_state_and_steps(
         config, task, mesh, abstract=True)[0], config)
   state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir,
+            start=start)
   if start.kind in ("workdir", "resume"):
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
@@ -205,7 +207,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   late = monitor.LateMetrics()
   bar = console.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.every_steps
-  last_eval, last_saved = {}, first_step or None
+  # The last checkpoint of this run's own (another run's is not named).
+  last_eval = {}
+  last_saved = first_step if run.start.kind == "workdir" else None
   preempted, estimated = False, False
 
   def log(item):
