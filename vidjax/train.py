@@ -46,6 +46,7 @@ class Run:
   rest: object
   steps: steps_lib.Steps
   data_state: object = None  # Where the training batches resume.
+  rng: object = None  # The checkpoint's base key; None: from `seed`.
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
   start: resume.StartPoint = resume.StartPoint("scratch")
@@ -107,6 +108,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if start.kind in ("workdir", "resume"):
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
+    run.rng = restored.rng
   elif start.kind == "init_from":  # Parameters only, onto their shardings.
     source = weights.read_source(
         start.path, allow_pickle=config.init_allow_pickle)
@@ -196,7 +198,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       state=run.data_state)
 
   # ------------------------------------------------------------------- loop
-  base_key = jax.random.key(config.seed)
+  # Each step's randomness folds the step into it: a resumed run continues
+  # with its checkpoint's key (the same, unless the seed was changed).
+  base_key = jax.random.key(config.seed) if run.rng is None else run.rng
   ckpt = checkpoint.Checkpointer.from_config(
       workdir, config, metadata={"config": config.to_dict()})
   flops = flops_lib.flops_per_example(config.model)["training"]
