@@ -13,6 +13,7 @@ closing report.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -189,20 +190,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = Path(workdir)
   run = setup(config, workdir, splits=("train", "eval"))
   first_step = step = int(run.state["step"])
-  writer = monitor.MetricWriter(workdir)
-
-  # ------------------------------------------------------------------- data
-  train_batches = pipeline.make_pipeline(
-      config, run.mesh, train=True, batch_size=config.batch_size,
-      tokenizer=run.tokenizer, records=run.train_records,
-      state=run.data_state)
-
-  # ------------------------------------------------------------------- loop
   # Each step's randomness folds the step into it: a resumed run continues
   # with its checkpoint's key (the same, unless the seed was changed).
   base_key = jax.random.key(config.seed) if run.rng is None else run.rng
-  ckpt = checkpoint.Checkpointer.from_config(
-      workdir, config, metadata={"config": config.to_dict()})
   flops = flops_lib.flops_per_example(config.model)["training"]
   timer = monitor.StepTimer(
       global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
@@ -240,39 +230,47 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("%s", console.eval_table(step, metrics))
     return metrics
 
-  with resume.PreemptionHandler() as preemption, bar:
-    while step < config.total_steps:
-      with timer.waiting_for_data():
-        batch = next(train_batches)
-      run.state, metrics = run.steps.train(run.state, run.rest, batch, base_key)
-      step += 1
-      timer.step()
-      if step == first_step + 1:
-        jax.block_until_ready(run.state)
-        timer.reset()  # The first step compiled; don't count it.
-      log(late.push(step, metrics))
-      stop = preemption.should_stop(step)
-      if ckpt.save(step, run.state, data_state=train_batches.get_state(),
-                   rng=base_key, force=stop or step == config.total_steps):
-        last_saved = step
-      if stop:
-        preempted = True
-        break
-      if eval_every and step % eval_every == 0 and step < config.total_steps:
-        last_eval = evaluate_and_log()
-        ckpt.record_eval(step, last_eval, run.state, rng=base_key,
-                         data_state=train_batches.get_state())
-  log(late.flush())
-  bar.close()
-  train_batches.close()
-  _say_read_failures(train_batches.failures)
-  if step >= config.total_steps:
-    last_eval = evaluate_and_log()
-    ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
-  ckpt.wait_until_finished()
-  saved_steps = ckpt.all_steps()
-  ckpt.close()
-  writer.close()
+  # Closed on the way out, on an error too: the pipeline's workers stop, and
+  # a save in flight finishes (Orbax moves a save into place once whole).
+  with (monitor.MetricWriter(workdir) as writer,
+        checkpoint.Checkpointer.from_config(
+            workdir, config, metadata={"config": config.to_dict()}) as ckpt):
+    # ----------------------------------------------------------------- data
+    with (contextlib.closing(pipeline.make_pipeline(
+              config, run.mesh, train=True, batch_size=config.batch_size,
+              tokenizer=run.tokenizer, records=run.train_records,
+              state=run.data_state)) as train_batches,
+          resume.PreemptionHandler() as preemption, bar):
+      # --------------------------------------------------------------- loop
+      while step < config.total_steps:
+        with timer.waiting_for_data():
+          batch = next(train_batches)
+        run.state, metrics = run.steps.train(run.state, run.rest, batch,
+                                             base_key)
+        step += 1
+        timer.step()
+        if step == first_step + 1:
+          jax.block_until_ready(run.state)
+          timer.reset()  # The first step compiled; don't count it.
+        log(late.push(step, metrics))
+        stop = preemption.should_stop(step)
+        if ckpt.save(step, run.state, data_state=train_batches.get_state(),
+                     rng=base_key, force=stop or step == config.total_steps):
+          last_saved = step
+        if stop:
+          preempted = True
+          break
+        if eval_every and step % eval_every == 0 and step < config.total_steps:
+          last_eval = evaluate_and_log()
+          ckpt.record_eval(step, last_eval, run.state, rng=base_key,
+                           data_state=train_batches.get_state())
+      log(late.flush())
+    _say_read_failures(train_batches.failures)
+    if step >= config.total_steps:
+      last_eval = evaluate_and_log()
+      ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+    ckpt.wait_until_finished()
+    saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
     # Imported here: matplotlib is needed for the plots only.
     from vidjax import plot  # pylint: disable=import-outside-toplevel
