@@ -1,4 +1,5 @@
 """The training loop: preemption + resume, gradient accumulation, init_from."""
+import dataclasses
 import json
 import re
 import shutil
@@ -88,6 +89,31 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
   assert final and final[-1]["step"] == STEPS
   config = json.loads((workdir / "config.json").read_text())
   assert config["total_steps"] == STEPS
+
+
+def test_a_step_with_a_non_finite_loss_is_never_saved(tmp_path, monkeypatch):
+  """Step 2's loss is NaN: step 1's checkpoint is the last one, and named."""
+  setup = train.setup
+
+  def nan_from_step_2(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    train_step = run.steps.train
+
+    def step(state, rest, batch, key):
+      state, metrics = train_step(state, rest, batch, key)
+      loss = jnp.where(state["step"] >= 2, jnp.nan, metrics["train/loss"])
+      return state, dict(metrics, **{"train/loss": loss})
+    run.steps = dataclasses.replace(run.steps, train=step)
+    return run
+
+  monkeypatch.setattr(train, "setup", nan_from_step_2)
+  every_step = [o for o in OVERRIDES if "checkpoint" not in o] + [
+      "--config.checkpoint.every_steps=1"]  # The same compiled step.
+  with pytest.raises(monitor.NonFiniteError, match=r"non-finite train/loss .* "
+                     r"at step 2; last good checkpoint at step 1 is kept"):
+    train.train_and_evaluate(config_lib.load_config(CONFIG, every_step),
+                             tmp_path)
+  assert checkpoint.latest_complete_step(tmp_path / "checkpoints") == 1
 
 
 def test_gradient_accumulation_matches_one_big_batch():

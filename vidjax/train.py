@@ -254,13 +254,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           timer.reset()  # The first step compiled; don't count it.
         log(late.push(step, metrics))
         stop = preemption.should_stop(step)
+        final = step == config.total_steps
+        evaluating = eval_every and step % eval_every == 0 and not final
+        if stop or final or evaluating or ckpt.should_save(step):
+          # No checkpoint may hold non-finite weights: this step's metrics
+          # (its loss and gradient norm) first, one wait for the device per
+          # save; `log` sees them only a step later.
+          monitor.check_finite(monitor.to_python(metrics), step=step,
+                               last_checkpoint_step=last_saved)
         if ckpt.save(step, run.state, data_state=train_batches.get_state(),
-                     rng=base_key, force=stop or step == config.total_steps):
+                     rng=base_key, force=stop or final):
           last_saved = step
         if stop:
           preempted = True
           break
-        if eval_every and step % eval_every == 0 and step < config.total_steps:
+        if evaluating:
           last_eval = evaluate_and_log()
           ckpt.record_eval(step, last_eval, run.state, rng=base_key,
                            data_state=train_batches.get_state())
