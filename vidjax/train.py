@@ -78,20 +78,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
   if splits:
-    actions = config.data.format == "ek100_cls" and config.data.label == "action"
-    if actions and not config.data.train_annotations:
-      raise errors.ConfigError(
-          "data.train_annotations is unset: with data.format='ek100_cls' and "
-          "data.label='action', the action ids are numbered over the training "
-          "and validation CSVs together (as the head was trained), also to "
-          "evaluate", hint="set --config.data.train_annotations to "
-          "EPIC_100_train.csv")
-    keys = [k for k in eval_sets.required_paths(config, needs_text=False)
-            if "train" in splits or not k.startswith("data.train_")
-            or (actions and k == "data.train_annotations")]
-    checks.check_paths(config, keys)
-    if "eval" in splits:
-      eval_sets.check_files(config)
+    _check_files(config, splits)
   tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
   reports = checks.check_annotations(
       config, splits, needs_text=task.NEEDS_TEXT,
@@ -135,6 +122,24 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if splits:
     _log_summary(run, config, reports, start)
   return run
+
+
+def _check_files(config, splits: tuple[str, ...]) -> None:
+  """The files that `splits` read exist (and the evaluation files fit)."""
+  actions = config.data.format == "ek100_cls" and config.data.label == "action"
+  if actions and not config.data.train_annotations:
+    raise errors.ConfigError(
+        "data.train_annotations is unset: with data.format='ek100_cls' and "
+        "data.label='action', the action ids are numbered over the training "
+        "and validation CSVs together (as the head was trained), also to "
+        "evaluate", hint="set --config.data.train_annotations to "
+        "EPIC_100_train.csv")
+  keys = [k for k in eval_sets.required_paths(config, needs_text=False)
+          if "train" in splits or not k.startswith("data.train_")
+          or (actions and k == "data.train_annotations")]
+  checks.check_paths(config, keys)
+  if "eval" in splits:
+    eval_sets.check_files(config)
 
 
 def _log_summary(run: Run, config, reports: dict, start) -> None:
