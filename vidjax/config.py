@@ -21,6 +21,7 @@ cuDNN attention on a machine that cannot run it, and the fractions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import contextlib
 import difflib
 import importlib.util
 import json
@@ -83,16 +84,22 @@ def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
   return None
 
 
-def _config_error(path: str, spec: str, e: Exception) -> errors.ConfigError:
-  """What the user's config file raised, at its line in the file."""
-  if isinstance(e, ValueError):  # The config's own message, e.g. an unknown variant.
-    return errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}")
-  if isinstance(e, SyntaxError):
-    return errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}")
-  lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-           if os.path.abspath(f.filename) == os.path.abspath(path)]
-  where = f"{path}:{lines[-1]}" if lines else spec
-  return errors.ConfigError(f"{where}: {type(e).__name__}: {e}")
+@contextlib.contextmanager
+def _user_code(path: str, spec: str):
+  """What the user's config file raises: a ConfigError at its line."""
+  try:
+    yield
+  except errors.UserError:
+    raise
+  except ValueError as e:  # The config's own message, e.g. an unknown variant.
+    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
+  except SyntaxError as e:
+    raise errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}") from e
+  except Exception as e:  # pylint: disable=broad-except  # Any, in user code.
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+             if os.path.abspath(f.filename) == os.path.abspath(path)]
+    where = f"{path}:{lines[-1]}" if lines else spec
+    raise errors.ConfigError(f"{where}: {type(e).__name__}: {e}") from e
 
 
 def _load_module(path: str, spec: str):
@@ -103,12 +110,8 @@ def _load_module(path: str, spec: str):
     raise errors.ConfigError(f"{spec}: not a Python file",
                              hint="configs are .py files with get_config()")
   module = importlib.util.module_from_spec(module_spec)
-  try:
+  with _user_code(path, spec):
     module_spec.loader.exec_module(module)
-  except errors.UserError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  # The user's code.
-    raise _config_error(path, spec, e) from e
   if not callable(getattr(module, "get_config", None)):
     raise errors.ConfigError(f"{path} has no get_config() function")
   return module
@@ -150,12 +153,8 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     raise errors.PathError(f"config file {path!r} not found",
                            hint="the shipped configs are in configs/*.py")
   module = _load_module(path, spec)
-  try:
+  with _user_code(path, spec):
     config = module.get_config(arg) if arg else module.get_config()
-  except errors.UserError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except  # The user's code.
-    raise _config_error(path, spec, e) from e
   if not isinstance(config, ml_collections.ConfigDict):
     config = ml_collections.ConfigDict(config)
   args = _override_args(overrides)
