@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import debug_runs
 from vidjax import checkpoint, config as config_lib, errors, monitor, steps
 from vidjax import train
 
@@ -91,7 +92,10 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
   assert config["total_steps"] == STEPS
 
 
-def test_a_step_with_a_non_finite_loss_is_never_saved(tmp_path, monkeypatch):
+@pytest.mark.xdist_group("debug_runs")  # Their corpus and compiled step.
+def test_a_step_with_a_non_finite_loss_is_never_saved(tmp_path,
+                                                      tmp_path_factory,
+                                                      monkeypatch):
   """Step 2's loss is NaN: step 1's checkpoint is the last one, and named."""
   setup = train.setup
 
@@ -107,13 +111,13 @@ def test_a_step_with_a_non_finite_loss_is_never_saved(tmp_path, monkeypatch):
     return run
 
   monkeypatch.setattr(train, "setup", nan_from_step_2)
-  every_step = [o for o in OVERRIDES if "checkpoint" not in o] + [
-      "--config.checkpoint.every_steps=1"]  # The same compiled step.
+  config = debug_runs.load("clip_vitb16_ego4d",
+                           "--config.checkpoint.every_steps=1")
+  workdir = debug_runs.prepare(config, tmp_path, tmp_path_factory)
   with pytest.raises(monitor.NonFiniteError, match=r"non-finite train/loss .* "
                      r"at step 2; last good checkpoint at step 1 is kept"):
-    train.train_and_evaluate(config_lib.load_config(CONFIG, every_step),
-                             tmp_path)
-  assert checkpoint.latest_complete_step(tmp_path / "checkpoints") == 1
+    train.train_and_evaluate(config, workdir)
+  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
 
 
 def test_gradient_accumulation_matches_one_big_batch():
