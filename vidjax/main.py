@@ -79,7 +79,7 @@ def _maybe_initialize_distributed():
     if missing:
       raise errors.ConfigError(
           f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} "
-          f"{'is' if len(missing) == 1 else 'are'} not (as a number)",
+          f"{'is' if len(missing) == 1 else 'are'} unset or not a number",
           hint="a multi-process run sets all three on every process; unset "
           "JAX_COORDINATOR_ADDRESS for a single process")
     # Everything is given: no cluster auto-detection, which inside a SLURM
