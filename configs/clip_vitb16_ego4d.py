@@ -170,8 +170,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # AVION's LLM-augmented pretraining on LaViLa's two narration files: the
     # rephraser and narrator files each hold the ~4.0M clips (with lists of
     # narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
-    recipe.schedule(c, 2 * recipe.TRAIN_CLIPS["ego4d"], epochs=5,
-                    batch_size=c.batch_size)  # 19530 steps
+    steps_per_epoch = recipe.schedule(c, 2 * recipe.TRAIN_CLIPS["ego4d"],
+                                      epochs=5, batch_size=c.batch_size)
+    c.eval.every_steps = steps_per_epoch  # Still every epoch: 3906 steps.
   if "debug" in variants:
     _debug(c)
   return c

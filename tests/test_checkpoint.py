@@ -215,7 +215,7 @@ def test_best_mode_min_nan_and_a_metric_the_eval_lacks(tmp_path):
     assert ckpt.record_eval(4, {"eval/loss": 1.0}, state)
     assert not ckpt.record_eval(5, {"eval/top1": 1.0}, state)  # Warns once.
     assert ckpt.best["step"] == 4
-  with pytest.raises(ValueError, match="best_mode must be 'max' or 'min'"):
+  with pytest.raises(ValueError, match=r"best_mode must be one of \('max', 'min'\)"):
     checkpoint.Checkpointer(tmp_path, every_steps=1, best_mode="best")
 
 

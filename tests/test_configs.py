@@ -85,6 +85,8 @@ def test_recipes_keep_avions_schedules():
     config = load(*spec.split(":"))
     assert (config.total_steps, config.batch_size,
             config.optim.warmup_steps) == schedule, spec
+  # Evaluated every epoch, and :lavila's epochs are twice as long.
+  assert load("clip_vitb16_ego4d", "lavila").eval.every_steps == 19530 // 5
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -10,8 +10,8 @@ import pytest
 
 import debug_runs
 
-from vidjax import config as config_lib, eval_sets, metrics as metrics_lib, train
-from vidjax import monitor
+from vidjax import config as config_lib, errors, eval_sets, metrics as metrics_lib
+from vidjax import monitor, train
 from vidjax.data import ek100
 from vidjax.tasks import contrastive
 from test_metrics import _ndcg_loop, _official_ap_loop
@@ -51,7 +51,22 @@ def test_sets_names_prefixes_and_files():
     eval_sets.eval_sets(config)
   with config.unlocked():
     del config.eval.sets.ek100_mir.data["nonsense"]
-  assert [s.name for s in eval_sets.eval_sets(config)] == ["ek100_mir"]
+    config.data.root = "/d/chunks"
+    config.eval.sets.ek100_mir.data.root = ""  # The run's chunks, then.
+  (mir,) = eval_sets.eval_sets(config)
+  assert (mir.name, mir.config.data.root) == ("ek100_mir", "/d/chunks")
+
+
+def test_action_ids_need_the_training_csv_also_to_evaluate(tmp_path):
+  """EK-100 action ids number the training and validation CSVs' pairs."""
+  config = config_lib.load_config(str(CONFIGS / "ek100_cls_ft.py"), [
+      f"--config.data.root={tmp_path}",
+      f"--config.data.eval_annotations={tmp_path / 'EPIC_100_validation.csv'}"])
+  with pytest.raises(errors.ConfigError, match=r"^data.train_annotations is "
+                     r"unset: with data.format='ek100_cls' and data.label="
+                     r"'action', the action ids"):
+    train.setup(config, tmp_path / "run", splits=("eval",))
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """The training loop: preemption + resume, gradient accumulation, init_from."""
+import dataclasses
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import debug_runs
 from vidjax import checkpoint, config as config_lib, errors, monitor, steps
 from vidjax import train
 
@@ -90,6 +92,34 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
   assert config["total_steps"] == STEPS
 
 
+@pytest.mark.xdist_group("debug_runs")  # Their corpus and compiled step.
+def test_a_step_with_a_non_finite_loss_is_never_saved(tmp_path,
+                                                      tmp_path_factory,
+                                                      monkeypatch):
+  """Step 2's loss is NaN: step 1's checkpoint is the last one, and named."""
+  setup = train.setup
+
+  def nan_from_step_2(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    train_step = run.steps.train
+
+    def step(state, rest, batch, key):
+      state, metrics = train_step(state, rest, batch, key)
+      loss = jnp.where(state["step"] >= 2, jnp.nan, metrics["train/loss"])
+      return state, dict(metrics, **{"train/loss": loss})
+    run.steps = dataclasses.replace(run.steps, train=step)
+    return run
+
+  monkeypatch.setattr(train, "setup", nan_from_step_2)
+  config = debug_runs.load("clip_vitb16_ego4d",
+                           "--config.checkpoint.every_steps=1")
+  workdir = debug_runs.prepare(config, tmp_path, tmp_path_factory)
+  with pytest.raises(monitor.NonFiniteError, match=r"non-finite train/loss .* "
+                     r"at step 2; last good checkpoint at step 1 is kept"):
+    train.train_and_evaluate(config, workdir)
+  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+
+
 def test_gradient_accumulation_matches_one_big_batch():
   rng = np.random.default_rng(0)
   params = {"w": jnp.asarray(rng.standard_normal((3, 2)), jnp.float32)}
@@ -151,6 +181,8 @@ def test_init_from_keeps_named_params_at_init(tmp_path):
                                   overrides)
   with pytest.raises(ValueError, match="proj"):
     train.setup(config, tmp_path / "a")
+  # Refused at start-up: nothing of the run is written (no config.json).
+  assert [p.name for p in (tmp_path / "a").iterdir()] == ["synthetic"]
   with config.unlocked():
     config.init_keep = ("visual.proj", "text.proj")
   params = train.setup(config, tmp_path / "b").state["params"]

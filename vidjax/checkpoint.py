@@ -38,6 +38,7 @@ from vidjax import errors
 
 CHECKPOINT_SUBDIR = "checkpoints"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
+BEST_MODES = ("max", "min")  # `checkpoint.best_mode`
 
 
 def checkpoint_dir(workdir) -> str:
@@ -198,8 +199,9 @@ class Checkpointer:
                best_metric: str = "", best_mode: str = "max"):
     if every_steps <= 0:
       raise errors.ConfigError(f"checkpoint.every_steps must be > 0, got {every_steps}")
-    if best_mode not in ("max", "min"):
-      raise errors.ConfigError(f"checkpoint.best_mode must be 'max' or 'min', got {best_mode!r}")
+    if best_mode not in BEST_MODES:
+      raise errors.ConfigError(f"checkpoint.best_mode must be one of "
+                               f"{BEST_MODES}, got {best_mode!r}")
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}

@@ -11,19 +11,23 @@ matches) or the value.
 base config, `seed`, `total_steps` (or `total_epochs`), `batch_size` (global,
 all processes) against the devices and `accum_steps`, `eval.batch_size`, the
 keys that must agree (the model's frames and image size with the data's,
-`model.tubelet` and the patch size, the model with the task), the names of
-the task, annotation format, sampling and crop, and the fractions.
+`model.tubelet` and the patch size, the model with the task), every key
+that names a choice (task, annotation format, sampling, crop, the model's
+dtypes, attention, remat, activation, the optimizer, its schedule, ...),
+cuDNN attention on a machine that cannot run it, and the fractions.
 `epochs_to_steps` turns the `*_epochs` keys into steps at start-up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import contextlib
 import difflib
 import importlib.util
 import json
 import os
 import re
+import traceback
 
 from absl import flags
 from absl import logging
@@ -80,6 +84,24 @@ def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
   return None
 
 
+@contextlib.contextmanager
+def _user_code(path: str, spec: str):
+  """What the user's config file raises: a ConfigError at its line."""
+  try:
+    yield
+  except errors.UserError:
+    raise
+  except ValueError as e:  # The config's own message, e.g. an unknown variant.
+    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
+  except SyntaxError as e:
+    raise errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}") from e
+  except Exception as e:  # pylint: disable=broad-except  # Any, in user code.
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+             if os.path.abspath(f.filename) == os.path.abspath(path)]
+    where = f"{path}:{lines[-1]}" if lines else spec
+    raise errors.ConfigError(f"{where}: {type(e).__name__}: {e}") from e
+
+
 def _load_module(path: str, spec: str):
   """Imports the config file `path` as a fresh module."""
   name = "vidjax_config_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
@@ -88,7 +110,8 @@ def _load_module(path: str, spec: str):
     raise errors.ConfigError(f"{spec}: not a Python file",
                              hint="configs are .py files with get_config()")
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  with _user_code(path, spec):
+    module_spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise errors.ConfigError(f"{path} has no get_config() function")
   return module
@@ -121,18 +144,17 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     errors.PathError: the file does not exist (a FileNotFoundError).
     errors.UnknownKeyError: an override names a key the config does not
       have (a KeyError; the message lists the known keys and close matches).
-    errors.ConfigError: `get_config` refused `arg`, or an override's value
-      does not parse as the field's type (a ValueError).
+    errors.ConfigError: the file or its `get_config` raised (e.g. refused
+      `arg`; named with the line), or an override's value does not parse
+      as the field's type (a ValueError).
   """
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
     raise errors.PathError(f"config file {path!r} not found",
                            hint="the shipped configs are in configs/*.py")
   module = _load_module(path, spec)
-  try:
+  with _user_code(path, spec):
     config = module.get_config(arg) if arg else module.get_config()
-  except ValueError as e:  # The config's own message, e.g. an unknown variant.
-    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
   if not isinstance(config, ml_collections.ConfigDict):
     config = ml_collections.ConfigDict(config)
   args = _override_args(overrides)
@@ -155,22 +177,51 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   return flag_values.config
 
 
-def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Locks `config` in place (new keys raise; values may change); returns it."""
-  config.lock()
-  return config
+def _choices(config) -> dict[str, tuple]:
+  """Keys naming one of a few choices: the allowed values, from their homes."""
+  # Imported here: the config module stays light for `load_config`.
+  # pylint: disable=import-outside-toplevel
+  from vidjax import checkpoint, models, optim, randaugment, tasks
+  from vidjax.data import annotations, loader
+  from vidjax.models import attention, transformer, videomae
+  # pylint: enable=import-outside-toplevel
+  classifier = _get(config, "model.name", None) == "classifier"
+  return {
+      "task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
+      "data.sampling": loader.SAMPLINGS, "data.crop": loader.CROPS,
+      "model.dtype": models.DTYPES, "model.residual_dtype": models.DTYPES,
+      "model.attention": attention.IMPLEMENTATIONS,
+      "model.remat": tuple(transformer.REMAT_POLICIES),
+      "model.drop_path_schedule": transformer.DROP_PATH_SCHEDULES,
+      # A classifier's '' is its backbone's own activation.
+      "model.act": tuple(transformer.ACTIVATIONS) + (("",) if classifier else ()),
+      "model.backbone": tuple(videomae.BACKBONE_STYLES),
+      "optim.name": optim.OPTIMIZERS, "optim.schedule": optim.SCHEDULES,
+      "augment.erase_mode": randaugment.ERASE_MODES,
+      "checkpoint.best_mode": checkpoint.BEST_MODES}
+
+
+def _cudnn_problem(config) -> str | None:
+  """Why `model.attention='cudnn'` cannot run here (the vision tower's heads)."""
+  # pylint: disable-next=import-outside-toplevel
+  from vidjax.models import attention, resolve_dtype, vit
+  try:
+    sizes = vit.parse_variant(_get(config, "model.variant"))
+    dtype = resolve_dtype(_get(config, "model.dtype"))
+  except (KeyError, ValueError):
+    return None  # Named as a problem of its own.
+  width = _get(config, "model.width", None) or sizes["width"]
+  reason = attention.cudnn_unsupported_reason(
+      width // (_get(config, "model.heads", None) or sizes["heads"]), dtype)
+  return reason and (f"'model.attention' = 'cudnn' cannot run: {reason}; "
+                     "'auto' uses cuDNN where it can, else XLA")
 
 
 def _choice_problems(config) -> list[str]:
-  """Names the task / format / sampling / crop / fractions that are unknown."""
-  # Imported here: the config module stays light for `load_config`.
-  from vidjax import tasks  # pylint: disable=import-outside-toplevel
-  from vidjax.data import annotations  # pylint: disable=import-outside-toplevel
-  choices = {"task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
-             "data.sampling": ("segment", "stride"),
-             "data.crop": ("random_resized", "multi_scale", "center")}
+  """Names the unknown choices (task, format, model, optimizer, ...), the
+  fractions out of [0, 1], and cuDNN attention where it cannot run."""
   problems = []
-  for key, allowed in choices.items():
+  for key, allowed in _choices(config).items():
     value = _get(config, key, None)
     if value is not None and value not in allowed:
       close = difflib.get_close_matches(str(value), allowed, n=1)
@@ -180,6 +231,9 @@ def _choice_problems(config) -> list[str]:
     value = _get(config, key, None)
     if value is not None and not 0 <= value <= 1:
       problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
+  if _get(config, "model.attention", None) == "cudnn" and (
+      reason := _cudnn_problem(config)):
+    problems.append(reason)
   return problems
 
 

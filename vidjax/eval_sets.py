@@ -6,7 +6,8 @@ A run evaluates its main set, `data.eval_annotations` with the `eval` keys
 named set of `eval.sets` under `eval/<name>/` (e.g. `eval/ek100_mir/mAP_avg`,
 zero-shot EK-100 multi-instance retrieval during Ego4D pretraining). A named
 set is a ConfigDict of `data` (the `config.data` keys it changes: format,
-root, eval_annotations, ...) and `eval` keys; the rest is the run's:
+root, eval_annotations, ...; an empty value keeps the run's) and `eval`
+keys; the rest is the run's:
 
     c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir")  # vidjax.recipe
 
@@ -57,7 +58,8 @@ def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
         if unknown:
           raise errors.ConfigError(f"eval.sets.{name}.data: unknown data keys "
                            f"{unknown}; see config.data")
-        resolved.data.update(value)
+        # '' keeps the run's value (e.g. a set in the run's own chunks).
+        resolved.data.update({k: v for k, v in value.items() if v != ""})
       elif key in _RUN_KEYS:
         raise errors.ConfigError(f"eval.sets.{name}.{key}: set it in eval, for the run")
       else:

@@ -75,6 +75,14 @@ def _maybe_initialize_distributed():
   import jax  # pylint: disable=import-outside-toplevel
   env = os.environ
   if env.get("JAX_COORDINATOR_ADDRESS"):
+    missing = [k for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+               if not env.get(k, "").isdigit()]
+    if missing:
+      raise errors.ConfigError(
+          f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} "
+          f"{'is' if len(missing) == 1 else 'are'} unset or not a number",
+          hint="a multi-process run sets all three on every process; unset "
+          "JAX_COORDINATOR_ADDRESS for a single process")
     # Everything is given: no cluster auto-detection, which inside a SLURM
     # allocation would restrict each process to GPU number SLURM_LOCALID.
     jax.distributed.initialize(

@@ -46,6 +46,8 @@ import ml_collections
 import optax
 
 LayerIdFn = Callable[[str, int], int]
+OPTIMIZERS = ('adamw', 'sgd', 'lion')  # `optim.name`
+SCHEDULES = ('cosine', 'constant')  # `optim.schedule`
 
 
 def default_optim_config() -> ml_collections.ConfigDict:
@@ -138,8 +140,8 @@ def scale_by_layer(layer_decay: float, num_layers: int, layer_id_fn: LayerIdFn |
 def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   """Learning rate per optimizer step: linear warmup, then cosine or constant."""
   lr, min_lr, warmup = float(config.lr), float(config.min_lr), int(config.warmup_steps)
-  if config.schedule not in ('cosine', 'constant'):
-    raise ValueError(f"optim: config.schedule must be 'cosine' or 'constant', "
+  if config.schedule not in SCHEDULES:
+    raise ValueError(f'optim: config.schedule must be one of {SCHEDULES}, '
                      f'got {config.schedule!r}')
   cosine = config.schedule == 'cosine'
 
@@ -187,7 +189,7 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
     if wd:  # torch.optim.SGD's weight decay: added to the gradient before momentum.
       opt = optax.chain(optax.add_decayed_weights(wd, mask), opt)
   else:
-    raise ValueError(f"optim: config.name must be 'adamw', 'sgd' or 'lion', got {name!r}")
+    raise ValueError(f'optim: config.name must be one of {OPTIMIZERS}, got {name!r}')
 
   parts = []
   if config.clip_grad_norm > 0:

@@ -52,6 +52,7 @@ OPS = ("brightness", "contrast", "saturation", "sharpness", "autocontrast",
        "shear_y", "translate_x", "translate_y")
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 FILL = 127.5  # pytorchvideo's fill 0.5 on the 0-1 scale.
+ERASE_MODES = ("pixel", "rand", "const")  # `augment.erase_mode`
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights.
 
 
@@ -276,9 +277,9 @@ def random_erase(video: Array, key: Array, *, prob: float = 0.25,
   Returns:
     float32[B, T, H, W, C]: erased boxes hold noise on the 0-255 scale.
   """
-  if mode not in ("pixel", "rand", "const"):
-    raise ValueError(f"random erasing: mode must be 'pixel', 'rand' or "
-                     f"'const', got {mode!r}")
+  if mode not in ERASE_MODES:
+    raise ValueError(f"random erasing: mode must be one of {ERASE_MODES}, "
+                     f"got {mode!r}")
   b, t, h, w, c = video.shape
   k_apply, k_area, k_aspect, k_top, k_left, k_fill = jax.random.split(key, 6)
   area = jax.random.uniform(k_area, (b, attempts), minval=min_area,
@@ -325,9 +326,9 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
   prob, std_level = float(config["randaugment_prob"]), float(
       config["randaugment_std"])
   mode = str(config["erase_mode"])
-  if mode not in ("pixel", "rand", "const"):
-    raise ValueError(f"augment: erase_mode must be 'pixel', 'rand' or "
-                     f"'const', got {mode!r}")
+  if mode not in ERASE_MODES:
+    raise ValueError(f"augment: erase_mode must be one of {ERASE_MODES}, "
+                     f"got {mode!r}")
 
   def clip_augment(video: Array, key: Array) -> Array:
     k_ra, k_erase = jax.random.split(key)

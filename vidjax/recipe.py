@@ -127,9 +127,9 @@ def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
     **data: other `config.data` keys it changes.
 
   Returns:
-    The set: its `data` keys (the format, the other keys given, and `root`
-    and `eval_annotations`, the user's to give: '' skips the set) and its
-    own `relevancy` and `sentences` ('' for none).
+    The set: its `data` keys (the format, the other keys given, `root`: ''
+    for the run's `data.root`, and `eval_annotations`, the user's to give:
+    '' skips the set) and its own `relevancy` and `sentences` ('' for none).
   """
   return ml_collections.ConfigDict(dict(
       data=ml_collections.ConfigDict(dict(

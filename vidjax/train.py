@@ -13,6 +13,7 @@ closing report.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -46,8 +47,10 @@ class Run:
   rest: object
   steps: steps_lib.Steps
   data_state: object = None  # Where the training batches resume.
+  rng: object = None  # The checkpoint's base key; None: from `seed`.
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
+  start: resume.StartPoint = resume.StartPoint("scratch")
 
 
 def _start_text(start: resume.StartPoint) -> str:
@@ -63,20 +66,19 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
 
   Everything a user can get wrong is checked before the workdir is touched:
   the config, the data paths, the vocabulary, the annotation files of
-  `splits` ('train', 'eval'; none for tools on synthetic batches) and
-  whether a checkpoint to resume fits the model. Then WORKDIR/config.json
-  and WORKDIR/log.txt are written and half-written checkpoints removed.
+  `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
+  checkpoint to resume fits the model, and the checkpoint or `init_from`
+  weights the run starts from are read. (Only a synthetic corpus, which
+  these checks read, is written before: WORKDIR/synthetic.) Then
+  WORKDIR/config.json and WORKDIR/log.txt are written and half-written
+  checkpoints removed.
   """
   config_lib.validate(config, jax.device_count())
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
   if splits:
-    keys = [k for k in eval_sets.required_paths(config, needs_text=False)
-            if "train" in splits or not k.startswith("data.train_")]
-    checks.check_paths(config, keys)
-    if "eval" in splits:
-      eval_sets.check_files(config)
+    _check_files(config, splits)
   tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
   reports = checks.check_annotations(
       config, splits, needs_text=task.NEEDS_TEXT,
@@ -88,6 +90,21 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if start.kind in ("workdir", "resume"):
     resume.check_fits(start, steps_lib.build_state_and_steps(
         config, task, mesh, abstract=True)[0], config)
+  state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
+  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir,
+            start=start)
+  if start.kind in ("workdir", "resume"):
+    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
+    run.state, run.data_state = restored.state, restored.data_state
+    run.rng = restored.rng
+  elif start.kind == "init_from":  # Parameters only, onto their shardings.
+    source = weights.read_source(
+        start.path, allow_pickle=config.init_allow_pickle)
+    params, init_report = init_from.load_params(
+        state["params"], config.model, source,
+        keep_init=tuple(config.init_keep))
+    run.state = dict(state, params=params)
+
   # --- The run is accepted: from here on the workdir is written.
   if reports:
     checks.report(reports, config, workdir)
@@ -96,26 +113,33 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     config_lib.save_config_json(config, workdir)
   if jax.process_index() == 0:
     console.attach_log_file(workdir)
-  state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir)
+  if start.kind in ("workdir", "resume"):
+    logging.info("resumed from %s at step %d", start.path, start.step)
+  elif start.kind == "init_from":
+    init_report.log(workdir)  # Also WORKDIR/init_from.json.
   if "train" in reports:
     run.train_records = reports["train"].kept_records()
-
-  if start.kind in ("workdir", "resume"):
-    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
-    run.state, run.data_state = restored.state, restored.data_state
-    logging.info("resumed from %s at step %d", start.path, restored.step)
-  elif start.kind == "init_from":  # Parameters only, onto their shardings.
-    source = weights.read_source(
-        start.path, allow_pickle=config.init_allow_pickle)
-    params, report = init_from.load_params(
-        state["params"], config.model, source,
-        keep_init=tuple(config.init_keep))
-    report.log(workdir)  # Also WORKDIR/init_from.json.
-    run.state = dict(state, params=params)
   if splits:
     _log_summary(run, config, reports, start)
   return run
+
+
+def _check_files(config, splits: tuple[str, ...]) -> None:
+  """The files that `splits` read exist (and the evaluation files fit)."""
+  actions = config.data.format == "ek100_cls" and config.data.label == "action"
+  if actions and not config.data.train_annotations:
+    raise errors.ConfigError(
+        "data.train_annotations is unset: with data.format='ek100_cls' and "
+        "data.label='action', the action ids are numbered over the training "
+        "and validation CSVs together (as the head was trained), also to "
+        "evaluate", hint="set --config.data.train_annotations to "
+        "EPIC_100_train.csv")
+  keys = [k for k in eval_sets.required_paths(config, needs_text=False)
+          if "train" in splits or not k.startswith("data.train_")
+          or (actions and k == "data.train_annotations")]
+  checks.check_paths(config, keys)
+  if "eval" in splits:
+    eval_sets.check_files(config)
 
 
 def _log_summary(run: Run, config, reports: dict, start) -> None:
@@ -171,18 +195,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = Path(workdir)
   run = setup(config, workdir, splits=("train", "eval"))
   first_step = step = int(run.state["step"])
-  writer = monitor.MetricWriter(workdir)
-
-  # ------------------------------------------------------------------- data
-  train_batches = pipeline.make_pipeline(
-      config, run.mesh, train=True, batch_size=config.batch_size,
-      tokenizer=run.tokenizer, records=run.train_records,
-      state=run.data_state)
-
-  # ------------------------------------------------------------------- loop
-  base_key = jax.random.key(config.seed)
-  ckpt = checkpoint.Checkpointer.from_config(
-      workdir, config, metadata={"config": config.to_dict()})
+  # Each step's randomness folds the step into it: a resumed run continues
+  # with its checkpoint's key (the same, unless the seed was changed).
+  base_key = jax.random.key(config.seed) if run.rng is None else run.rng
   flops = flops_lib.flops_per_example(config.model)["training"]
   timer = monitor.StepTimer(
       global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
@@ -191,7 +206,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   late = monitor.LateMetrics()
   bar = console.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.every_steps
-  last_eval, last_saved = {}, first_step or None
+  # The last checkpoint of this run's own (another run's is not named).
+  last_eval = {}
+  last_saved = first_step if run.start.kind == "workdir" else None
   preempted, estimated = False, False
 
   def log(item):
@@ -218,39 +235,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("%s", console.eval_table(step, metrics))
     return metrics
 
-  with resume.PreemptionHandler() as preemption, bar:
-    while step < config.total_steps:
-      with timer.waiting_for_data():
-        batch = next(train_batches)
-      run.state, metrics = run.steps.train(run.state, run.rest, batch, base_key)
-      step += 1
-      timer.step()
-      if step == first_step + 1:
-        jax.block_until_ready(run.state)
-        timer.reset()  # The first step compiled; don't count it.
-      log(late.push(step, metrics))
-      stop = preemption.should_stop(step)
-      if ckpt.save(step, run.state, data_state=train_batches.get_state(),
-                   rng=base_key, force=stop or step == config.total_steps):
-        last_saved = step
-      if stop:
-        preempted = True
-        break
-      if eval_every and step % eval_every == 0 and step < config.total_steps:
-        last_eval = evaluate_and_log()
-        ckpt.record_eval(step, last_eval, run.state, rng=base_key,
-                         data_state=train_batches.get_state())
-  log(late.flush())
-  bar.close()
-  train_batches.close()
-  _say_read_failures(train_batches.failures)
-  if step >= config.total_steps:
-    last_eval = evaluate_and_log()
-    ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
-  ckpt.wait_until_finished()
-  saved_steps = ckpt.all_steps()
-  ckpt.close()
-  writer.close()
+  # Closed on the way out, on an error too: the pipeline's workers stop, and
+  # a save in flight finishes (Orbax moves a save into place once whole).
+  with (monitor.MetricWriter(workdir) as writer,
+        checkpoint.Checkpointer.from_config(
+            workdir, config, metadata={"config": config.to_dict()}) as ckpt):
+    # ----------------------------------------------------------------- data
+    with (contextlib.closing(pipeline.make_pipeline(
+              config, run.mesh, train=True, batch_size=config.batch_size,
+              tokenizer=run.tokenizer, records=run.train_records,
+              state=run.data_state)) as train_batches,
+          resume.PreemptionHandler() as preemption, bar):
+      # --------------------------------------------------------------- loop
+      while step < config.total_steps:
+        with timer.waiting_for_data():
+          batch = next(train_batches)
+        run.state, metrics = run.steps.train(run.state, run.rest, batch,
+                                             base_key)
+        step += 1
+        timer.step()
+        if step == first_step + 1:
+          jax.block_until_ready(run.state)
+          timer.reset()  # The first step compiled; don't count it.
+        log(late.push(step, metrics))
+        stop = preemption.should_stop(step)
+        final = step == config.total_steps
+        evaluating = eval_every and step % eval_every == 0 and not final
+        if stop or final or evaluating or ckpt.should_save(step):
+          # No checkpoint may hold non-finite weights: this step's metrics
+          # (its loss and gradient norm) first, one wait for the device per
+          # save; `log` sees them only a step later.
+          monitor.check_finite(monitor.to_python(metrics), step=step,
+                               last_checkpoint_step=last_saved)
+        if ckpt.save(step, run.state, data_state=train_batches.get_state(),
+                     rng=base_key, force=stop or final):
+          last_saved = step
+        if stop:
+          preempted = True
+          break
+        if evaluating:
+          last_eval = evaluate_and_log()
+          ckpt.record_eval(step, last_eval, run.state, rng=base_key,
+                           data_state=train_batches.get_state())
+      log(late.flush())
+    _say_read_failures(train_batches.failures)
+    if step >= config.total_steps:
+      last_eval = evaluate_and_log()
+      ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+    ckpt.wait_until_finished()
+    saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
     # Imported here: matplotlib is needed for the plots only.
     from vidjax import plot  # pylint: disable=import-outside-toplevel

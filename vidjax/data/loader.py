@@ -40,6 +40,8 @@ from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
 from vidjax.errors import DataFileError
 
 CONTEXT_LENGTH = 77
+SAMPLINGS = ("segment", "stride")  # `data.sampling`
+CROPS = ("random_resized", "multi_scale", "center")  # `data.crop`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +72,11 @@ class ClipSpec:
   eval_crops: int = 1
 
   def __post_init__(self):
-    if self.sampling not in ("segment", "stride"):
-      raise ValueError(f"sampling must be 'segment' or 'stride', got "
+    if self.sampling not in SAMPLINGS:
+      raise ValueError(f"sampling must be one of {SAMPLINGS}, got "
                        f"{self.sampling!r}")
-    if self.crop not in ("random_resized", "multi_scale", "center"):
-      raise ValueError(f"crop must be 'random_resized', 'multi_scale' or "
-                       f"'center', got {self.crop!r}")
+    if self.crop not in CROPS:
+      raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
 
   @property
   def views(self) -> int:

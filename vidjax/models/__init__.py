@@ -70,6 +70,8 @@ __all__ = ['CLIP', 'Classifier', 'VARIANTS', 'VideoMAE', 'VisionTransformer',
            'resolve_dtype']
 
 MODEL_NAMES = ('clip', 'videomae', 'classifier')
+# `model.dtype` and `model.residual_dtype` ('auto': bfloat16 on GPU).
+DTYPES = ('auto', 'bfloat16', 'float32', 'float16')
 
 
 def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
@@ -120,9 +122,8 @@ def resolve_dtype(name: str):
   """'bfloat16' | 'float32' | 'float16' | 'auto' -> a jnp dtype."""
   if name == 'auto':
     return jnp.bfloat16 if jax.default_backend() == 'gpu' else jnp.float32
-  if name not in ('bfloat16', 'float32', 'float16'):
-    raise ValueError(f"model dtype must be 'auto', 'bfloat16', 'float32' or "
-                     f"'float16', got {name!r}")
+  if name not in DTYPES:
+    raise ValueError(f'model dtype must be one of {DTYPES}, got {name!r}')
   return jnp.dtype(name).type
 
 
