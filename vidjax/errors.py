@@ -17,8 +17,8 @@ it is found):
        non-finite loss, or a bug (with a traceback)
   2    refused: the command line or a `ConfigError` (a key, a value, a path,
        the workdir, `init_from` weights that do not read or fit). Found
-       before training starts; most before the workdir is written, the
-       `init_from` weights once it has config.json and log.txt.
+       before anything is written to the workdir (a run on the synthetic
+       corpus may have made WORKDIR/synthetic).
   75   stopped by SIGTERM or SIGINT during training after saving a
        checkpoint: run the same command again to resume (EX_TEMPFAIL in
        sysexits.h)
