@@ -1,11 +1,15 @@
 """The GPU check: its CPU dry run writes every field; its failure rules."""
+import dataclasses
 import importlib.util
 import json
 import math
 import threading
+import types
 
+import jax
 import pytest
 
+from vidjax import config as config_lib
 from vidjax.bench import cuda_trace, gpu_check, gpu_measure
 
 # Every field the GPU run writes, by section (nested dicts by key path).
@@ -115,6 +119,33 @@ def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(
 def test_on_a_gpu_run_a_cpu_cannot_do_cudnn_and_says_so_first():
   with pytest.raises(RuntimeError, match="cuDNN attention cannot run here.*GPU"):
     gpu_measure.check_attention(gpu_measure.make_plan(dry=False))
+
+
+def test_the_recipes_own_remat_policy_is_measured_first():
+  # Out of memory, a policy is compiled again at half the batch: one that
+  # does so must not take the time the recipe's own policy needs.
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  assert gpu_check.default_remats() == [recipe, "full", "none"]
+
+
+def test_out_of_memory_halves_the_batch_only_while_time_allows(monkeypatch):
+  tried = []
+
+  def out_of_memory(config, mesh, batch):
+    tried.append(config.batch_size // jax.device_count())
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 9 GiB")
+
+  monkeypatch.setattr(gpu_measure, "_lowered_for_cuda", out_of_memory)
+  plan = dataclasses.replace(gpu_measure.make_plan(dry=True),
+                             batch_per_device=4)
+  with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+    gpu_measure.measure_step(plan, "none")
+  assert tried == [4, 2, 1]
+  tried.clear()
+  no_time = types.SimpleNamespace(left=lambda: plan.reserve_s)
+  with pytest.raises(RuntimeError, match="no time left to compile at 2"):
+    gpu_measure.measure_step(plan, "none", no_time)
+  assert tried == [4]
 
 
 def test_deadline_saves_then_ends_the_process():

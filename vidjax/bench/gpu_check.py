@@ -2,7 +2,7 @@ r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
 
     launch/gpu_check.sh [--dry] [--out gpu_check.json] [--budget-s 330]
     python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--budget-s S]
-        [--remat none,full,save_dots_and_attention]
+        [--remat save_dots_and_attention,full,none]
 
 Made for a short turn on a fresh single-GPU machine (launch/gpu_check.sh
 says how to bring the Python packages to an offline one). The sections run
@@ -22,12 +22,12 @@ holds {"error": ...} while the others still run. A hard deadline
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
                built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
-               directly at 256 clips per GPU (halved only on out-of-memory),
-               for remat none, full and the recipe's policy while the budget
-               allows: cuDNN calls in the compiled HLO (none is an error; the
-               lowered step's count beside it), XLA's memory analysis and the
-               process's peak so far, pipelined step time, clips/s, TFLOP/s,
-               MFU, loss.
+               directly at 256 clips per GPU (halved on out-of-memory while
+               time allows), for the recipe's remat policy, then full and
+               none while the budget allows: cuDNN calls in the compiled HLO
+               (none is an error; the lowered step's count beside it), XLA's
+               memory analysis and the process's peak so far, pipelined
+               step time, clips/s, TFLOP/s, MFU, loss.
   gemm         the ViT-B blocks' matmuls alone at the step's shapes (forward
                and both backward products): the fastest step split into
                matmul, attention, and the rest, the memory-bound work
@@ -193,6 +193,17 @@ def verdict(results: dict) -> dict:
 
 
 # ------------------------------------------------------------------------ main
+def default_remats() -> list[str]:
+  """The remat policies measured by default, in order.
+
+  The recipe's own policy first, so that it is always measured; then AVION's
+  full remat; none last: at the recipe's batch it is the likeliest to run
+  out of memory and be compiled again at half the batch.
+  """
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  return list(dict.fromkeys([recipe, "full", "none"]))
+
+
 class Deadline:
   """Seconds left; when none are, `on_expiry()` runs and the process ends.
 
@@ -254,14 +265,11 @@ def main(argv=None) -> dict:
   parser.add_argument("--budget-s", type=float, default=None,
                       help="hard deadline in seconds (default 330; dry 110)")
   parser.add_argument("--remat", default=None, help="comma-separated policies "
-                      "(default: none, full, the recipe's)")
+                      "(default: the recipe's, full, none)")
   args = parser.parse_args(argv)
   plan = make_plan(args.dry, args.budget_s)
   begin = time.monotonic()
-  # No remat, AVION's full remat, then the recipe's own policy.
-  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
-  remats = (args.remat.split(",") if args.remat
-            else list(dict.fromkeys(["none", "full", recipe])))
+  remats = args.remat.split(",") if args.remat else default_remats()
   out, lock = Path(args.out), threading.Lock()
   results: dict = {"mode": "dry" if plan.dry else "gpu", "deadline": None}
   running = ["start"]

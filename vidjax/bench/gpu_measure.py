@@ -201,10 +201,16 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
     return cuda_trace.lower_for_cuda(steps.train, state, rest, batch, key)
 
 
-def measure_step(plan: Plan, remat: str) -> Measured:
-  """Compiles the recipe's step under `remat` and times it (see docstring)."""
+def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
+  """Compiles the recipe's step under `remat` and times it (see docstring).
+
+  Out of memory, the batch is halved and the step compiled again, unless
+  `deadline` (its `left()` seconds) leaves no time for that and for the
+  sections after training.
+  """
   mesh = sharding.make_mesh()
   per_device, halved = plan.batch_per_device, []
+  began = time.monotonic()
   while True:
     config = recipe_config(plan, remat=remat)
     config.batch_size = per_device * jax.device_count()
@@ -235,6 +241,11 @@ def measure_step(plan: Plan, remat: str) -> Measured:
     except Exception as e:  # pylint: disable=broad-except
       if not _is_oom(e) or per_device == 1:
         raise
+      spent = time.monotonic() - began  # About what a retry costs.
+      if deadline is not None and deadline.left() < spent + plan.reserve_s:
+        raise RuntimeError(
+            f"out of memory at {per_device} clips per device, and no time "
+            f"left to compile at {per_device // 2}") from e
       halved.append(per_device)
       per_device //= 2
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
@@ -275,7 +286,7 @@ def check_training(plan: Plan, remats: list[str], deadline,
     log(f"training step, remat={remat}")
     start = time.monotonic()
     try:
-      measured = measure_step(plan, remat)
+      measured = measure_step(plan, remat, deadline)
       result["policies"][remat] = measured.result
       log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
            f"{measured.result['mfu']}")
