@@ -65,7 +65,7 @@ def _get(tree, path):
 def dry_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("gpu_check") / "check.json"
   returned = gpu_check.main(["--dry", "--out", str(out), "--remat", "none",
-                             "--budget-s", "600"])
+                             "--time-limit-s", "600"])
   return json.loads(out.read_text()), returned
 
 

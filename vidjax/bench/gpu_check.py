@@ -1,16 +1,18 @@
 r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
 
-    launch/gpu_check.sh [--dry] [--out gpu_check.json] [--budget-s 330]
-    python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--budget-s S]
+    launch/gpu_check.sh [--dry] [--out gpu_check.json] [--time-limit-s 330]
+    python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--time-limit-s S]
         [--remat save_dots_and_attention,full,none]
 
-Made for a short turn on a fresh single-GPU machine (launch/gpu_check.sh
-says how to bring the Python packages to an offline one). The sections run
-in this order; the JSON file is rewritten after each (and after each remat
-policy), so a run cut short keeps what it measured, and a section that fails
-holds {"error": ...} while the others still run. A hard deadline
-(--budget-s) saves the results, naming the section it cut short under
-"deadline", and ends the process, whatever is running.
+The whole check stops at a time limit (--time-limit-s; by default 330 s,
+110 s with --dry, so that it fits in a short job slot); launch/gpu_check.sh
+says how to bring the Python packages to a GPU machine without network
+access. The sections run in this order; the JSON file is rewritten after
+each (and after each remat policy), so a run cut short keeps what it
+measured, and a section that fails holds {"error": ...} while the others
+still run. At the time limit the results so far are saved, naming the
+section cut short under "deadline", and the process ends, whatever is
+running.
 
   environment  versions (jax, jaxlib, CUDA plugin, cuDNN, flax, optax, orbax,
                grain, av, ml_collections), device, compute capability, memory,
@@ -24,7 +26,7 @@ holds {"error": ...} while the others still run. A hard deadline
                fallback is an error, never a silent switch), compiled
                directly at 256 clips per GPU (halved on out-of-memory while
                time allows), for the recipe's remat policy, then full and
-               none while the budget allows: cuDNN calls in the compiled HLO
+               none while the time limit allows: cuDNN calls in the compiled HLO
                (none is an error; the lowered step's count beside it), XLA's
                memory analysis and the process's peak so far, pipelined
                step time, clips/s, TFLOP/s, MFU, loss.
@@ -262,12 +264,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--dry", action="store_true",
                       help="every section at toy sizes on CPU (< 2 minutes)")
   parser.add_argument("--out", default="gpu_check.json")
-  parser.add_argument("--budget-s", type=float, default=None,
-                      help="hard deadline in seconds (default 330; dry 110)")
+  parser.add_argument("--time-limit-s", type=float, default=None,
+                      help="time limit for the whole check, in seconds "
+                      "(default 330, which fits in a short job slot; with "
+                      "--dry 110)")
   parser.add_argument("--remat", default=None, help="comma-separated policies "
                       "(default: the recipe's, full, none)")
   args = parser.parse_args(argv)
-  plan = make_plan(args.dry, args.budget_s)
+  plan = make_plan(args.dry, args.time_limit_s)
   begin = time.monotonic()
   remats = args.remat.split(",") if args.remat else default_remats()
   out, lock = Path(args.out), threading.Lock()
@@ -283,11 +287,12 @@ def main(argv=None) -> dict:
       out.write_text(json.dumps(_jsonable(results), indent=1) + "\n")
 
   def expire():
-    results["deadline"] = f"{plan.budget_s:.0f} s reached during {running[0]}"
+    results["deadline"] = (f"time limit of {plan.time_limit_s:.0f} s reached "
+                           f"during {running[0]}")
     save()
     print(summary(results), flush=True)
 
-  deadline = Deadline(plan.budget_s, expire)
+  deadline = Deadline(plan.time_limit_s, expire)
   measured = None
   with tempfile.TemporaryDirectory(prefix="vidjax_gpu_check_") as tmp:
 

@@ -40,21 +40,27 @@ class Plan:
   timed_steps: int
   data_steps: int
   data_workers: int
-  budget_s: float
+  time_limit_s: float  # For the whole check.
   repeats: int = 10  # Timed calls per attention or matmul measurement.
   reserve_s: float = 90.0  # Kept for the sections after training.
 
 
-def make_plan(dry: bool, budget_s: float | None = None) -> Plan:
+def make_plan(dry: bool, time_limit_s: float | None = None) -> Plan:
+  """The sizes of the GPU check, or of its dry run on CPU.
+
+  The default time limits (330 s; dry 110 s) fit in a short job slot with
+  start-up; what does not fit is skipped or cut short, and the results say
+  so.
+  """
   if dry:
     return Plan(dry=True, config_arg="debug", batch_per_device=2,
                 attention_batch=2, warmup_steps=1, timed_steps=2,
-                data_steps=4, data_workers=0, budget_s=budget_s or 110.0,
-                repeats=2, reserve_s=20.0)
+                data_steps=4, data_workers=0,
+                time_limit_s=time_limit_s or 110.0, repeats=2, reserve_s=20.0)
   return Plan(dry=False, config_arg="", batch_per_device=256,
               attention_batch=64, warmup_steps=2, timed_steps=10,
               data_steps=30, data_workers=os.cpu_count() or 1,
-              budget_s=budget_s or 330.0)
+              time_limit_s=time_limit_s or 330.0)
 
 
 def recipe_config(plan: Plan, **model):
@@ -269,7 +275,7 @@ def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
 
 def check_training(plan: Plan, remats: list[str], deadline,
                    save) -> tuple[dict, Measured | None]:
-  """`measure_step` per policy while the budget allows; the fastest kept."""
+  """`measure_step` per policy while time allows; the fastest kept."""
   config = recipe_config(plan)
   result = {"config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
             "variant": config.model.variant, "frames": config.model.num_frames,
@@ -281,7 +287,7 @@ def check_training(plan: Plan, remats: list[str], deadline,
   for remat in remats:
     # Time is kept for the matmul and data sections after this one.
     if result["policies"] and deadline.left() < longest + plan.reserve_s:
-      result["policies"][remat] = {"skipped": "time budget (--budget-s)"}
+      result["policies"][remat] = {"skipped": "time limit (--time-limit-s)"}
       continue
     log(f"training step, remat={remat}")
     start = time.monotonic()
