@@ -1,8 +1,10 @@
 """The GPU check: its CPU dry run writes every field; its failure rules."""
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import math
+import multiprocessing
 import threading
 import types
 
@@ -148,16 +150,44 @@ def test_out_of_memory_halves_the_batch_only_while_time_allows(monkeypatch):
   assert tried == [4]
 
 
-def test_deadline_saves_then_ends_the_process():
-  saved, ended = threading.Event(), threading.Event()
-  codes = []
+def test_deadline_saves_closes_what_is_open_then_ends_the_process():
+  events, opened, ended = [], threading.Event(), threading.Event()
+
+  def save():  # Expiry waits until the blocks below are in place.
+    opened.wait(5)
+    events.append("saved")
 
   def end(code):
-    codes.append(code)
+    events.append(f"exit {code}")
     ended.set()
 
-  gpu_check.Deadline(0.05, saved.set, exit=end)
-  assert ended.wait(5) and saved.is_set() and codes == [3]
-  later = gpu_check.Deadline(60, saved.set, exit=end)
+  deadline = gpu_check.Deadline(0.05, save, exit=end)
+  with deadline.closing(lambda: events.append("closed at its end")):
+    pass
+  with contextlib.ExitStack() as still_open:
+    still_open.enter_context(deadline.closing(
+        lambda: events.append("temporary files removed")))
+    still_open.enter_context(deadline.closing(
+        lambda: events.append("pipeline closed")))
+    opened.set()
+    assert ended.wait(5)
+  # Each closed once; those still open at the limit, the last opened first
+  # (workers stop before their files go), before the process ends.
+  assert events == ["closed at its end", "saved", "pipeline closed",
+                    "temporary files removed", "exit 3"]
+  later = gpu_check.Deadline(60, save, exit=end)
   assert 50 < later.left() <= 60
   later.cancel()
+
+
+def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(
+    monkeypatch):
+  killed, ended = [], threading.Event()
+  worker = types.SimpleNamespace(kill=lambda: killed.append("worker"))
+  monkeypatch.setattr(multiprocessing, "active_children", lambda: [worker])
+  deadline = gpu_check.Deadline(0.05, lambda: None, exit=lambda _: ended.set(),
+                                grace_s=0.1)
+  hang = threading.Event()
+  with deadline.closing(hang.wait):
+    assert ended.wait(5) and killed == ["worker"]
+    hang.set()
