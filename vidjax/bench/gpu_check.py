@@ -25,12 +25,12 @@ whatever is running.
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
                built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
-               directly at 256 clips per GPU (halved on out-of-memory while
-               time allows), for the recipe's remat policy, then full and
-               none while the time limit allows: cuDNN calls in the compiled HLO
-               (none is an error; the lowered step's count beside it), XLA's
-               memory analysis and the process's peak so far, pipelined
-               step time, clips/s, TFLOP/s, MFU, loss.
+               directly at 256 clips per GPU (halved on out-of-memory), for
+               the recipe's remat policy first, then full and none, while
+               time allows: cuDNN calls in the compiled HLO (none is an
+               error; the lowered step's count beside it), XLA's memory
+               analysis and the process's peak so far, pipelined step time,
+               clips/s, TFLOP/s, MFU, loss.
   gemm         the ViT-B blocks' matmuls alone at the step's shapes (forward
                and both backward products): the fastest step split into
                matmul, attention, and the rest, the memory-bound work
