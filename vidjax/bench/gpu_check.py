@@ -1,16 +1,19 @@
 r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
 
-    launch/gpu_check.sh [--dry] [--out gpu_check.json] [--budget-s 330]
-    python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--budget-s S]
-        [--remat none,full,save_dots_and_attention]
+    launch/gpu_check.sh [--dry] [--out gpu_check.json] [--time-limit-s 330]
+    python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--time-limit-s S]
+        [--remat save_dots_and_attention,full,none]
 
-Made for a short turn on a fresh single-GPU machine (launch/gpu_check.sh
-says how to bring the Python packages to an offline one). The sections run
-in this order; the JSON file is rewritten after each (and after each remat
-policy), so a run cut short keeps what it measured, and a section that fails
-holds {"error": ...} while the others still run. A hard deadline
-(--budget-s) saves the results, naming the section it cut short under
-"deadline", and ends the process, whatever is running.
+The whole check stops at a time limit (--time-limit-s; by default 330 s,
+110 s with --dry, so that it fits in a short job slot); launch/gpu_check.sh
+says how to bring the Python packages to a GPU machine without network
+access. The sections run in this order; the JSON file is rewritten after
+each (and after each remat policy), so a run cut short keeps what it
+measured, and a section that fails holds {"error": ...} while the others
+still run. At the time limit the results so far are saved, naming the
+section cut short under "deadline", the data pipeline's worker processes
+and the temporary files are cleaned up, and the process ends (exit code 3),
+whatever is running.
 
   environment  versions (jax, jaxlib, CUDA plugin, cuDNN, flax, optax, orbax,
                grain, av, ml_collections), device, compute capability, memory,
@@ -22,12 +25,12 @@ holds {"error": ...} while the others still run. A hard deadline
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
                built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
                fallback is an error, never a silent switch), compiled
-               directly at 256 clips per GPU (halved only on out-of-memory),
-               for remat none, full and the recipe's policy while the budget
-               allows: cuDNN calls in the compiled HLO (none is an error; the
-               lowered step's count beside it), XLA's memory analysis and the
-               process's peak so far, pipelined step time, clips/s, TFLOP/s,
-               MFU, loss.
+               directly at 256 clips per GPU (halved on out-of-memory), for
+               the recipe's remat policy first, then full and none, while
+               time allows: cuDNN calls in the compiled HLO (none is an
+               error; the lowered step's count beside it), XLA's memory
+               analysis and the process's peak so far, pipelined step time,
+               clips/s, TFLOP/s, MFU, loss.
   gemm         the ViT-B blocks' matmuls alone at the step's shapes (forward
                and both backward products): the fastest step split into
                matmul, attention, and the rest, the memory-bound work
@@ -48,11 +51,13 @@ measurements that need a GPU are null there (tests/test_gpu_check.py).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import contextlib
 import functools
 import importlib.metadata
 import json
 import math
+import multiprocessing
 import os
 from pathlib import Path
 import shutil
@@ -139,7 +144,7 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
   state, rest, key = measured.state, measured.rest, jax.random.key(0)
   timer = monitor.StepTimer(global_batch=config.batch_size)
   late = monitor.LateMetrics()
-  try:
+  with deadline.closing(pipe.close):
     start = time.perf_counter()
     batch = next(pipe)
     first_batch_s = time.perf_counter() - start
@@ -157,8 +162,6 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
     late.flush()
     perf = timer.summary()
     skipped = pipe.skipped
-  finally:
-    pipe.close()
   measured.state = state
   return dict(footage=footage_text, videos=len(manifest),
               workers=config.data.workers, threads=config.data.threads,
@@ -193,19 +196,37 @@ def verdict(results: dict) -> dict:
 
 
 # ------------------------------------------------------------------------ main
-class Deadline:
-  """Seconds left; when none are, `on_expiry()` runs and the process ends.
+def default_remats() -> list[str]:
+  """The remat policies measured by default, in order.
 
-  A hard limit: a compile or a data worker that hangs cannot keep the run
-  past it. `exit` ends the process (exit code 3) without waiting for
-  threads or worker processes.
+  The recipe's own policy first, so that it is always measured; then AVION's
+  full remat; none last: at the recipe's batch it is the likeliest to run
+  out of memory and be compiled again at half the batch.
+  """
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  return list(dict.fromkeys([recipe, "full", "none"]))
+
+
+class Deadline:
+  """A hard time limit: the seconds left, and at zero the end of the process.
+
+  At zero, `on_expiry()` runs (it saves what was measured), then what is
+  open in a `closing()` block is closed, the last opened first (a data
+  pipeline stops its worker processes, then temporary files go), and `exit`
+  ends the process (exit code 3) whatever else is running: a compile or a
+  data worker that hangs cannot keep the run past the limit. If closing
+  takes longer than `grace_s`, the process's worker processes are killed
+  and closing gets `grace_s` more.
   """
 
   # pylint: disable-next=redefined-builtin,protected-access
-  def __init__(self, seconds: float, on_expiry, exit=os._exit):
+  def __init__(self, seconds: float, on_expiry, exit=os._exit,
+               grace_s: float = 10.0):
     self._end = time.monotonic() + seconds
+    self._open: dict[object, Callable[[], None]] = {}
+    self._lock = threading.Lock()
     self._timer = threading.Timer(seconds, self._expire,
-                                  args=(on_expiry, exit))
+                                  args=(on_expiry, exit, grace_s))
     self._timer.daemon = True
     self._timer.start()
 
@@ -215,18 +236,49 @@ class Deadline:
   def cancel(self):
     self._timer.cancel()
 
-  @staticmethod
-  def _expire(on_expiry, exit):  # pylint: disable=redefined-builtin
+  @contextlib.contextmanager
+  def closing(self, close: Callable[[], None]):
+    """Runs `close()` once: when the block ends, or at the limit if sooner."""
+    token = object()
+    with self._lock:
+      self._open[token] = close
+    try:
+      yield
+    finally:
+      with self._lock:
+        close = self._open.pop(token, None)
+      if close:
+        close()
+
+  # pylint: disable-next=redefined-builtin
+  def _expire(self, on_expiry, exit, grace_s: float):
     try:
       on_expiry()
+      with self._lock:  # The last opened first: workers stop, then files go.
+        closes, self._open = list(self._open.values())[::-1], {}
+      closer = threading.Thread(target=_close_all, args=(closes,),
+                                daemon=True)
+      closer.start()
+      closer.join(grace_s)
+      if closer.is_alive():  # A close that hangs waits for worker processes.
+        for child in multiprocessing.active_children():
+          child.kill()
+        closer.join(grace_s)
     finally:
       exit(3)
 
 
+def _close_all(closes: list[Callable[[], None]]) -> None:
+  for close in closes:
+    with contextlib.suppress(Exception):  # The process is ending anyway.
+      close()
+
+
 def _jsonable(value, digits: int | None = None):
   """Plain JSON values; non-finite floats as strings; rounded if asked."""
-  if isinstance(value, dict):
-    return {str(k): _jsonable(v, digits) for k, v in value.items()}
+  if isinstance(value, dict):  # Copied first: the time limit saves from
+    # another thread while a section may still add to its dicts.
+    return {str(k): _jsonable(v, digits) for k, v in list(value.items())}
   if isinstance(value, (list, tuple)):
     return [_jsonable(v, digits) for v in value]
   if isinstance(value, (np.generic, np.ndarray)):
@@ -251,37 +303,41 @@ def main(argv=None) -> dict:
   parser.add_argument("--dry", action="store_true",
                       help="every section at toy sizes on CPU (< 2 minutes)")
   parser.add_argument("--out", default="gpu_check.json")
-  parser.add_argument("--budget-s", type=float, default=None,
-                      help="hard deadline in seconds (default 330; dry 110)")
+  parser.add_argument("--time-limit-s", type=float, default=None,
+                      help="time limit for the whole check, in seconds "
+                      "(default 330, which fits in a short job slot; with "
+                      "--dry 110)")
   parser.add_argument("--remat", default=None, help="comma-separated policies "
-                      "(default: none, full, the recipe's)")
+                      "(default: the recipe's, full, none)")
   args = parser.parse_args(argv)
-  plan = make_plan(args.dry, args.budget_s)
+  plan = make_plan(args.dry, args.time_limit_s)
   begin = time.monotonic()
-  # No remat, AVION's full remat, then the recipe's own policy.
-  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
-  remats = (args.remat.split(",") if args.remat
-            else list(dict.fromkeys(["none", "full", recipe])))
+  remats = args.remat.split(",") if args.remat else default_remats()
   out, lock = Path(args.out), threading.Lock()
   results: dict = {"mode": "dry" if plan.dry else "gpu", "deadline": None}
   running = ["start"]
 
-  def save(name=None, section=None):
+  def save(name=None, section=None, deadline_reached=None):
     with lock:
+      if results["deadline"]:  # What the time limit saved is final.
+        return
       if name:
         results[name] = section
+      results["deadline"] = deadline_reached
       results["total_s"] = time.monotonic() - begin
       out.parent.mkdir(parents=True, exist_ok=True)
       out.write_text(json.dumps(_jsonable(results), indent=1) + "\n")
 
   def expire():
-    results["deadline"] = f"{plan.budget_s:.0f} s reached during {running[0]}"
-    save()
+    save(deadline_reached=f"time limit of {plan.time_limit_s:.0f} s reached "
+         f"during {running[0]}")
     print(summary(results), flush=True)
 
-  deadline = Deadline(plan.budget_s, expire)
+  deadline = Deadline(plan.time_limit_s, expire)
   measured = None
-  with tempfile.TemporaryDirectory(prefix="vidjax_gpu_check_") as tmp:
+  tmp = tempfile.mkdtemp(prefix="vidjax_gpu_check_")
+  with deadline.closing(functools.partial(shutil.rmtree, tmp,
+                                          ignore_errors=True)):
 
     def training():
       nonlocal measured

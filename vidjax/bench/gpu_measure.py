@@ -40,21 +40,27 @@ class Plan:
   timed_steps: int
   data_steps: int
   data_workers: int
-  budget_s: float
+  time_limit_s: float  # For the whole check.
   repeats: int = 10  # Timed calls per attention or matmul measurement.
   reserve_s: float = 90.0  # Kept for the sections after training.
 
 
-def make_plan(dry: bool, budget_s: float | None = None) -> Plan:
+def make_plan(dry: bool, time_limit_s: float | None = None) -> Plan:
+  """The sizes of the GPU check, or of its dry run on CPU.
+
+  The default time limits (330 s; dry 110 s) fit in a short job slot with
+  start-up; what does not fit is skipped or cut short, and the results say
+  so.
+  """
   if dry:
     return Plan(dry=True, config_arg="debug", batch_per_device=2,
                 attention_batch=2, warmup_steps=1, timed_steps=2,
-                data_steps=4, data_workers=0, budget_s=budget_s or 110.0,
-                repeats=2, reserve_s=20.0)
+                data_steps=4, data_workers=0,
+                time_limit_s=time_limit_s or 110.0, repeats=2, reserve_s=20.0)
   return Plan(dry=False, config_arg="", batch_per_device=256,
               attention_batch=64, warmup_steps=2, timed_steps=10,
               data_steps=30, data_workers=os.cpu_count() or 1,
-              budget_s=budget_s or 330.0)
+              time_limit_s=time_limit_s or 330.0)
 
 
 def recipe_config(plan: Plan, **model):
@@ -201,10 +207,16 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
     return cuda_trace.lower_for_cuda(steps.train, state, rest, batch, key)
 
 
-def measure_step(plan: Plan, remat: str) -> Measured:
-  """Compiles the recipe's step under `remat` and times it (see docstring)."""
+def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
+  """Compiles the recipe's step under `remat` and times it (see docstring).
+
+  Out of memory, the batch is halved and the step compiled again, unless
+  `deadline` (its `left()` seconds) leaves no time for that and for the
+  sections after training.
+  """
   mesh = sharding.make_mesh()
   per_device, halved = plan.batch_per_device, []
+  began = time.monotonic()
   while True:
     config = recipe_config(plan, remat=remat)
     config.batch_size = per_device * jax.device_count()
@@ -235,6 +247,11 @@ def measure_step(plan: Plan, remat: str) -> Measured:
     except Exception as e:  # pylint: disable=broad-except
       if not _is_oom(e) or per_device == 1:
         raise
+      spent = time.monotonic() - began  # About what a retry costs.
+      if deadline is not None and deadline.left() < spent + plan.reserve_s:
+        raise RuntimeError(
+            f"out of memory at {per_device} clips per device, and no time "
+            f"left to compile at {per_device // 2}") from e
       halved.append(per_device)
       per_device //= 2
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
@@ -258,7 +275,7 @@ def measure_step(plan: Plan, remat: str) -> Measured:
 
 def check_training(plan: Plan, remats: list[str], deadline,
                    save) -> tuple[dict, Measured | None]:
-  """`measure_step` per policy while the budget allows; the fastest kept."""
+  """`measure_step` per policy while time allows; the fastest kept."""
   config = recipe_config(plan)
   result = {"config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
             "variant": config.model.variant, "frames": config.model.num_frames,
@@ -270,12 +287,12 @@ def check_training(plan: Plan, remats: list[str], deadline,
   for remat in remats:
     # Time is kept for the matmul and data sections after this one.
     if result["policies"] and deadline.left() < longest + plan.reserve_s:
-      result["policies"][remat] = {"skipped": "time budget (--budget-s)"}
+      result["policies"][remat] = {"skipped": "time limit (--time-limit-s)"}
       continue
     log(f"training step, remat={remat}")
     start = time.monotonic()
     try:
-      measured = measure_step(plan, remat)
+      measured = measure_step(plan, remat, deadline)
       result["policies"][remat] = measured.result
       log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
            f"{measured.result['mfu']}")
