@@ -73,14 +73,18 @@ def _shm_bytes(block_size, before):
 
 @pytest.fixture(scope="module")
 def two_workers(corpus, mesh):
-  """3 batches of 48 clips made by 2 worker processes, /dev/shm watched."""
-  config = config_for(corpus, workers=2, worker_buffer=2)
+  """3 batches of 48 clips made by 2 worker processes in groups of 2 clips,
+  /dev/shm watched."""
+  config = config_for(corpus, workers=2, worker_buffer=4)
+  patch = pytest.MonkeyPatch()
+  patch.setattr(pipeline, "TRANSFER_BYTES", 2 * CLIP_BYTES)
+  assert pipeline.clips_per_transfer(config.data, 48) == 2
   before = set(os.listdir(pipeline.SHM_DIR))
   peak, stop = [0], threading.Event()
 
   def watch():
     while not stop.is_set():
-      peak[0] = max(peak[0], _shm_bytes(CLIP_BYTES, before))
+      peak[0] = max(peak[0], _shm_bytes(2 * CLIP_BYTES, before))
 
   watcher = threading.Thread(target=watch, daemon=True)
   watcher.start()
@@ -93,9 +97,12 @@ def two_workers(corpus, mesh):
     stop.set()
     watcher.join()
     pipe.close()
+    patch.undo()
   return {"batches": batches, "peak_shm": peak[0], "config": config}
 
 
+# One process makes `two_workers`: the watcher sees every block of its size.
+@pytest.mark.xdist_group("two_workers")
 def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   runs = {(2, 0): two_workers["batches"]}
   for workers, threads in ((0, 0), (0, 2)):
@@ -114,15 +121,19 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   pipe.close()
 
 
+# One process makes `two_workers`: the watcher sees every block of its size.
+@pytest.mark.xdist_group("two_workers")
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
     two_workers):
-  """Workers hand over clips, not batches of 48: /dev/shm never holds more
-  than their buffers' worth (`shared_memory_bytes`)."""
-  bound = pipeline.shared_memory_bytes(two_workers["config"].data)
-  # Per worker: 2 clips buffered on each side and one in hand on each side;
-  # and 2 clips read, waiting to be freed.
-  assert bound == (2 * (2 * 2 + 2) + 2) * CLIP_BYTES
+  """Workers hand over groups of 2 clips, not batches of 48: /dev/shm never
+  holds more than their buffers' worth (`shared_memory_bytes`)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(pipeline, "TRANSFER_BYTES", 2 * CLIP_BYTES)
+    bound = pipeline.shared_memory_bytes(two_workers["config"].data, 48)
+  # Per worker: 4 clips (2 groups) buffered on each side and a group in hand
+  # on each side; and 2 groups read, waiting to be freed.
+  assert bound == (2 * (2 * 2 + 2) + 2) * 2 * CLIP_BYTES
   assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
       two_workers["peak_shm"], bound)
 
@@ -360,23 +371,30 @@ def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   assert element["valid"] and element["label"] == 7 and not element["errors"]
 
 
+def one_clip_groups(elements):
+  """Single elements as groups of 1 clip, as `make_dataset` hands them."""
+  return [{k: np.asarray(v)[None] for k, v in e.items()} for e in elements]
+
+
 def test_host_batches_are_aligned_for_zero_copy_transfers():
   """XLA's CPU client takes 64-byte-aligned host arrays without a copy."""
-  clips = [{"video": np.full((4, 8, 8, 3), i, np.uint8), "valid": True,
-            "skipped": 0, "errors": ""} for i in range(6)]
-  batch = next(batches_lib.HostBatches(iter(clips), 3, 0.25))
+  groups = [{"video": np.full((2, 4, 8, 8, 3), i, np.uint8),
+             "valid": np.ones(2, bool), "skipped": np.zeros(2, np.int32),
+             "errors": np.array(["", ""])} for i in range(3)]
+  batch = next(batches_lib.HostBatches(iter(groups), 4, 0.25, group=2))
   for value in batch.values():
     assert value.ctypes.data % batches_lib.ALIGNMENT == 0
-  np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 1, 2])
+  np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 0, 1, 1])
 
 
 def host_elements(valid, video_ids=None):
   """Elements as `ClipLoader` makes them; an invalid one failed one read."""
   video_ids = video_ids or [f"vid{i:03d}" for i in range(len(valid))]
-  return [{"video": np.full((2, 4, 4, 3), i, np.uint8), "valid": ok,
-           "skipped": int(not ok),
-           "errors": "" if ok else f"/store/{vid}: cannot decode frame 3"}
-          for i, (ok, vid) in enumerate(zip(valid, video_ids))]
+  return one_clip_groups([
+      {"video": np.full((2, 4, 4, 3), i, np.uint8), "valid": ok,
+       "skipped": int(not ok),
+       "errors": "" if ok else f"/store/{vid}: cannot decode frame 3"}
+      for i, (ok, vid) in enumerate(zip(valid, video_ids))])
 
 
 def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
@@ -444,8 +462,8 @@ def test_unknown_video_ids_counted_per_video(corpus):
              for v in ("ghost1", "ghost2", "ghost2")]
   clip_loader = loader_lib.ClipLoader(records, root, loader_lib.ClipSpec(
       num_frames=2, size=(8, 8)))
-  host = batches_lib.HostBatches(
-      map(clip_loader.eval_element, range(3)), 4, 0.25)
+  host = batches_lib.HostBatches(iter(one_clip_groups(
+      map(clip_loader.eval_element, range(3)))), 4, 0.25)
   assert not next(host)["valid"].any()
   assert host.failures == {f"{root}/ghost1": 1, f"{root}/ghost2": 2}
 
@@ -467,3 +485,12 @@ def test_failures_per_file_survive_a_resume():
   del state["failures"]  # A state saved before they were kept still loads.
   resumed.set_state(state)
   assert resumed.failures == {} and resumed.skipped == 1
+
+
+def test_a_state_saved_with_other_transfer_groups_is_refused():
+  """Grain counts groups: resuming a state saved with groups of another size
+  would start at another clip, so it is refused, saying why."""
+  host = batches_lib.HostBatches(iter([]), 8, 0.25, group=4)
+  with pytest.raises(errors.ConfigError, match="2 clips at a time.*over 4"):
+    host.set_state({"grain": {}, "skipped": 0, "attempts": 0,
+                    "clips_per_transfer": 2})

@@ -76,10 +76,11 @@ def test_prefetch_propagates_errors_and_close_stops_thread():
     next(it)
 
 
-def test_pipeline_close_stops_grain_before_waiting_for_the_thread(
+def test_pipeline_close_stops_grain_when_the_thread_waits_on_it(
     monkeypatch):
-  """The thread may be waiting in Grain's next() for its workers: closing
-  Grain first ends that wait, so close() neither hangs nor gives up."""
+  """The thread may be waiting in Grain's next() for a stuck worker: closing
+  Grain ends that wait, so close() neither hangs nor gives up."""
+  monkeypatch.setattr(pipeline.Pipeline, "FIRST_WAIT_S", 0.1)
   warnings = []
   monkeypatch.setattr(prefetch.logging, "warning",
                       lambda fmt, *args: warnings.append(fmt % args))

@@ -172,7 +172,8 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
               clips_per_s=perf.get("perf/clips_per_s"),
               compute_clips_per_s=measured.result["clips_per_s"],
               skipped_reads=skipped,
-              shm_need_gib=pipeline.shared_memory_bytes(config.data) / GiB)
+              shm_need_gib=pipeline.shared_memory_bytes(
+                  config.data, config.batch_size) / GiB)
 
 
 # --------------------------------------------------------------------- verdict

@@ -7,8 +7,9 @@
 Chunks the loader benchmark's real footage (`vidjax.bench.footage`, reused
 if present) with the chunker's defaults, annotates random 4-second clips, and
 runs the real pipeline (Grain + `ClipLoader` + `read_clip` + device transfer)
-with each setting, printing clips/s and the speed-up over the single-worker
-run. With `--consumer-clips-per-s R` it also simulates a training loop that
+with each setting, printing clips/s, the speed-up over the single-worker
+run, and the CPU cores busy meanwhile (main process and workers: a run that
+keeps every core busy cannot go faster). With `--consumer-clips-per-s R` it also simulates a training loop that
 needs R clips/s and prints the share of its time spent waiting for data.
 With `--memory-clips N` it reports the host RSS (main process + workers)
 growth over N clips through 2 workers.
@@ -65,14 +66,28 @@ def rss_mb(proc: psutil.Process) -> float:
   return total / 2**20
 
 
+def cpu_seconds(proc: psutil.Process) -> float:
+  """CPU time of a process and its children (Grain workers), seconds."""
+  total = 0.0
+  for p in [proc] + proc.children(recursive=True):
+    try:
+      times = p.cpu_times()
+    except psutil.NoSuchProcess:
+      continue
+    total += times.user + times.system
+  return total
+
+
 def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
-  """clips/s after warm-up; with a consumer rate, the share of time waiting."""
+  """clips/s after warm-up, and the CPU cores busy meanwhile (main process
+  and workers); with a consumer rate, the share of time waiting."""
+  proc = psutil.Process()
   pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
   for _ in range(3):  # Worker start-up and first compilations.
     jax.block_until_ready(next(pipe)["video"])
   step = batch / consumer_rate if consumer_rate else 0.0
   wait = 0.0
-  t0 = time.perf_counter()
+  cpu0, t0 = cpu_seconds(proc), time.perf_counter()
   for _ in range(batches):
     t = time.perf_counter()
     jax.block_until_ready(next(pipe)["video"])
@@ -80,8 +95,10 @@ def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
     if step:
       time.sleep(step)  # The training step's compute.
   total = time.perf_counter() - t0
+  cores = (cpu_seconds(proc) - cpu0) / total
   pipe.close()
-  return {"clips_per_s": batch * batches / total, "wait_share": wait / total}
+  return {"clips_per_s": batch * batches / total, "wait_share": wait / total,
+          "cores": cores}
 
 
 def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
@@ -89,15 +106,16 @@ def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
             batch: int = 16, batches: int = 20) -> dict[int, dict]:
   """clips/s of the whole pipeline with each number of Grain workers.
 
-  Returns and prints, by worker count: `clips_per_s` and `vs_one` (over the
-  1-worker run, if measured).
+  Returns and prints, by worker count: `clips_per_s`, `vs_one` (over the
+  1-worker run, if measured) and `cores` (CPU cores busy).
   """
   records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, frames, stride, size)
   mesh = sharding.make_mesh()
   print(f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
         f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
-        f"{'workers':>7} {'clips/s':>8} {'vs 1 worker':>11}", flush=True)
+        f"{'workers':>7} {'clips/s':>8} {'vs 1 worker':>11} {'cores busy':>10}",
+        flush=True)
   rows = {}
   for w in workers:
     config.data.workers, config.data.threads = w, 0
@@ -105,7 +123,8 @@ def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
     one = rows.get(1, {}).get("clips_per_s")
     rows[w]["vs_one"] = rows[w]["clips_per_s"] / one if one else None
     ratio = f"{rows[w]['vs_one']:10.2f}x" if one else f"{'-':>11}"
-    print(f"{w:7d} {rows[w]['clips_per_s']:8.1f} {ratio}", flush=True)
+    print(f"{w:7d} {rows[w]['clips_per_s']:8.1f} {ratio} "
+          f"{rows[w]['cores']:10.2f}", flush=True)
   return rows
 
 
@@ -159,6 +178,7 @@ def main(argv=None):
         f"{args.size}x{args.size} per batch, {args.batches} batches, "
         f"{psutil.cpu_count()} CPUs\n")
   print(f"{'workers':>7} {'threads':>7} {'clips/s':>8} {'vs 1 worker':>11}"
+        f" {'cores busy':>10}"
         + (f" {'waiting':>8}" if args.consumer_clips_per_s else ""))
   results = {}
   for workers, threads in settings:
@@ -173,7 +193,8 @@ def main(argv=None):
   for (workers, threads), r in results.items():
     ratio = f"{r['clips_per_s'] / one:10.2f}x" if one else f"{'-':>11}"
     wait = (f" {r['wait_share']:8.0%}" if args.consumer_clips_per_s else "")
-    print(f"{workers:7d} {threads:7d} {r['clips_per_s']:8.1f} {ratio}{wait}")
+    print(f"{workers:7d} {threads:7d} {r['clips_per_s']:8.1f} {ratio}"
+          f" {r['cores']:10.2f}{wait}")
   if args.consumer_clips_per_s:
     print(f"\nwaiting: share of a training loop's time spent waiting for data "
           f"when each step consumes {args.batch} clips at "

@@ -50,24 +50,37 @@ def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
 
 
 class HostBatches:
-  """Grain's clips -> numeric local batches, with skip accounting.
+  """Grain's groups of clips -> numeric local batches, with skip accounting.
 
-  Builds each batch in the main process, copying clip after clip into it so
-  that each clip's /dev/shm block is freed before the next arrives. Strips
-  the per-element error strings, counts failed reads per file (`failures`;
-  the first failure of each file is logged), stops with `errors.DataError`
-  when they pass `max_skip_fraction`, and pads a short final evaluation
-  batch with invalid elements to the full batch size (training drops it).
+  Builds each batch in the main process, copying group after group into it
+  so that each group's /dev/shm block is freed before the next arrives.
+  Strips the per-element error strings, counts failed reads per file
+  (`failures`; the first failure of each file is logged), stops with
+  `errors.DataError` when they pass `max_skip_fraction`, and pads a short
+  final evaluation batch with invalid elements to the full batch size
+  (training drops it).
 
   Training also stops at a batch without one valid clip: each of its
   elements used up all its attempts. Evaluation reads each clip once and
   keeps the bad ones as invalid elements, so a few unreadable clips (even
   a whole short final batch of them) are counted, never fatal.
+
+  Args:
+    iterator: Grain iterator of dicts whose arrays have a leading axis of
+      `group` clips, e.g. video uint8[group, T, H, W, 3], valid bool[group],
+      errors str[group].
+    batch_size: clips per local batch, a multiple of `group`.
+    max_skip_fraction: the share of failed reads that stops the run.
+    train: training (drop a short final batch) or evaluation (pad it).
+    group: clips per element of `iterator` (`pipeline.clips_per_transfer`).
   """
 
   def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
-               train: bool = False):
-    self._it, self._batch_size = iterator, batch_size
+               train: bool = False, group: int = 1):
+    if batch_size % group:
+      raise ValueError(f"batch size {batch_size} is not a multiple of the "
+                       f"{group} clips per transfer")
+    self._it, self._batch_size, self._group = iterator, batch_size, group
     self._max_fraction, self._train = max_skip_fraction, train
     self.skipped = self.attempts = 0
     self.failures = collections.Counter()  # file -> failed reads
@@ -79,16 +92,17 @@ class HostBatches:
     """Up to `batch_size` clips: (batch with room for all, their error
     messages, count)."""
     batch, messages, count = {}, [], 0
-    for element in self._it:
-      element = dict(element)
-      messages.append(str(element.pop("errors")))
+    for group in self._it:
+      group = dict(group)
+      messages.extend(str(m) for m in group.pop("errors"))
       if not batch:
-        batch = {k: aligned_empty((self._batch_size,) + np.shape(v),
+        batch = {k: aligned_empty((self._batch_size,) + np.shape(v)[1:],
                                   np.asarray(v).dtype)
-                 for k, v in element.items()}
-      for key, value in element.items():
-        batch[key][count] = value  # Copied out; the shm block goes with it.
-      count += 1
+                 for k, v in group.items()}
+      size = len(group["valid"])
+      for key, value in group.items():
+        batch[key][count:count + size] = value  # The shm block goes with it.
+      count += size
       if count == self._batch_size:
         break
     return batch, messages, count
@@ -129,9 +143,19 @@ class HostBatches:
   def get_state(self) -> dict:
     """JSON-able: Grain's position and the counts, failures per file too."""
     return {"grain": self._it.get_state(), "skipped": self.skipped,
-            "attempts": self.attempts, "failures": dict(self.failures)}
+            "attempts": self.attempts, "failures": dict(self.failures),
+            "clips_per_transfer": self._group}
 
   def set_state(self, state: dict) -> None:
+    # Grain counts groups: a state saved with other groups points elsewhere.
+    saved = state.get("clips_per_transfer", 1)
+    if saved != self._group:
+      raise errors.ConfigError(
+          f"the data iterator was saved handing over {saved} clips at a "
+          f"time, this run hands over {self._group} (the local batch or the "
+          "clip size changed): resume with the saved run's batch size, "
+          "data.num_frames and data.size, or start a new workdir from its "
+          "weights with --config.init_from")
     self._it.set_state(state["grain"])
     self.skipped, self.attempts = state["skipped"], state["attempts"]
     # States saved before the failures were kept have none.

@@ -7,13 +7,17 @@
             --batches.HostBatches: skip accounting--> local batches
             --prefetch.DevicePrefetcher--> global jax.Arrays on the batch axis
 
-Workers hand the main process single clips, never whole batches: Grain
-passes each through its own /dev/shm block, and the main process copies it
-into the batch and frees the block at once. What sits in /dev/shm is
-therefore a few clips per worker (`shared_memory_bytes`), whatever the
-global batch; a batch of 2048 clips built inside each of 16 workers could
-hold tens of GB there and kill a container with a small /dev/shm (SIGBUS).
-`make_pipeline` checks the room at start-up.
+Workers hand the main process groups of a few clips (`clips_per_transfer`:
+at most `TRANSFER_BYTES` of frames, a divisor of the local batch), never
+whole batches: Grain passes each group through its own /dev/shm block, and
+the main process copies it into the batch and frees the block at once. What
+sits in /dev/shm is therefore a few groups per worker
+(`shared_memory_bytes`), whatever the global batch; a batch of 2048 clips
+built inside each of 16 workers could hold tens of GB there and kill a
+container with a small /dev/shm (SIGBUS). `make_pipeline` checks the room at
+start-up. Groups rather than single clips: each hand-over costs both
+processes a fixed amount of work (`python -m vidjax.bench.pipeline` shows
+the CPU it takes).
 
 Per-element randomness comes from Grain's per-element seeds (seed + element
 index), and workers' clips are interleaved in element order, so the batches
@@ -77,6 +81,8 @@ MIN_SHM_BYTES = 4096
 # The main process frees the blocks it has read on a thread of Grain's, which
 # lets 50 wait by default; past this many, they are freed at once instead.
 PENDING_FREES = 2
+# The most frames a worker hands over at once (see the module docstring).
+TRANSFER_BYTES = 32 * 2**20
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -165,40 +171,60 @@ def caption_positives(data: ml_collections.ConfigDict, records):
       threshold=data.positive_threshold, allow_pickle=data.allow_pickle)
 
 
-def shared_memory_bytes(data: ml_collections.ConfigDict) -> int:
+def clip_bytes(data: ml_collections.ConfigDict) -> int:
+  """Bytes of one decoded clip: uint8[num_frames, height, width, 3]."""
+  height, width = loader.ClipSpec.from_config(data).size
+  return data.num_frames * height * width * 3
+
+
+def clips_per_transfer(data: ml_collections.ConfigDict,
+                       local_batch: int) -> int:
+  """Clips a worker hands over at once: the largest divisor of the local
+  batch whose frames fit in `TRANSFER_BYTES` (at least 1), so that every
+  batch is made of whole groups."""
+  most = max(1, TRANSFER_BYTES // clip_bytes(data))
+  return max(g for g in range(1, min(most, local_batch) + 1)
+             if local_batch % g == 0)
+
+
+def _buffered_groups(worker_buffer: int, group: int) -> int:
+  """Grain's per-worker buffer, in groups: `worker_buffer` clips' worth."""
+  return -(-worker_buffer // group)
+
+
+def shared_memory_bytes(data: ml_collections.ConfigDict,
+                        local_batch: int) -> int:
   """The most /dev/shm the workers' clips can take at once (0: no workers).
 
-  Per worker: `worker_buffer` clips in its queue and as many read ahead by
-  the main process, plus one being handed over on each side; and
-  `PENDING_FREES` clips read but not yet freed. Only the frames go through
+  Per worker: `worker_buffer` clips (in whole groups of
+  `clips_per_transfer`) in its queue and as many read ahead by the main
+  process, plus one group being handed over on each side; and
+  `PENDING_FREES` groups read but not yet freed. Only the frames go through
   /dev/shm (`MIN_SHM_BYTES`).
   """
   if not data.workers:
     return 0
-  height, width = loader.ClipSpec.from_config(data).size
-  clip_bytes = data.num_frames * height * width * 3
-  clips = data.workers * (2 * data.worker_buffer + 2) + PENDING_FREES
-  return clips * clip_bytes
+  group = clips_per_transfer(data, local_batch)
+  groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 2)
+  return (groups + PENDING_FREES) * group * clip_bytes(data)
 
 
-def check_shared_memory(data: ml_collections.ConfigDict,
+def check_shared_memory(data: ml_collections.ConfigDict, local_batch: int,
                         path: str = SHM_DIR) -> None:
   """Stops at start-up, saying what to change, if /dev/shm is too small."""
-  need = shared_memory_bytes(data)
+  need = shared_memory_bytes(data, local_batch)
   if not need or not os.path.isdir(path):
     return
   free = shutil.disk_usage(path).free
   if need > free:
-    clips = 2 * data.worker_buffer + 2
-    clip_kib = need / (data.workers * clips + PENDING_FREES) / 1024
     raise errors.ConfigError(
         f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
         f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
-        f"decoded clips there ({data.workers} workers x {clips} clips of "
-        f"{clip_kib:,.0f} KiB, and {PENDING_FREES} being freed). Lower --config.data.worker_buffer or "
-        "--config.data.workers (or use --config.data.threads instead), or "
-        "give the machine a larger /dev/shm (in a container: docker run "
-        "--shm-size=...).")
+        f"decoded clips there ({need // clip_bytes(data)} clips of "
+        f"{clip_bytes(data) / 1024:,.0f} KiB). Lower "
+        "--config.data.worker_buffer or --config.data.workers (or use "
+        "--config.data.threads instead), or give the machine a larger "
+        "/dev/shm (in a container: docker run --shm-size=...).")
 
 
 def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
@@ -213,9 +239,9 @@ def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
 def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
                  num_epochs: int | None = None, workers: int = 0,
                  threads: int = 0, worker_buffer: int = 8,
-                 batch_size: int = 1, process_index: int = 0,
+                 batch_size: int = 1, group: int = 1, process_index: int = 0,
                  process_count: int = 1) -> grain.IterDataset:
-  """The Grain graph of this process's clips, one element at a time.
+  """The Grain graph of this process's clips, `group` clips per element.
 
   Args:
     clip_loader: element loader over the records.
@@ -223,8 +249,12 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
       once in order, then invalid padding up to whole global batches.
     seed: shuffle and augmentation seed.
     num_epochs: training epochs (None: forever).
-    workers, threads, worker_buffer: parallelism (see module docstring).
+    workers, threads, worker_buffer: parallelism (see module docstring);
+      `worker_buffer` counts clips.
     batch_size: this process's batch size (evaluation's padding).
+    group: clips per element (`clips_per_transfer`, a divisor of
+      `batch_size`): each element is the clips' dict with a leading axis of
+      `group`, e.g. video uint8[group, T, H, W, 3], errors str[group].
     process_index, process_count: this process's share of every batch.
   """
   records = len(clip_loader.records)
@@ -241,7 +271,9 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
     ds = ds.map(clip_loader.eval_element)
   # Slicing after the map keeps each element's seed independent of the
   # number of processes.
-  ds = ds[process_index::process_count]
+  # Training drops a short final group (a short batch is dropped anyway);
+  # evaluation has whole batches.
+  ds = ds[process_index::process_count].batch(group, drop_remainder=train)
   ds = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
   if workers > 0:
@@ -253,8 +285,9 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
     ds = grain.experimental.WithOptionsIterDataset(
         ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
     ds = ds.mp_prefetch(
-        grain.MultiprocessingOptions(num_workers=workers,
-                                     per_worker_buffer_size=worker_buffer),
+        grain.MultiprocessingOptions(
+            num_workers=workers,
+            per_worker_buffer_size=_buffered_groups(worker_buffer, group)),
         worker_init_fn=_mark_flags_parsed)
   return ds
 
@@ -295,7 +328,9 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     records = load_annotations(data, path)
   if not records:
     raise errors.DataFileError(f"{path}: no annotation rows")
-  check_shared_memory(data)
+  local_batch = batch_size // jax.process_count()
+  check_shared_memory(data, local_batch)
+  group = clips_per_transfer(data, local_batch)
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
@@ -303,11 +338,10 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   ds = make_dataset(
       clip_loader, train=train, seed=config.seed if seed is None else seed,
       num_epochs=num_epochs, workers=data.workers, threads=data.threads,
-      worker_buffer=data.worker_buffer,
-      batch_size=batch_size // jax.process_count(),
+      worker_buffer=data.worker_buffer, batch_size=local_batch, group=group,
       process_index=jax.process_index(), process_count=jax.process_count())
-  host = batches.HostBatches(iter(ds), batch_size // jax.process_count(),
-                             data.max_skip_fraction, train=train)
+  host = batches.HostBatches(iter(ds), local_batch, data.max_skip_fraction,
+                             train=train, group=group)
   if state is not None:
     host.set_state(state)
   return Pipeline(host, data.device_prefetch, mesh)
@@ -316,14 +350,21 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
 class Pipeline(prefetch.DevicePrefetcher):
   """Device batches plus what a run reports about them: skips and failures."""
 
+  FIRST_WAIT_S = 10.0
+
   def __init__(self, host: batches.HostBatches, prefetch_size: int, mesh):
     self.host = host
     super().__init__(host, prefetch_size, mesh)
 
   def close(self):
-    """Stops Grain, then the thread, which may be waiting in Grain's next():
-    stopping Grain ends that wait."""
+    """Stops the thread, then Grain, then waits for a thread stuck in Grain.
+
+    The thread normally finishes the batch it is assembling (the workers
+    still run) and stops; one waiting on Grain for longer than
+    `FIRST_WAIT_S` (a stuck worker) is freed by closing Grain.
+    """
     self._stop.set()  # The thread then asks Grain for nothing more.
+    self.wait_for_thread(self.FIRST_WAIT_S)
     self.host.close()
     super().close()
 

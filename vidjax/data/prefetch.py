@@ -115,14 +115,20 @@ class DevicePrefetcher:
     Stop the iterator's source first where it can wait for long.
     """
     self._stop.set()
-    if self._thread is not None:
-      deadline = time.monotonic() + timeout
-      while self._thread.is_alive() and time.monotonic() < deadline:
-        try:  # unblock a producer waiting on a full queue
-          self._queue.get(timeout=0.05)
-        except queue.Empty:
-          pass
-      if self._thread.is_alive():
-        logging.warning("the device prefetch thread did not stop within %g s; "
-                        "left to end on its own", timeout)
+    if not self.wait_for_thread(timeout):
+      logging.warning("the device prefetch thread did not stop within %g s; "
+                      "left to end on its own", timeout)
     self._done = True
+
+  def wait_for_thread(self, timeout: float) -> bool:
+    """After `_stop` is set: drops queued batches until the thread ends, for
+    at most `timeout` seconds. Returns whether it ended."""
+    if self._thread is None:
+      return True
+    deadline = time.monotonic() + timeout
+    while self._thread.is_alive() and time.monotonic() < deadline:
+      try:  # unblock a producer waiting on a full queue
+        self._queue.get(timeout=0.05)
+      except queue.Empty:
+        pass
+    return not self._thread.is_alive()
