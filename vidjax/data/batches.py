@@ -1,6 +1,6 @@
 """Batches: the host's local batches from clips, and the global batches' shapes.
 
-`HostBatches` turns Grain's stream of single clips into this process's
+`HostBatches` turns Grain's stream of clip groups into this process's
 numeric batches, counting failed reads per file and padding a short final
 evaluation batch with invalid elements; `batch_spec` and `random_batch`
 describe the global batches the pipeline yields, for tools that trace,

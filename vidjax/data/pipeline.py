@@ -3,7 +3,7 @@
     records --range/shuffle/repeat--> element ids (evaluation: padded to
                                       whole global batches)
             --random_map(loader.ClipLoader)--> decoded clips (workers, threads)
-            --slice per process--> this process's clips, one at a time
+            --slice per process, group--> this process's clips, a few at a time
             --batches.HostBatches: skip accounting--> local batches
             --prefetch.DevicePrefetcher--> global jax.Arrays on the batch axis
 
