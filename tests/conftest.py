@@ -15,10 +15,11 @@ import shutil
 import tempfile
 
 # LLVM's optimisation level 0: tiny models compile ~30% faster, and run
-# their few steps about as fast.
+# their few steps about as fast. Eigen on one thread: two test processes and
+# their subprocesses already keep the cores busy.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_backend_optimization_level=0"
+    " --xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
