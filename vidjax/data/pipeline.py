@@ -116,10 +116,16 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   if data.format == "ek100_cls":
     kw["label"] = data.label
     if data.label == "action":
-      files = [p for value in (data.train_annotations, data.eval_annotations)
-               for p in split_paths(value)]
-      kw["action_map"] = annotations.ek100_action_map(files)
+      kw["action_map"] = ek100_actions(data)
   return annotations.load_records(data.format, split_paths(path), **kw)
+
+
+def ek100_actions(data: ml_collections.ConfigDict) -> dict[tuple[int, int], int]:
+  """EK-100 action ids, `{(verb, noun): action}`, numbered over the training
+  and validation CSVs together (as AVION's action heads are)."""
+  return annotations.ek100_action_map(
+      [p for value in (data.train_annotations, data.eval_annotations)
+       for p in split_paths(value)])
 
 
 def _kinetics_classes(path: str) -> set[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from vidjax import metrics as metrics_lib
-from vidjax.data import annotations
 from vidjax.tasks import common, losses
 
 NEEDS_TEXT = False
@@ -51,9 +50,9 @@ def eval_metrics(outputs, config) -> dict[str, float]:
   metrics = metrics_lib.topk_accuracy(probs, labels, ks=(1, 5))
   if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
       and config.data.label == "action":
-    action_map = annotations.ek100_action_map(
-        [p for p in (config.data.train_annotations,
-                     config.data.eval_annotations) if p])
+    # Imported here: the pipeline imports the tasks.
+    from vidjax.data import pipeline  # pylint: disable=import-outside-toplevel
+    action_map = pipeline.ek100_actions(config.data)
     pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
     for pair, action in action_map.items():
       pairs[action] = pair
