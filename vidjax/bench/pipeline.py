@@ -101,6 +101,16 @@ def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
           "cores": cores}
 
 
+# The speed columns of both tables (this benchmark's and the loader's).
+SPEED_HEADER = f"{'clips/s':>8} {'vs 1 worker':>11} {'cores busy':>10}"
+
+
+def speed_cells(row: dict, one: float | None) -> str:
+  """A row's `SPEED_HEADER` cells; `one`: the 1-worker clips/s, if run."""
+  ratio = f"{row['clips_per_s'] / one:10.2f}x" if one else f"{'-':>11}"
+  return f"{row['clips_per_s']:8.1f} {ratio} {row['cores']:10.2f}"
+
+
 def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
             size: int = 224, frames: int = 16, stride: int = 4,
             batch: int = 16, batches: int = 20) -> dict[int, dict]:
@@ -114,17 +124,14 @@ def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
   mesh = sharding.make_mesh()
   print(f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
         f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
-        f"{'workers':>7} {'clips/s':>8} {'vs 1 worker':>11} {'cores busy':>10}",
-        flush=True)
+        f"{'workers':>7} {SPEED_HEADER}", flush=True)
   rows = {}
   for w in workers:
     config.data.workers, config.data.threads = w, 0
     rows[w] = run(config, mesh, batch, batches, 0.0)
     one = rows.get(1, {}).get("clips_per_s")
     rows[w]["vs_one"] = rows[w]["clips_per_s"] / one if one else None
-    ratio = f"{rows[w]['vs_one']:10.2f}x" if one else f"{'-':>11}"
-    print(f"{w:7d} {rows[w]['clips_per_s']:8.1f} {ratio} "
-          f"{rows[w]['cores']:10.2f}", flush=True)
+    print(f"{w:7d} {speed_cells(rows[w], one)}", flush=True)
   return rows
 
 
@@ -177,8 +184,7 @@ def main(argv=None):
   print(f"\n{args.batch} x {args.frames} frames (stride {args.stride}) -> "
         f"{args.size}x{args.size} per batch, {args.batches} batches, "
         f"{psutil.cpu_count()} CPUs\n")
-  print(f"{'workers':>7} {'threads':>7} {'clips/s':>8} {'vs 1 worker':>11}"
-        f" {'cores busy':>10}"
+  print(f"{'workers':>7} {'threads':>7} {SPEED_HEADER}"
         + (f" {'waiting':>8}" if args.consumer_clips_per_s else ""))
   results = {}
   for workers, threads in settings:
@@ -191,10 +197,8 @@ def main(argv=None):
           args.consumer_clips_per_s)["wait_share"]
   one = results.get((1, 0), {}).get("clips_per_s")
   for (workers, threads), r in results.items():
-    ratio = f"{r['clips_per_s'] / one:10.2f}x" if one else f"{'-':>11}"
     wait = (f" {r['wait_share']:8.0%}" if args.consumer_clips_per_s else "")
-    print(f"{workers:7d} {threads:7d} {r['clips_per_s']:8.1f} {ratio}"
-          f" {r['cores']:10.2f}{wait}")
+    print(f"{workers:7d} {threads:7d} {speed_cells(r, one)}{wait}")
   if args.consumer_clips_per_s:
     print(f"\nwaiting: share of a training loop's time spent waiting for data "
           f"when each step consumes {args.batch} clips at "

@@ -112,7 +112,8 @@ class DevicePrefetcher:
 
     Waits for the thread at most `timeout` seconds: one still inside the
     wrapped iterator's `next()` then is left to end on its own (a daemon).
-    Stop the iterator's source first where it can wait for long.
+    Where that `next()` can wait for long, stop its source after a first
+    `wait_for_thread` (as `pipeline.Pipeline.close` does).
     """
     self._stop.set()
     if not self.wait_for_thread(timeout):
