@@ -14,14 +14,14 @@ from jax.sharding import PartitionSpec as P
 
 from test_models_weights import (random_clip_state_dict,
                                  random_videomae_state_dict)
-from vidjax import checkpoint, sharding
+from vidjax import checkpoint, keypaths, sharding
 from vidjax.models import CLIP, Classifier, init_from, weights
 
 
 def shapes(make):
   """Parameter path -> shape of the model `make()` builds (abstractly)."""
   params = nnx.state(nnx.eval_shape(make), nnx.Param)
-  return {init_from.path_name(k): v.shape
+  return {keypaths.name(k): v.shape
           for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 

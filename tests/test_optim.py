@@ -6,7 +6,7 @@ import optax
 import pytest
 from flax import nnx
 
-from vidjax import optim
+from vidjax import keypaths, optim
 
 
 def _params():
@@ -21,7 +21,7 @@ def _params():
 
 
 def _by_path(tree):
-  return {optim.param_path(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {keypaths.name(p, '/'): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def test_default_config_has_documented_keys():

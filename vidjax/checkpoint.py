@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import errors
+from vidjax import errors, keypaths
 
 CHECKPOINT_SUBDIR = "checkpoints"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
@@ -392,8 +392,7 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
         item=item, restore_args=as_numpy, partial_restore=True))
   params = {}
   for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[0]:
-    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
-    params[".".join(keys[:-1] if keys[-1] == "value" else keys)] = value
+    params[keypaths.name(path)] = value
   meta = {}
   if (step_dir / "meta").is_dir():
     with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:

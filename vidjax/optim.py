@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+
+from vidjax import keypaths
 
 LayerIdFn = Callable[[str, int], int]
 OPTIMIZERS = ('adamw', 'sgd', 'lion')  # `optim.name`
@@ -63,25 +64,10 @@ def default_optim_config() -> ml_collections.ConfigDict:
       embed_regex=r'embed|_pos\b|class_token|cls_token|mask_token', mu_dtype=''))
 
 
-def param_path(key_path: Sequence[Any]) -> str:
-  """'/'-joined names of a pytree key path, e.g. 'blocks/0/mlp/fc1/kernel'."""
-  names = []
-  for key in key_path:
-    for attr in ('key', 'name', 'idx'):  # DictKey, GetAttrKey, SequenceKey...
-      if hasattr(key, attr):
-        names.append(str(getattr(key, attr)))
-        break
-    else:
-      names.append(str(key))
-  if key_path and isinstance(key_path[-1], jax.tree_util.GetAttrKey) and names[-1] == 'value':
-    names.pop()  # nnx.Variable's leaf attribute, not part of the param's name.
-  return '/'.join(names)
-
-
 def decay_mask(params, no_decay_names: Sequence[str]):
   """Pytree of bools like `params`: True where weight decay applies."""
   def decays(path, x):
-    name = param_path(path)
+    name = keypaths.name(path, '/')
     return len(jnp.shape(x)) >= 2 and not any(s in name for s in no_decay_names)
   return jax.tree_util.tree_map_with_path(decays, params)
 
@@ -115,7 +101,7 @@ def layer_scales(params, layer_decay: float, num_layers: int = 0,
   defaults = default_optim_config()
   layer_regex = layer_regex or defaults.layer_regex
   layer_id_fn = layer_id_fn or regex_layer_id(layer_regex, defaults.embed_regex)
-  paths = [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [keypaths.name(p, '/') for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if num_layers <= 0:
     blocks = [int(m.group(1)) for m in map(re.compile(layer_regex).search, paths) if m]
     if not blocks:
@@ -123,7 +109,7 @@ def layer_scales(params, layer_decay: float, num_layers: int = 0,
                        f'{layer_regex!r} (e.g. {paths[:3]}); set num_layers/layer_regex')
     num_layers = max(blocks) + 1
   return jax.tree_util.tree_map_with_path(
-      lambda p, _: float(layer_decay ** (num_layers + 1 - layer_id_fn(param_path(p), num_layers))),
+      lambda p, _: float(layer_decay ** (num_layers + 1 - layer_id_fn(keypaths.name(p, '/'), num_layers))),
       params)
 
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import checkpoint, config as config_lib, errors
+from vidjax import checkpoint, config as config_lib, errors, keypaths
 
 
 # ---------------------------------------------------------------------------
@@ -100,13 +100,8 @@ def resolve_start(workdir, config) -> StartPoint:
 # ---------------------------------------------------------------------------
 # Before restoring: does the checkpoint fit? Left-overs of a killed save.
 # ---------------------------------------------------------------------------
-def _dotted(path) -> str:
-  return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
-                  for k in path)
-
-
 def _shapes(tree) -> dict[str, tuple]:
-  return {_dotted(p): tuple(x.shape)
+  return {keypaths.name(p): tuple(x.shape)
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vidjax import augment, models, optim, sharding
+from vidjax import augment, keypaths, models, optim, sharding
 from vidjax.models import clip as clip_lib
 
 # The batch keys every evaluation keeps beside the task's outputs: the record
@@ -29,8 +29,7 @@ EVAL_KEYS = ("index", "view", "valid")
 def _clamp_logit_scale(params):
   # CLIP/AVION clamp the learned temperature after each update (<= 100).
   def clamp(path, x):
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    if "logit_scale" not in name:
+    if "logit_scale" not in keypaths.name(path):
       return x
     return jnp.clip(x, 0.0, clip_lib.MAX_LOGIT_SCALE)
   return jax.tree_util.tree_map_with_path(clamp, params)

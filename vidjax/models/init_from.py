@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vidjax import errors
+from vidjax import errors, keypaths
 from vidjax.models.tensor_io import (inflate_kernel, interpolate_pos_embed,
                                      interpolate_temporal)
 
@@ -284,17 +284,6 @@ def _problems(source, kind, missing, unexpected, mismatched, keep_init) -> str:
           + listing('shapes differ', mismatched) + hint)
 
 
-def path_name(keypath) -> str:
-  """A jax key path into an nnx.State -> 'visual.blocks.layers.0.norm1.scale'."""
-  parts = []
-  for key in keypath:
-    if isinstance(key, jax.tree_util.GetAttrKey) and key.name == 'value':
-      continue
-    parts.append(str(getattr(key, 'key', getattr(key, 'idx',
-                                                 getattr(key, 'name', key)))))
-  return '.'.join(parts)
-
-
 def load_params(params, model_config, source: Source, *, keep_init=(),
                 patch_inflation: str = 'center'):
   """Fills a live parameter tree; each loaded array lands on its sharding.
@@ -318,7 +307,7 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     raise InitFromError(f'{source.description} has a {source.backbone} '
                         'backbone but config.model.backbone is '
                         f'{model_config.backbone!r}')
-  leaves = {path_name(k): v for k, v in
+  leaves = {keypaths.name(k): v for k, v in
             jax.tree_util.tree_flatten_with_path(params)[0]}
   values, report = fill(
       {name: leaf.shape for name, leaf in leaves.items()}, source,
@@ -327,7 +316,7 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
       patch_inflation=patch_inflation)
 
   def put(keypath, leaf):
-    value = values.get(path_name(keypath))
+    value = values.get(keypaths.name(keypath))
     if value is None:
       return leaf
     value = np.asarray(value, leaf.dtype)
@@ -351,7 +340,7 @@ def build(make: Callable[[], nnx.Module], source: Source, kind: str, **kw):
     **kw: `fill`'s keyword arguments (tubelet, keep_init, patch_inflation).
   """
   abstract = nnx.eval_shape(make)
-  flat = {path_name(k): v for k, v in jax.tree_util.tree_flatten_with_path(
+  flat = {keypaths.name(k): v for k, v in jax.tree_util.tree_flatten_with_path(
       nnx.state(abstract, nnx.Param))[0]}
   values, report = fill({n: v.shape for n, v in flat.items()}, source, kind,
                         **kw)
