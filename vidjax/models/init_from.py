@@ -223,9 +223,8 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
   tensors = _renamed(source, change, keep_init, report)
   values, missing, mismatched, used = {}, [], [], set()
   for path, shape in sorted(target.items()):
-    stacked = re.search(r'\.layers\.(?!\d)', path) is not None
-    parts = ([path.replace('.layers.', f'.layers.{i}.', 1)
-              for i in range(shape[0])] if stacked else [path])
+    stacked = is_stacked(path)
+    parts = layer_names(path, shape[0]) if stacked else [path]
     present = [p for p in parts if p in tensors]
     used.update(present)
     if not present:
@@ -282,6 +281,17 @@ def _problems(source, kind, missing, unexpected, mismatched, keep_init) -> str:
           + listing('missing', sorted(missing))
           + listing('unexpected', sorted(unexpected))
           + listing('shapes differ', mismatched) + hint)
+
+
+def is_stacked(path: str) -> bool:
+  """Whether a parameter holds every layer of a scanned block stack, with a
+  leading [depth] axis: 'visual.blocks.layers.mlp.fc1.kernel'."""
+  return re.search(r'\.layers\.(?!\d)', path) is not None
+
+
+def layer_names(path: str, depth: int) -> list[str]:
+  """A stacked parameter's per-layer names: 'visual.blocks.layers.0.mlp...'."""
+  return [path.replace('.layers.', f'.layers.{i}.', 1) for i in range(depth)]
 
 
 def load_params(params, model_config, source: Source, *, keep_init=(),

@@ -183,9 +183,8 @@ def _vidjax_source(params: dict, config: dict, description: str
   """A vidjax run's parameters; scanned layers are unstacked."""
   tensors = {}
   for path, value in params.items():
-    if re.search(r'\.layers\.(?!\d)', path):  # [depth, ...] under scan
-      for i, layer in enumerate(value):
-        tensors[path.replace('.layers.', f'.layers.{i}.', 1)] = layer
+    if init_from.is_stacked(path):
+      tensors.update(zip(init_from.layer_names(path, len(value)), value))
     else:
       tensors[path] = value
   # The saved run's config, read back from its checkpoint: may be empty.
