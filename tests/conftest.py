@@ -42,10 +42,22 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-  """Skips `@pytest.mark.gpu` tests unless JAX sees a GPU.
+  """Runs the slow tests first; skips `gpu` tests unless JAX sees a GPU.
+
+  Order: the `:debug` runs' group, then the `slow` tests, then the rest.
+  The two test processes take work in this order (pytest-xdist's
+  `loadgroup`, `--no-loadscope-reorder`), so the long runs start at once
+  and the short tests fill the end, leaving neither process idle.
 
   The default platform here is CPU; run GPU tests with `JAX_PLATFORMS=cuda,cpu`.
   """
+  def rank(item):
+    group = item.get_closest_marker("xdist_group")
+    if group and group.args == ("debug_runs",):
+      return 0
+    return 1 if item.get_closest_marker("slow") else 2
+  items.sort(key=rank)  # Stable: collection order within a rank.
+
   gpu_items = [item for item in items if "gpu" in item.keywords]
   if gpu_items and not _has_gpu():
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)")

@@ -20,6 +20,10 @@ from video_fixtures import write_video
 from vidjax import plot
 from vidjax.data import synthetic
 
+# The module's fixtures (a chunked corpus, ten refused runs, one training)
+# are made once: its tests stay in one test process.
+pytestmark = pytest.mark.xdist_group("cli")
+
 REPO = Path(__file__).resolve().parents[1]
 VIDEOS = {  # id -> (fps, width, height); two 2-second segments each.
     "bikes": (25, 128, 96), "car": (30, 160, 96), "garden": (24, 128, 80),
@@ -253,6 +257,7 @@ def _assert_short(stderr):
   assert len(error.splitlines()) <= 12, error
 
 
+@pytest.mark.slow  # The `mistakes` fixture: ten command-line runs.
 @pytest.mark.parametrize("name", [
     "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows",
     "no_labels", "broken_file", "unreadable", "eval_no_checkpoint"])

@@ -14,6 +14,9 @@ import pytest
 from vidjax import config as config_lib
 from vidjax.bench import cuda_trace, gpu_check, gpu_measure
 
+# The dry run (a module fixture) is made once: the tests stay in one process.
+pytestmark = pytest.mark.xdist_group("gpu_check")
+
 # Every field the GPU run writes, by section (nested dicts by key path).
 FIELDS = {
     "environment": ["python", "versions", "backend", "device_kind",
