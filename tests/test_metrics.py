@@ -6,7 +6,12 @@ import pytest
 
 from vidjax import metrics
 
-sklearn_metrics = pytest.importorskip('sklearn.metrics')
+
+@pytest.fixture(scope='module')
+def sklearn_metrics():
+  """Imported by the tests that use it: at collection it costs seconds in
+  every test process."""
+  return pytest.importorskip('sklearn.metrics')
 
 
 def _random_mir(num_videos=37, num_texts=23, seed=0, graded=True):
@@ -40,7 +45,7 @@ def _ndcg_loop(sim_row, rel_row):
   return dcg / idcg
 
 
-def test_mir_binary_relevancy_matches_sklearn():
+def test_mir_binary_relevancy_matches_sklearn(sklearn_metrics):
   sim, rel = _random_mir(graded=False)
   got = metrics.ek100_mir_metrics(sim, rel)
   for name, s, r in (('v2t', sim, rel), ('t2v', sim.T, rel.T)):
@@ -54,7 +59,8 @@ def test_mir_binary_relevancy_matches_sklearn():
 
 
 @pytest.mark.parametrize('seed', [1, 2])
-def test_mir_graded_relevancy_matches_per_query_loops(seed, monkeypatch):
+def test_mir_graded_relevancy_matches_per_query_loops(seed, monkeypatch,
+                                                      sklearn_metrics):
   monkeypatch.setattr(metrics, '_MIR_ROWS_PER_CHUNK', 8)  # Exercise the chunking.
   sim, rel = _random_mir(num_videos=41, num_texts=29, seed=seed)
   got = metrics.ek100_mir_metrics(sim, rel)

@@ -15,25 +15,29 @@ rounded to fp16 as released, is written in the layouts users download:
 Each goes through `weights.read_source` and `init_from` into a vidjax CLIP
 and gives OpenCLIP's image and text embeddings to 1e-4 (relative).
 Needs open_clip_torch (skipped otherwise); no weights are downloaded.
+torch and open_clip are imported by the tests, not at collection: they take
+seconds to import, in every test process.
 """
 import argparse
+import importlib.util
 
+import jax
+from flax import nnx
 import numpy as np
 import pytest
 
-open_clip = pytest.importorskip('open_clip')
-torch = pytest.importorskip('torch')
+from vidjax import models
+from vidjax.models import init_from, weights
 
-import jax  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from vidjax import models  # noqa: E402
-from vidjax.models import init_from, weights  # noqa: E402
+if not all(importlib.util.find_spec(m) for m in ('open_clip', 'torch')):
+  pytest.skip('needs open_clip_torch', allow_module_level=True)
 
 
 @pytest.fixture(scope='module')
 def reference():
   """OpenCLIP with fp16-rounded weights, inputs and its float32 embeddings."""
+  import open_clip  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
   model = open_clip.create_model('ViT-B-16-quickgelu', pretrained=None)
   model = model.half().float().eval()  # The released weights are fp16.
@@ -48,26 +52,32 @@ def reference():
   return model, images, tokens, image, text
 
 
-class OpenAILayout(torch.nn.Module):
+def openai_layout(clip):
   """OpenCLIP's modules under OpenAI's names, plus the archive's extras."""
+  import torch  # pylint: disable=import-outside-toplevel
 
-  def __init__(self, clip):
-    super().__init__()
-    for name, module in clip.named_children():
-      self.add_module(name, module)
-    for name, param in clip.named_parameters(recurse=False):
-      self.register_parameter(name, param)
-    for name, value in (('input_resolution', 224), ('context_length', 77),
-                        ('vocab_size', 49408)):
-      self.register_buffer(name, torch.tensor(value))
+  class OpenAILayout(torch.nn.Module):
 
-  def forward(self, image):
-    return self.visual.conv1(image)
+    def __init__(self):
+      super().__init__()
+      for name, module in clip.named_children():
+        self.add_module(name, module)
+      for name, param in clip.named_parameters(recurse=False):
+        self.register_parameter(name, param)
+      for name, value in (('input_resolution', 224), ('context_length', 77),
+                          ('vocab_size', 49408)):
+        self.register_buffer(name, torch.tensor(value))
+
+    def forward(self, image):
+      return self.visual.conv1(image)
+
+  return OpenAILayout()
 
 
 def avion_checkpoint(state_dict: dict, num_frames: int = 4) -> dict:
   """OpenCLIP names -> AVION's CLIP_VITB16 (flash attention, fast conv1),
   wrapped as its training script saves `checkpoint_best.pt`."""
+  import torch  # pylint: disable=import-outside-toplevel
   out = {}
   for name, value in state_dict.items():
     if name.startswith('visual.transformer.'):
@@ -120,7 +130,8 @@ def assert_matches(embeddings, reference):
 
 def test_openai_torchscript_archive_matches_openclip(reference, embed,
                                                      tmp_path):
-  layout = OpenAILayout(reference[0]).half()
+  import torch  # pylint: disable=import-outside-toplevel
+  layout = openai_layout(reference[0]).half()
   archive = torch.jit.trace(layout, torch.zeros(1, 3, 16, 16).half(),
                             check_trace=False)
   path = str(tmp_path / 'ViT-B-16.pt')
@@ -134,6 +145,7 @@ def test_openai_torchscript_archive_matches_openclip(reference, embed,
 
 
 def test_avion_checkpoint_matches_openclip(reference, embed, tmp_path):
+  import torch  # pylint: disable=import-outside-toplevel
   path = tmp_path / 'checkpoint_best.pt'
   torch.save(avion_checkpoint(reference[0].state_dict()), path)
   source = weights.read_source(str(path))

@@ -9,9 +9,6 @@ import pytest
 
 from vidjax import augment, randaugment as ra
 
-torch = pytest.importorskip("torch")
-tvf = pytest.importorskip("torchvision.transforms.functional")
-
 B, T, H, W = 6, 3, 24, 32
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +24,15 @@ def _clip(seed=0, t=T, h=H, w=W):
   return np.clip(np.stack(frames), 0, 255).astype(np.uint8)
 
 
+def _torchvision():
+  """(torch, torchvision.transforms.functional), imported by the parity test
+  only: at collection they would cost seconds in every test process."""
+  return (pytest.importorskip("torch"),
+          pytest.importorskip("torchvision.transforms.functional"))
+
+
 def _torch(clip):  # [T, H, W, C] 0-255 -> torchvision's float [T, C, H, W] in [0, 1]
+  torch, _ = _torchvision()
   return torch.from_numpy(np.asarray(clip, np.float32) / 255).permute(0, 3, 1, 2)
 
 
@@ -37,6 +42,7 @@ def _back(t):
 
 def _reference_affine(x, matrix, fill=0.5):
   """pytorchvideo's affine: grid_sample of a centred pixel map, grey fill."""
+  torch, _ = _torchvision()
   _, _, h, w = x.shape
   (a, b, c), (d, e, f) = matrix
   # The same map in grid_sample's normalised coordinates (align_corners=False).
@@ -51,6 +57,7 @@ def _reference_affine(x, matrix, fill=0.5):
 
 
 def test_every_op_matches_torchvision():
+  torch, tvf = _torchvision()
   clip = _clip()
   x, ref = jnp.asarray(clip, jnp.float32), _torch(clip)
   as_uint8 = torch.from_numpy(clip).permute(0, 3, 1, 2)
