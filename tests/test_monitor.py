@@ -38,13 +38,6 @@ def test_writer_rejects_arrays_and_other_processes_write_nothing(tmp_path):
   assert not (tmp_path / "other").exists()
 
 
-def test_tensorboard_events_when_available(tmp_path):
-  pytest.importorskip("tensorboardX")
-  with monitor.MetricWriter(tmp_path) as writer:
-    writer.write(1, {"train/loss": 1.0, "eval/name": "x"})
-  assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
-
-
 def test_late_metrics_returns_previous_step_as_floats():
   late = monitor.LateMetrics()
   assert late.push(1, {"train/loss": jnp.float32(3.0)}) is None

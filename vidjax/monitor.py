@@ -2,8 +2,9 @@
 
 * `MetricWriter`: `WORKDIR/metrics.jsonl` (one JSON object per line: `step`
   plus names such as `train/loss`, `eval/t2v_r1`, `perf/mfu`,
-  `data/skipped`) and TensorBoard events when `tensorboardX` is installed.
-  Only process 0 writes; `read_metrics` reads the rows back.
+  `data/skipped`) and the numbers as TensorBoard events in `WORKDIR`
+  (`vidjax.tfevents`; view with `tensorboard --logdir WORKDIR`). Only
+  process 0 writes; `read_metrics` reads the rows back.
 * `LateMetrics`: hands back step N's metrics as Python floats once step
   N+1 is dispatched, so fetching them never stalls the device.
 * `StepTimer`: wall time split into waiting-for-data and the rest (device
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 
 from vidjax import errors
+from vidjax import tfevents
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -83,21 +85,12 @@ def to_python(metrics: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 # Writers.
 # ---------------------------------------------------------------------------
-def _tensorboard_writer(logdir: str):
-  try:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    logging.info("tensorboardX is not installed: no TensorBoard events "
-                 "(metrics.jsonl is still written; `pip install tensorboardX`)")
-    return None
-  return SummaryWriter(logdir)
-
-
 class MetricWriter:
   """Appends metrics to `WORKDIR/metrics.jsonl` (+ TensorBoard events).
 
-  A resumed run appends: steps after the last checkpoint appear twice, and
-  readers should keep the last line for each (step, name).
+  `tensorboard=False` writes metrics.jsonl only; `enabled` defaults to
+  process 0. A resumed run appends: steps after the last checkpoint appear
+  twice, and readers should keep the last line for each (step, name).
   """
 
   def __init__(self, workdir, *, tensorboard: bool = True,
@@ -110,7 +103,7 @@ class MetricWriter:
       os.makedirs(os.fspath(workdir), exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
       if tensorboard:
-        self._tb = _tensorboard_writer(os.fspath(workdir))
+        self._tb = tfevents.EventWriter(os.fspath(workdir))
 
   def write(self, step: int, metrics: Mapping[str, Any]):
     """Writes one line `{"step": step, **metrics}`; values become Python."""
@@ -119,10 +112,10 @@ class MetricWriter:
     row = {"step": int(step), **to_python(metrics)}
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
-    if self._tb is not None:
-      for name, value in row.items():
-        if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-          self._tb.add_scalar(name, value, int(step))
+    if self._tb is not None:  # Numbers only: no strings, flags or nulls.
+      self._tb.scalars(row["step"], {
+          name: value for name, value in row.items() if name != "step" and
+          isinstance(value, (int, float)) and not isinstance(value, bool)})
 
   def close(self):
     if self._file is not None:
