@@ -126,15 +126,17 @@ def _abstract(target: Any) -> Any:
 
 
 def _state_writer() -> ocp.PyTreeCheckpointHandler:
-  """Orbax's handler for the state, less replica-parallel saving.
+  """Orbax's pytree handler for the state, less replica-parallel saving.
 
-  Orbax's default `jax.Array` handler (off GPU platforms) has each replica of
-  a replicated array write a slice of it, cut on its device by a jitted
-  slice: one XLA compilation per array shape and device, seconds on the
-  first save of a process, for nothing on one host. This registry holds the
-  global registry's handlers, but an `ArrayHandler` that writes whole shards
-  from replica 0, as Orbax does by default on GPUs; the global registry is
-  left alone. The files are those `StandardCheckpointHandler` writes.
+  Off GPU platforms, Orbax's default `jax.Array` handler has the replicas of
+  a replicated array each write a slice of it, cut on its device by a jitted
+  slice: one XLA compilation per array shape and device (about a hundred,
+  seconds, on a process's first save), for nothing when one host holds every
+  replica. This handler's registry holds the global registry's handlers but
+  an `ArrayHandler` that writes each shard from its first replica, as Orbax
+  does by default on GPUs; the global registry, which a user's own Orbax code
+  shares, is left alone. The format is the same (`reader` reads it with
+  `StandardCheckpointHandler`); a replicated array's chunks are whole shards.
   """
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
