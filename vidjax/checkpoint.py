@@ -128,15 +128,13 @@ def _abstract(target: Any) -> Any:
 def _state_writer() -> ocp.PyTreeCheckpointHandler:
   """Orbax's pytree handler for the state, less replica-parallel saving.
 
-  Off GPU platforms, Orbax's default `jax.Array` handler has the replicas of
-  a replicated array each write a slice of it, cut on its device by a jitted
-  slice: one XLA compilation per array shape and device (about a hundred,
-  seconds, on a process's first save), for nothing when one host holds every
-  replica. This handler's registry holds the global registry's handlers but
-  an `ArrayHandler` that writes each shard from its first replica, as Orbax
-  does by default on GPUs; the global registry, which a user's own Orbax code
-  shares, is left alone. The format is the same (`reader` reads it with
-  `StandardCheckpointHandler`); a replicated array's chunks are whole shards.
+  Unless JAX_PLATFORMS names a GPU, Orbax's `jax.Array` handler has each
+  replica of a replicated array write a slice, cut by a jitted slice on its
+  device: an XLA compilation per array shape and device, seconds on a
+  process's first save, for nothing when one host holds every replica. Here
+  each shard is written whole by its first replica, as Orbax does on GPUs.
+  The global registry (a user's own Orbax code shares it) is left alone.
+  Same format (`reader` reads it); a replicated array's chunks are whole shards.
   """
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
