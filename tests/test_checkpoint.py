@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -231,3 +232,61 @@ def test_partial_save_is_ignored_then_removed(tmp_path):
   assert checkpoint.latest_complete_step(ckpts) == 1
   assert resume.remove_partial_saves(tmp_path) == [str(partial)]
   assert sorted(p.name for p in ckpts.iterdir()) == ["1"]
+
+
+def _replicated(mesh, shapes: dict) -> dict:
+  """Arrays of `shapes` ({name: (shape, dtype)}) on every device of `mesh`."""
+  rep = sharding.replicated(mesh)
+  return {name: jax.device_put(jnp.arange(np.prod(shape)).reshape(shape).astype(dtype), rep)
+          for name, (shape, dtype) in shapes.items()}
+
+
+def test_save_of_replicated_arrays_compiles_nothing(tmp_path):
+  # An axis divisible by the 8 replicas: Orbax's default save would cut each
+  # replica's slice on its device, compiling a jitted slice per shape and device.
+  state = _replicated(sharding.make_mesh(), {
+      "w": ((24, 3), jnp.float32), "b": ((8,), jnp.int32), "e": ((5, 16), jnp.bfloat16)})
+  jax.block_until_ready(state)
+  compiled = []
+
+  def on_event(event, duration, **kwargs):
+    del duration
+    if event.startswith("/jax/core/compile/"):  # Trace, lower or compile.
+      compiled.append(kwargs.get("fun_name", event))
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    with checkpoint.Checkpointer(tmp_path, every_steps=1) as ckpt:
+      assert ckpt.save(1, state)
+      ckpt.wait_until_finished()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  assert compiled == []
+  restored = checkpoint.restore_checkpoint(tmp_path, state).state
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  assert restored["w"].sharding == state["w"].sharding
+
+
+def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path):
+  """What earlier versions wrote (Orbax's StandardCheckpointHandler, replicas
+  saving slices) restores, and `read_params` reads it and today's alike."""
+  mesh = sharding.make_mesh()
+  state = {"params": _replicated(mesh, {"w": ((16, 2), jnp.float32),
+                                        "b": ((3,), jnp.float32)}),
+           "opt": {"count": jnp.int32(7)}}
+  meta = {"step": 3, "metadata": {"config": {"seed": 1}}}
+  old, new = tmp_path / "old", tmp_path / "new"
+  with ocp.CheckpointManager(old, item_handlers={
+      "state": ocp.StandardCheckpointHandler(),
+      "meta": ocp.JsonCheckpointHandler()}) as mngr:
+    mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                         meta=ocp.args.JsonSave(meta)))
+  with checkpoint.Checkpointer(new, every_steps=1, metadata=meta["metadata"]) as ckpt:
+    ckpt.save(3, state)
+  for directory in (old, new):
+    restored = checkpoint.restore_checkpoint(directory, state)
+    assert restored.step == 3 and restored.metadata == meta["metadata"]
+    jax.tree.map(np.testing.assert_array_equal, restored.state, state)
+    params, config = checkpoint.read_params(directory, 3)
+    assert sorted(params) == ["b", "w"] and config == {"seed": 1}
+    np.testing.assert_array_equal(params["w"], state["params"]["w"])

@@ -125,17 +125,42 @@ def _abstract(target: Any) -> Any:
   return jax.tree.map(one, target)
 
 
-def _manager(directory, options: ocp.CheckpointManagerOptions) -> ocp.CheckpointManager:
+def _state_writer() -> ocp.PyTreeCheckpointHandler:
+  """Orbax's pytree handler for the state, less replica-parallel saving.
+
+  Unless JAX_PLATFORMS names a GPU, Orbax's `jax.Array` handler has each
+  replica of a replicated array write a slice, cut by a jitted slice on its
+  device: an XLA compilation per array shape and device, seconds on a
+  process's first save, for nothing when one host holds every replica. Here
+  each shard is written whole by its first replica, as Orbax does on GPUs.
+  The global registry (a user's own Orbax code shares it) is left alone.
+  Same format (`reader` reads it); a replicated array's chunks are whole shards.
+  """
+  default = ocp.type_handlers.get_type_handler(jax.Array)
+  array = ocp.type_handlers.ArrayHandler(
+      use_replica_parallel=False,
+      # The default handler's per-array metadata store (no public accessor):
+      # the same `array_metadatas` files as before.
+      array_metadata_store=getattr(default, "_array_metadata_store", None))
+  handlers = [(ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
+              for ty in ocp.type_handlers.supported_types()]
+  return ocp.PyTreeCheckpointHandler(
+      type_handler_registry=ocp.type_handlers.create_type_handler_registry(*handlers))
+
+
+def _manager(directory, options: ocp.CheckpointManagerOptions,
+             state_handler: ocp.CheckpointHandler) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       epath.Path(directory), options=options,
-      item_handlers={"state": ocp.StandardCheckpointHandler(),
+      item_handlers={"state": state_handler,
                      "data": _IteratorStateHandler(),
                      "meta": ocp.JsonCheckpointHandler()})
 
 
 def reader(directory) -> ocp.CheckpointManager:
   """A read-only Orbax manager of a checkpoints directory (a context)."""
-  return _manager(directory, ocp.CheckpointManagerOptions(read_only=True))
+  return _manager(directory, ocp.CheckpointManagerOptions(read_only=True),
+                  ocp.StandardCheckpointHandler())
 
 
 def latest_complete_step(directory) -> int | None:
@@ -223,7 +248,8 @@ class Checkpointer:
       keeping = {"preservation_policy": policies.AnyPreservationPolicy(
           [policies.LatestN(n=keep), _KeepBest(self)])}
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=async_save, **keeping))
+        create=True, enable_async_checkpointing=async_save, **keeping),
+        _state_writer())
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
@@ -256,7 +282,7 @@ class Checkpointer:
     meta = {"step": step, "metadata": self._metadata}
     if rng is not None:
       meta["rng"] = _rng_to_json(rng)
-    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+    items = {"state": ocp.args.PyTreeSave(state), "meta": ocp.args.JsonSave(meta)}
     if data_state is not None:
       items["data"] = IteratorStateSave(data_state)
     saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
