@@ -109,22 +109,26 @@ def param_shardings(tree: Any, mesh: Mesh, *,
 
 
 def abstract_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
-                           min_size: int = DEFAULT_FSDP_MIN_SIZE,
-                           shardings: Any = None) -> Any:
+                           min_size: int = DEFAULT_FSDP_MIN_SIZE) -> Any:
   """Shapes, dtypes and shardings of `init_fn(*args)`, computing nothing.
 
   The restore target for a checkpoint: restoring into it skips the init.
 
   Returns:
     A pytree of `jax.ShapeDtypeStruct` whose `.sharding` is set (see
-    `param_shardings`; `shardings` overrides).
+    `param_shardings`).
   """
   abstract = jax.eval_shape(init_fn, *args)
-  if shardings is None:
-    shardings = param_shardings(abstract, mesh, min_size=min_size)
+  return with_shardings(abstract, param_shardings(abstract, mesh,
+                                                  min_size=min_size))
+
+
+def with_shardings(shapes: Any, shardings: Any) -> Any:
+  """`jax.ShapeDtypeStruct`s of `shapes` (arrays or structs) placed on
+  `shardings` (a pytree of the same structure)."""
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract, shardings)
+      shapes, shardings)
 
 
 def create_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
@@ -133,8 +137,9 @@ def create_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
   """Runs `init_fn(*args)` so its outputs are born sharded (MaxText style).
 
   The output is traced once with `jax.eval_shape` to decide each leaf's
-  sharding, then the init is jitted with those `out_shardings`: no device
-  ever holds a full copy of a parameter that is meant to be split.
+  sharding (unless `shardings` are given), then the init is jitted with
+  those `out_shardings`: no device ever holds a full copy of a parameter
+  that is meant to be split.
 
   Args:
     init_fn: pure function returning a pytree of arrays (e.g. the state half
@@ -143,15 +148,16 @@ def create_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
     mesh: from `make_mesh`.
     *args: passed to `init_fn` (e.g. a PRNG key).
     min_size: see `param_shardings`.
-    shardings: overrides the computed shardings (same structure as output).
+    shardings: the output's shardings (same structure), if already known:
+      the init is then traced only once, by `jax.jit`.
 
   Returns:
     (state, shardings): the sharded output and its pytree of shardings, to
     reuse as the train step's in/out shardings.
   """
-  abstract = abstract_sharded_state(init_fn, mesh, *args, min_size=min_size,
-                                    shardings=shardings)
-  shardings = jax.tree.map(lambda x: x.sharding, abstract)
+  if shardings is None:
+    abstract = abstract_sharded_state(init_fn, mesh, *args, min_size=min_size)
+    shardings = jax.tree.map(lambda x: x.sharding, abstract)
   state = jax.jit(init_fn, out_shardings=shardings)(*args)
   return state, shardings
 

@@ -164,11 +164,17 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt": tx.init(params)}, rest
 
-  graphdef = nnx.split(nnx.eval_shape(build), nnx.Param, ...)[0]
+  # Tracing a model's construction (its initializers) takes seconds for a
+  # ViT-B: done once here for the graph, shapes and shardings; `jax.jit`
+  # traces `init` once more to run it.
+  graphdef, params, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
+  shapes = ({"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
+             "opt": jax.eval_shape(tx.init, params)}, rest)
+  shardings = sharding.param_shardings(shapes, mesh)
   if abstract:
-    state, rest = sharding.abstract_sharded_state(init, mesh)
-    shardings = jax.tree.map(lambda x: x.sharding, (state, rest))
+    state, rest = sharding.with_shardings(shapes, shardings)
   else:
-    (state, rest), shardings = sharding.create_sharded_state(init, mesh)
+    (state, rest), _ = sharding.create_sharded_state(init, mesh,
+                                                     shardings=shardings)
   steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings)
   return state, rest, steps
