@@ -1,8 +1,8 @@
 """The command line on your own videos: the README's path, and every mistake.
 
 One module-scoped corpus of videos made here, chunked with the chunker's
-command line, serves all tests. The mistakes run as subprocesses (a few at
-a time) and stop before anything is compiled; only the README's own-data
+command line, serves all tests. Four mistakes run as commands (at once),
+the others through `main.run` in this process; only the README's own-data
 path trains, once, and its workdir then serves the resume test.
 """
 import json
@@ -29,7 +29,6 @@ VIDEOS = {  # id -> (fps, width, height); two 2-second segments each.
     "bikes": (25, 128, 96), "car": (30, 160, 96), "garden": (24, 128, 80),
     "street": (25, 128, 96), "kitchen": (30, 128, 96), "park": (25, 144, 96)}
 EVAL_VIDEOS = ("kitchen", "park")
-PARALLEL = 3  # Mistake subprocesses at a time.
 
 
 def _segments(video_id):
@@ -236,18 +235,39 @@ def _mistakes(own, tmp):
   }
 
 
+# Run as real commands: the flags, and one mistake of each kind (config,
+# rows, reads) from the command line's exit code down to its last line.
+ON_THE_COMMAND_LINE = ("unknown_key", "unknown_flag", "bad_rows", "unreadable")
+
+
+def _in_process(command):
+  """(exit code, stderr) for the mistake in a `_main` command, from
+  `main.run` (what the command line runs after its flags), without
+  starting Python and JAX again."""
+  from vidjax import errors, main  # pylint: disable=import-outside-toplevel
+  config, workdir, args = command[4], command[6], command[7:]
+  overrides = [arg for arg in args if arg.startswith("--config.")]
+  modes = [arg.split("=", 1)[1] for arg in args if arg.startswith("--mode=")]
+  assert len(overrides) + len(modes) == len(args), args  # No other flags.
+  try:
+    main.run(config, workdir, *modes, overrides=overrides)
+  except errors.UserError as e:
+    return e.exit_code, f"error: {e.describe()}\n"
+  return errors.EXIT_FINISHED, ""
+
+
 @pytest.fixture(scope="module")
 def mistakes(own, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("mistakes")
   cases = _mistakes(own, tmp)
-  results, names = {}, list(cases)
-  for i in range(0, len(names), PARALLEL):
-    procs = {n: subprocess.Popen(cases[n][0], cwd=REPO, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for n in names[i:i + PARALLEL]}
-    for name, proc in procs.items():
-      _, err = proc.communicate(timeout=300)
-      results[name] = (proc.returncode, err)
+  procs = {n: subprocess.Popen(cases[n][0], cwd=REPO, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for n in ON_THE_COMMAND_LINE}
+  results = {n: _in_process(cases[n][0]) for n in cases
+             if n not in ON_THE_COMMAND_LINE}
+  for name, proc in procs.items():
+    _, err = proc.communicate(timeout=300)
+    results[name] = (proc.returncode, err)
   return cases, results, tmp
 
 

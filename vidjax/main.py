@@ -115,21 +115,34 @@ def _maybe_initialize_distributed():
   logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
 
-def _run(overrides: list[str]) -> None:
-  config = config_lib.load_config(_CONFIG.value, overrides)
+def run(config: str, workdir: str, mode: str = "train",
+        overrides: list[str] | tuple[str, ...] = ()) -> None:
+  """What the command line does once its flags are parsed.
+
+  Args:
+    config: `configs/NAME.py[:ARG]`.
+    workdir: the run directory.
+    mode: "train" (and evaluate) or "eval".
+    overrides: `--config.KEY=VALUE` strings.
+
+  Raises:
+    errors.UserError: a mistake in the command, the config or the data
+      (`main` prints `describe()` and exits with its `exit_code`).
+  """
+  config = config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
   from vidjax import train  # pylint: disable=import-outside-toplevel
-  if _MODE.value == "eval":
-    train.evaluate_only(config, _WORKDIR.value)
+  if mode == "eval":
+    train.evaluate_only(config, workdir)
   else:
-    train.train_and_evaluate(config, _WORKDIR.value)
+    train.train_and_evaluate(config, workdir)
 
 
 def main(parsed) -> int:
   _, overrides = parsed
   console.setup_console(verbose=flags.FLAGS["verbosity"].present)
   try:
-    _run(overrides)
+    run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
   except errors.UserError as e:
     logging.error("%s", e.describe())
     return e.exit_code
