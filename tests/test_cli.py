@@ -277,7 +277,6 @@ def _assert_short(stderr):
   assert len(error.splitlines()) <= 12, error
 
 
-@pytest.mark.slow  # The `mistakes` fixture: ten command-line runs.
 @pytest.mark.parametrize("name", [
     "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows",
     "no_labels", "broken_file", "unreadable", "eval_no_checkpoint"])

@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 CONFIG = str(REPO / "configs/demo.py:debug")
-STEPS = 16  # The resumed part must see 10 steps for its time estimate.
-OVERRIDES = (f"--config.total_steps={STEPS}", "--config.log.every_steps=1",
-             "--config.checkpoint.every_steps=1000", "--config.batch_size=32")
+STEPS = debug_runs.DEMO_REFERENCE_STEPS  # A resumed part sees the 10 steps
+OVERRIDES = (*debug_runs.DEMO_REFERENCE,  # of its time estimate.
+             f"--config.total_steps={STEPS}")
 
 
 def cli(workdir):
@@ -42,18 +42,14 @@ def losses(workdir):
   return by_step
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """The same run, in-process (it also fills the compilation cache)."""
-  workdir = tmp_path_factory.mktemp("uninterrupted")
-  train.train_and_evaluate(config_lib.load_config(CONFIG, OVERRIDES), workdir)
-  return workdir
-
-
 @pytest.mark.slow
-def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(uninterrupted,
-                                                           tmp_path):
-  """Ctrl-C under `2>&1 | tee log` after tee exited: the save is whole."""
+@pytest.mark.xdist_group("demo_reference")
+def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
+                                                           tmp_path_factory):
+  """Ctrl-C under `2>&1 | tee log` after tee exited: the save is whole, and
+  the resumed run's losses are the uninterrupted run's."""
+  # In this process first: it also fills the compilation cache.
+  uninterrupted = debug_runs.demo_reference(tmp_path_factory)
   workdir = tmp_path / "run"
   proc = subprocess.Popen(cli(workdir), cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT)

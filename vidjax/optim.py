@@ -134,8 +134,10 @@ def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
     warm = lr * step / max(warmup, 1)
-    progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
-    after = min_lr + 0.5 * (lr - min_lr) * (1 + jnp.cos(jnp.pi * progress)) if cosine else lr
+    after = lr  # Constant: the step program does not depend on total_steps.
+    if cosine:
+      progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
+      after = min_lr + 0.5 * (lr - min_lr) * (1 + jnp.cos(jnp.pi * progress))
     return jnp.where(step < warmup, warm, after)
   return schedule
 
