@@ -89,8 +89,8 @@ def _new_figure(panels: int = 1):
   rows = math.ceil(panels / cols)
   width, height = 4.5 * cols, 3.2 * rows
   fig = Figure(figsize=(width, height))
-  # Fixed margins, in inches (room for 7-character tick labels and a title):
-  # half the time of matplotlib's layout engines, which measure every label.
+  # Fixed margins, in inches (room for 7-character tick labels and a title),
+  # rather than a layout engine, which measures every label at each save.
   fig.subplots_adjust(left=0.85 / width, right=1 - 0.2 / width,
                       bottom=0.55 / height, top=1 - 0.35 / height,
                       wspace=0.35, hspace=0.55)
