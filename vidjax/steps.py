@@ -159,17 +159,19 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
   def build():
     return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
 
+  def train_state(params):
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt": tx.init(params)}
+
   def init():
     _, params, rest = nnx.split(build(), nnx.Param, ...)
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt": tx.init(params)}, rest
+    return train_state(params), rest
 
   # Tracing a model's construction (its initializers) takes seconds for a
   # ViT-B: done once here for the graph, shapes and shardings; `jax.jit`
   # traces `init` once more to run it.
   graphdef, params, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
-  shapes = ({"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
-             "opt": jax.eval_shape(tx.init, params)}, rest)
+  shapes = (jax.eval_shape(train_state, params), rest)
   shardings = sharding.param_shardings(shapes, mesh)
   if abstract:
     state, rest = sharding.with_shardings(shapes, shardings)
