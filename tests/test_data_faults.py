@@ -152,7 +152,7 @@ _TRAINER = """
 import sys, time
 from vidjax import config as config_lib, sharding
 from vidjax.data import pipeline, synthetic_annotations
-config = config_lib.load_config(sys.argv[1] + ":debug", ["--config.data.workers=2"])
+config = config_lib.load_config(sys.argv[1] + ":debug", ["--config.data.workers=1"])
 synthetic_annotations.use_corpus(config, sys.argv[2])
 batches = pipeline.make_pipeline(config, sharding.make_mesh(), train=True,
                                  batch_size=8)
@@ -173,7 +173,7 @@ def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
   try:
     assert proc.stdout.readline() == "ready\n"
     pids = workers_of(proc.pid)
-    assert len(pids) == 2 and blocks_of(proc.pid)
+    assert len(pids) == 1 and blocks_of(proc.pid)
     proc.kill()
     proc.wait()
     wait_for(lambda: not any(map(alive, pids)) and not blocks_of(proc.pid),

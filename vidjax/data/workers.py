@@ -59,7 +59,7 @@ STATES = {"R": "running", "S": "sleeping",
 _GRAIN_DEATH = re.compile(r"terminated unexpectedly with exit code (-?\d+)")
 
 
-def mark_flags_parsed(*_) -> None:
+def mark_flags_parsed() -> None:
   """Grain reads absl flags in the trainer and in its workers; outside an
   absl app (notebooks, tests) they were never parsed, which raises
   UnparsedFlagAccessError. Their defaults are what we want."""
@@ -146,10 +146,14 @@ class Workers:
     that nobody else will, its workers' status, and the clips of killed
     workers that never reached this process (a block mapped here is freed
     by its array)."""
-    with open("/proc/self/maps") as f:
-      mapped = {os.path.basename(line.split()[-1]) for line in f
-                if SHM_DIR in line}
-    for name in os.listdir(SHM_DIR):
+    try:
+      with open("/proc/self/maps") as f:
+        mapped = {os.path.basename(line.split()[-1]) for line in f
+                  if SHM_DIR in line}
+      names = os.listdir(SHM_DIR)
+    except OSError:
+      return  # Not Linux: Python's resource tracker unlinks them at exit.
+    for name in names:
       if name.startswith(self.prefix) and name not in mapped:
         try:
           block = shared_memory.SharedMemory(name)
@@ -177,7 +181,8 @@ def describe_exit(code: int, new_oom_kills: int | None) -> str:
             "this run's memory cgroup meanwhile)")
   if new_oom_kills is None:
     return f"{how}, by hand or by the kernel's OOM killer (dmesg says which)"
-  return f"{how}, not by the kernel's OOM killer"
+  return (f"{how}, not by the kernel's OOM killer (this run's memory cgroup "
+          "counts none)")
 
 
 def oom_kills() -> int | None:
