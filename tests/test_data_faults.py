@@ -165,6 +165,8 @@ time.sleep(600)
 @pytest.mark.slow
 def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
     tmp_path, tmp_path_factory):
+  """kill -9 of a trainer: its worker ends, and its /dev/shm blocks (named
+  after its pid, so other runs' are not counted) are unlinked."""
   config = debug_runs.load("demo")
   corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
   proc = subprocess.Popen(

@@ -159,8 +159,9 @@ class DevicePrefetcher:
     """
     self._stop.set()
     if not self.wait_for_thread(timeout):
-      logging.warning("the device prefetch thread did not stop within %g s; "
-                      "left to end on its own", timeout)
+      logging.warning("the device prefetch thread did not stop within %g s "
+                      "(waiting on %s); left to end on its own", timeout,
+                      self.waiting_on())
     self._done = True
 
   def wait_for_thread(self, timeout: float) -> bool:
