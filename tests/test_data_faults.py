@@ -192,3 +192,24 @@ def test_a_worker_killed_for_memory_is_said_so():
   assert workers.describe_exit(-11, None) == "killed by SIGSEGV (signal 11)"
   assert workers.describe_exit(3, 0) == "it exited with code 3"
   assert workers.oom_kills() is None or workers.oom_kills() >= 0
+
+
+def test_a_stopped_worker_and_its_read_are_named():
+  """What the stall warning says of a worker stopped (SIGSTOP) in a read."""
+  stopped = subprocess.Popen(["sleep", "60"])
+  os.kill(stopped.pid, signal.SIGSTOP)
+  pool = workers.Workers(1)
+  try:
+    wait_for(lambda: _stat(stopped.pid)[0] == "T", "SIGSTOP", timeout=10)
+    status = workers.shared_memory.SharedMemory(  # As worker 0 makes it.
+        f"{pool.prefix}w0", create=True, size=workers.STATUS_BYTES)
+    workers.publish(status, stopped.pid,
+                    [("/store/v/15.mp4", time.time() - 75)])
+    status.close()
+    assert re.fullmatch(
+        rf"worker 0 of 1 \(pid {stopped.pid}, stopped: SIGCONT resumes it\), "
+        r"reading /store/v/15.mp4 for 7[56] s", pool.describe(0))
+  finally:
+    stopped.kill()
+    pool.close()
+  assert not blocks_of(os.getpid())

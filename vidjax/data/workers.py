@@ -242,13 +242,18 @@ def _init_worker(index: int, count: int, *, trainer: int, prefix: str) -> None:
 
 def _watch(trainer: int, status: shared_memory.SharedMemory) -> None:
   """Publishes what this worker reads; ends it once its trainer is gone."""
-  pid = os.getpid()
   while os.getppid() == trainer:
-    blob = json.dumps({"pid": pid, "reads": reads.in_progress()[
-        :STATUS_READS]}).encode()[:STATUS_BYTES - 1] + b"\0"
-    status.buf[:len(blob)] = blob
+    publish(status, os.getpid(), reads.in_progress())
     time.sleep(WATCH_S)
   os._exit(1)  # pylint: disable=protected-access
+
+
+def publish(status: shared_memory.SharedMemory, pid: int,
+            in_progress: list[tuple[str, float]]) -> None:
+  """Writes a worker's status block, as `Workers.status` reads it."""
+  blob = json.dumps({"pid": pid, "reads": in_progress[:STATUS_READS]})
+  blob = blob.encode()[:STATUS_BYTES - 1] + b"\0"
+  status.buf[:len(blob)] = blob
 
 
 def _to_shared_memory(group: dict, *, prefix: str, min_bytes: int) -> dict:
