@@ -82,7 +82,7 @@ from vidjax.data import annotations, batches, ek100, loader, prefetch, reads
 from vidjax.data import workers as workers_lib
 from vidjax.data import records as records_lib
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = workers_lib.SHM_DIR
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
 # a block per token array or label would cost more than the copy.
 MIN_SHM_BYTES = 4096
