@@ -231,6 +231,9 @@ def _choice_problems(config) -> list[str]:
     value = _get(config, key, None)
     if value is not None and not 0 <= value <= 1:
       problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
+  stall = _get(config, "data.stall_warn_s", None)
+  if stall is not None and not stall > 0:
+    problems.append(f"'data.stall_warn_s' = {stall!r} must be > 0 seconds")
   if _get(config, "model.attention", None) == "cudnn" and (
       reason := _cudnn_problem(config)):
     problems.append(reason)

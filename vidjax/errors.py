@@ -14,7 +14,9 @@ it is found):
        vocabulary file that does not load or fit, more than
        `data.max_bad_row_fraction` bad rows, more than
        `data.max_skip_fraction` failed clip reads during training), a
-       non-finite loss, or a bug (with a traceback)
+       data worker process that died (`DataWorkerDied`: training saves its
+       last completed step first), a non-finite loss, or a bug (with a
+       traceback)
   2    refused: the command line or a `ConfigError` (a key, a value, a path,
        the workdir, `init_from` weights that do not read or fit). Found
        before anything is written to the workdir (a run on the synthetic
@@ -70,6 +72,11 @@ class WorkdirError(ConfigError):
 
 class DataError(UserError):
   """Bad annotations, or too many clips that could not be read."""
+
+
+class DataWorkerDied(DataError):
+  """A data worker process died (killed, out of memory): the message says
+  which and how."""
 
 
 class DataFileError(DataError, ValueError):

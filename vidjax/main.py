@@ -24,6 +24,7 @@ import sys
 from absl import app, flags, logging
 
 from vidjax import config as config_lib, console, errors
+from vidjax.data import reads
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file: configs/NAME.py[:ARG]; "
                               "--config.KEY=VALUE overrides its keys.")
@@ -155,5 +156,16 @@ def main(parsed) -> int:
   return errors.EXIT_FINISHED
 
 
+def _main_past_stuck_reads(parsed) -> int:
+  """`main`, then an exit that does not wait for a chunk read that never
+  returns (a stuck mount): its thread would keep the process alive."""
+  code = main(parsed)
+  if reads.in_progress():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  return code
+
+
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(_main_past_stuck_reads, flags_parser=_parse_flags)

@@ -210,6 +210,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   last_eval = {}
   last_saved = first_step if run.start.kind == "workdir" else None
   preempted, estimated = False, False
+  # With several processes, the others may already wait in the step for this
+  # one's batch: a wait for data is not cut short.
+  single_process = jax.process_count() == 1
 
   def log(item):
     nonlocal estimated
@@ -228,6 +231,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     bar.update(logged_step, {k: v for k, v in metrics.items()
                              if k in ("train/loss", "perf/clips_per_s") or
                              (k == "data/skipped" and v)})
+
+  def save_last_step() -> None:
+    """The loop stops while it waits for data: the last completed step is
+    checked, logged, saved with the position after its batch, and written."""
+    log(late.flush())
+    ckpt.save(step, run.state, data_state=train_batches.get_state(),
+              rng=base_key, force=True)
+    ckpt.wait_until_finished()
 
   def evaluate_and_log() -> dict:
     metrics = eval_sets.evaluate(run, config)
@@ -249,7 +260,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       # --------------------------------------------------------------- loop
       while step < config.total_steps:
         with timer.waiting_for_data():
-          batch = next(train_batches)
+          try:  # None: SIGTERM or Ctrl-C while it waited (one process).
+            batch = train_batches.next_batch(
+                interrupt=lambda: preemption.requested and single_process)
+          except errors.DataWorkerDied:
+            save_last_step()
+            raise
+        if batch is None:
+          save_last_step()
+          preempted = True
+          break
         run.state, metrics = run.steps.train(run.state, run.rest, batch,
                                              base_key)
         step += 1

@@ -65,25 +65,40 @@ class HostBatches:
   keeps the bad ones as invalid elements, so a few unreadable clips (even
   a whole short final batch of them) are counted, never fatal.
 
+  The position (`get_state()['clips']`) counts the clips of this process's
+  stream handed out, whatever the workers, threads or clips per transfer:
+  a pipeline resumed from it starts its stream at that clip
+  (`resume_group`).
+
   Args:
     iterator: Grain iterator of dicts whose arrays have a leading axis of
       `group` clips, e.g. video uint8[group, T, H, W, 3], valid bool[group],
-      errors str[group].
+      errors str[group]; for a resumed run, starting at `resume_group(state,
+      group)`.
     batch_size: clips per local batch, a multiple of `group`.
     max_skip_fraction: the share of failed reads that stops the run.
     train: training (drop a short final batch) or evaluation (pad it).
     group: clips per element of `iterator` (`pipeline.clips_per_transfer`).
+    state: a `get_state()` to continue from (its counts and position).
+
+  Attributes:
+    start, groups: the group of the stream `iterator` starts at, and the
+      one it yields next (the one it waits for while in `next`).
   """
 
   def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
-               train: bool = False, group: int = 1):
+               train: bool = False, group: int = 1, state: dict | None = None):
     if batch_size % group:
       raise ValueError(f"batch size {batch_size} is not a multiple of the "
                        f"{group} clips per transfer")
     self._it, self._batch_size, self._group = iterator, batch_size, group
     self._max_fraction, self._train = max_skip_fraction, train
-    self.skipped = self.attempts = 0
-    self.failures = collections.Counter()  # file -> failed reads
+    state = state or {}
+    self.start = self.groups = resume_group(state, group) if state else 0
+    self.skipped, self.attempts = state.get("skipped", 0), state.get(
+        "attempts", 0)
+    # States saved before the failures were kept have none.
+    self.failures = collections.Counter(state.get("failures", {}))
 
   def __iter__(self):
     return self
@@ -92,8 +107,12 @@ class HostBatches:
     """Up to `batch_size` clips: (batch with room for all, their error
     messages, count)."""
     batch, messages, count = {}, [], 0
-    for group in self._it:
-      group = dict(group)
+    while count < self._batch_size:
+      try:
+        group = dict(next(self._it))
+      except StopIteration:
+        break
+      self.groups += 1
       messages.extend(str(m) for m in group.pop("errors"))
       if not batch:
         batch = {k: aligned_empty((self._batch_size,) + np.shape(v)[1:],
@@ -103,8 +122,6 @@ class HostBatches:
       for key, value in group.items():
         batch[key][count:count + size] = value  # The shm block goes with it.
       count += size
-      if count == self._batch_size:
-        break
     return batch, messages, count
 
   def _count(self, message: str) -> None:
@@ -141,30 +158,38 @@ class HostBatches:
     return batch
 
   def get_state(self) -> dict:
-    """JSON-able: Grain's position and the counts, failures per file too."""
-    return {"grain": self._it.get_state(), "skipped": self.skipped,
-            "attempts": self.attempts, "failures": dict(self.failures),
-            "clips_per_transfer": self._group}
-
-  def set_state(self, state: dict) -> None:
-    # Grain counts groups: a state saved with other groups points elsewhere.
-    saved = state.get("clips_per_transfer", 1)
-    if saved != self._group:
-      raise errors.ConfigError(
-          f"the data iterator was saved handing over {saved} clips at a "
-          f"time, this run hands over {self._group} (the local batch or the "
-          "clip size changed): resume with the saved run's batch size, "
-          "data.num_frames and data.size, or start a new workdir from its "
-          "weights with --config.init_from")
-    self._it.set_state(state["grain"])
-    self.skipped, self.attempts = state["skipped"], state["attempts"]
-    # States saved before the failures were kept have none.
-    self.failures = collections.Counter(state.get("failures", {}))
+    """JSON-able: the position in clips and the counts, failures per file."""
+    return {"clips": self.groups * self._group, "skipped": self.skipped,
+            "attempts": self.attempts, "failures": dict(self.failures)}
 
   def close(self) -> None:
     """Stops Grain's worker processes, if it has any."""
     if hasattr(self._it, "close"):
       self._it.close()
+
+
+def resume_group(state: dict, group: int) -> int:
+  """The group of `group` clips a `HostBatches.get_state()` resumes at.
+
+  Raises:
+    errors.ConfigError: the position is not a whole number of groups (the
+      local batch changed).
+  """
+  if "clips" in state:
+    clips = state["clips"]
+  else:  # Saved by vidjax before the position was counted in clips: Grain's
+    # own state (of one iterator, or one per worker), counting groups.
+    grain = state["grain"]
+    clips = state.get("clips_per_transfer", 1) * sum(
+        s["next_index"] for s in grain.get("iterators_in_use_states", [grain])
+        if s)
+  if clips % group:
+    raise errors.ConfigError(
+        f"the data iterator was saved {clips} clips into its stream, which "
+        f"is not a whole number of this run's transfers of {group} clips "
+        "(the batch size changed): resume with the saved run's batch size, "
+        "or start a new workdir from its weights with --config.init_from")
+  return clips // group
 
 
 def batch_spec(config: ml_collections.ConfigDict,

@@ -22,9 +22,16 @@ the CPU it takes).
 Per-element randomness comes from Grain's per-element seeds (seed + element
 index), and workers' clips are interleaved in element order, so the batches
 are the same whatever the number of workers or threads. The iterator state
-(Grain's state plus the skip counters) is captured after each batch actually
-handed to the caller; `make_pipeline(..., state=...)` builds a pipeline
-positioned there, which reproduces the following batches exactly.
+(the position in clips plus the skip counters) is captured after each batch
+actually handed to the caller; `make_pipeline(..., state=...)` builds a
+pipeline whose stream starts there, which reproduces the following batches
+exactly, also with other `workers` or `threads`.
+
+While no batch comes, a warning every `data.stall_warn_s` seconds names
+what the pipeline waits on: the worker whose turn it is (its pid, and its
+state: stopped, blocked on IO, ...) and the chunk files it reads. A worker
+that dies raises `errors.DataWorkerDied`, saying which and how
+(`vidjax.data.workers`).
 
 Config keys (`config.data`, see `default_data_config`):
   root            chunk store (written by `python -m vidjax.data.chunk`)
@@ -45,6 +52,7 @@ Config keys (`config.data`, see `default_data_config`):
   eval_clips, eval_crops                 see `loader.ClipSpec`
   workers         Grain worker processes (0: in the main process)
   threads         reader threads per process (PyAV releases the GIL)
+  stall_warn_s    seconds without a batch between warnings of what it waits on
   worker_buffer   clips buffered per worker (and as many on the main side)
   device_prefetch batches in flight to the devices
   max_skip_fraction  stop when more than this share of reads failed
@@ -64,17 +72,17 @@ import collections
 import os
 import shutil
 
-from absl import flags
 import grain
 from grain._src.python.ipc import shared_memory_array
 import jax
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, batches, ek100, loader, prefetch
+from vidjax.data import annotations, batches, ek100, loader, prefetch, reads
+from vidjax.data import workers as workers_lib
 from vidjax.data import records as records_lib
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = workers_lib.SHM_DIR
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
 # a block per token array or label would cost more than the copy.
 MIN_SHM_BYTES = 4096
@@ -94,6 +102,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
       eval_clips=1, eval_crops=1,
       workers=0, threads=0, worker_buffer=8, device_prefetch=2,
+      stall_warn_s=60.0,
       max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01,
       synthetic=ml_collections.ConfigDict(dict(
           enabled=False, num_videos=96, segments_per_video=2,
@@ -233,20 +242,12 @@ def check_shared_memory(data: ml_collections.ConfigDict, local_batch: int,
         "/dev/shm (in a container: docker run --shm-size=...).")
 
 
-def _mark_flags_parsed(worker_index: int = 0, worker_count: int = 1) -> None:
-  # Grain reads absl flags in the parent and in its spawned workers; outside
-  # an absl app (notebooks, tests) they were never parsed, which raises
-  # UnparsedFlagAccessError. Defaults are what we want: mark them parsed.
-  del worker_index, worker_count
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()
-
-
 def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
-                 num_epochs: int | None = None, workers: int = 0,
+                 num_epochs: int | None = None,
+                 workers: workers_lib.Workers | None = None,
                  threads: int = 0, worker_buffer: int = 8,
                  batch_size: int = 1, group: int = 1, process_index: int = 0,
-                 process_count: int = 1) -> grain.IterDataset:
+                 process_count: int = 1, start: int = 0) -> grain.IterDataset:
   """The Grain graph of this process's clips, `group` clips per element.
 
   Args:
@@ -255,13 +256,16 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
       once in order, then invalid padding up to whole global batches.
     seed: shuffle and augmentation seed.
     num_epochs: training epochs (None: forever).
-    workers, threads, worker_buffer: parallelism (see module docstring);
-      `worker_buffer` counts clips.
+    workers, threads, worker_buffer: parallelism (see module docstring):
+      the worker processes (None: none), reader threads, and the clips
+      buffered per worker.
     batch_size: this process's batch size (evaluation's padding).
     group: clips per element (`clips_per_transfer`, a divisor of
       `batch_size`): each element is the clips' dict with a leading axis of
       `group`, e.g. video uint8[group, T, H, W, 3], errors str[group].
     process_index, process_count: this process's share of every batch.
+    start: the group this process's stream starts at (a resumed run's
+      `batches.resume_group`).
   """
   records = len(clip_loader.records)
   if train:
@@ -280,10 +284,15 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
   # Training drops a short final group (a short batch is dropped anyway);
   # evaluation has whole batches.
   ds = ds[process_index::process_count].batch(group, drop_remainder=train)
+  # A resumed stream starts at its position: each worker then takes every
+  # `workers`-th group of it, so any number of workers resumes there.
+  ds = ds[start:] if start else ds
+  if workers is not None:  # Frames in blocks named after this run.
+    ds = ds.map(workers.to_shared_memory(MIN_SHM_BYTES))
   ds = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
-  if workers > 0:
-    _mark_flags_parsed()
+  if workers is not None:
+    workers_lib.mark_flags_parsed()
     # Grain sets its queue of frees up on first use; setting it first keeps
     # it short (`shared_memory_bytes`).
     shared_memory_array.SharedMemoryArray.enable_async_del(
@@ -292,9 +301,9 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
         ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
     ds = ds.mp_prefetch(
         grain.MultiprocessingOptions(
-            num_workers=workers,
+            num_workers=workers.count,
             per_worker_buffer_size=_buffered_groups(worker_buffer, group)),
-        worker_init_fn=_mark_flags_parsed)
+        worker_init_fn=workers.init_fn())
   return ds
 
 
@@ -316,9 +325,9 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
     records: clip records; default: load the configured annotation file.
     num_epochs: stop after this many epochs (training).
     seed: default `config.seed`.
-    state: a `get_state()` of an earlier pipeline of the same config: this
-      one starts at the batch that one would have yielded next (a resumed
-      run).
+    state: a `get_state()` of an earlier pipeline of the same config (any
+      `data.workers` and `data.threads`): this one starts at the batch that
+      one would have yielded next (a resumed run).
 
   Returns:
     A `Pipeline`: an iterator of dicts of `jax.Array` (video
@@ -341,38 +350,78 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
       positives=caption_positives(data, records) if train else None)
+  start = batches.resume_group(state, group) if state else 0
+  workers = workers_lib.Workers(data.workers) if data.workers else None
   ds = make_dataset(
       clip_loader, train=train, seed=config.seed if seed is None else seed,
-      num_epochs=num_epochs, workers=data.workers, threads=data.threads,
+      num_epochs=num_epochs, workers=workers, threads=data.threads,
       worker_buffer=data.worker_buffer, batch_size=local_batch, group=group,
-      process_index=jax.process_index(), process_count=jax.process_count())
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      start=start)
   host = batches.HostBatches(iter(ds), local_batch, data.max_skip_fraction,
-                             train=train, group=group)
-  if state is not None:
-    host.set_state(state)
-  return Pipeline(host, data.device_prefetch, mesh)
+                             train=train, group=group, state=state)
+  return Pipeline(host, data.device_prefetch, mesh, workers=workers,
+                  stall_warn_s=data.stall_warn_s,
+                  name="training" if train else "evaluation")
 
 
 class Pipeline(prefetch.DevicePrefetcher):
-  """Device batches plus what a run reports about them: skips and failures."""
+  """Device batches plus what a run reports about them: skips, failures,
+  what a stalled pipeline waits on, and dead workers."""
 
   FIRST_WAIT_S = 10.0
+  STUCK_WAIT_S = 2.0  # Closing after an interrupted wait: for the thread.
 
-  def __init__(self, host: batches.HostBatches, prefetch_size: int, mesh):
-    self.host = host
-    super().__init__(host, prefetch_size, mesh)
+  def __init__(self, host: batches.HostBatches, prefetch_size: int, mesh, *,
+               workers: workers_lib.Workers | None = None, **kwargs):
+    self.host, self.workers = host, workers
+    super().__init__(host, prefetch_size, mesh, **kwargs)
+
+  def next_within(self, timeout: float | None):
+    """See `DevicePrefetcher.next_within`.
+
+    Raises:
+      errors.DataWorkerDied: a worker process died.
+    """
+    try:
+      return super().next_within(timeout)
+    except RuntimeError as e:
+      died = self.workers and self.workers.died(e, self._turn())
+      if not died:
+        raise
+      raise died from e
+
+  def _turn(self) -> int:
+    """The worker whose group the thread waits for (they take turns)."""
+    return (self.host.groups - self.host.start) % self.workers.count
+
+  def waiting_on(self) -> str:
+    """The worker whose turn it is, or this process's reads (no workers)."""
+    if self.workers is None:
+      return f"this process, {reads.describe(reads.in_progress())}"
+    return self.workers.describe(self._turn())
 
   def close(self):
-    """Stops the thread, then Grain, then waits for a thread stuck in Grain.
+    """Stops the thread, then Grain, then waits for the thread.
 
     The thread normally finishes the batch it is assembling (the workers
-    still run) and stops; one waiting on Grain for longer than
-    `FIRST_WAIT_S` (a stuck worker) is freed by closing Grain.
+    still run) and stops. One that waits longer than `FIRST_WAIT_S`, or at
+    all after an interrupted wait, waits on a stalled read: the workers are
+    killed (their clips are not needed any more), which ends it. A read
+    stuck in this process (no workers) cannot be stopped: its thread is
+    left behind after `STUCK_WAIT_S`.
     """
     self._stop.set()  # The thread then asks Grain for nothing more.
-    self.wait_for_thread(self.FIRST_WAIT_S)
+    stopped = self.wait_for_thread(
+        0.0 if self.interrupted else self.FIRST_WAIT_S)
+    if not stopped and self.workers is not None:
+      self.workers.kill()  # Grain sees it within a second, and ends the wait.
+      self.wait_for_thread(self.STUCK_WAIT_S)
     self.host.close()
-    super().close()
+    super().close(self.STUCK_WAIT_S if self.interrupted
+                  else prefetch.CLOSE_TIMEOUT_S)
+    if self.workers is not None:
+      self.workers.close()
 
   @property
   def skipped(self) -> int:

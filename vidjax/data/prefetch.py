@@ -3,11 +3,13 @@
 The last stage of the input pipeline (`vidjax.data.pipeline`): a thread
 assembles the host's local batches into global `jax.Array`s, so that the
 transfers overlap the training step, and keeps the iterator state of the
-last batch handed out, for an exact resume.
+last batch handed out, for an exact resume. Waiting for a batch
+(`next_batch`) warns every `stall_warn_s` seconds while none comes, saying
+what it waits on (`waiting_on`), and gives up when asked to (a signal).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 import queue
 import threading
 import time
@@ -21,6 +23,7 @@ from vidjax import sharding
 
 _END = object()
 CLOSE_TIMEOUT_S = 30.0  # At most this long waiting for the thread to stop.
+POLL_S = 0.25  # How often a wait for a batch looks up (stall, interrupt).
 
 
 class DevicePrefetcher:
@@ -30,7 +33,7 @@ class DevicePrefetcher:
   global arrays (`sharding.host_to_global_batch`, asynchronous device
   transfers) and queues them. Use it instead of the iterator it wraps;
   don't touch that iterator while the prefetcher runs. `size=0` transfers
-  synchronously in `next()` (no thread), for debugging.
+  synchronously in `next()` (no thread, no stall warning), for debugging.
 
   Checkpointing: the wrapped iterator runs ahead by up to `size + 1`
   batches, so its own `get_state()` would skip them on resume. Save
@@ -40,8 +43,11 @@ class DevicePrefetcher:
   """
 
   def __init__(self, iterator: Iterator[Mapping[str, np.ndarray]], size: int,
-               mesh: Mesh):
+               mesh: Mesh, *, stall_warn_s: float = 60.0,
+               name: str = "training"):
     self._iterator = iterator
+    self.stall_warn_s, self.name = stall_warn_s, name
+    self.interrupted = False  # `next_batch` gave up on a batch.
     self._mesh = mesh
     self._has_state = hasattr(iterator, "get_state")
     self._state = self._capture_state()
@@ -83,6 +89,39 @@ class DevicePrefetcher:
     return self
 
   def __next__(self) -> dict[str, jax.Array]:
+    return self.next_batch()
+
+  def next_batch(self, interrupt: Callable[[], bool] | None = None
+                 ) -> dict[str, jax.Array] | None:
+    """The next batch; None if `interrupt()` turned true while waiting.
+
+    Every `stall_warn_s` seconds without a batch, a warning says what the
+    wait is on (`waiting_on`).
+
+    Raises:
+      StopIteration: the end of the data.
+    """
+    started = time.monotonic()
+    warn_at = started + self.stall_warn_s
+    while (batch := self.next_within(POLL_S)) is None:
+      if interrupt is not None and interrupt():
+        self.interrupted = True
+        return None
+      if time.monotonic() >= warn_at:
+        logging.warning("no %s batch for %.0f s: waiting on %s (warned every "
+                        "data.stall_warn_s=%g s)", self.name,
+                        time.monotonic() - started, self.waiting_on(),
+                        self.stall_warn_s)
+        warn_at += self.stall_warn_s
+    return batch
+
+  def waiting_on(self) -> str:
+    """What a stalled wait is on, for the warning."""
+    return f"{type(self._iterator).__name__}'s next()"
+
+  def next_within(self, timeout: float | None) -> dict[str, jax.Array] | None:
+    """The next batch, or None if none came within `timeout` seconds (None:
+    waits for it; `size=0` always waits)."""
     if self._done:
       raise StopIteration
     if self._thread is None:
@@ -91,7 +130,10 @@ class DevicePrefetcher:
       except StopIteration:
         item = _END
     else:
-      item = self._queue.get()
+      try:
+        item = self._queue.get(timeout=timeout)
+      except queue.Empty:
+        return None
     if item is _END:
       self._done = True
       raise StopIteration
@@ -117,8 +159,9 @@ class DevicePrefetcher:
     """
     self._stop.set()
     if not self.wait_for_thread(timeout):
-      logging.warning("the device prefetch thread did not stop within %g s; "
-                      "left to end on its own", timeout)
+      logging.warning("the device prefetch thread did not stop within %g s "
+                      "(waiting on %s); left to end on its own", timeout,
+                      self.waiting_on())
     self._done = True
 
   def wait_for_thread(self, timeout: float) -> bool:

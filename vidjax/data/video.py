@@ -40,7 +40,7 @@ import av
 import numpy as np
 
 from vidjax import errors
-from vidjax.data import chunk as chunk_lib
+from vidjax.data import chunk as chunk_lib, reads
 
 
 class VideoReadError(Exception):
@@ -168,9 +168,10 @@ def read_clip(root: str | os.PathLike, video_id: str,
     path = os.path.join(root, video_id,
                         chunk_lib.chunk_name(k, info.chunk_seconds))
     local = {i - starts[k]: i for i in global_ids}
-    for j, rgb in _decode_chunk(path, info.frame_rate, local, window,
-                                (out_w, out_h), stats):
-      frames[local[j]] = rgb
+    with reads.reading(path):  # Named if the pipeline stalls on it.
+      for j, rgb in _decode_chunk(path, info.frame_rate, local, window,
+                                  (out_w, out_h), stats):
+        frames[local[j]] = rgb
   clip = np.stack([frames[i] for i in ids.tolist()])
   stats.delivered += len(ids)
   return clip[:, :, ::-1] if hflip else clip

@@ -1,0 +1,273 @@
+"""Grain's worker processes: started, watched, their blocks named, deaths told.
+
+A pipeline with `data.workers > 0` has one `Workers`. In each worker, before
+its first clip (`init_fn`), absl's flags are marked parsed (Grain reads them
+there; outside an absl app they never were), and a thread starts that every
+`WATCH_S` seconds
+
+- ends the worker once its trainer is gone: a trainer killed with SIGKILL
+  would otherwise leave its workers decoding for minutes. (Not
+  PR_SET_PDEATHSIG: it follows the thread that started the worker, one of
+  Grain's, which ends before the workers are stopped.)
+- publishes the worker's pid and the chunk files it is reading
+  (`vidjax.data.reads`) in a small /dev/shm block, for the stall warning.
+
+Frames cross to the main process in /dev/shm blocks named
+`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`to_shared_memory`;
+Grain passes `SharedMemoryArray`s on as they are, and the main process
+unlinks each block once it has copied it, as Grain's own). Python's
+resource tracker, a process of the trainer's that outlives it, unlinks the
+blocks left once the trainer and its workers are gone: nothing stays in
+/dev/shm.
+
+In the main process, `describe(index)` says what a worker is doing (as the
+kernel sees it: sleeping, stopped, blocked on IO; and the files it reads),
+and `died(error)` turns Grain's "terminated unexpectedly" into a
+`DataWorkerDied` naming the worker, the signal or exit code, and whether
+the kernel's OOM killer struck (the memory cgroup's `oom_kill` count).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from multiprocessing import shared_memory
+
+from absl import flags
+import grain.multiprocessing
+import numpy as np
+
+from vidjax import errors
+from vidjax.data import reads
+
+SHM_DIR = "/dev/shm"
+PREFIX = "vidjax_"  # Of every /dev/shm block of vidjax's.
+WATCH_S = 0.5  # How often a worker looks for its trainer and says what it reads.
+STATUS_BYTES = 16384
+STATUS_READS = 8  # Reads in progress published per worker, oldest first.
+# Process states in /proc/PID/stat, as the warning says them.
+STATES = {"R": "running", "S": "sleeping",
+          "D": "blocked in the kernel on IO: a stuck file system?",
+          "T": "stopped: SIGCONT resumes it", "t": "stopped by a debugger",
+          "Z": "dead", "X": "dead"}
+_GRAIN_DEATH = re.compile(r"terminated unexpectedly with exit code (-?\d+)")
+
+
+def mark_flags_parsed() -> None:
+  """Grain reads absl flags in the trainer and in its workers; outside an
+  absl app (notebooks, tests) they were never parsed, which raises
+  UnparsedFlagAccessError. Their defaults are what we want."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+class Workers:
+  """The worker processes of one pipeline, seen from the trainer."""
+
+  def __init__(self, count: int):
+    self.count = count
+    self.trainer = os.getpid()
+    self.prefix = f"{PREFIX}{self.trainer}_{secrets.token_hex(3)}_"
+    self._oom_kills = oom_kills()
+
+  def init_fn(self):
+    """Grain's `worker_init_fn`: called with (index, count) in each worker."""
+    return functools.partial(_init_worker, trainer=self.trainer,
+                             prefix=self.prefix)
+
+  def to_shared_memory(self, min_bytes: int):
+    """A Grain map run in the workers: a group's arrays of at least
+    `min_bytes` into /dev/shm blocks of this pipeline's name."""
+    return functools.partial(_to_shared_memory, prefix=self.prefix,
+                             min_bytes=min_bytes)
+
+  def status(self, index: int) -> dict | None:
+    """{'pid', 'reads': [(path, start), ...]} as worker `index` last
+    published it; None before it did."""
+    try:
+      with open(os.path.join(SHM_DIR, f"{self.prefix}w{index}"), "rb") as f:
+        return json.loads(f.read(STATUS_BYTES).split(b"\0", 1)[0])
+    except (OSError, ValueError):
+      return None
+
+  def describe(self, index: int) -> str:
+    """'worker 1 of 2 (pid 4242, sleeping), reading FILE for 59 s'."""
+    status = self.status(index)
+    if status is None:
+      return f"worker {index} of {self.count} (starting)"
+    state = _stat(status["pid"])[0]
+    return (f"worker {index} of {self.count} (pid {status['pid']}, "
+            f"{STATES.get(state, 'gone')}), {reads.describe(status['reads'])}")
+
+  def kill(self) -> None:
+    """SIGKILL to the workers still running (their clips are not needed)."""
+    for index in range(self.count):
+      status = self.status(index)
+      if status and _stat(status["pid"])[1] == self.trainer:
+        try:
+          os.kill(status["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+
+  def died(self, error: BaseException,
+           waiting_on: int) -> errors.DataWorkerDied | None:
+    """The error to raise for Grain's `error` if it says a worker died.
+
+    Args:
+      error: what Grain raised.
+      waiting_on: the worker the pipeline was waiting on: the dead one,
+        unless the processes say otherwise.
+    """
+    match = _GRAIN_DEATH.search(str(error))
+    if not match:
+      return None
+    pids = {i: s["pid"] for i in range(self.count) if (s := self.status(i))}
+    dead = [i for i, pid in pids.items() if _stat(pid)[0] in (None, "Z", "X")]
+    index = dead[0] if len(dead) == 1 else waiting_on
+    before, now = self._oom_kills, oom_kills()
+    new_oom_kills = None if None in (before, now) else now - before
+    return errors.DataWorkerDied(
+        f"data worker {index} of {self.count} (pid "
+        f"{pids.get(index, 'unknown')}) died: "
+        f"{describe_exit(int(match.group(1)), new_oom_kills)}",
+        hint="the same command resumes from the last checkpoint" + (
+            "" if new_oom_kills == 0 else "; to use less memory, lower "
+            "--config.data.workers, --config.data.threads or "
+            "--config.data.worker_buffer"))
+
+  def close(self) -> None:
+    """Once the workers are stopped: unlinks the blocks of this pipeline
+    that nobody else will, its workers' status, and the clips of killed
+    workers that never reached this process (a block mapped here is freed
+    by its array)."""
+    try:
+      with open("/proc/self/maps") as f:
+        mapped = {os.path.basename(line.split()[-1]) for line in f
+                  if SHM_DIR in line}
+      names = os.listdir(SHM_DIR)
+    except OSError:
+      return  # Not Linux: Python's resource tracker unlinks them at exit.
+    for name in names:
+      if name.startswith(self.prefix) and name not in mapped:
+        try:
+          block = shared_memory.SharedMemory(name)
+        except FileNotFoundError:
+          continue
+        block.close()
+        block.unlink()
+
+
+def describe_exit(code: int, new_oom_kills: int | None) -> str:
+  """How a process ended: its exit code (>= 0) or the signal (-code), and
+  for SIGKILL whether the kernel's OOM killer struck meanwhile."""
+  if code >= 0:
+    return f"it exited with code {code}"
+  try:
+    name = signal.Signals(-code).name
+  except ValueError:
+    name = "a signal"
+  how = f"killed by {name} (signal {-code})"
+  if -code != signal.SIGKILL:
+    return how
+  if new_oom_kills:
+    return (f"{how}: out of memory (the kernel's OOM killer killed "
+            f"{new_oom_kills} process{'es' if new_oom_kills > 1 else ''} of "
+            "this run's memory cgroup meanwhile)")
+  if new_oom_kills is None:
+    return f"{how}, by hand or by the kernel's OOM killer (dmesg says which)"
+  return (f"{how}, not by the kernel's OOM killer (this run's memory cgroup "
+          "counts none)")
+
+
+def oom_kills() -> int | None:
+  """The kernel's count of OOM kills in this process's memory cgroup (v2's
+  memory.events, v1's memory.oom_control), or None where it says none."""
+  try:
+    with open("/proc/self/cgroup") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  files = []
+  for line in lines:
+    _, controllers, path = line.split(":", 2)
+    if not controllers:  # cgroup v2
+      root, name = "/sys/fs/cgroup", "memory.events"
+    elif "memory" in controllers.split(","):
+      root, name = "/sys/fs/cgroup/memory", "memory.oom_control"
+    else:
+      continue
+    # In a container the cgroup is often mounted as the root.
+    files += [os.path.join(root, path.lstrip("/"), name),
+              os.path.join(root, name)]
+  for file in files:
+    try:
+      with open(file) as f:
+        counts = dict(line.split() for line in f if line.strip())
+      return int(counts["oom_kill"])
+    except (OSError, ValueError, KeyError):
+      continue
+  return None
+
+
+def _stat(pid: int) -> tuple[str | None, int | None]:
+  """(state letter, parent pid) of a process; (None, None) if it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()  # After "(command)".
+  except (OSError, IndexError):
+    return None, None
+  return fields[0], int(fields[1])
+
+
+# ---------------------------------------------------------------------------
+# In the workers.
+# ---------------------------------------------------------------------------
+_BLOCKS = itertools.count()  # This worker's blocks, numbered.
+
+
+def _init_worker(index: int, count: int, *, trainer: int, prefix: str) -> None:
+  mark_flags_parsed()
+  del count
+  status = shared_memory.SharedMemory(f"{prefix}w{index}", create=True,
+                                      size=STATUS_BYTES)
+  threading.Thread(target=_watch, args=(trainer, status), daemon=True,
+                   name="vidjax-worker-watch").start()
+
+
+def _watch(trainer: int, status: shared_memory.SharedMemory) -> None:
+  """Publishes what this worker reads; ends it once its trainer is gone."""
+  while os.getppid() == trainer:
+    publish(status, os.getpid(), reads.in_progress())
+    time.sleep(WATCH_S)
+  os._exit(1)  # pylint: disable=protected-access
+
+
+def publish(status: shared_memory.SharedMemory, pid: int,
+            in_progress: list[tuple[str, float]]) -> None:
+  """Writes a worker's status block, as `Workers.status` reads it."""
+  blob = json.dumps({"pid": pid, "reads": in_progress[:STATUS_READS]})
+  blob = blob.encode()[:STATUS_BYTES - 1] + b"\0"
+  status.buf[:len(blob)] = blob
+
+
+def _to_shared_memory(group: dict, *, prefix: str, min_bytes: int) -> dict:
+  return {key: _shared(value, prefix, min_bytes)
+          for key, value in group.items()}
+
+
+def _shared(value, prefix: str, min_bytes: int):
+  if (not isinstance(value, np.ndarray) or value.dtype.hasobject
+      or value.nbytes < min_bytes):
+    return value  # Pickled: a block would cost more than the copy.
+  block = shared_memory.SharedMemory(
+      f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=value.nbytes)
+  array = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
+      block, value.shape, value.dtype)
+  array[...] = value
+  return array
