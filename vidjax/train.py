@@ -83,6 +83,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   reports = checks.check_annotations(
       config, splits, needs_text=task.NEEDS_TEXT,
       needs_label=config.task == "classification") if splits else {}
+  if reports:
+    checks.check_chunk_files(config, reports)
   if "train" in reports:  # `*_epochs` keys count epochs of these records.
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
 

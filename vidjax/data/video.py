@@ -56,11 +56,25 @@ class VideoInfo:
   width: int
   height: int
   chunk_seconds: float
+  where: str = dataclasses.field(default="", compare=False)  # 'FILE:LINE'
 
   @functools.cached_property
   def chunk_starts(self) -> list[int]:
     return chunk_lib.chunk_start_frames(self.num_frames, self.frame_rate,
                                         self.chunk_seconds)
+
+  @property
+  def num_chunks(self) -> int:
+    """len(chunk_starts), without listing them (for any num_frames)."""
+    return math.floor((self.num_frames - 1) / self._frames_per_chunk) + 1
+
+  def chunk_start(self, k: int) -> int:
+    """chunk_starts[k]: the first frame of chunk k."""
+    return math.ceil(k * self._frames_per_chunk)
+
+  @property
+  def _frames_per_chunk(self) -> fractions.Fraction:
+    return fractions.Fraction(str(self.chunk_seconds)) * self.frame_rate
 
 
 @dataclasses.dataclass
@@ -91,7 +105,7 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
         entry["video_id"],
         fractions.Fraction(entry.get("frame_rate", entry["fps"])),
         int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
-        float(entry["chunk_seconds"]))
+        float(entry["chunk_seconds"]), where)
   except KeyError as e:
     raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
   except (TypeError, ValueError, ZeroDivisionError) as e:
@@ -104,6 +118,12 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
     if not (math.isfinite(value) and value > 0):
       raise VideoReadError(f"{where}: {name} {value} is not a positive "
                            "number")
+  # The id names the video's folder: it must stay inside the store.
+  if (info.video_id in ("", ".", "..") or "/" in info.video_id
+      or os.sep in info.video_id or "\0" in info.video_id):
+    raise VideoReadError(f"{where}: video_id {info.video_id!r} is not a "
+                         "plain name: its chunks would be read outside the "
+                         "chunk store")
   return info
 
 
@@ -254,6 +274,18 @@ def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
 # probe's decoders, not the stream's own.
 OPEN_OPTIONS = {"format": "mp4", "container_options": {"probesize": "32"},
                 "options": {"skip_frame": "all"}}
+
+
+def chunk_header(path: str) -> tuple[int | None, fractions.Fraction | None]:
+  """(frames, frame rate) of a chunk file as its header says (None: not
+  said, or the file does not open); nothing is decoded."""
+  try:
+    with av.open(path, **OPEN_OPTIONS) as container:
+      stream = container.streams.video[0]
+      rate = stream.average_rate or stream.guessed_rate
+      return stream.frames or None, fractions.Fraction(rate) if rate else None
+  except (av.error.FFmpegError, OSError, IndexError):
+    return None, None
 
 
 def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
