@@ -235,7 +235,18 @@ def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   with pytest.raises(errors.DataError, match=r"train.jsonl:1: need 0 <= start"):
     checks.check_annotations(config, ("train",), needs_text=False,
                              needs_label=False)
-  (tmp_path / "chunks" / "manifest.jsonl").unlink()
+  # An id that would read chunks outside data.root: the manifest is refused.
+  manifest = tmp_path / "chunks" / "manifest.jsonl"
+  for video_id in ("../../home/x", "/etc"):
+    manifest.write_text(json.dumps(dict(MANIFEST[0], video_id=video_id)))
+    with pytest.raises(errors.DataError) as e:
+      checks.check_annotations(config, ("eval",), needs_text=False,
+                               needs_label=False)
+    assert str(e.value) == (f"{manifest}:1: video_id {video_id!r} is not a "
+                            "plain name: its chunks would be read outside the "
+                            "chunk store")
+    assert e.value.exit_code == errors.EXIT_FAILED
+  manifest.unlink()
   with pytest.raises(errors.DataError, match="no manifest; chunk the videos"):
     checks.check_annotations(config, ("eval",), needs_text=False,
                              needs_label=False)
