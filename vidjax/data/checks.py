@@ -38,7 +38,8 @@ import jax
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, pipeline, tokenizer as tokenizer_lib, video
+from vidjax.data import annotations, chunk as chunk_lib, pipeline
+from vidjax.data import tokenizer as tokenizer_lib, video
 
 # A span may end a little past the video (rounding, a shorter download): its
 # frames are clamped to the video. Past this many times its length it is not
@@ -288,7 +289,7 @@ def _check_chunks(videos: dict, used: set[str], root: str) -> None:
     if not os.path.isdir(folder):  # A missing video: the reader's to skip.
       continue
     last = info.num_chunks - 1
-    names = [video.chunk_lib.chunk_name(k, info.chunk_seconds)
+    names = [chunk_lib.chunk_name(k, info.chunk_seconds)
              for k in (last, last + 1)]
     paths = [os.path.join(folder, name) for name in names]
     says = (f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
@@ -370,7 +371,9 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     reports[split] = Report(split, paths[split], recs, bad)
     if needs_label and split != "train":
       reports[split].warnings = _untrained_labels(
-          recs, trained, num_classes, os.path.basename(data.train_annotations))
+          recs, trained, num_classes, ", ".join(
+              map(os.path.basename,
+                  pipeline.split_paths(data.train_annotations))))
   return reports
 
 
@@ -378,8 +381,8 @@ def check_chunk_files(config: ml_collections.ConfigDict,
                       reports: dict[str, Report]) -> None:
   """The chunk files of the videos that the kept rows use (`_check_chunks`)."""
   videos = video.manifest(config.data.root)
-  used = {r.video_id for report_ in reports.values()
-          for r in report_.kept_records() if r.video_id in videos}
+  used = {r.video_id for checked in reports.values()
+          for r in checked.kept_records() if r.video_id in videos}
   _check_chunks(videos, used, config.data.root)
 
 

@@ -155,6 +155,9 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   return [src]
 
 
+_TORN_SEEN: set[tuple[str, str]] = set()  # Torn lines warned about.
+
+
 def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
   """Yields `('FILE:LINE', entry)` for each entry of a manifest file.
 
@@ -192,9 +195,6 @@ def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
         raise errors.DataFileError(f"{where}: not a manifest entry (a JSON "
                                    "object with a video_id)")
       yield where, entry
-
-
-_TORN_SEEN: set[tuple[str, str]] = set()
 
 
 def _end_last_line(path: Path) -> None:

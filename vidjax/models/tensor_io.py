@@ -4,12 +4,11 @@ Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
 become {name: numpy array}. PyTorch pickles are read with
 `weights_only=True` (no code runs; argparse.Namespace, which AVION and
 LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
-released CLIP `.pt` files, are read as data without running their code
-(`torchscript.py`). Foreign layouts of a
-model (Hugging Face, AVION) are renamed to one canonical layout per model:
-OpenAI's CLIP names, the original VideoMAE names (`weights.py` maps those to
-ours). Conv patch embeddings become tubelet kernels, and positional tables
-are resized.
+released CLIP `.pt` files, are read as data without running their code or
+needing torch (`torchscript.py`). Foreign layouts of a model (Hugging Face,
+AVION) are renamed to one canonical layout per model: OpenAI's CLIP names,
+the original VideoMAE names (`weights.py` maps those to ours). Conv patch
+embeddings become tubelet kernels, and positional tables are resized.
 """
 from __future__ import annotations
 
