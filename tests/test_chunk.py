@@ -239,6 +239,10 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
   assert not (tmp_path / "o").exists()  # Refused before writing anything.
+  (tmp_path / "empty.mp4").write_bytes(b"")  # Tried, and said plainly.
+  assert chunk.main([str(tmp_path / "empty.mp4"), str(tmp_path / "o")]) == 1
+  assert f"FAILED {tmp_path / 'empty.mp4'}: empty file (0 bytes)\n" in (
+      capsys.readouterr().err)
 
 
 def test_millisecond_timestamps_keep_every_frame(tmp_path):

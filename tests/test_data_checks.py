@@ -104,8 +104,9 @@ def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
   checks.report(reports, config, tmp_path / "run")
   assert len(reports["train"].kept_records()) == 72
   config.data.max_bad_row_fraction = 0.0  # 0: none.
-  with pytest.raises(errors.DataError, match="2 of 74 rows are bad"):
+  with pytest.raises(errors.DataError, match="2 of 74 rows are bad") as e:
     checks.report(reports, config, tmp_path / "run")
+  assert e.value.exit_code == errors.EXIT_FAILED
   # Every span in milliseconds: no fraction would help, and none is hinted.
   config = _config(tmp_path, [dict(r, start=r["start"] * 1000,
                                    end=r["end"] * 1000) for r in rows])
@@ -235,6 +236,18 @@ def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   with pytest.raises(errors.DataError, match=r"train.jsonl:1: need 0 <= start"):
     checks.check_annotations(config, ("train",), needs_text=False,
                              needs_label=False)
+  # A file in another format than data.format: the format's columns named.
+  config.data.format = "ek100_cls"
+  with pytest.raises(errors.DataError) as e:
+    checks.check_annotations(config, ("train",), needs_text=False,
+                             needs_label=True)
+  assert str(e.value).startswith(f"{tmp_path / 'train.jsonl'}:1: missing "
+                                 "column(s) ['verb_class', 'noun_class']")
+  assert e.value.hint.startswith(
+      "data.format='ek100_cls' reads EPIC-Kitchens-100's EPIC_100_train.csv / "
+      "EPIC_100_validation.csv (columns video_id, start_timestamp, ")
+  assert e.value.exit_code == errors.EXIT_FAILED
+  config.data.format = "jsonl"
   # An id that would read chunks outside data.root: the manifest is refused.
   manifest = tmp_path / "chunks" / "manifest.jsonl"
   for video_id in ("../../home/x", "/etc"):

@@ -174,8 +174,9 @@ class Report:
               f"({self.fraction:.1%}; the limit is data.max_bad_row_fraction="
               f"{limit}){listed}"
               + ("" if self.too_many(limit) else f"; {what}"))
+    shown = self.unscorable if self.good_records else self.bad
     return "\n  ".join([f"{self.split} {name}: {head}"]
-                       + _examples(self.unscorable or self.bad))
+                       + _examples(shown or self.bad))
 
   def write_bad_rows(self, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:

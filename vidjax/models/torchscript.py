@@ -35,8 +35,9 @@ _DTYPES = {'DoubleStorage': np.float64, 'FloatStorage': np.float32,
            'ShortStorage': np.int16, 'CharStorage': np.int8,
            'ByteStorage': np.uint8, 'BoolStorage': np.bool_}
 # torch.jit._pickle's helpers only tag or wrap plain values.
-_IDENTITY = ('build_intlist', 'build_floatlist', 'build_boollist',
-             'build_doublelist', 'build_tensorlist', 'build_complexlist')
+_PLAIN = ('build_intlist', 'build_floatlist', 'build_boollist',
+          'build_doublelist', 'build_tensorlist', 'build_complexlist',
+          'restore_type_tag')
 
 
 class Refused(Exception):
@@ -52,8 +53,9 @@ class Module:
     self.state = state
 
 
-def _restore_type_tag(value, type_str=None):
-  del type_str
+def _plain(value, *unused):
+  """torch.jit._pickle's helpers: the value itself (its type tag dropped)."""
+  del unused
   return value
 
 
@@ -105,9 +107,8 @@ class _DataUnpickler(pickle.Unpickler):
       return _rebuild_tensor
     if module == 'torch._utils' and name == '_rebuild_parameter':
       return lambda data, *unused: data
-    if module == 'torch.jit._pickle' and name in _IDENTITY + (
-        'restore_type_tag',):
-      return _restore_type_tag
+    if module == 'torch.jit._pickle' and name in _PLAIN:
+      return _plain
     if (module, name) == ('collections', 'OrderedDict'):
       return collections.OrderedDict
     raise Refused(f'it names {qualname}, which is not plain data')
