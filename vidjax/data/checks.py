@@ -332,15 +332,17 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     raise errors.DataError(str(e)) from None
   paths = {s: data.train_annotations if s == "train" else data.eval_annotations
            for s in splits}
-  files = set(paths.values())
+  files = list(paths.values())
   if needs_label:  # num_classes comes from the training labels.
-    files |= {p for p in (data.train_annotations, data.eval_annotations) if p}
+    files += [p for p in (data.train_annotations, data.eval_annotations) if p]
   records = {}
-  for path in files:
+  for path in dict.fromkeys(files):  # In order: training first.
     try:
       records[path] = pipeline.load_annotations(data, path)
     except (OSError, ValueError, KeyError) as e:
-      raise errors.DataError(f"{path}: {e}" if path not in str(e) else str(e),
+      # Ours name their file (maybe another: EK-100's action ids read both).
+      named = isinstance(e, errors.DataFileError) or path in str(e)
+      raise errors.DataError(str(e) if named else f"{path}: {e}",
                              hint=annotations.format_hint(data.format)
                              if data.format in annotations.FORMATS else
                              "see the README for the formats") from None
