@@ -74,7 +74,7 @@ def test_report_stops_past_the_limit_and_lists_the_rows(tmp_path):
   reports = checks.check_annotations(config, ("train", "eval"), needs_text=True,
                                      needs_label=False)
   with pytest.raises(errors.DataError) as e:
-    checks.report(reports, config, tmp_path / "run")
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert str(e.value).startswith(
       "data check: train train.jsonl: 3 of 6 rows are bad (50.0%; the limit is "
       "data.max_bad_row_fraction=0.01), listed in ")
@@ -89,7 +89,8 @@ def test_report_stops_past_the_limit_and_lists_the_rows(tmp_path):
   assert rows[1]["start"] == 1200.0
   # Raised: the run goes on without them; the evaluation keeps its rows.
   config.data.max_bad_row_fraction = 0.5
-  checks.report(reports, config, tmp_path / "run")
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
+  checks.report(reports, config, tmp_path / "run")  # Accepted: the summary.
   assert len(reports["train"].kept_records()) == 3
   assert len(reports["eval"].kept_records()) == 6
 
@@ -101,11 +102,11 @@ def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
   config = _config(tmp_path, rows[:72] + BAD[:2])
   reports = checks.check_annotations(config, ("train",), needs_text=True,
                                      needs_label=False)
-  checks.report(reports, config, tmp_path / "run")
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert len(reports["train"].kept_records()) == 72
   config.data.max_bad_row_fraction = 0.0  # 0: none.
   with pytest.raises(errors.DataError, match="2 of 74 rows are bad") as e:
-    checks.report(reports, config, tmp_path / "run")
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert e.value.exit_code == errors.EXIT_FAILED
   # Every span in milliseconds: no fraction would help, and none is hinted.
   config = _config(tmp_path, [dict(r, start=r["start"] * 1000,
@@ -113,7 +114,7 @@ def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
   reports = checks.check_annotations(config, ("train",), needs_text=True,
                                      needs_label=False)
   with pytest.raises(errors.DataError) as e:
-    checks.report(reports, config, tmp_path / "run")
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
   lines = e.value.describe().splitlines()
   assert lines[0].startswith("data check: train train.jsonl: none of its 74 "
                              "rows is usable, listed in ")
@@ -135,7 +136,7 @@ def test_rows_without_what_the_task_needs(tmp_path):
                                      needs_text=False, needs_label=True)
   assert reports["train"].bad == {40: [("no_label", "no 'label'")]}
   with pytest.raises(errors.DataError) as e:
-    checks.report(reports, config, tmp_path / "run")
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert e.value.describe().splitlines() == [
       "data check: eval val.jsonl: 2 of 42 rows cannot be scored, listed in "
       f"{tmp_path / 'run' / 'bad_rows_eval.jsonl'}",
@@ -155,6 +156,7 @@ def test_labels_checked_and_num_classes_from_the_training_labels(tmp_path,
   assert reports["train"].bad == {3: [("no_label", "no 'label' (it has "
                                        "'class': the class goes under 'label')")]}
   assert reports["eval"].bad == {}  # Scored: as wrong.
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
   with caplog.at_level("WARNING"):
     checks.report(reports, config, tmp_path / "run")
   assert caplog.messages == [
@@ -224,7 +226,7 @@ def test_kinetics_lists_whole_video_records_pass(tmp_path):
   reports = checks.check_annotations(config, ("train", "eval"),
                                      needs_text=False, needs_label=True)
   assert {s: r.bad for s, r in reports.items()} == {"train": {}, "eval": {}}
-  checks.report(reports, config, tmp_path / "run")
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert len(reports["train"].kept_records()) == 2
   assert config.model.num_classes == 4
 

@@ -90,6 +90,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
       needs_label=config.task == "classification") if splits else {}
   if reports:
     checks.check_chunk_files(config, reports)
+    checks.stop_if_unusable(reports, config, workdir)
   if "train" in reports:  # `*_epochs` keys count epochs of these records.
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
 

@@ -4,7 +4,9 @@
     load_tokenizer(config)                CLIP's vocabulary (found if unset),
                                           `model.text.vocab_size` 0 -> its size
     reports = check_annotations(config, splits, needs_text=..., needs_label=...)
-    report(reports, config, workdir)      summary, bad rows file, stop
+    check_chunk_files(config, reports)    the manifest against the chunk files
+    stop_if_unusable(reports, config, workdir)  too many bad rows: stop
+    report(reports, config, workdir)      summary, warnings, bad rows file
 
 Every annotation row is checked against the chunk store's manifest: its video
 id is known (else close matches are suggested, e.g. 'Bikes' for 'bikes'), its
@@ -396,10 +398,21 @@ def _stops(r: Report, limit: float) -> str | None:
   return "fraction" if r.too_many(limit) else None
 
 
-def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
-           workdir) -> None:
-  """Logs each file's summary and warnings, writes its bad rows, stops past
-  the limit.
+def _write_bad_rows(r: Report, workdir) -> str | None:
+  """WORKDIR/bad_rows_<split>.jsonl for a file with bad rows (process 0)."""
+  if not r.bad or jax.process_index() != 0:
+    return None
+  os.makedirs(os.fspath(workdir), exist_ok=True)
+  path = os.path.join(os.fspath(workdir), f"bad_rows_{r.split}.jsonl")
+  r.write_bad_rows(path)
+  return path
+
+
+def stop_if_unusable(reports: dict[str, Report],
+                     config: ml_collections.ConfigDict, workdir) -> None:
+  """Stops the run, before anything is built, on a file it cannot use.
+
+  Only then is something written: the bad rows of those files.
 
   Raises:
     errors.DataError: more than `data.max_bad_row_fraction` of a file's rows
@@ -408,28 +421,28 @@ def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
       problem; the hint says what helps).
   """
   limit = config.data.max_bad_row_fraction
-  lines, over, reasons = [], [], set()
-  for split, r in reports.items():
-    path = None
-    if r.bad and jax.process_index() == 0:
-      os.makedirs(os.fspath(workdir), exist_ok=True)
-      path = os.path.join(os.fspath(workdir), f"bad_rows_{split}.jsonl")
-      r.write_bad_rows(path)
-    reason = _stops(r, limit)
-    (over if reason else lines).append(r.summary(limit, path))
-    reasons.add(reason)
-  for line in lines:
-    logging.info("data check: %s", line)
-  for r in reports.values():
-    for warning in r.warnings:
-      logging.warning("data check: %s %s: %s", r.split,
-                      os.path.basename(r.path), warning)
+  stops = {split: _stops(r, limit) for split, r in reports.items()}
+  over = [r.summary(limit, _write_bad_rows(r, workdir))
+          for split, r in reports.items() if stops[split]]
   if not over:
     return
-  if "fix" in reasons:  # No fraction would help.
+  if "fix" in stops.values():  # No fraction would help.
     hint = "fix these rows in the file (see the README for the format)"
   else:
     needed = max(r.fraction for r in reports.values())
     hint = ("fix the rows listed, or leave them out with --config.data."
             f"max_bad_row_fraction={math.ceil(needed * 20) / 20:g}")
   raise errors.DataError("data check: " + "\n".join(over), hint=hint)
+
+
+def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
+           workdir) -> None:
+  """Logs each file's summary and warnings and writes its bad rows, once the
+  run is accepted (after `stop_if_unusable`)."""
+  for r in reports.values():
+    summary = r.summary(config.data.max_bad_row_fraction,
+                        _write_bad_rows(r, workdir))
+    logging.info("data check: %s", summary)
+    for warning in r.warnings:
+      logging.warning("data check: %s %s: %s", r.split,
+                      os.path.basename(r.path), warning)
