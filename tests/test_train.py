@@ -211,7 +211,7 @@ def test_a_data_bound_run_hears_it_again(tmp_path, tmp_path_factory,
 
     def __next__(self):
       self.count += 1
-      if self.count > 9:  # Step 1 compiles; then two windows of 4 steps.
+      if self.count > 5:  # Step 1 compiles; then two windows of 2 steps.
         raise _Enough
       delay[0] += 10.0
       return next(self.batches)
@@ -224,7 +224,7 @@ def test_a_data_bound_run_hears_it_again(tmp_path, tmp_path_factory,
       SlowBatches(make_pipeline(*a, **k)) if k.get("train") else
       make_pipeline(*a, **k)))
   monkeypatch.setattr(monitor, "StepTimer", SlowClockTimer)
-  monkeypatch.setattr(train, "DATA_BOUND_WINDOW", 4)
+  monkeypatch.setattr(train, "DATA_BOUND_WINDOW", 2)
   monkeypatch.setattr(train, "DATA_BOUND_REPEAT_S", 0.0)
   config = debug_runs.load("demo", *debug_runs.DEMO_REFERENCE,
                            "--config.total_steps=100")
