@@ -40,8 +40,7 @@ import jax
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, chunk as chunk_lib, pipeline
-from vidjax.data import tokenizer as tokenizer_lib, video
+from vidjax.data import annotations, pipeline, tokenizer as tokenizer_lib, video
 
 # A span may end a little past the video (rounding, a shorter download): its
 # frames are clamped to the video. Past this many times its length it is not
@@ -51,7 +50,6 @@ MAX_END_OVER_LENGTH = 2.0
 # stopped by its first typo (unless data.max_bad_row_fraction is 0).
 MIN_BAD_ROWS = 2
 _EXAMPLES = 3  # Example rows shown per kind of problem.
-_OPENED = 3  # Videos whose last chunk is opened at start-up.
 _UNSCORABLE = ("no_text", "no_label")  # What an evaluation cannot keep.
 
 KINDS = {  # kind -> how the summary counts it: one, several
@@ -126,6 +124,7 @@ class Report:
     path: the annotation file.
     records: all its rows, in file order.
     bad: row index -> its problems, as (kind, detail) pairs.
+    warnings: what the run should hear about the file, but goes on with.
   """
   split: str
   path: str
@@ -276,49 +275,6 @@ def _untrained_labels(records, trained: set[int], num_classes: int,
           f"({shown}): the model cannot predict them, they count as wrong"]
 
 
-def _check_chunks(videos: dict, used: set[str], root: str) -> None:
-  """Each used video's chunk files against its manifest line.
-
-  The last chunk that the frame count and rate imply must exist and the
-  next must not; for the first `_OPENED` videos the last chunk is opened
-  and its frames and rate compared (read from its header, not decoded).
-
-  Raises:
-    errors.DataError: naming the manifest line, what it says and what the
-      files are.
-  """
-  for n, video_id in enumerate(sorted(used)):
-    info, folder = videos[video_id], os.path.join(root, video_id)
-    if not os.path.isdir(folder):  # A missing video: the reader's to skip.
-      continue
-    last = info.num_chunks - 1
-    names = [chunk_lib.chunk_name(k, info.chunk_seconds)
-             for k in (last, last + 1)]
-    paths = [os.path.join(folder, name) for name in names]
-    says = (f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
-            f"{float(info.frame_rate):g} fps ({info.num_chunks} chunks of "
-            f"{info.chunk_seconds:g} s)")
-    hint = ("the manifest line does not describe the chunk files: chunk the "
-            "video again (delete its line and folder, then run the chunker)")
-    if not os.path.exists(paths[0]) or os.path.exists(paths[1]):
-      found = len([f for f in os.listdir(folder) if f.endswith(".mp4")])
-      raise errors.DataError(
-          f"{says}, but " + (f"{video_id}/{names[1]} follows its last chunk"
-                             if os.path.exists(paths[0]) else
-                             f"its last chunk {video_id}/{names[0]} is missing")
-          + f" ({found} chunk files in {folder})", hint=hint)
-    if n < _OPENED:  # An unreadable chunk is the reader's to skip.
-      frames, rate = video.chunk_header(paths[0])
-      expected = info.num_frames - info.chunk_start(last)
-      if (frames and frames != expected) or (
-          rate and abs(rate / info.frame_rate - 1) > 1e-3):
-        holds = f"{frames or 'unknown'} frames at " + (
-            f"{float(rate):g} fps" if rate else "an unknown rate")
-        raise errors.DataError(
-            f"{says}, so its last chunk {video_id}/{names[0]} should hold "
-            f"{expected} frames at that rate, but it holds {holds}", hint=hint)
-
-
 def check_annotations(config: ml_collections.ConfigDict, splits, *,
                       needs_text: bool, needs_label: bool) -> dict[str, Report]:
   """Loads and checks the annotation files of `splits` ('train', 'eval').
@@ -384,11 +340,12 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
 
 def check_chunk_files(config: ml_collections.ConfigDict,
                       reports: dict[str, Report]) -> None:
-  """The chunk files of the videos that the kept rows use (`_check_chunks`)."""
+  """The chunk files of the videos that the kept rows use, against their
+  manifest lines (`video.check_chunk_files`)."""
   videos = video.manifest(config.data.root)
   used = {r.video_id for checked in reports.values()
           for r in checked.kept_records() if r.video_id in videos}
-  _check_chunks(videos, used, config.data.root)
+  video.check_chunk_files(config.data.root, sorted(used))
 
 
 def _stops(r: Report, limit: float) -> str | None:

@@ -24,6 +24,7 @@ naive PyAV and decord (BENCHMARKS.md).
 Ids past the last frame are clamped to the last frame (and negative ids to 0),
 so samplers may overshoot at the end of a video. Any failure to produce a
 frame raises `VideoReadError` naming the file and the frame.
+`check_chunk_files` compares manifest lines with the chunk files at start-up.
 """
 from __future__ import annotations
 
@@ -286,6 +287,52 @@ def chunk_header(path: str) -> tuple[int | None, fractions.Fraction | None]:
       return stream.frames or None, fractions.Fraction(rate) if rate else None
   except (av.error.FFmpegError, OSError, IndexError):
     return None, None
+
+
+def check_chunk_files(root: str | os.PathLike, video_ids: Sequence[str], *,
+                      opened: int = 3) -> None:
+  """The manifest lines of `video_ids` against their chunk files.
+
+  The last chunk that a line's frame count and rate imply must exist and
+  the next must not; for the first `opened` videos the last chunk is opened
+  and its frames and rate compared (from its header, nothing decoded). A
+  video without a folder is left to the reader (skipped, counted).
+
+  Raises:
+    errors.DataError: naming the manifest line, what it says and what the
+      files are.
+  """
+  videos = manifest(root)
+  for n, video_id in enumerate(video_ids):
+    info, folder = videos[video_id], os.path.join(root, video_id)
+    if not os.path.isdir(folder):
+      continue
+    last = info.num_chunks - 1
+    names = [chunk_lib.chunk_name(k, info.chunk_seconds)
+             for k in (last, last + 1)]
+    paths = [os.path.join(folder, name) for name in names]
+    says = (f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
+            f"{float(info.frame_rate):g} fps ({info.num_chunks} chunks of "
+            f"{info.chunk_seconds:g} s)")
+    hint = ("the manifest line does not describe the chunk files: chunk the "
+            "video again (delete its line and folder, then run the chunker)")
+    if not os.path.exists(paths[0]) or os.path.exists(paths[1]):
+      found = len([f for f in os.listdir(folder) if f.endswith(".mp4")])
+      raise errors.DataError(
+          f"{says}, but " + (f"{video_id}/{names[1]} follows its last chunk"
+                             if os.path.exists(paths[0]) else
+                             f"its last chunk {video_id}/{names[0]} is missing")
+          + f" ({found} chunk files in {folder})", hint=hint)
+    if n < opened:  # An unreadable chunk is the reader's to skip.
+      frames, rate = chunk_header(paths[0])
+      expected = info.num_frames - info.chunk_start(last)
+      if (frames and frames != expected) or (
+          rate and abs(rate / info.frame_rate - 1) > 1e-3):
+        holds = f"{frames or 'unknown'} frames at " + (
+            f"{float(rate):g} fps" if rate else "an unknown rate")
+        raise errors.DataError(
+            f"{says}, so its last chunk {video_id}/{names[0]} should hold "
+            f"{expected} frames at that rate, but it holds {holds}", hint=hint)
 
 
 def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
