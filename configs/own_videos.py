@@ -16,8 +16,9 @@ Variants, joined by commas (`configs/own_videos.py:labels,cpu`):
   captions   (default) contrastive video-text CLIP, evaluated by text<->video
              retrieval recall; the CLIP vocabulary is found in open_clip when
              `data.vocab` is unset, and `model.text.vocab_size` 0 takes its size
-  labels     classification, evaluated by top-1/top-5 accuracy;
-             `model.num_classes` 0 takes the largest label + 1
+  labels     classification, evaluated by top-1 accuracy (top-5 past 5
+             classes) against its chance level;
+             `model.num_classes` 0 takes the largest training label + 1
   cpu        a tiny model (64 px, 4 frames) that trains on a CPU in minutes:
              to check your data and the whole path before renting GPUs
 

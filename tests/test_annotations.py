@@ -339,6 +339,9 @@ def test_jsonl_records_and_errors(tmp_path):
   _write(path, [json.dumps({'video_id': 'v1', 'start': 0, 'end': 1, 'label': 'cat'})])
   with pytest.raises(ValueError, match=r"clips.jsonl:1: label 'cat' is not an integer"):
     ann.load_jsonl(path)
+  # Saved by a Windows editor: a byte-order mark and CRLF line ends.
+  path.write_bytes(b'\xef\xbb\xbf' + (good + '\r\n').encode() * 2)
+  assert [r.video_id for r in ann.load_jsonl(path)] == ['v1', 'v1']
 
 
 def test_records_are_hashable_and_dispatcher_rejects_unknown_kinds(tmp_path):

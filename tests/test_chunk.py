@@ -111,6 +111,9 @@ def test_failures_are_reported_and_listed_and_others_go_on(tmp_path, capsys):
   failed = {f["video_id"]: f["error"] for f in summary["failed"]}
   assert set(failed) == {"truncated", "empty", "notes", "audio"}
   assert "audio-only" in failed["audio"]
+  assert failed["empty"] == f"{src / 'empty.mp4'}: empty file (0 bytes)"
+  assert failed["notes"] == (f"{src / 'notes.mp4'}: not a video (no format "
+                             "FFmpeg knows)")
   assert all(str(src) in error for error in failed.values())
   listed = [json.loads(line) for line in
             (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
@@ -128,11 +131,14 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
   out = tmp_path / "out"
   opts = chunk.ChunkOptions(chunk_seconds=1, short_side=0)
   chunk.chunk_videos(src, out, opts, progress=False)
-  # Simulate a kill while "c" was being written: its manifest line is missing,
-  # one chunk is finished, one is half-written under its temporary name.
+  # Simulate a kill while "c" was being written: its manifest line is cut
+  # short, one chunk is finished, one is half-written under its temporary
+  # name. Readers meanwhile skip the torn line.
   lines = (out / "manifest.jsonl").read_text().splitlines()
   kept = [l for l in lines if json.loads(l)["video_id"] != "c"]
-  (out / "manifest.jsonl").write_text("\n".join(kept) + "\n")
+  torn = next(l for l in lines if json.loads(l)["video_id"] == "c")[:30]
+  (out / "manifest.jsonl").write_text("\n".join(kept) + "\n" + torn)
+  assert sorted(chunk.read_manifest(out)) == ["a", "b"]
   (out / "c" / "2.mp4").unlink()
   (out / "c" / "2.tmp.mp4").write_bytes(b"\x00" * 100)
   summary = chunk.chunk_videos(src, out, opts, progress=False)
@@ -222,8 +228,8 @@ def test_duplicate_video_ids_are_refused(tmp_path, capsys):
 
 def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
   (tmp_path / "src").mkdir()
-  (tmp_path / "out").mkdir()  # A run killed while writing its second line:
-  (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi')
+  (tmp_path / "out").mkdir()  # A line that is no manifest line.
+  (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi\n')
   for src, dst, message in (
       ("nope", "o", "nope: no such file or folder"),
       ("list.txt", "o", "list.txt: no such file or folder"),
@@ -233,6 +239,10 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
   assert not (tmp_path / "o").exists()  # Refused before writing anything.
+  (tmp_path / "empty.mp4").write_bytes(b"")  # Tried, and said plainly.
+  assert chunk.main([str(tmp_path / "empty.mp4"), str(tmp_path / "o")]) == 1
+  assert f"FAILED {tmp_path / 'empty.mp4'}: empty file (0 bytes)\n" in (
+      capsys.readouterr().err)
 
 
 def test_millisecond_timestamps_keep_every_frame(tmp_path):

@@ -175,10 +175,20 @@ def _bad_rows(own):
 def _mistakes(own, tmp):
   """name -> (command, exit code, patterns stderr must match)."""
   bad = _write_jsonl(tmp / "bad.jsonl", _bad_rows(own))
+  rows = [json.loads(line) for line in
+          (own / "train.jsonl").read_text().splitlines()]
   no_labels = _write_jsonl(tmp / "no_labels.jsonl", [  # 'class', not 'label'.
       {("class" if k == "label" else k): v
        for k, v in json.loads(line).items()}
       for line in (own / "train.jsonl").read_text().splitlines()])
+  in_ms = _write_jsonl(tmp / "in_ms.jsonl", [  # Milliseconds, every row.
+      dict(r, start=r["start"] * 1000, end=r["end"] * 1000) for r in rows])
+  val = [json.loads(line) for line in
+         (own / "val.jsonl").read_text().splitlines()]
+  unlabelled_val = _write_jsonl(tmp / "unlabelled_val.jsonl", val[:2] + [
+      {k: v for k, v in val[2].items() if k != "label"}] + val[3:])
+  csv = tmp / "train.csv"  # A CSV where JSON Lines are expected.
+  csv.write_text("video_id,start,end,label\nbikes,0,2,1\n")
   broken = tmp / "broken.jsonl"
   broken.write_text((own / "train.jsonl").read_text() + "{'video_id': 1\n")
   unreadable = tmp / "unreadable"
@@ -217,9 +227,39 @@ def _mistakes(own, tmp):
                     r"hint: .*--config.data.max_bad_row_fraction=0.6"]),
       "no_labels": (_main("own_videos.py:labels,cpu", tmp / "i",
                           *_paths(own, train=str(no_labels))), 1,
-                    [r"8 of 8 rows are bad", r"8 rows without a label, e.g. row "
-                     r"1: no 'label' \(it has 'class': the class goes under "
-                     r"'label'\)"]),
+                    [r"none of its 8 rows is usable", r"8 rows without a "
+                     r"label, e.g. row 1: no 'label' \(it has 'class': the "
+                     r"class goes under 'label'\)"]),
+      "no_usable_rows": (_main("own_videos.py:labels,cpu", tmp / "m",
+                               *_paths(own, train=str(in_ms))), 1,
+                         [r"train in_ms.jsonl: none of its 8 rows is usable",
+                          r"8 spans outside their video, e.g. row 1: 0-2000 s "
+                          r"but 'bikes' has 4.0 s \(milliseconds\?\); row 2: "
+                          r"2000-4000 s but 'bikes' has 4.0 s \(milliseconds"
+                          r"\?\); row 3",
+                          r"hint: fix these rows in the file \(see the README "
+                          r"for the format\)\n$"]),
+      "unlabelled_eval": (_main("own_videos.py:labels,cpu", tmp / "n",
+                                *_paths(own, val=str(unlabelled_val))), 1,
+                          [r"eval unlabelled_val.jsonl: 1 of 4 rows cannot be "
+                           r"scored", r"\n  1 row without a label, e.g. row 3: "
+                           r"no 'label'\n"]),
+      "csv_as_jsonl": (_main("own_videos.py:labels,cpu", tmp / "o",
+                             *_paths(own, train=str(csv))), 1,
+                       [rf"{re.escape(str(csv))}:1: not JSON \(Expecting value "
+                        r"at column 1\): expected one JSON object per line; "
+                        r"this line looks like CSV",
+                        r"hint: data.format='jsonl' reads JSON Lines, one JSON "
+                        r"object per line: \{\"video_id\": \"bikes\", .*"
+                        r"set --config.data.format \(jsonl, ego4d, ek100_cls, "
+                        r"ek100_mir, kinetics, kinetics_list\)"]),
+      "typed_int": (_main(demo, tmp / "p", "--config.batch_size=eight"), 2,
+                    [r"error: .*demo.py:debug: --config.batch_size=eight: "
+                     r"batch_size takes an integer, e.g. "
+                     r"--config.batch_size=\d+\n$"]),
+      "typed_float": (_main(demo, tmp / "q", "--config.data.hflip=yes"), 2,
+                      [r"--config.data.hflip=yes: data.hflip takes a number, "
+                       r"e.g. --config.data.hflip=0\n$"]),
       "broken_file": (_main("own_videos.py:cpu", tmp / "j",
                             *_paths(own, train=str(broken))), 1,
                       [rf"{re.escape(str(broken))}:9: not JSON"]),
@@ -279,7 +319,9 @@ def _assert_short(stderr):
 
 @pytest.mark.parametrize("name", [
     "unknown_key", "unknown_flag", "batch", "paths", "vocab_size", "bad_rows",
-    "no_labels", "broken_file", "unreadable", "eval_no_checkpoint"])
+    "no_labels", "no_usable_rows", "unlabelled_eval", "csv_as_jsonl",
+    "typed_int", "typed_float", "broken_file", "unreadable",
+    "eval_no_checkpoint"])
 def test_mistake_exits_with_one_message(mistakes, name):
   cases, results, tmp = mistakes
   _, code, patterns = cases[name]
@@ -288,14 +330,19 @@ def test_mistake_exits_with_one_message(mistakes, name):
   for pattern in patterns:
     assert re.search(pattern, stderr), f"{pattern!r} not in:\n{stderr[-3000:]}"
   _assert_short(stderr)
+  if name in ("no_usable_rows", "unlabelled_eval", "csv_as_jsonl", "typed_int",
+              "typed_float"):  # The message and its hint in a few lines.
+    assert len(stderr[stderr.rindex("error: "):].splitlines()) <= 4, stderr
   # Refused before the workdir is written, but for the list of bad rows.
   workdir = Path(cases[name][0][cases[name][0].index("--workdir") + 1])
   written = sorted(p.name for p in workdir.iterdir()) if workdir.exists() else []
   if name == "unreadable":  # Accepted, then failed reading.
     assert "config.json" in written
   else:
-    assert written == (["bad_rows_train.jsonl"]
-                       if name in ("bad_rows", "no_labels") else [])
+    assert written == (
+        ["bad_rows_train.jsonl"] if name in ("bad_rows", "no_labels",
+                                             "no_usable_rows") else
+        ["bad_rows_eval.jsonl"] if name == "unlabelled_eval" else [])
 
 
 def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():

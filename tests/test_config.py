@@ -56,8 +56,22 @@ def test_load_errors_say_what_is_wrong(config_file, tmp_path):
   assert e.value.hint.startswith("did you mean batch_size? the top level has: ")
   with pytest.raises(KeyError, match=r"'seed' is a int, not a config section"):
     vconfig.load_config(config_file, ["seed.x=1"])
-  with pytest.raises(ValueError, match="total_steps=1.5: invalid literal for int"):
-    vconfig.load_config(config_file, ["total_steps=1.5"])
+  # A value of the wrong type: the key, its type and an example.
+  for override, expected in (
+      ("total_steps=1.5", "total_steps takes an integer, e.g. "
+       "--config.total_steps=100"),
+      ("data.hflip=yes", "data.hflip takes a number, e.g. "
+       "--config.data.hflip=0.5"),
+      ("data.allow_pickle=yes", "data.allow_pickle takes true or false, e.g. "
+       "--config.data.allow_pickle=true"),
+      ("data.crop_scale=big", "data.crop_scale takes numbers separated by "
+       "commas, e.g. --config.data.crop_scale=0.5,1.0")):
+    with pytest.raises(errors.ConfigError) as e:
+      vconfig.load_config(config_file, [override])
+    assert str(e.value) == f"{config_file}: --config.{override}: {expected}"
+    assert e.value.exit_code == errors.EXIT_USAGE
+  assert vconfig.load_config(config_file, ["data.crop_scale=(0.3,1)"]
+                             ).data.crop_scale == (0.3, 1.0)
   with pytest.raises(FileNotFoundError, match="nope.py"):
     vconfig.load_config("nope.py:debug")
   with pytest.raises(errors.ConfigError, match="unknown variant 'large'") as e:

@@ -97,3 +97,23 @@ def test_progress_bar_moves_to_step(capsys):
   bar.update(5, {"train/loss": 0.5, "eval/name": "x"})
   assert bar._bar.n == 5
   bar.close()
+
+
+def test_classification_table_has_the_chance_level_and_top5_past_5_classes():
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from vidjax.tasks import classification  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict({"data": {"format": "jsonl"}})
+  for classes, labels in ((2, [0, 1, 1, 0]), (8, [0, 7, 3, 3])):
+    # Scores fall with the distance to the predicted classes 0, 1, 1, 1.
+    logits = -(np.arange(classes) - np.array([[0], [1], [1], [1]]))**2 - (
+        0.01 * np.arange(classes))
+    metrics = classification.eval_metrics(dict(
+        logits=logits, label=np.array(labels), index=np.arange(4),
+        valid=np.ones(4, bool)), config)
+    table = console.eval_table(10, {f"eval/{k}": v for k, v in metrics.items()})
+    if classes == 2:  # Top-5 of 2 classes is always 1: not shown.
+      assert table.splitlines()[1] == "  top1        0.7500 | chance_top1 0.5000"
+    else:
+      assert table.splitlines()[1] == ("  top1        0.2500 | top5        "
+                                       "0.7500 | chance_top1 0.1250")

@@ -1,10 +1,14 @@
 """Data checked before the first step: annotations against the chunk manifest,
 the vocabulary, the paths. Reads only a manifest: no video is decoded."""
+import gzip
 import importlib.util
 import json
 
 import ml_collections
+import numpy as np
 import pytest
+
+from video_fixtures import write_video
 
 from vidjax import errors
 from vidjax.data import checks, loader, pipeline, synthetic, tokenizer
@@ -66,40 +70,147 @@ def test_each_problem_found_with_a_hint(tmp_path):
 
 
 def test_report_stops_past_the_limit_and_lists_the_rows(tmp_path):
-  config = _config(tmp_path, GOOD + BAD[:2])
+  config = _config(tmp_path, GOOD + BAD[:2] + BAD[4:])
   reports = checks.check_annotations(config, ("train", "eval"), needs_text=True,
                                      needs_label=False)
   with pytest.raises(errors.DataError) as e:
-    checks.report(reports, config, tmp_path / "run")
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert str(e.value).startswith(
-      "data check: train train.jsonl: 2 of 5 rows are bad (40.0%; the limit is "
+      "data check: train train.jsonl: 3 of 6 rows are bad (50.0%; the limit is "
       "data.max_bad_row_fraction=0.01), listed in ")
   assert "1 unknown video id, e.g. row 4: 'Bikes'" in str(e.value)
-  assert e.value.hint.endswith("--config.data.max_bad_row_fraction=0.4")
+  assert "2 spans outside their video, e.g. row 5: 1200-3400 s but 'bikes' " \
+         "has 10.0 s (milliseconds?); row 6: 1-30 s" in str(e.value)
+  assert e.value.hint.endswith("--config.data.max_bad_row_fraction=0.5")
   rows = [json.loads(line) for line in
           (tmp_path / "run" / "bad_rows_train.jsonl").read_text().splitlines()]
-  assert [r["row"] for r in rows] == [4, 5]
+  assert [r["row"] for r in rows] == [4, 5, 6]
   assert rows[1]["problems"] == ["1200-3400 s but 'bikes' has 10.0 s (milliseconds?)"]
   assert rows[1]["start"] == 1200.0
   # Raised: the run goes on without them; the evaluation keeps its rows.
   config.data.max_bad_row_fraction = 0.5
-  checks.report(reports, config, tmp_path / "run")
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
+  checks.report(reports, config, tmp_path / "run")  # Accepted: the summary.
   assert len(reports["train"].kept_records()) == 3
-  assert len(reports["eval"].kept_records()) == 5
+  assert len(reports["eval"].kept_records()) == 6
 
 
-def test_labels_checked_and_num_classes_from_them(tmp_path):
+def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
+  # 74 rows: one or two bad rows pass the 1% limit, three do not.
+  rows = [dict(GOOD[0], start=float(i % 8 + 1), end=float(i % 8 + 2))
+          for i in range(74)]
+  config = _config(tmp_path, rows[:72] + BAD[:2])
+  reports = checks.check_annotations(config, ("train",), needs_text=True,
+                                     needs_label=False)
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
+  assert len(reports["train"].kept_records()) == 72
+  config.data.max_bad_row_fraction = 0.0  # 0: none.
+  with pytest.raises(errors.DataError, match="2 of 74 rows are bad") as e:
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
+  assert e.value.exit_code == errors.EXIT_FAILED
+  # Every span in milliseconds: no fraction would help, and none is hinted.
+  config = _config(tmp_path, [dict(r, start=r["start"] * 1000,
+                                   end=r["end"] * 1000) for r in rows])
+  reports = checks.check_annotations(config, ("train",), needs_text=True,
+                                     needs_label=False)
+  with pytest.raises(errors.DataError) as e:
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
+  lines = e.value.describe().splitlines()
+  assert lines[0].startswith("data check: train train.jsonl: none of its 74 "
+                             "rows is usable, listed in ")
+  assert lines[1] == (
+      "  74 spans outside their video, e.g. row 1: 1000-2000 s but 'bikes' "
+      "has 10.0 s (milliseconds?); row 2: 2000-3000 s but 'bikes' has 10.0 s "
+      "(milliseconds?); row 3: 3000-4000 s but 'bikes' has 10.0 s "
+      "(milliseconds?)")
+  assert lines[2:] == ["  hint: fix these rows in the file (see the README "
+                       "for the format)"]
+
+
+def test_rows_without_what_the_task_needs(tmp_path):
+  # Training drops them (within the limit); an evaluation cannot score them.
+  no_label = {k: v for k, v in GOOD[1].items() if k != "label"}
+  rows = [GOOD[0], GOOD[1]] * 20
+  config = _config(tmp_path, rows + [no_label], rows + [no_label, no_label])
+  reports = checks.check_annotations(config, ("train", "eval"),
+                                     needs_text=False, needs_label=True)
+  assert reports["train"].bad == {40: [("no_label", "no 'label'")]}
+  with pytest.raises(errors.DataError) as e:
+    checks.stop_if_unusable(reports, config, tmp_path / "run")
+  assert e.value.describe().splitlines() == [
+      "data check: eval val.jsonl: 2 of 42 rows cannot be scored, listed in "
+      f"{tmp_path / 'run' / 'bad_rows_eval.jsonl'}",
+      "  2 rows without a label, e.g. row 41: no 'label'; row 42: no 'label'",
+      "  hint: fix these rows in the file (see the README for the format)"]
+
+
+def test_labels_checked_and_num_classes_from_the_training_labels(tmp_path,
+                                                                 caplog):
+  # Training labels 0 and 1; the evaluation also has 5, which no training
+  # row has: num_classes is 2, and a warning names the class.
   rows = GOOD + [{"video_id": "bikes", "start": 0.0, "end": 1.0, "class": 2}]
-  config = _config(tmp_path, rows, GOOD + [dict(GOOD[0], label=4)])
+  config = _config(tmp_path, rows, GOOD + [dict(GOOD[0], label=5)] * 2)
+  reports = checks.check_annotations(config, ("train", "eval"),
+                                     needs_text=False, needs_label=True)
+  assert config.model.num_classes == 2
+  assert reports["train"].bad == {3: [("no_label", "no 'label' (it has "
+                                       "'class': the class goes under 'label')")]}
+  assert reports["eval"].bad == {}  # Scored: as wrong.
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
+  with caplog.at_level("WARNING"):
+    checks.report(reports, config, tmp_path / "run")
+  assert caplog.messages == [
+      "data check: eval val.jsonl: 2 rows have labels that never occur in "
+      "train.jsonl (5): the model cannot predict them, they count as wrong"]
+  config.model.num_classes = 1  # Set: training labels past it are bad rows.
   report = checks.check_annotations(config, ("train",), needs_text=False,
                                     needs_label=True)["train"]
-  assert config.model.num_classes == 5  # Both files' labels: max 4.
-  assert report.bad == {3: [("no_label", "no 'label' (it has 'class': the "
-                             "class goes under 'label')")]}
-  config.model.num_classes = 2
-  report = checks.check_annotations(config, ("eval",), needs_text=False,
-                                    needs_label=True)["eval"]
-  assert report.bad == {3: [("bad_label", "label 4 is not in [0, 2)")]}
+  assert report.bad[0] == [("bad_label", "label 1 is not in [0, 1)")]
+
+
+def test_manifest_lines_against_the_chunk_files(tmp_path, caplog):
+  """10 frames at 10 fps in 0.5 s chunks: 0.mp4 and 0.5.mp4, 5 frames each."""
+  entry = dict(MANIFEST[0], fps=10.0, frame_rate="10", num_frames=10,
+               chunk_seconds=0.5)
+  config = _config(tmp_path, [dict(GOOD[0], end=1.0)])
+  (tmp_path / "chunks" / "bikes").mkdir()
+  for name in ("0.mp4", "0.5.mp4"):
+    write_video(tmp_path / "chunks" / "bikes" / name,
+                [np.zeros((16, 16, 3), np.uint8)] * 5, fps=10)
+  manifest = tmp_path / "chunks" / "manifest.jsonl"
+  say = f"{manifest}:2: 'bikes' has num_frames"
+  for changes, message in (
+      (dict(num_frames=10**12), f"{say} 1000000000000 at 10 fps (200000000000 "
+       "chunks of 0.5 s), but its last chunk bikes/99999999999.5.mp4 is "
+       "missing (2 chunk files in "),
+      (dict(num_frames=5), f"{say} 5 at 10 fps (1 chunks of 0.5 s), but "
+       "bikes/0.5.mp4 follows its last chunk"),
+      (dict(num_frames=9), f"{say} 9 at 10 fps (2 chunks of 0.5 s), so its "
+       "last chunk bikes/0.5.mp4 should hold 4 frames at that rate, but it "
+       "holds 5 frames at 10 fps"),
+      (dict(fps=12.5, frame_rate="25/2", num_frames=12), f"{say} 12 at 12.5 "
+       "fps (2 chunks of 0.5 s), so its last chunk bikes/0.5.mp4 should hold "
+       "5 frames at that rate, but it holds 5 frames at 10 fps"),
+      ({}, None)):
+    manifest.write_text(json.dumps(MANIFEST[1]) + "\n"
+                        + json.dumps(entry | changes) + "\n")
+    reports = checks.check_annotations(config, ("train",), needs_text=True,
+                                       needs_label=False)
+    if message is None:
+      checks.check_chunk_files(config, reports)
+      continue
+    with pytest.raises(errors.DataError) as e:
+      checks.check_chunk_files(config, reports)
+    assert str(e.value).startswith(message), str(e.value)
+    assert len(e.value.describe().splitlines()) == 2
+  # A chunker still writing the store: its unfinished last line is skipped.
+  manifest.write_text(manifest.read_text() + '{"video_id": "new", "fps"')
+  with caplog.at_level("WARNING"):
+    reports = checks.check_annotations(config, ("train",), needs_text=True,
+                                       needs_label=False)
+  assert reports["train"].bad == {}
+  assert caplog.messages == [f"{manifest}:3: skipped: the last line is incomplete "
+                      "(being written, or cut short by a killed chunker)"]
 
 
 def test_kinetics_lists_whole_video_records_pass(tmp_path):
@@ -115,7 +226,7 @@ def test_kinetics_lists_whole_video_records_pass(tmp_path):
   reports = checks.check_annotations(config, ("train", "eval"),
                                      needs_text=False, needs_label=True)
   assert {s: r.bad for s, r in reports.items()} == {"train": {}, "eval": {}}
-  checks.report(reports, config, tmp_path / "run")
+  checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert len(reports["train"].kept_records()) == 2
   assert config.model.num_classes == 4
 
@@ -127,7 +238,30 @@ def test_unloadable_file_and_missing_manifest_are_user_errors(tmp_path):
   with pytest.raises(errors.DataError, match=r"train.jsonl:1: need 0 <= start"):
     checks.check_annotations(config, ("train",), needs_text=False,
                              needs_label=False)
-  (tmp_path / "chunks" / "manifest.jsonl").unlink()
+  # A file in another format than data.format: the format's columns named.
+  config.data.format = "ek100_cls"
+  with pytest.raises(errors.DataError) as e:
+    checks.check_annotations(config, ("train",), needs_text=False,
+                             needs_label=True)
+  assert str(e.value).startswith(f"{tmp_path / 'train.jsonl'}:1: missing "
+                                 "column(s) ['verb_class', 'noun_class']")
+  assert e.value.hint.startswith(
+      "data.format='ek100_cls' reads EPIC-Kitchens-100's EPIC_100_train.csv / "
+      "EPIC_100_validation.csv (columns video_id, start_timestamp, ")
+  assert e.value.exit_code == errors.EXIT_FAILED
+  config.data.format = "jsonl"
+  # An id that would read chunks outside data.root: the manifest is refused.
+  manifest = tmp_path / "chunks" / "manifest.jsonl"
+  for video_id in ("../../home/x", "/etc"):
+    manifest.write_text(json.dumps(dict(MANIFEST[0], video_id=video_id)))
+    with pytest.raises(errors.DataError) as e:
+      checks.check_annotations(config, ("eval",), needs_text=False,
+                               needs_label=False)
+    assert str(e.value) == (f"{manifest}:1: video_id {video_id!r} is not a "
+                            "plain name: its chunks would be read outside the "
+                            "chunk store")
+    assert e.value.exit_code == errors.EXIT_FAILED
+  manifest.unlink()
   with pytest.raises(errors.DataError, match="no manifest; chunk the videos"):
     checks.check_annotations(config, ("eval",), needs_text=False,
                              needs_label=False)
@@ -180,6 +314,18 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
   config.data.vocab = str(tmp_path / "bad.gz")
   with pytest.raises(errors.ConfigError, match="cannot read a gzip BPE"):
     checks.load_tokenizer(config)
+  (tmp_path / "empty.gz").write_bytes(b"")
+  with gzip.open(tmp_path / "header.gz", "wt") as f:
+    f.write("#version: 0.2\n")
+  for name, message in (
+      ("empty.gz", "empty.gz:1: an empty file: expected a BPE vocabulary such "
+       "as CLIP's bpe_simple_vocab_16e6.txt.gz"),
+      ("header.gz", "header.gz: no merges after the header line")):
+    config.data.vocab = str(tmp_path / name)
+    with pytest.raises(errors.ConfigError) as e:
+      checks.load_tokenizer(config)
+    assert str(e.value).startswith(f"data.vocab: {tmp_path / message}")
+    assert len(e.value.describe().splitlines()) == 2
 
 
 def test_find_clip_vocab_in_open_clip():

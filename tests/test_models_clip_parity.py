@@ -4,7 +4,8 @@ One random OpenCLIP ViT-B-16-quickgelu (OpenAI's architecture), its weights
 rounded to fp16 as released, is written in the layouts users download:
 
 * OpenAI's `.pt`: a TorchScript archive saved with torch.jit, fp16, with
-  the `input_resolution`, `context_length` and `vocab_size` entries;
+  the `input_resolution`, `context_length` and `vocab_size` entries (read
+  as data: the archive's code never runs);
 * AVION's `checkpoint_best.pt`: a pickle of {'state_dict', 'args', ...}
   with DDP 'module.' names, flash-attention `attn.Wqkv` / `mlp.fc1/fc2` in
   the vision tower, `visual.image_projection`, `textual.*`, the
@@ -27,7 +28,7 @@ import numpy as np
 import pytest
 
 from vidjax import models
-from vidjax.models import init_from, weights
+from vidjax.models import init_from, torchscript, weights
 
 if not all(importlib.util.find_spec(m) for m in ('open_clip', 'torch')):
   pytest.skip('needs open_clip_torch', allow_module_level=True)
@@ -138,7 +139,14 @@ def test_openai_torchscript_archive_matches_openclip(reference, embed,
   archive.save(path)
   with pytest.raises(RuntimeError, match='TorchScript'):  # What used to fail.
     torch.load(path, weights_only=True)
-  assert torch.jit.load(path).state_dict()['visual.proj'].dtype == torch.half
+  # Read as data, without running the archive's code: exactly the tensors
+  # torch.jit.load gives (302 parameters and the 3 extra entries).
+  expected = torch.jit.load(path).state_dict()
+  read = torchscript.read(path)
+  assert list(read) == list(expected) and len(read) == 305
+  for name, value in expected.items():
+    assert read[name].dtype == value.numpy().dtype
+    np.testing.assert_array_equal(read[name], value.numpy())
   source = weights.read_source(path)
   assert source.kind == 'clip' and 'OpenAI' in source.description
   assert_matches(embed(source), reference)

@@ -72,6 +72,38 @@ def test_step_timer_splits_data_wait_and_computes_mfu():
   assert monitor.model_flops_utilization(989e12 * 8 * 0.5, 1.0, 8, 989e12) == pytest.approx(0.5)
 
 
+def test_data_bound_watch_keeps_watching_over_a_sliding_window():
+  now = [0.0]
+  timer = monitor.StepTimer(global_batch=8, num_devices=1, window_steps=4,
+                            clock=lambda: now[0])
+  watch = monitor.DataBoundWatch(timer, threshold=0.5, repeat_s=10.0,
+                                 clock=lambda: now[0])
+
+  def steps(n, wait, compute=0.1):
+    said = []
+    for _ in range(n):
+      with timer.waiting_for_data():
+        now[0] += wait
+      now[0] += compute
+      timer.step()
+      said.append(watch.check())
+    return said
+
+  # Fed at first; then slow batches: said as soon as the last 4 steps'
+  # time is mostly waiting, not again within 10 s, then again (4 more slow
+  # steps and 10 s later). The log windows (summary) leave it alone.
+  assert steps(6, wait=0.01) == [None] * 6
+  timer.summary()
+  said = steps(12, wait=1.0)
+  assert [i for i, s in enumerate(said) if s] == [0, 10]
+  assert said[0] == pytest.approx((3 * 0.01 + 1.0) / (3 * 0.11 + 1.1))
+  assert timer.recent_data_wait() == (4, pytest.approx(1.0 / 1.1))
+  assert steps(8, wait=0.01) == [None] * 8  # Fed again: nothing said.
+  now[0] += 10.0  # E.g. an evaluation.
+  timer.reset()  # As after a compilation: a full window first.
+  assert steps(4, wait=1.0) == [None] * 3 + [pytest.approx(1.0 / 1.1)]
+
+
 def test_peak_flops_lookup():
   assert monitor.peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
   assert monitor.peak_flops_per_device("NVIDIA H100 PCIe") == 756e12

@@ -185,3 +185,54 @@ def test_init_from_keeps_named_params_at_init(tmp_path):
   assert params["visual"]["proj"]["kernel"].shape == (64, 8)
   np.testing.assert_allclose(params["text"]["token_embed"]["embedding"][...],
                              sd["token_embedding.weight"], rtol=1e-6)
+
+
+class _Enough(Exception):
+  """Stops a run once a test has seen what it needs."""
+
+
+@pytest.mark.xdist_group("demo_reference")  # Its corpus and compiled step.
+def test_a_data_bound_run_hears_it_again(tmp_path, tmp_path_factory,
+                                         monkeypatch, caplog):
+  """Each batch takes 10 s more on the run's clock (an artificially slow
+  loader; no time is spent sleeping): the data-bound warning comes after
+  the first window of steps, and again after the next."""
+  delay = [0.0]
+
+  class SlowClockTimer(monitor.StepTimer):
+
+    def __init__(self, **kwargs):
+      super().__init__(clock=lambda: time.perf_counter() + delay[0], **kwargs)
+
+  class SlowBatches:
+
+    def __init__(self, batches):
+      self.batches, self.count = batches, 0
+
+    def __next__(self):
+      self.count += 1
+      if self.count > 5:  # Step 1 compiles; then two windows of 2 steps.
+        raise _Enough
+      delay[0] += 10.0
+      return next(self.batches)
+
+    def __getattr__(self, name):
+      return getattr(self.batches, name)
+
+  make_pipeline = train.pipeline.make_pipeline
+  monkeypatch.setattr(train.pipeline, "make_pipeline", lambda *a, **k: (
+      SlowBatches(make_pipeline(*a, **k)) if k.get("train") else
+      make_pipeline(*a, **k)))
+  monkeypatch.setattr(monitor, "StepTimer", SlowClockTimer)
+  monkeypatch.setattr(train, "DATA_BOUND_WINDOW", 2)
+  monkeypatch.setattr(train, "DATA_BOUND_REPEAT_S", 0.0)
+  config = debug_runs.load("demo", *debug_runs.DEMO_REFERENCE,
+                           "--config.total_steps=100")
+  workdir = debug_runs.prepare(config, tmp_path, tmp_path_factory)
+  with caplog.at_level("WARNING"), pytest.raises(_Enough):
+    train.train_and_evaluate(config, workdir)
+  said = [re.match(r"the run is data-bound: (\d+)% of the time is spent "
+                   r"waiting for batches\. To feed it faster: more reader "
+                   r"processes \(--config\.data\.workers, now 0\)", m)
+          for m in caplog.messages if "data-bound" in m]
+  assert len(said) == 2 and all(int(m.group(1)) > 80 for m in said), said

@@ -147,15 +147,25 @@ def test_malformed_manifests_name_file_and_line(store, tmp_path):
   good = (store / "manifest.jsonl").read_text().splitlines()[0]
   no_frames = json.loads(good)
   del no_frames["num_frames"]
-  for bad, problem in ((good[:40], "not JSON"),  # A run killed mid-write.
+  for bad, problem in ((good[:40] + "\n", "not JSON"),
                        (json.dumps(no_frames), "no 'num_frames'"),
                        ('["numbered"]', "not a manifest entry"),
                        (json.dumps(json.loads(good) | {"chunk_seconds": 0}),
-                        "chunk_seconds 0.0 is not a positive number")):
+                        "chunk_seconds 0.0 is not a positive number"),
+                       (json.dumps(json.loads(good) | {"video_id": "../x"}),
+                        "video_id '../x' is not a plain name: its chunks "
+                        "would be read outside the chunk store"),
+                       (json.dumps(json.loads(good) | {"video_id": "/etc"}),
+                        "video_id '/etc' is not a plain name")):
     (tmp_path / "manifest.jsonl").write_text(f"{good}\n{bad}")
     with pytest.raises(video.VideoReadError,
                        match=rf"manifest.jsonl:2: {problem}"):
       video.read_clip(tmp_path, "numbered", [0])
+  # The last line of a store being written (no newline yet) is skipped.
+  shutil.copytree(store / "numbered", tmp_path / "numbered")
+  (tmp_path / "manifest.jsonl").write_text(f"{good}\n{good[:40]}")
+  assert video.read_clip(tmp_path, "numbered", [0]).shape[0] == 1
+  assert list(video.manifest(tmp_path)) == ["numbered"]
 
 
 def test_rss_stable_over_many_clips(store):

@@ -84,6 +84,47 @@ def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
   return None
 
 
+def _parse_bool(value: str) -> bool:
+  if value.lower() not in ("true", "false", "t", "f", "1", "0"):
+    raise ValueError(value)
+  return value.lower() in ("true", "t", "1")
+
+
+def _parse_numbers(value: str) -> list[float]:
+  return [float(v) for v in value.strip("()[] ").split(",") if v.strip()]
+
+
+def _expected(current):
+  """(the type in words, an example, a parser raising ValueError) for a
+  key's current value; None when any string will do."""
+  if isinstance(current, bool):
+    return "true or false", "true", _parse_bool
+  if isinstance(current, int):
+    return "an integer", str(current), int
+  if isinstance(current, float):
+    return "a number", f"{current:g}", float
+  if isinstance(current, tuple) and current and all(
+      isinstance(v, (int, float)) for v in current):
+    return ("numbers separated by commas", ",".join(map(str, current)),
+            _parse_numbers)
+  return None
+
+
+def _wrong_type(config, args: Sequence[str]) -> str | None:
+  """'--config.batch_size=eight: batch_size takes an integer, e.g.
+  --config.batch_size=64' for the first override its key's type refuses."""
+  for arg in args:
+    key, equals, value = arg.removeprefix("--config.").partition("=")
+    expected = _expected(_get(config, key, None)) if equals else None
+    if expected:
+      words, example, parse = expected
+      try:
+        parse(value)
+      except ValueError:
+        return f"{arg}: {key} takes {words}, e.g. --config.{key}={example}"
+  return None
+
+
 @contextlib.contextmanager
 def _user_code(path: str, spec: str):
   """What the user's config file raises: a ConfigError at its line."""
@@ -158,6 +199,9 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   if not isinstance(config, ml_collections.ConfigDict):
     config = ml_collections.ConfigDict(config)
   args = _override_args(overrides)
+  wrong = _wrong_type(config, args)
+  if wrong:  # Said in the key's terms, not the parser's.
+    raise errors.ConfigError(f"{spec}: {wrong}")
   argv = ["load_config"] + args
   flag_values = flags.FlagValues()
   try:

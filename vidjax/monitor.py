@@ -9,11 +9,14 @@
   N+1 is dispatched, so fetching them never stalls the device.
 * `StepTimer`: wall time split into waiting-for-data and the rest (device
   compute, dispatch, logging); clips/s, TFLOP/s per device, MFU.
+* `DataBoundWatch`: when the run waits for data, over a sliding window of
+  steps during the whole run (said again while it lasts, rate-limited).
 * `check_finite`: stops a run on NaN/inf with a message naming the metric.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Mapping
 import contextlib
 import json
@@ -222,19 +225,32 @@ class StepTimer:
         writer.write(step, timer.summary())   # perf/* since last summary
 
   Call `reset()` after the first (compiling) step so it doesn't skew rates.
+  Besides the log windows, the last `window_steps` steps are kept for
+  `recent_data_wait` (a sliding window, whatever the log interval).
   """
 
   def __init__(self, *, global_batch: int, flops_per_step: float | None = None,
                num_devices: int | None = None,
-               peak_flops_per_device: float | None = None, clock=time.perf_counter):
+               peak_flops_per_device: float | None = None,
+               window_steps: int = 20, clock=time.perf_counter):
     self.global_batch = global_batch
     self.flops_per_step = flops_per_step
     self.num_devices = num_devices or jax.device_count()
     self.peak_flops_per_device = peak_flops_per_device
     self._clock = clock
+    self.window_steps = window_steps
+    # (time, data wait so far, steps so far) at the last window_steps + 1 steps.
+    self._recent = collections.deque(maxlen=window_steps + 1)
+    self._total_wait, self.steps_done = 0.0, 0  # Never reset.
     self.reset()
 
   def reset(self):
+    """Starts counting anew: the log window and the sliding one."""
+    self._recent.clear()
+    self._new_window()
+    self._recent.append((self._start, self._total_wait, self.steps_done))
+
+  def _new_window(self):
     self._start = self._clock()
     self._data_wait = 0.0
     self._steps = 0
@@ -245,15 +261,25 @@ class StepTimer:
     try:
       yield
     finally:
-      self._data_wait += self._clock() - start
+      waited = self._clock() - start
+      self._data_wait += waited
+      self._total_wait += waited
 
   def step(self, n: int = 1):
     self._steps += n
+    self.steps_done += n
+    self._recent.append((self._clock(), self._total_wait, self.steps_done))
+
+  def recent_data_wait(self) -> tuple[int, float]:
+    """(steps, share of their wall time spent waiting for data) over the
+    last `window_steps` steps (fewer just after a reset)."""
+    (t0, wait0, steps0), (t1, wait1, steps1) = self._recent[0], self._recent[-1]
+    return steps1 - steps0, (wait1 - wait0) / (t1 - t0) if t1 > t0 else 0.0
 
   def summary(self) -> dict[str, float]:
     """`perf/*` metrics over the window since the last summary; resets it."""
     wall, steps, wait = self._clock() - self._start, self._steps, self._data_wait
-    self.reset()
+    self._new_window()
     if steps == 0 or wall <= 0:
       return {}
     out = {
@@ -271,6 +297,35 @@ class StepTimer:
             self.flops_per_step, wall / steps, self.num_devices,
             self.peak_flops_per_device)
     return out
+
+
+class DataBoundWatch:
+  """Watches a whole run for waiting on data, over a sliding window.
+
+    watch = DataBoundWatch(timer, threshold=0.5, repeat_s=600)
+    ...after each step:
+    fraction = watch.check()   # not None: time to say it (again)
+
+  Due when more than `threshold` of the last `timer.window_steps` steps'
+  wall time went to waiting for batches, and those steps all came after the
+  last time it was said, at least `repeat_s` seconds ago: a run that stays
+  data-bound hears it again, not at every step.
+  """
+
+  def __init__(self, timer: StepTimer, *, threshold: float, repeat_s: float,
+               clock=time.monotonic):
+    self.timer, self.threshold, self.repeat_s = timer, threshold, repeat_s
+    self._clock = clock
+    self._said_at_step, self._said_at = 0, -math.inf
+
+  def check(self) -> float | None:
+    steps, fraction = self.timer.recent_data_wait()
+    fresh = self.timer.steps_done - steps >= self._said_at_step
+    if (steps == self.timer.window_steps and fresh and fraction > self.threshold
+        and self._clock() - self._said_at >= self.repeat_s):
+      self._said_at_step, self._said_at = self.timer.steps_done, self._clock()
+      return fraction
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -138,10 +138,12 @@ def eval_figure(metrics: dict[str, Series]) -> Figure | None:
   fig, axes = _new_figure(len(names))
   for ax, name in zip(axes, names):
     _curve(ax, metrics[name], name)
-    cutoff = name.rsplit("_", 1)[-1]  # eval/t2v_r1 -> r1: chance level r1
-    if cutoff in chance:
+    # Its own (eval/chance_verb_top1), else its cutoff's (eval/t2v_r1 -> r1).
+    own = name.removeprefix("eval/")
+    level = chance.get(own, chance.get(own.rsplit("_", 1)[-1]))
+    if level is not None:
       # A wide tick marker keeps a single evaluation's chance level visible.
-      ax.plot(*chance[cutoff], "--", marker="_", markersize=14, color="grey",
+      ax.plot(*level, "--", marker="_", markersize=14, color="grey",
               label="chance")
       ax.legend(fontsize="small")
   return fig

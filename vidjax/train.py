@@ -28,9 +28,14 @@ from vidjax import tasks
 from vidjax.data import batches, checks, pipeline, synthetic
 from vidjax.models import flops as flops_lib, init_from, weights
 
-# Steps after the start before the time estimate and the data-bound check.
+# Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
-DATA_BOUND_FRACTION = 0.5  # Of the wall time spent waiting for batches.
+# The data-bound warning: more than this share of the wall time spent
+# waiting for batches over the last DATA_BOUND_WINDOW steps; said again
+# while it lasts, at most every DATA_BOUND_REPEAT_S seconds.
+DATA_BOUND_FRACTION = 0.5
+DATA_BOUND_WINDOW = 20
+DATA_BOUND_REPEAT_S = 600.0
 
 
 @dataclasses.dataclass
@@ -83,6 +88,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   reports = checks.check_annotations(
       config, splits, needs_text=task.NEEDS_TEXT,
       needs_label=config.task == "classification") if splits else {}
+  if reports:
+    checks.check_chunk_files(config, reports)
+    checks.stop_if_unusable(reports, config, workdir)
   if "train" in reports:  # `*_epochs` keys count epochs of these records.
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
 
@@ -202,7 +210,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   timer = monitor.StepTimer(
       global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
       peak_flops_per_device=config.peak_tflops * 1e12 or
-      monitor.peak_flops_per_device())
+      monitor.peak_flops_per_device(), window_steps=DATA_BOUND_WINDOW)
+  data_bound = monitor.DataBoundWatch(timer, threshold=DATA_BOUND_FRACTION,
+                                      repeat_s=DATA_BOUND_REPEAT_S)
   late = monitor.LateMetrics()
   bar = console.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.every_steps
@@ -225,9 +235,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if logged_step % config.log.every_steps == 0 or logged_step == config.total_steps:
       metrics.update(timer.summary())
       writer.write(logged_step, metrics)
-      if not estimated and logged_step >= first_step + ESTIMATE_AFTER_STEPS:
+      if (not estimated and logged_step >= first_step + ESTIMATE_AFTER_STEPS
+          and "perf/step_time_s" in metrics):
         estimated = True  # Once, past the compilation and the first batches.
-        _say_pace(logged_step, metrics, config)
+        logging.info("%s", console.time_estimate(
+            logged_step, config.total_steps, metrics["perf/step_time_s"]))
+    waiting = data_bound.check()  # Watched during the whole run.
+    if waiting is not None:
+      logging.warning("%s", console.data_bound_warning(waiting, config.data))
     bar.update(logged_step, {k: v for k, v in metrics.items()
                              if k in ("train/loss", "perf/clips_per_s") or
                              (k == "data/skipped" and v)})
@@ -315,17 +330,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       multihost_utils.sync_global_devices("vidjax:preempted")
     raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
   return last_eval
-
-
-def _say_pace(step: int, metrics: dict, config) -> None:
-  """The time estimate; the data-bound warning when batches keep the devices waiting."""
-  if "perf/step_time_s" not in metrics:
-    return
-  logging.info("%s", console.time_estimate(step, config.total_steps,
-                                           metrics["perf/step_time_s"]))
-  if metrics.get("perf/data_wait_frac", 0.0) > DATA_BOUND_FRACTION:
-    logging.warning("%s", console.data_bound_warning(
-        metrics["perf/data_wait_frac"], config.data))
 
 
 def _say_read_failures(failures) -> None:

@@ -41,7 +41,8 @@ from vidjax.data.records import (FIELDS, ClipRecord, PathLike, error, jsonable,
                                  read_lines, span, to_int)
 
 __all__ = [
-    'ClipRecord', 'LOADERS', 'check_relevancy_shape', 'ek100_action_map',
+    'ClipRecord', 'FORMATS', 'LOADERS', 'check_relevancy_shape',
+    'ek100_action_map', 'format_hint',
     'load_ego4d', 'load_ek100_cls', 'load_ek100_mir',
     'load_ek100_mir_sentences', 'load_jsonl', 'load_kinetics',
     'load_kinetics_list', 'load_label_map', 'load_records', 'load_relevancy',
@@ -62,9 +63,13 @@ def load_jsonl(path: PathLike) -> list[ClipRecord]:
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      raise error(where, f'not JSON ({e.msg})') from None
+      csv = ',' in line and not line.lstrip().startswith(('{', '['))
+      raise error(where, f'not JSON ({e.msg} at column {e.colno}): expected '
+                  'one JSON object per line'
+                  + ('; this line looks like CSV' if csv else '')) from None
     if not isinstance(obj, dict) or 'video_id' not in obj:
-      raise error(where, 'expected an object with video_id, start, end')
+      raise error(where, 'expected a JSON object with "video_id", "start", '
+                  '"end" (and "text" or "label")')
     start, end = span(obj.get('start'), obj.get('end'), where)
     text, label = obj.get('text'), obj.get('label')
     if text is not None and not isinstance(text, str):
@@ -238,6 +243,31 @@ def load_kinetics_list(path: PathLike) -> list[ClipRecord]:
 
 
 # ---------------------------------------------------- dispatcher and CLI ----
+
+# What each `data.format` reads, for the messages about a file that does not.
+FORMATS = {
+    'jsonl': 'JSON Lines, one JSON object per line: {"video_id": "bikes", '
+             '"start": 0.0, "end": 4.5, "text": "a caption"} (or "label": 3)',
+    'ego4d': "LaViLa/AVION's Ego4D pickles (ego4d_train.pkl), or their JSONL "
+             'conversion (convert-ego4d)',
+    'ek100_cls': "EPIC-Kitchens-100's EPIC_100_train.csv / "
+                 'EPIC_100_validation.csv (columns video_id, start_timestamp, '
+                 'stop_timestamp, verb_class, noun_class)',
+    'ek100_mir': "EPIC-Kitchens-100's EPIC_100_retrieval_train.csv / "
+                 '_test.csv (columns narration_id, video_id, start_timestamp, '
+                 'stop_timestamp, narration)',
+    'kinetics': 'Kinetics CSVs (columns label, youtube_id, time_start, '
+                'time_end)',
+    'kinetics_list': "AVION/VideoMAE lists: one 'path num_frames label' line "
+                     'per video',
+}
+
+
+def format_hint(kind: str) -> str:
+  """What `data.format=kind` reads, and how to choose another."""
+  return (f'data.format={kind!r} reads {FORMATS[kind]}; for another format '
+          f"set --config.data.format ({', '.join(FORMATS)})")
+
 
 LOADERS = {
     'ego4d': load_ego4d,

@@ -4,17 +4,26 @@
     load_tokenizer(config)                CLIP's vocabulary (found if unset),
                                           `model.text.vocab_size` 0 -> its size
     reports = check_annotations(config, splits, needs_text=..., needs_label=...)
-    report(reports, config, workdir)      summary, bad rows file, stop
+    check_chunk_files(config, reports)    the manifest against the chunk files
+    stop_if_unusable(reports, config, workdir)  too many bad rows: stop
+    report(reports, config, workdir)      summary, warnings, bad rows file
 
 Every annotation row is checked against the chunk store's manifest: its video
 id is known (else close matches are suggested, e.g. 'Bikes' for 'bikes'), its
 span lies in the video (a start at or past the end, or an end past twice the
 length, e.g. milliseconds given as seconds), it has a caption when the task
 needs text and a label when it needs labels (within `model.num_classes`;
-0 takes the number from the labels). Bad rows are listed in
+0 takes the number from the training labels). Bad rows are listed in
 `WORKDIR/bad_rows_<split>.jsonl`; training leaves them out, evaluation keeps
-them (a row's position may matter, e.g. for a relevancy matrix). More than
-`data.max_bad_row_fraction` of a file's rows stops the run with the numbers.
+them (a row's position may matter, e.g. for a relevancy matrix), but an
+evaluation row without the caption or label it is scored by stops the run.
+More than `data.max_bad_row_fraction` of a file's rows (and more than
+`MIN_BAD_ROWS`) stops the run with the numbers, as does a file with no
+usable row. Evaluation labels that never occur in training are a warning.
+
+The videos the rows use are checked against their chunk files: the last
+chunk the manifest's frame count implies exists and no chunk follows it;
+the first few videos' last chunk is opened to compare its frames and rate.
 """
 from __future__ import annotations
 
@@ -37,7 +46,11 @@ from vidjax.data import annotations, pipeline, tokenizer as tokenizer_lib, video
 # frames are clamped to the video. Past this many times its length it is not
 # the video's time line any more.
 MAX_END_OVER_LENGTH = 2.0
-_EXAMPLES = 1  # Example rows shown per kind of problem.
+# A few bad rows are tolerated whatever the fraction: a small file is not
+# stopped by its first typo (unless data.max_bad_row_fraction is 0).
+MIN_BAD_ROWS = 2
+_EXAMPLES = 3  # Example rows shown per kind of problem.
+_UNSCORABLE = ("no_text", "no_label")  # What an evaluation cannot keep.
 
 KINDS = {  # kind -> how the summary counts it: one, several
     "unknown_video": ("unknown video id", "unknown video ids"),
@@ -111,15 +124,31 @@ class Report:
     path: the annotation file.
     records: all its rows, in file order.
     bad: row index -> its problems, as (kind, detail) pairs.
+    warnings: what the run should hear about the file, but goes on with.
   """
   split: str
   path: str
   records: list
   bad: dict[int, list[tuple[str, str]]]
+  warnings: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def fraction(self) -> float:
     return len(self.bad) / max(len(self.records), 1)
+
+  def too_many(self, limit: float) -> bool:
+    """More bad rows than `limit` of the file allows (at least MIN_BAD_ROWS)."""
+    allowed = max(limit * len(self.records), MIN_BAD_ROWS) if limit > 0 else 0
+    return len(self.bad) > allowed
+
+  @property
+  def unscorable(self) -> dict[int, list[tuple[str, str]]]:
+    """Evaluation rows without the caption or label they are scored by."""
+    if self.split == "train":
+      return {}
+    return {i: [p for p in problems if p[0] in _UNSCORABLE]
+            for i, problems in self.bad.items()
+            if any(kind in _UNSCORABLE for kind, _ in problems)}
 
   @property
   def good_records(self) -> list:
@@ -134,20 +163,21 @@ class Report:
     name = os.path.basename(self.path)
     if not self.bad:
       return f"{self.split} {name}: {len(self.records)} rows, all good"
-    what = "left out" if self.split == "train" else "kept in the evaluation"
-    lines = [f"{self.split} {name}: {len(self.bad)} of {len(self.records)} rows "
-             f"are bad ({self.fraction:.1%}; the limit is "
-             f"data.max_bad_row_fraction={limit})"
-             + (f", listed in {bad_rows_file}" if bad_rows_file else "")
-             + (f"; {what}" if self.fraction <= limit else "")]
-    examples = collections.defaultdict(list)
-    for row, problems in sorted(self.bad.items()):
-      for kind, detail in problems:
-        examples[kind].append(f"row {row + 1}: {detail}")
-    for kind, rows in examples.items():
-      lines.append(f"{len(rows)} {KINDS[kind][len(rows) > 1]}, "
-                   f"e.g. {'; '.join(rows[:_EXAMPLES])}")
-    return "\n  ".join(lines)
+    listed = f", listed in {bad_rows_file}" if bad_rows_file else ""
+    if not self.good_records:
+      head = f"none of its {len(self.records)} rows is usable{listed}"
+    elif self.unscorable:
+      head = (f"{len(self.unscorable)} of {len(self.records)} rows cannot be "
+              f"scored{listed}")
+    else:
+      what = "left out" if self.split == "train" else "kept in the evaluation"
+      head = (f"{len(self.bad)} of {len(self.records)} rows are bad "
+              f"({self.fraction:.1%}; the limit is data.max_bad_row_fraction="
+              f"{limit}){listed}"
+              + ("" if self.too_many(limit) else f"; {what}"))
+    shown = self.unscorable if self.good_records else self.bad
+    return "\n  ".join([f"{self.split} {name}: {head}"]
+                       + _examples(shown or self.bad))
 
   def write_bad_rows(self, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
@@ -159,6 +189,16 @@ class Report:
         if line["end"] == math.inf:  # A whole video (Kinetics lists).
           line["end"] = None
         f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+
+
+def _examples(bad: dict[int, list[tuple[str, str]]]) -> list[str]:
+  """One line per kind of problem: its count and the first few rows."""
+  examples = collections.defaultdict(list)
+  for row, problems in sorted(bad.items()):
+    for kind, detail in problems:
+      examples[kind].append(f"row {row + 1}: {detail}")
+  return [f"{len(rows)} {KINDS[kind][len(rows) > 1]}, e.g. "
+          f"{'; '.join(rows[:_EXAMPLES])}" for kind, rows in examples.items()]
 
 
 def _suggest(video_id: str, videos: dict, lower: dict, close: bool) -> str:
@@ -203,18 +243,36 @@ def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
   return problems
 
 
-def _num_classes(config, records_by_path: dict) -> int:
-  """`model.num_classes`, set from the labels (max + 1) when it is 0."""
+def _num_classes(config, labels: set[int]) -> int:
+  """`model.num_classes`, set from `labels` (max + 1) when it is 0."""
   model = config.model
   if "num_classes" not in model:  # Only a classifier has classes.
     return 0
-  if model.num_classes == 0:
-    labels = [r.label for recs in records_by_path.values() for r in recs
-              if r.label is not None]
-    if labels:
-      model.num_classes = max(labels) + 1
-      logging.info("model.num_classes = %d, from the labels", model.num_classes)
+  if model.num_classes == 0 and labels:
+    model.num_classes = max(labels) + 1
+    logging.info("model.num_classes = %d, from the labels", model.num_classes)
   return model.num_classes
+
+
+def _untrained_labels(records, trained: set[int], num_classes: int,
+                      train_file: str) -> list[str]:
+  """A warning for the evaluation labels that no training row has (without
+  training rows: those outside the model's classes)."""
+  if trained:
+    untrained, where = (lambda label: label not in trained), f"in {train_file}"
+  elif num_classes:
+    untrained = lambda label: not 0 <= label < num_classes
+    where = f"among the model's {num_classes} classes"
+  else:
+    return []
+  rows = collections.Counter(r.label for r in records
+                             if r.label is not None and untrained(r.label))
+  if not rows:
+    return []
+  shown = ", ".join(map(str, sorted(rows)[:10])) + (
+      f" and {len(rows) - 10} more" if len(rows) > 10 else "")
+  return [f"{sum(rows.values())} rows have labels that never occur {where} "
+          f"({shown}): the model cannot predict them, they count as wrong"]
 
 
 def check_annotations(config: ml_collections.ConfigDict, splits, *,
@@ -232,62 +290,116 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     raise errors.DataError(str(e)) from None
   paths = {s: data.train_annotations if s == "train" else data.eval_annotations
            for s in splits}
-  files = set(paths.values())
-  if needs_label:  # num_classes comes from the labels of both files.
-    files |= {p for p in (data.train_annotations, data.eval_annotations) if p}
+  files = list(paths.values())
+  if needs_label:  # num_classes comes from the training labels.
+    files += [p for p in (data.train_annotations, data.eval_annotations) if p]
   records = {}
-  for path in files:
+  for path in dict.fromkeys(files):  # In order: training first.
     try:
       records[path] = pipeline.load_annotations(data, path)
     except (OSError, ValueError, KeyError) as e:
-      raise errors.DataError(f"{path}: {e}" if path not in str(e) else str(e),
-                             hint="fix the file (see the README for the "
-                             "formats)") from None
+      # Ours name their file (maybe another: EK-100's action ids read both).
+      named = isinstance(e, errors.DataFileError) or path in str(e)
+      raise errors.DataError(str(e) if named else f"{path}: {e}",
+                             hint=annotations.format_hint(data.format)
+                             if data.format in annotations.FORMATS else
+                             "see the README for the formats") from None
   for split in splits:  # Unset: no such set (named evaluation sets only).
     if paths[split] and not records[paths[split]]:
       raise errors.DataFileError(
           f"{paths[split]}: no annotation rows",
           hint=f"data.{split}_annotations should name a file with clips")
-  num_classes = _num_classes(config, records) if needs_label else 0
+  trained, num_classes = set(), 0
+  if needs_label:  # Without training files: the evaluation's labels.
+    trained = {r.label for r in records.get(data.train_annotations, ())
+               if r.label is not None}
+    num_classes = _num_classes(config, trained or {
+        r.label for r in records.get(data.eval_annotations, ())
+        if r.label is not None})
   lower = {v.lower(): v for v in videos}
   reports = {}
   for split in splits:
     recs, bad, shown = records[paths[split]], {}, collections.Counter()
     for i, r in enumerate(recs):
-      problems = _row_problems(r, videos, lower, needs_text=needs_text,
-                               needs_label=needs_label, num_classes=num_classes,
-                               detailed=shown["unknown_video"] < _EXAMPLES)
+      # An evaluation label outside the classes is scored (as wrong).
+      problems = _row_problems(
+          r, videos, lower, needs_text=needs_text, needs_label=needs_label,
+          num_classes=num_classes if split == "train" else 0,
+          detailed=shown["unknown_video"] < _EXAMPLES)
       if problems:
         bad[i] = problems
         shown.update(kind for kind, _ in problems)
     reports[split] = Report(split, paths[split], recs, bad)
+    if needs_label and split != "train":
+      reports[split].warnings = _untrained_labels(
+          recs, trained, num_classes, ", ".join(
+              map(os.path.basename,
+                  pipeline.split_paths(data.train_annotations))))
   return reports
+
+
+def check_chunk_files(config: ml_collections.ConfigDict,
+                      reports: dict[str, Report]) -> None:
+  """The chunk files of the videos that the kept rows use, against their
+  manifest lines (`video.check_chunk_files`)."""
+  videos = video.manifest(config.data.root)
+  used = {r.video_id for checked in reports.values()
+          for r in checked.kept_records() if r.video_id in videos}
+  video.check_chunk_files(config.data.root, sorted(used))
+
+
+def _stops(r: Report, limit: float) -> str | None:
+  """Why a file stops the run: 'fix' its rows, or a 'fraction' over the limit."""
+  if not r.good_records or r.unscorable:
+    return "fix"
+  return "fraction" if r.too_many(limit) else None
+
+
+def _write_bad_rows(r: Report, workdir) -> str | None:
+  """WORKDIR/bad_rows_<split>.jsonl for a file with bad rows (process 0)."""
+  if not r.bad or jax.process_index() != 0:
+    return None
+  os.makedirs(os.fspath(workdir), exist_ok=True)
+  path = os.path.join(os.fspath(workdir), f"bad_rows_{r.split}.jsonl")
+  r.write_bad_rows(path)
+  return path
+
+
+def stop_if_unusable(reports: dict[str, Report],
+                     config: ml_collections.ConfigDict, workdir) -> None:
+  """Stops the run, before anything is built, on a file it cannot use.
+
+  Only then is something written: the bad rows of those files.
+
+  Raises:
+    errors.DataError: more than `data.max_bad_row_fraction` of a file's rows
+      are bad, a file has no usable row, or evaluation rows lack what they
+      are scored by (the message has the numbers and the first rows of each
+      problem; the hint says what helps).
+  """
+  limit = config.data.max_bad_row_fraction
+  stops = {split: _stops(r, limit) for split, r in reports.items()}
+  over = [r.summary(limit, _write_bad_rows(r, workdir))
+          for split, r in reports.items() if stops[split]]
+  if not over:
+    return
+  if "fix" in stops.values():  # No fraction would help.
+    hint = "fix these rows in the file (see the README for the format)"
+  else:
+    needed = max(r.fraction for r in reports.values())
+    hint = ("fix the rows listed, or leave them out with --config.data."
+            f"max_bad_row_fraction={math.ceil(needed * 20) / 20:g}")
+  raise errors.DataError("data check: " + "\n".join(over), hint=hint)
 
 
 def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
            workdir) -> None:
-  """Logs each file's summary, writes its bad rows, stops past the limit.
-
-  Raises:
-    errors.DataError: more than `data.max_bad_row_fraction` of a file's rows
-      are bad (the message has the numbers and an example of each problem).
-  """
-  limit = config.data.max_bad_row_fraction
-  lines, over = [], []
-  for split, r in reports.items():
-    path = None
-    if r.bad and jax.process_index() == 0:
-      os.makedirs(os.fspath(workdir), exist_ok=True)
-      path = os.path.join(os.fspath(workdir), f"bad_rows_{split}.jsonl")
-      r.write_bad_rows(path)
-    (over if r.fraction > limit else lines).append(r.summary(limit, path))
-    if r.split == "train" and not r.good_records:
-      over.append(f"{r.path}: no usable rows")
-  for line in lines:
-    logging.info("data check: %s", line)
-  if over:
-    needed = max(r.fraction for r in reports.values())
-    raise errors.DataError(
-        "data check: " + "\n".join(over),
-        hint="fix the rows listed, or leave them out with "
-        f"--config.data.max_bad_row_fraction={math.ceil(needed * 20) / 20:g}")
+  """Logs each file's summary and warnings and writes its bad rows, once the
+  run is accepted (after `stop_if_unusable`)."""
+  for r in reports.values():
+    summary = r.summary(config.data.max_bad_row_fraction,
+                        _write_bad_rows(r, workdir))
+    logging.info("data check: %s", summary)
+    for warning in r.warnings:
+      logging.warning("data check: %s %s: %s", r.split,
+                      os.path.basename(r.path), warning)

@@ -53,6 +53,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from absl import logging
 import av
 import numpy as np
 import tqdm
@@ -154,12 +155,19 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   return [src]
 
 
+_TORN_SEEN: set[tuple[str, str]] = set()  # Torn lines warned about.
+
+
 def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
   """Yields `('FILE:LINE', entry)` for each entry of a manifest file.
 
+  A last line without its newline that is not JSON is a line still being
+  written (a chunker appending to a live store) or a killed run's: it is
+  skipped, with a warning (once per process).
+
   Raises:
     errors.DataFileError: a line that is not a JSON object with a
-      `video_id`, e.g. the partial last line of a run killed mid-write.
+      `video_id`.
   """
   try:
     with open(path, encoding="utf-8") as f:
@@ -172,15 +180,39 @@ def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
       try:
         entry = json.loads(line)
       except json.JSONDecodeError as e:
+        if lineno == len(lines):  # No newline after it: not finished.
+          if (where, line) not in _TORN_SEEN:
+            _TORN_SEEN.add((where, line))
+            logging.warning("%s: skipped: the last line is incomplete (being "
+                            "written, or cut short by a killed chunker)",
+                            where)
+          continue
         raise errors.DataFileError(
-            f"{where}: not JSON ({e.msg}): not a manifest line, or cut short "
-            "by a killed run", hint="delete the line; chunking again redoes "
-            "its video") from None
+            f"{where}: not JSON ({e.msg}): not a manifest line",
+            hint="delete the line; chunking again redoes its video") from None
       if not isinstance(entry, dict) or not isinstance(entry.get("video_id"),
                                                         str):
         raise errors.DataFileError(f"{where}: not a manifest entry (a JSON "
                                    "object with a video_id)")
       yield where, entry
+
+
+def _end_last_line(path: Path) -> None:
+  """Before appending: a finished last line gets its newline, a torn one
+  (its video is redone) is cut off."""
+  if not path.exists() or path.stat().st_size == 0:
+    return
+  data = path.read_bytes()
+  if data.endswith(b"\n"):
+    return
+  try:
+    json.loads(data[data.rfind(b"\n") + 1:])
+  except ValueError:
+    with open(path, "r+b") as f:
+      f.truncate(data.rfind(b"\n") + 1)
+  else:
+    with open(path, "ab") as f:
+      f.write(b"\n")
 
 
 def read_manifest(dst: str | os.PathLike) -> dict[str, dict]:
@@ -321,8 +353,11 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
   out_dir = Path(dst) / video_id
   try:
     container = av.open(str(src))
+  except av.error.InvalidDataError as e:
+    raise ChunkError(f"{src}: " + ("empty file (0 bytes)" if src.stat(
+        ).st_size == 0 else "not a video (no format FFmpeg knows)")) from e
   except (av.error.FFmpegError, OSError) as e:
-    raise ChunkError(f"{src}: cannot open: {e}") from e
+    raise ChunkError(f"{src}: cannot open: {e.strerror or e}") from e
   with container:
     if not container.streams.video:
       raise ChunkError(f"{src}: no video stream (audio-only or not a video)")
@@ -468,6 +503,7 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
   dst = Path(dst)
   finished = read_manifest(dst)
   dst.mkdir(parents=True, exist_ok=True)
+  _end_last_line(dst / MANIFEST)
   todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
   failed, done = [], 0
   threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))

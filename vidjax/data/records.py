@@ -94,8 +94,9 @@ def read_csv(path: PathLike,
 
 
 def read_lines(path: PathLike) -> Iterator[tuple[str, str]]:
-  """Yields `('FILE:LINE', line)` for each line that is not blank."""
-  with open(path, encoding='utf-8') as f:
+  """Yields `('FILE:LINE', line)` for each line that is not blank (a
+  byte-order mark and Windows line ends are accepted)."""
+  with open(path, encoding='utf-8-sig') as f:
     for number, line in enumerate(f, start=1):
       if line.strip():
         yield f'{os.fspath(path)}:{number}', line

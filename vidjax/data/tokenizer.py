@@ -84,9 +84,16 @@ def _load_merges(vocab_path: str | os.PathLike,
   try:
     with gzip.open(vocab_path, 'rt', encoding='utf-8') as f:
       lines = f.read().split('\n')
-  except (OSError, EOFError) as e:
+  except (OSError, EOFError, UnicodeDecodeError) as e:
     raise errors.DataFileError(
         f'{vocab_path}: cannot read a gzip BPE vocabulary ({e})') from e
+  # CLIP's header: '"bpe_simple_vocab_16e6.txt#version: 0.2'.
+  if '#version' not in lines[0]:
+    raise errors.DataFileError(
+        f'{vocab_path}:1: ' + ('an empty file' if lines == [''] else
+                               f'{lines[0][:40]!r} is not a header line')
+        + f': expected a BPE vocabulary such as CLIP\'s {CLIP_VOCAB_FILE} '
+        "(a '#version' header, then one merge 'a b' per line)")
   merges = []
   for line_no, line in enumerate(lines[1:num_merges + 1], start=2):
     parts = line.split()
@@ -96,6 +103,10 @@ def _load_merges(vocab_path: str | os.PathLike,
       raise errors.DataFileError(
           f'{vocab_path}:{line_no}: expected a merge "a b", got {line!r}')
     merges.append((parts[0], parts[1]))
+  if not merges:
+    raise errors.DataFileError(
+        f'{vocab_path}: no merges after the header line: expected one merge '
+        f"'a b' per line, as in CLIP's {CLIP_VOCAB_FILE} (262145 lines)")
   return merges
 
 

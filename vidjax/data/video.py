@@ -24,6 +24,7 @@ naive PyAV and decord (BENCHMARKS.md).
 Ids past the last frame are clamped to the last frame (and negative ids to 0),
 so samplers may overshoot at the end of a video. Any failure to produce a
 frame raises `VideoReadError` naming the file and the frame.
+`check_chunk_files` compares manifest lines with the chunk files at start-up.
 """
 from __future__ import annotations
 
@@ -56,11 +57,25 @@ class VideoInfo:
   width: int
   height: int
   chunk_seconds: float
+  where: str = dataclasses.field(default="", compare=False)  # 'FILE:LINE'
 
   @functools.cached_property
   def chunk_starts(self) -> list[int]:
     return chunk_lib.chunk_start_frames(self.num_frames, self.frame_rate,
                                         self.chunk_seconds)
+
+  @property
+  def num_chunks(self) -> int:
+    """len(chunk_starts), without listing them (for any num_frames)."""
+    return math.floor((self.num_frames - 1) / self._frames_per_chunk) + 1
+
+  def chunk_start(self, k: int) -> int:
+    """chunk_starts[k]: the first frame of chunk k."""
+    return math.ceil(k * self._frames_per_chunk)
+
+  @property
+  def _frames_per_chunk(self) -> fractions.Fraction:
+    return fractions.Fraction(str(self.chunk_seconds)) * self.frame_rate
 
 
 @dataclasses.dataclass
@@ -91,7 +106,7 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
         entry["video_id"],
         fractions.Fraction(entry.get("frame_rate", entry["fps"])),
         int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
-        float(entry["chunk_seconds"]))
+        float(entry["chunk_seconds"]), where)
   except KeyError as e:
     raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
   except (TypeError, ValueError, ZeroDivisionError) as e:
@@ -104,6 +119,12 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
     if not (math.isfinite(value) and value > 0):
       raise VideoReadError(f"{where}: {name} {value} is not a positive "
                            "number")
+  # The id names the video's folder: it must stay inside the store.
+  if (info.video_id in ("", ".", "..") or "/" in info.video_id
+      or os.sep in info.video_id or "\0" in info.video_id):
+    raise VideoReadError(f"{where}: video_id {info.video_id!r} is not a "
+                         "plain name: its chunks would be read outside the "
+                         "chunk store")
   return info
 
 
@@ -255,6 +276,64 @@ def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
 # probe's decoders, not the stream's own.
 OPEN_OPTIONS = {"format": "mp4", "container_options": {"probesize": "32"},
                 "options": {"skip_frame": "all"}}
+
+
+def chunk_header(path: str) -> tuple[int | None, fractions.Fraction | None]:
+  """(frames, frame rate) of a chunk file as its header says (None: not
+  said, or the file does not open); nothing is decoded."""
+  try:
+    with av.open(path, **OPEN_OPTIONS) as container:
+      stream = container.streams.video[0]
+      rate = stream.average_rate or stream.guessed_rate
+      return stream.frames or None, fractions.Fraction(rate) if rate else None
+  except (av.error.FFmpegError, OSError, IndexError):
+    return None, None
+
+
+def check_chunk_files(root: str | os.PathLike, video_ids: Sequence[str], *,
+                      opened: int = 3) -> None:
+  """The manifest lines of `video_ids` against their chunk files.
+
+  The last chunk that a line's frame count and rate imply must exist and
+  the next must not; for the first `opened` videos the last chunk is opened
+  and its frames and rate compared (from its header, nothing decoded). A
+  video without a folder is left to the reader (skipped, counted).
+
+  Raises:
+    errors.DataError: naming the manifest line, what it says and what the
+      files are.
+  """
+  videos = manifest(root)
+  for n, video_id in enumerate(video_ids):
+    info, folder = videos[video_id], os.path.join(root, video_id)
+    if not os.path.isdir(folder):
+      continue
+    last = info.num_chunks - 1
+    names = [chunk_lib.chunk_name(k, info.chunk_seconds)
+             for k in (last, last + 1)]
+    paths = [os.path.join(folder, name) for name in names]
+    says = (f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
+            f"{float(info.frame_rate):g} fps ({info.num_chunks} chunks of "
+            f"{info.chunk_seconds:g} s)")
+    hint = ("the manifest line does not describe the chunk files: chunk the "
+            "video again (delete its line and folder, then run the chunker)")
+    if not os.path.exists(paths[0]) or os.path.exists(paths[1]):
+      found = len([f for f in os.listdir(folder) if f.endswith(".mp4")])
+      raise errors.DataError(
+          f"{says}, but " + (f"{video_id}/{names[1]} follows its last chunk"
+                             if os.path.exists(paths[0]) else
+                             f"its last chunk {video_id}/{names[0]} is missing")
+          + f" ({found} chunk files in {folder})", hint=hint)
+    if n < opened:  # An unreadable chunk is the reader's to skip.
+      frames, rate = chunk_header(paths[0])
+      expected = info.num_frames - info.chunk_start(last)
+      if (frames and frames != expected) or (
+          rate and abs(rate / info.frame_rate - 1) > 1e-3):
+        holds = f"{frames or 'unknown'} frames at " + (
+            f"{float(rate):g} fps" if rate else "an unknown rate")
+        raise errors.DataError(
+            f"{says}, so its last chunk {video_id}/{names[0]} should hold "
+            f"{expected} frames at that rate, but it holds {holds}", hint=hint)
 
 
 def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],

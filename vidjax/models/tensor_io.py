@@ -4,11 +4,11 @@ Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
 become {name: numpy array}. PyTorch pickles are read with
 `weights_only=True` (no code runs; argparse.Namespace, which AVION and
 LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
-released CLIP `.pt` files, are read as TorchScript. Foreign layouts of a
-model (Hugging Face, AVION) are renamed to one canonical layout per model:
-OpenAI's CLIP names, the original VideoMAE names (`weights.py` maps those to
-ours). Conv patch embeddings become tubelet kernels, and positional tables
-are resized.
+released CLIP `.pt` files, are read as data without running their code or
+needing torch (`torchscript.py`). Foreign layouts of a model (Hugging Face,
+AVION) are renamed to one canonical layout per model: OpenAI's CLIP names,
+the original VideoMAE names (`weights.py` maps those to ours). Conv patch
+embeddings become tubelet kernels, and positional tables are resized.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import jax
 import ml_dtypes
 import numpy as np
 from vidjax import errors
+from vidjax.models import torchscript
 
 TORCH_SUFFIXES = ('.pt', '.pth', '.bin', '.ckpt')
 
@@ -85,14 +86,29 @@ def is_torchscript(path: str) -> bool:
                for name in archive.namelist())
 
 
+def _read_torchscript(path: str, allow_pickle: bool) -> dict:
+  """A TorchScript archive as data; run (torch.jit.load) only if allowed."""
+  try:
+    return torchscript.read(path)
+  except torchscript.Refused as e:
+    if not allow_pickle:
+      raise errors.InitFromError(
+          f'{path}: a TorchScript archive that needs its own code run to '
+          f'load ({e}). If you trust the file, allow it with '
+          '--config.init_allow_pickle=True (load_state_dict(..., '
+          'allow_pickle=True))') from None
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.jit.load(path, map_location='cpu').state_dict()
+
+
 def _read_torch(path: str, allow_pickle: bool):
+  if is_torchscript(path):
+    return _read_torchscript(path, allow_pickle)
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise errors.InitFromError(f'reading {path} needs PyTorch (pip install torch); '
                       'or convert it to .safetensors or .npz') from e
-  if is_torchscript(path):  # TorchScript code runs in its own interpreter.
-    return torch.jit.load(path, map_location='cpu').state_dict()
   if allow_pickle:
     return torch.load(path, map_location='cpu', weights_only=False)
   try:
@@ -111,9 +127,10 @@ def _read_torch(path: str, allow_pickle: bool):
 
 # What reading a damaged or foreign file raises: the format's own parse errors
 # (JSON, zip, zlib, pickle), torch's (RuntimeError from its zip reader) and
-# a garbage pickle's (IndexError from an empty stack, EOFError, ...).
+# a garbage pickle's (IndexError from an empty stack, EOFError, an
+# AttributeError from BUILD on a plain value, ...).
 _DAMAGED = (ValueError, KeyError, IndexError, TypeError, AssertionError,
-            EOFError, OSError, RuntimeError, pickle.UnpicklingError,
+            AttributeError, EOFError, OSError, RuntimeError, pickle.UnpicklingError,
             zipfile.BadZipFile, zlib.error)
 
 
@@ -129,13 +146,15 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
   """Reads a checkpoint file into {name: float32/int numpy array}.
 
   Args:
-    path: .pt/.pth/.bin/.ckpt (needs torch: a TorchScript archive, or a
-      pickle read with weights_only=True), .safetensors, or .npz. Wrappers
+    path: .pt/.pth/.bin/.ckpt (a TorchScript archive, read as data; or a
+      pickle, read by torch with weights_only=True), .safetensors, or .npz. Wrappers
       such as {'model': ...}, {'state_dict': ...} or {'module': ...}, DDP's
       'module.' prefix and entries that are not tensors (AVION's `args`,
       `epoch`) are removed.
-    allow_pickle: read PyTorch pickles with weights_only=False, which runs
-      whatever code the file names: only for files you trust.
+    allow_pickle: read PyTorch pickles with weights_only=False, and
+      TorchScript archives that need their own code to load with
+      torch.jit.load; both run whatever code the file holds: only for files
+      you trust.
 
   Returns:
     The state dict.

@@ -2,8 +2,10 @@
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
 (from `augment`), or on hard labels, averaged over the valid examples.
-Eval: top-1 / top-5 with multi-view averaging of softmax scores; for EK-100
-actions also verb and noun accuracy, marginalised from the action scores.
+Eval: top-1 (and top-5 with more than 5 classes) with multi-view averaging
+of softmax scores, and the chance level `chance_top1` (1 / classes); for
+EK-100 actions also verb and noun accuracy, marginalised from the action
+scores, each with its own chance level.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def eval_metrics(outputs, config) -> dict[str, float]:
                                          out["index"])
   first = {int(i): k for k, i in reversed(list(enumerate(out["index"])))}
   labels = np.array([out["label"][first[int(i)]] for i in ids])
-  metrics = metrics_lib.topk_accuracy(probs, labels, ks=(1, 5))
+  metrics = _accuracy(probs, labels)
   if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
       and config.data.label == "action":
     # Imported here: the pipeline imports the tasks.
@@ -61,6 +63,16 @@ def eval_metrics(outputs, config) -> dict[str, float]:
     for name, p in (("verb", verb_p), ("noun", noun_p)):
       truth = np.array([out[name][first[int(i)]] for i in ids])
       if p.shape[1] > truth.max():
-        metrics.update(metrics_lib.topk_accuracy(p, truth, ks=(1, 5),
-                                                 prefix=f"{name}_"))
+        metrics.update(_accuracy(p, truth, prefix=f"{name}_"))
+  return metrics
+
+
+def _accuracy(probs, labels, prefix: str = "") -> dict[str, float]:
+  """Top-1, top-5 where there are more than 5 classes (else it is 1 or
+  nearly), and the chance level of top-1 (guessing: 1 / classes)."""
+  classes = probs.shape[1]
+  metrics = metrics_lib.topk_accuracy(probs, labels,
+                                      ks=(1, 5) if classes > 5 else (1,),
+                                      prefix=prefix)
+  metrics[f"chance_{prefix}top1"] = 1.0 / classes
   return metrics
