@@ -11,15 +11,20 @@ OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
 * VideoMAE: the original pretraining and fine-tuned checkpoints, Hugging
   Face's, and AVION's (flash-attention names, `--channel-last` Linear
   patch embedding).
+* Hugging Face `save_pretrained` directories (CLIP, VideoMAE): the weights
+  and the config.json beside them.
 * vidjax: a run's workdir (its best checkpoint if recorded, else the
   latest) or one checkpoint step directory: parameters only.
 
 Layouts become ours (PyTorch Linear weights transposed, conv patch
 embeddings flattened to patch kernels); resizing to the configured model is
-`init_from.fill`'s. `*_from_state_dict` build a model sized from the weights.
+`init_from.fill`'s. Each source also says what it computed with (`facts`:
+activation, LayerNorm eps, pooling, temperature). `*_from_state_dict` build
+a model sized from the weights, computing what they computed.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -28,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from vidjax import checkpoint, errors, resume
-from vidjax.models import init_from, tensor_io
+from vidjax.models import facts as facts_lib, init_from, tensor_io
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
                                      conv_to_kernel, inflate_kernel,
@@ -135,13 +140,14 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
 
 # ------------------------------------------------------------------ sources
 
-def convert(state_dict: dict, description: str = 'state dict'
-            ) -> init_from.Source:
+def convert(state_dict: dict, description: str = 'state dict', *,
+            hf_config: dict | None = None) -> init_from.Source:
   """A state dict of any supported format -> an `init_from.Source`.
 
   Args:
     state_dict: name -> numpy array or torch tensor.
     description: where it came from, for messages (e.g. the file path).
+    hf_config: the config.json of a Hugging Face directory.
 
   Raises:
     errors.InitFromError: a format we do not read, named.
@@ -154,6 +160,7 @@ def convert(state_dict: dict, description: str = 'state dict'
         "these weights do not apply. Use AVION's checkpoints or a CLIP")
   if any(k.startswith(('visual.conv1.', 'vision_model.', 'textual.'))
          for k in sd):
+    released = 'input_resolution' in sd  # OpenAI's .pt archives' extras
     sd, fmt = canonical_clip(sd)
     tensors, names, unexpected = _rename(sd, CLIP_NAMES)
     kind = 'classifier' if 'head.kernel' in tensors else 'clip'
@@ -161,19 +168,33 @@ def convert(state_dict: dict, description: str = 'state dict'
       tensors = {re.sub(r'^visual\.', 'encoder.', k): v
                  for k, v in tensors.items()}
       names = {re.sub(r'^visual\.', 'encoder.', k): v for k, v in names.items()}
+    origin = ('hugging_face' if fmt.startswith('Hugging Face') else 'avion'
+              if fmt.startswith('AVION') else 'openai' if released
+              else 'openclip')
+    if origin == 'openai':
+      fmt = 'OpenAI CLIP'
+    temperature = tensors.get('logit_scale') if origin == 'avion' else None
+    facts = facts_lib.clip_facts(
+        origin, hf_config=hf_config,
+        temperature=None if temperature is None else float(temperature))
     return init_from.Source(kind, tensors, names, f'{description} ({fmt})',
-                         unexpected, tubelet=1, backbone='clip')
+                            unexpected, tubelet=1, backbone='clip',
+                            facts=facts)
   if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
          for k in sd):
     sd, fmt = canonical_videomae(sd)
     tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
     finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
                     for k in sd)
+    facts = facts_lib.videomae_facts(
+        'hugging_face' if 'Hugging Face' in fmt else 'original',
+        finetuned=finetuned, mean_pooling='encoder.fc_norm.weight' in sd,
+        hf_config=hf_config)
     conv = sd.get('encoder.patch_embed.proj.weight')
     return init_from.Source('classifier' if finetuned else 'videomae', tensors,
-                         names, f'{description} ({fmt})', unexpected,
-                         tubelet=conv.shape[2] if conv is not None else None,
-                         backbone='videomae')
+                            names, f'{description} ({fmt})', unexpected,
+                            tubelet=conv.shape[2] if conv is not None else None,
+                            backbone='videomae', facts=facts)
   raise errors.InitFromError(f'{description}: not a CLIP or VideoMAE checkpoint '
                    f'we know (first names: {list(sd)[:5]})')
 
@@ -194,33 +215,89 @@ def _vidjax_source(params: dict, config: dict, description: str
       'videomae' if 'mask_token' in tensors else 'classifier')
   backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
       'clip' if 'encoder.class_token' in tensors else 'videomae')
+  temperature = tensors.get('logit_scale')
+  facts = facts_lib.run_facts(
+      config, None if temperature is None else float(temperature))
   return init_from.Source(kind, tensors, {p: p for p in tensors},
-                       f'{description} (vidjax {kind})',
-                       tubelet=model.get('tubelet'), backbone=backbone,
-                       vidjax=True)
+                          f'{description} (vidjax {kind})',
+                          tubelet=model.get('tubelet'), backbone=backbone,
+                          facts=facts)
+
+
+# A `save_pretrained` directory's weights: one file, or shards and an index.
+HF_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json',
+              'pytorch_model.bin', 'pytorch_model.bin.index.json')
+
+
+def _hugging_face_source(path: str, allow_pickle: bool) -> init_from.Source:
+  """A Hugging Face `save_pretrained` directory: config.json and weights."""
+  config_path = os.path.join(path, 'config.json')
+  try:
+    with open(config_path, encoding='utf-8') as f:
+      config = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.InitFromError(f'{config_path}: not readable as JSON ({e})'
+                               ) from None
+  if config.get('model_type') not in ('clip', 'videomae'):
+    raise errors.InitFromError(
+        f"{config_path}: model_type {config.get('model_type')!r}; vidjax "
+        "reads Hugging Face's 'clip' and 'videomae' models")
+  name = next(n for n in HF_WEIGHTS if os.path.isfile(os.path.join(path, n)))
+  files = [name]
+  if name.endswith('.index.json'):
+    with open(os.path.join(path, name), encoding='utf-8') as f:
+      files = sorted(set(json.load(f)['weight_map'].values()))
+  state_dict = {}
+  for file in files:
+    state_dict.update(load_state_dict(os.path.join(path, file),
+                                      allow_pickle=allow_pickle))
+  return convert(state_dict, path, hf_config=config)
 
 
 def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
   """What `config.init_from` names, as a `Source`.
 
   Args:
-    path: a weights file (see `load_state_dict`), or a vidjax run: its
-      workdir or checkpoints directory (the best checkpoint if recorded,
-      else the latest) or one checkpoint step directory.
+    path: a weights file (see `load_state_dict`), a Hugging Face
+      `save_pretrained` directory (config.json and `HF_WEIGHTS`), or a
+      vidjax run: its workdir or checkpoints directory (the best checkpoint
+      if recorded, else the latest) or one checkpoint step directory.
     allow_pickle: see `load_state_dict`.
   """
   if os.path.isdir(path):
     directory, step = resume.find_checkpoint(path, prefer_best=True)
-    if step is None:
-      files = sorted(f for f in os.listdir(path) if f.endswith(
-          ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
-      raise errors.PathError(
-          f'{path}: no complete vidjax checkpoint (expected a workdir, its '
-          'checkpoints/ directory or one step directory)'
-          + (f'; to load a weights file, name it: {files}' if files else ''))
-    params, config = checkpoint.read_params(directory, step)
-    return _vidjax_source(params, config, os.path.join(directory, str(step)))
+    if step is not None:
+      params, config = checkpoint.read_params(directory, step)
+      return _vidjax_source(params, config, os.path.join(directory, str(step)))
+    listed = os.listdir(path)
+    if 'config.json' in listed and set(HF_WEIGHTS) & set(listed):
+      return _hugging_face_source(path, allow_pickle)
+    files = sorted(f for f in listed if f.endswith(
+        ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
+    raise errors.PathError(
+        f'{path}: neither a complete vidjax checkpoint (a workdir, its '
+        'checkpoints/ directory or one step directory) nor a Hugging Face '
+        f'save_pretrained directory (config.json and one of {HF_WEIGHTS})'
+        + (f'; to load a weights file, name it: {files}' if files else ''))
   return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
+
+
+def read_start(start: resume.StartPoint, *, allow_pickle: bool = False
+               ) -> init_from.Source | None:
+  """The source of a run's weights, read before its model is built.
+
+  'init_from': `read_source` (every tensor). 'workdir' and 'resume': the
+  checkpoint's saved config only, for its facts (what the run trained
+  with); its state is restored later. 'scratch': None.
+  """
+  if start.kind == 'init_from':
+    return read_source(start.path, allow_pickle=allow_pickle)
+  if start.kind not in ('workdir', 'resume'):
+    return None
+  config = checkpoint.read_config(start.path, start.step)
+  kind = (config.get('model') or {}).get('name', '')
+  return init_from.Source(kind, {}, {}, f'{start.path}/{start.step} (vidjax '
+                          f'{kind or "run"})', facts=facts_lib.run_facts(config))
 
 
 # ----------------------------------------------------- standalone builders
@@ -251,6 +328,17 @@ def _vision_sizes(source: init_from.Source, prefix: str, kind: str) -> dict:
     rows = source.tensors[f'{prefix}.spatial_pos'].shape[0]
     sizes['image_size'] = math.isqrt(rows - 1) * patch
   return sizes
+
+
+def _fact_kwargs(source: init_from.Source, kind: str) -> dict:
+  """Constructor arguments for what the source computed with (its facts)."""
+  names = {'act': 'act', 'ln_eps': 'norm_eps'}
+  if kind == 'clip':
+    names['text.ln_eps'] = 'text_norm_eps'
+  elif kind == 'classifier':
+    names.update({'head_ln_eps': 'head_norm_eps', 'pool': 'pool'})
+  return {arg: source.facts[key][0] for key, arg in names.items()
+          if key in source.facts}
 
 
 def _clip_config(source: init_from.Source) -> dict:
@@ -292,14 +380,17 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
       left at their initial values instead of loaded, as AVION does for the
       projections when it changes `embed_dim`.
     **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
-      models trained with GELU (the state dict does not say), image_size
-      (positional embeddings are interpolated), dtype, attention, remat.
+      models trained with GELU (an OpenCLIP state dict does not say; the
+      activation and LayerNorm eps of the formats that do are the
+      defaults), image_size (positional embeddings are interpolated),
+      dtype, attention, remat.
 
   Returns:
     The CLIP model; `encode_video`/`encode_text` as in the README.
   """
   source = convert(state_dict)
-  kwargs = dict(_clip_config(source), num_frames=num_frames, **overrides)
+  kwargs = {**_clip_config(source), 'num_frames': num_frames,
+            **_fact_kwargs(source, 'clip'), **overrides}
   return init_from.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'clip', tubelet=kwargs.get('tubelet', 1),
                       keep_init=keep_init, patch_inflation=patch_inflation)
@@ -323,10 +414,11 @@ def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
   Sizes come from the shapes (heads = width / 64); image_size and
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
-  kwargs = dict(videomae_config_from_state_dict(state_dict), **overrides)
+  source = convert(state_dict)
+  kwargs = {**videomae_config_from_state_dict(state_dict),
+            **_fact_kwargs(source, 'videomae'), **overrides}
   return init_from.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                      convert(state_dict), 'videomae',
-                      tubelet=kwargs['tubelet'])
+                         source, 'videomae', tubelet=kwargs['tubelet'])
 
 
 def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
@@ -347,8 +439,8 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
     sizes.update(tubelet=1, num_frames=1)
   else:
     sizes.pop('image_size', None)
-  kwargs = dict(sizes, backbone=source.backbone, num_classes=num_classes,
-                **overrides)
+  kwargs = {**sizes, 'backbone': source.backbone, 'num_classes': num_classes,
+            **_fact_kwargs(source, 'classifier'), **overrides}
   return init_from.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'classifier', tubelet=kwargs['tubelet'],
                       patch_inflation=patch_inflation)
