@@ -195,6 +195,10 @@ def effective(model, key: str):
   return default if value in (None, '') else value
 
 
+def _show(value) -> str:
+  return f'{value:.6g}' if isinstance(value, float) else repr(value)
+
+
 def _same(a, b) -> bool:
   if isinstance(a, float) and isinstance(b, float):
     return math.isclose(a, b, rel_tol=1e-6)
@@ -227,13 +231,12 @@ def settle(config, source) -> list[str]:
     current = effective(model, key)
     if _same(current, value):
       continue
-    line = f'model.{key}={current!r} but the weights computed {value!r} ({why})'
     if f'model.{key}' in given:
-      conflicts.append(line)
-      continue
-    section, _, name = key.rpartition('.')
-    (model[section] if section else model)[name] = value
-    changes.append(f'model.{key}: {current!r} -> {value!r} ({why})')
+      conflicts.append(f'model.{key}={_show(current)} but the weights '
+                       f'computed {_show(value)} ({why})')
+    else:
+      changes.append((key, value, f'model.{key}: {_show(current)} -> '
+                                  f'{_show(value)} ({why})'))
   if conflicts:
     message = (f'{source.description} was trained with another model than '
                'the command line sets:\n  ' + '\n  '.join(conflicts))
@@ -243,4 +246,7 @@ def settle(config, source) -> list[str]:
           'or add --config.init_allow_mismatch=True to keep yours (the model '
           'then computes another function than the one trained)')
     logging.warning('%s\n  (kept: config.init_allow_mismatch=True)', message)
-  return changes
+  for key, value, _ in changes:
+    section, _, name = key.rpartition('.')
+    (model[section] if section else model)[name] = value
+  return [line for _, _, line in changes]

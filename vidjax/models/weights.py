@@ -265,13 +265,13 @@ def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
     allow_pickle: see `load_state_dict`.
   """
   if os.path.isdir(path):
+    listed = os.listdir(path)
+    if 'config.json' in listed and set(HF_WEIGHTS) & set(listed):
+      return _hugging_face_source(path, allow_pickle)
     directory, step = resume.find_checkpoint(path, prefer_best=True)
     if step is not None:
       params, config = checkpoint.read_params(directory, step)
       return _vidjax_source(params, config, os.path.join(directory, str(step)))
-    listed = os.listdir(path)
-    if 'config.json' in listed and set(HF_WEIGHTS) & set(listed):
-      return _hugging_face_source(path, allow_pickle)
     files = sorted(f for f in listed if f.endswith(
         ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
     raise errors.PathError(

@@ -2,8 +2,9 @@
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
 (from `augment`), or on hard labels, averaged over the valid examples.
-Eval: top-1 / top-5 with multi-view averaging of softmax scores; for EK-100
-actions also verb and noun accuracy, marginalised from the action scores.
+Eval: top-1 / top-5 and mean class accuracy (AVION's) with multi-view
+averaging of softmax scores; for EK-100 actions also verb and noun
+accuracies, from the action scores marginalised as AVION does.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def eval_metrics(outputs, config) -> dict[str, float]:
   first = {int(i): k for k, i in reversed(list(enumerate(out["index"])))}
   labels = np.array([out["label"][first[int(i)]] for i in ids])
   metrics = metrics_lib.topk_accuracy(probs, labels, ks=(1, 5))
+  metrics["mean_class_acc"] = metrics_lib.mean_class_accuracy(probs, labels)
   if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
       and config.data.label == "action":
     # Imported here: the pipeline imports the tasks.
@@ -63,4 +65,6 @@ def eval_metrics(outputs, config) -> dict[str, float]:
       if p.shape[1] > truth.max():
         metrics.update(metrics_lib.topk_accuracy(p, truth, ks=(1, 5),
                                                  prefix=f"{name}_"))
+        metrics[f"{name}_mean_class_acc"] = metrics_lib.mean_class_accuracy(
+            p, truth)
   return metrics
