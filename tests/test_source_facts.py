@@ -175,7 +175,7 @@ def avion_text(sd, tokens):
 def load_through(recipe, path, *sizes):
   """configs/RECIPE.py with init_from=PATH, as `train.setup` loads it (the
   facts settled, the parameters filled by `load_params`), without the
-  optimizer state. -> (forward(method, *inputs), config, report)."""
+  optimizer state. -> (model, config, init_from report)."""
   config = config_lib.load_config(f'configs/{recipe}.py',
                                   [f'--config.init_from={path}', *sizes])
   source = weights.read_start(resume.StartPoint('init_from', str(path)))
@@ -187,10 +187,11 @@ def load_through(recipe, path, *sizes):
   report.settled = settled
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
   rest = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[2])()  # buffers
-  forward = jax.jit(lambda params, method, *inputs: getattr(
-      nnx.merge(graphdef, params, rest), method)(*inputs), static_argnums=1)
-  return (lambda method, *inputs: forward(params, method, *inputs)), config, \
-      report
+  return nnx.merge(graphdef, params, rest), config, report
+
+
+def forward(model, *inputs):
+  return nnx.jit(lambda model, *inputs: model(*inputs))(model, *inputs)
 
 
 def video_input(frames, seed=1):
@@ -222,13 +223,13 @@ def avion_clip(tmp_path_factory):
                                             ('ek100_mir_ft', 16)])
 def test_avion_clip_through_the_recipes(recipe, frames, avion_clip):
   path, sd = avion_clip
-  forward, config, report = load_through(recipe, path, *SMALL, *SMALL_TEXT)
-  assert (config.model.act, config.model.ln_eps, config.model.text.ln_eps,
-          config.model.logit_scale_init) == ('gelu', 1e-6, 1e-5,
-                                             pytest.approx(3.1))
+  model, config, report = load_through(recipe, path, *SMALL, *SMALL_TEXT)
+  assert (config.model.act, config.model.logit_scale_init) == (
+      'gelu', pytest.approx(3.1))
+  assert (model.visual.norm.epsilon, model.text.norm.epsilon) == (1e-6, 1e-5)
   assert config.data.num_frames == frames  # The recipe's (4 -> 16: resized).
   video, theirs = video_input(frames)
-  ours = forward('__call__', video, TOKENS)  # (video, text) embeddings
+  ours = forward(model, video, TOKENS)  # (video, text) embeddings
   assert_close(ours[0], avion_video(sd, theirs))
   assert_close(ours[1], avion_text(sd, torch.from_numpy(TOKENS).long()))
   assert not report.fresh and report.facts['model.act'] == 'gelu'
@@ -239,10 +240,10 @@ def test_avion_clip_through_the_recipes(recipe, frames, avion_clip):
 def test_avion_classifier_through_ek100_cls_ft(tmp_path):
   path = tmp_path / 'avion_finetune_cls.pt'
   sd = avion_checkpoint(path, num_classes=3806, frames=16)
-  forward, _, report = load_through('ek100_cls_ft', path, *SMALL)
+  model, _, report = load_through('ek100_cls_ft', path, *SMALL)
   assert not report.fresh
   video, theirs = video_input(16)
-  assert_close(forward('__call__', video), avion_video(sd, theirs))
+  assert_close(forward(model, video), avion_video(sd, theirs))
 
 
 def test_a_model_key_that_disagrees_with_the_weights_is_refused(avion_clip,
@@ -354,12 +355,72 @@ def test_hugging_face_videomae_directory_through_k400_ft(mean_pooling,
                                                          tmp_path):
   sd, hf_config = hf_videomae_dir(tmp_path / 'videomae-ft',
                                   mean_pooling=mean_pooling)
-  forward, config, _ = load_through('k400_ft', tmp_path / 'videomae-ft',
-                                    *SMALL)
-  assert [facts.effective(config.model, key) for key in (
-      'pool', 'ln_eps', 'head_ln_eps')] == (
-          ['mean', 1e-3, 1e-5] if mean_pooling else ['token', 1e-3, 1e-3])
+  model, _, _ = load_through('k400_ft', tmp_path / 'videomae-ft', *SMALL)
+  encoder = model.encoder
+  assert (encoder.pool, encoder.blocks.layers[0].norm1.epsilon,
+          encoder.norm.epsilon) == (('mean', 1e-3, 1e-5) if mean_pooling
+                                    else ('token', 1e-3, 1e-3))
   video = np.random.default_rng(1).standard_normal(
       (2, 16, SIZE, SIZE, 3)).astype(np.float32)
-  assert_close(forward('__call__', video), hf_videomae_logits(
+  assert_close(forward(model, video), hf_videomae_logits(
       sd, hf_config, torch.from_numpy(video).permute(0, 1, 4, 2, 3)))
+
+
+def test_openai_weights_start_the_pretraining_as_avion_does():
+  """OpenAI's 512-d projections do not fit the recipe's 256-d ones: fresh.
+  Its temperature (an image CLIP's) is not carried over: 1/0.07."""
+  from test_models_weights import random_clip_state_dict
+  sd = random_clip_state_dict()  # Width 64, patch 8, 16 px, 16-d projections.
+  sd.update(input_resolution=np.array(16), context_length=np.array(12),
+            vocab_size=np.array(50))  # The TorchScript release's extras.
+  source = weights.convert(sd, 'ViT-B-16.pt')
+  assert source.description == 'ViT-B-16.pt (OpenAI CLIP)'
+  config = config_lib.load_config('configs/clip_vitb16_ego4d.py', [
+      '--config.model.variant=Ti/8', '--config.model.width=64',
+      '--config.model.heads=1', '--config.model.depth=2',
+      '--config.data.size=16', '--config.model.text.vocab_size=50',
+      '--config.model.text.context_length=12', '--config.model.text.heads=1',
+      '--config.model.text.width=64', '--config.model.text.layers=2'])
+  assert facts.settle(config, source) == []  # QuickGELU, eps 1e-5: as set.
+  assert source.facts['act'][0] == 'quick_gelu'
+  params = nnx.state(nnx.eval_shape(lambda: models.build_model(
+      config.model, rngs=nnx.Rngs(0))), nnx.Param)
+  _, report = init_from.load_params(params, config.model, source)
+  assert report.fresh == {'text.proj.kernel': init_from._NEW_PROJECTION,
+                          'visual.proj.kernel': init_from._NEW_PROJECTION,
+                          'visual.temporal_pos': init_from._NO_TEMPORAL}
+  assert report.dropped == {'visual.proj': '(64, 16) does not fit (64, 256)',
+                            'text_projection': '(64, 16) does not fit (64, 256)',
+                            'logit_scale': init_from._TEMPERATURE[1]}
+  assert config.model.logit_scale_init == pytest.approx(math.log(1 / 0.07))
+
+
+def test_a_run_resumes_with_what_it_computed():
+  """A run that took AVION's facts, resumed by the same command: its saved
+  config's facts are settled again (the recipe's defaults would differ)."""
+  config = config_lib.load_config('configs/ek100_cls_ft.py', [])
+  saved = {'model': dict(config.model.to_dict(), act='gelu', ln_eps=1e-6)}
+  source = init_from.Source('classifier', {}, {}, 'run/checkpoints/7',
+                            facts=facts.run_facts(saved))
+  assert facts.settle(config, source) == [
+      "model.act: 'quick_gelu' -> 'gelu' (the run's config)",
+      "model.ln_eps: 1e-05 -> 1e-06 (the run's config)"]
+  # A run saved before these keys existed computed its backbone's defaults.
+  old = facts.run_facts({'model': {'name': 'clip', 'logit_scale_init': 2.0}})
+  assert {k: v for k, (v, _) in old.items()} == {
+      'backbone': 'clip', 'act': 'quick_gelu', 'ln_eps': 1e-5, 'pool': 'token',
+      'text.ln_eps': 1e-5, 'logit_scale_init': 2.0}
+
+
+def test_what_vidjax_cannot_compute_is_refused_in_one_line(tmp_path):
+  for change, expected in (
+      ({'hidden_act': 'gelu_new'}, "hidden_act 'gelu_new' is not one vidjax "
+       "computes (['gelu', 'quick_gelu'])"),
+      ({'model_type': 'vivit'}, "model_type 'vivit'; vidjax reads Hugging "
+       "Face's 'clip' and 'videomae' models")):
+    path = tmp_path / change.get('model_type', 'act')
+    _, config = hf_videomae_dir(path, mean_pooling=True)
+    (path / 'config.json').write_text(json.dumps({**config, **change}))
+    with pytest.raises(errors.InitFromError) as error:
+      weights.read_source(str(path))
+    assert str(error.value) == f"{path / 'config.json'}: {expected}"

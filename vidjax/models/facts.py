@@ -57,7 +57,8 @@ _LN_1E5 = "PyTorch's LayerNorm default"
 
 
 def clip_facts(origin: str, *, temperature: float | None = None,
-               hf_config: dict | None = None) -> Facts:
+               hf_config: dict | None = None, where: str = 'config.json'
+               ) -> Facts:
   """The facts of a CLIP (or AVION's CLIP classifier).
 
   Args:
@@ -65,6 +66,7 @@ def clip_facts(origin: str, *, temperature: float | None = None,
       otherwise), 'hugging_face' or 'avion'.
     temperature: the source's log-space logit scale, for a video CLIP.
     hf_config: a Hugging Face directory's config.json.
+    where: its path, for messages.
   """
   facts = dict(_CLIP)
   if origin in ('openai', 'openclip'):
@@ -84,10 +86,10 @@ def clip_facts(origin: str, *, temperature: float | None = None,
     acts = {k: c.get('hidden_act', 'quick_gelu') for k, c in towers.items()}
     if len(set(acts.values())) > 1:
       raise errors.InitFromError(
-          f"config.json: hidden_act {acts['vision']!r} (vision) and "
+          f"{where}: hidden_act {acts['vision']!r} (vision) and "
           f"{acts['text']!r} (text): vidjax's CLIP has one activation")
     why = 'config.json'
-    facts.update({'act': (_activation(acts['vision']), why),
+    facts.update({'act': (_activation(acts['vision'], where), why),
                   'ln_eps': (towers['vision'].get('layer_norm_eps', 1e-5), why),
                   'text.ln_eps': (towers['text'].get('layer_norm_eps', 1e-5),
                                   why)})
@@ -95,7 +97,8 @@ def clip_facts(origin: str, *, temperature: float | None = None,
 
 
 def videomae_facts(origin: str, *, finetuned: bool, mean_pooling: bool,
-                   hf_config: dict | None = None) -> Facts:
+                   hf_config: dict | None = None, where: str = 'config.json'
+                   ) -> Facts:
   """The facts of a VideoMAE.
 
   Args:
@@ -105,6 +108,7 @@ def videomae_facts(origin: str, *, finetuned: bool, mean_pooling: bool,
     mean_pooling: it has an fc_norm (VideoMAE's use_mean_pooling=True).
     hf_config: a Hugging Face directory's config.json (None: a file alone,
       VideoMAEConfig's defaults, which the hub's models keep).
+    where: its path, for messages.
   """
   facts = {'backbone': ('videomae', 'a VideoMAE: no class token, sinusoid '
                         'positions')}
@@ -120,7 +124,8 @@ def videomae_facts(origin: str, *, finetuned: bool, mean_pooling: bool,
          "VideoMAEConfig's default (no config.json: give the save_pretrained "
          'directory to read it)')
   hf_config = hf_config or {}
-  facts.update({'act': (_activation(hf_config.get('hidden_act', 'gelu')), why),
+  act = _activation(hf_config.get('hidden_act', 'gelu'), where)
+  facts.update({'act': (act, why),
                 'ln_eps': (hf_config.get('layer_norm_eps', 1e-12), why)})
   if finetuned and mean_pooling:
     facts['head_ln_eps'] = (1e-5, "Hugging Face's fc_norm: " + _LN_1E5)
@@ -160,10 +165,10 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
   return {k: v for k, v in facts.items() if v[0] is not None}
 
 
-def _activation(name: str) -> str:
+def _activation(name: str, where: str) -> str:
   if name not in transformer.ACTIVATIONS:
     raise errors.InitFromError(
-        f'config.json: hidden_act {name!r} is not one vidjax computes '
+        f'{where}: hidden_act {name!r} is not one vidjax computes '
         f'({sorted(transformer.ACTIVATIONS)})')
   return name
 

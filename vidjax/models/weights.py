@@ -147,12 +147,14 @@ def convert(state_dict: dict, description: str = 'state dict', *,
   Args:
     state_dict: name -> numpy array or torch tensor.
     description: where it came from, for messages (e.g. the file path).
-    hf_config: the config.json of a Hugging Face directory.
+    hf_config: the config.json of a Hugging Face directory (`description`
+      is then the directory).
 
   Raises:
     errors.InitFromError: a format we do not read, named.
   """
   sd = {name: to_numpy(value) for name, value in state_dict.items()}
+  where = os.path.join(description, 'config.json')  # For hf_config.
   if any('.timeattn.' in name for name in sd):
     raise errors.InitFromError(
         f'{description}: a TimeSformer (divided space-time attention, as in '
@@ -175,7 +177,7 @@ def convert(state_dict: dict, description: str = 'state dict', *,
       fmt = 'OpenAI CLIP'
     temperature = tensors.get('logit_scale') if origin == 'avion' else None
     facts = facts_lib.clip_facts(
-        origin, hf_config=hf_config,
+        origin, hf_config=hf_config, where=where,
         temperature=None if temperature is None else float(temperature))
     return init_from.Source(kind, tensors, names, f'{description} ({fmt})',
                             unexpected, tubelet=1, backbone='clip',
@@ -189,7 +191,7 @@ def convert(state_dict: dict, description: str = 'state dict', *,
     facts = facts_lib.videomae_facts(
         'hugging_face' if 'Hugging Face' in fmt else 'original',
         finetuned=finetuned, mean_pooling='encoder.fc_norm.weight' in sd,
-        hf_config=hf_config)
+        hf_config=hf_config, where=where)
     conv = sd.get('encoder.patch_embed.proj.weight')
     return init_from.Source('classifier' if finetuned else 'videomae', tensors,
                             names, f'{description} ({fmt})', unexpected,
