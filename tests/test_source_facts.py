@@ -259,8 +259,7 @@ def test_a_model_key_that_disagrees_with_the_weights_is_refused(avion_clip,
   assert not (tmp_path / 'run').exists()
   # Where the user insists: kept, with a warning.
   source = weights.read_source(str(path))
-  with config.unlocked():
-    config.init_allow_mismatch = True
+  config.init_allow_mismatch = True
   assert facts.settle(config, source) == [
       "model.ln_eps: 1e-05 -> 1e-06 (AVION's vision tower: "
       "LayerNorm(eps=1e-6))",

@@ -141,7 +141,8 @@ class Report:
              f'{len(self.fresh)} at their initial values']
     if self.facts:
       lines.append('  computed with ' + ', '.join(
-          f'{k}={v!r}' for k, v in self.facts.items()))
+          f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v!r}'
+          for k, v in self.facts.items()))
     lines += [f'  set {line}' for line in self.settled]
     lines += [f'  resized {name}: {how}' for name, how in self.resized.items()]
     for title, names in (('dropped', self.dropped), ('fresh', self.fresh)):

@@ -378,9 +378,9 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
       unless the state dict has 'visual.temporal_embedding' (resized).
     patch_inflation: 'center' or 'average', when `tubelet` > 1.
     rngs: for the few variables not loaded (default nnx.Rngs(0)).
-    keep_init: model parameter prefixes (e.g. 'visual.proj', 'text.proj')
-      left at their initial values instead of loaded, as AVION does for the
-      projections when it changes `embed_dim`.
+    keep_init: model parameter prefixes (e.g. 'text.') left at their
+      initial values even where the state dict's fit (projections to
+      another `embed_dim` start fresh anyway).
     **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
       models trained with GELU (an OpenCLIP state dict does not say; the
       activation and LayerNorm eps of the formats that do are the
@@ -400,7 +400,10 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
 
 def videomae_config_from_state_dict(state_dict: dict) -> dict:
   """Encoder (and decoder, if present) sizes of a VideoMAE state dict."""
-  source = convert(state_dict)
+  return _videomae_config(convert(state_dict))
+
+
+def _videomae_config(source: init_from.Source) -> dict:
   config = _vision_sizes(source, 'encoder', 'VideoMAE')
   if 'encoder_to_decoder.kernel' in source.tensors:
     width = source.tensors['encoder_to_decoder.kernel'].shape[1]
@@ -417,8 +420,8 @@ def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
   source = convert(state_dict)
-  kwargs = {**videomae_config_from_state_dict(state_dict),
-            **_fact_kwargs(source, 'videomae'), **overrides}
+  kwargs = {**_videomae_config(source), **_fact_kwargs(source, 'videomae'),
+            **overrides}
   return init_from.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
                          source, 'videomae', tubelet=kwargs['tubelet'])
 
