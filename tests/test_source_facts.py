@@ -423,3 +423,23 @@ def test_what_vidjax_cannot_compute_is_refused_in_one_line(tmp_path):
     with pytest.raises(errors.InitFromError) as error:
       weights.read_source(str(path))
     assert str(error.value) == f"{path / 'config.json'}: {expected}"
+
+
+def test_a_sharded_save_pretrained_directory_reads_as_one(tmp_path):
+  sd, config = hf_videomae_dir(tmp_path / 'one', mean_pooling=False)
+  sharded = tmp_path / 'sharded'
+  sharded.mkdir()
+  (sharded / 'config.json').write_text(json.dumps(config))
+  names = sorted(sd)
+  shards = {'model-00001-of-00002.safetensors': names[::2],
+            'model-00002-of-00002.safetensors': names[1::2]}
+  for file, part in shards.items():
+    write_safetensors(sharded / file, {k: sd[k].numpy() for k in part},
+                      {'format': 'pt'})
+  (sharded / 'model.safetensors.index.json').write_text(json.dumps(
+      {'metadata': {'total_size': 0},
+       'weight_map': {k: f for f, part in shards.items() for k in part}}))
+  one, both = (weights.read_source(str(p)) for p in (tmp_path / 'one', sharded))
+  assert one.tensors.keys() == both.tensors.keys() and one.facts == both.facts
+  for path, value in one.tensors.items():
+    np.testing.assert_array_equal(both.tensors[path], value)

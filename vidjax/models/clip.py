@@ -38,8 +38,8 @@ class CLIP(nnx.Module):
                text_width: int = 512, text_heads: int = 8,
                text_depth: int = 12, act: str = 'quick_gelu',
                norm_eps: float = 1e-5, text_norm_eps: float = 1e-5,
-               drop_path: float = 0.0, attention: str = 'auto', remat: str = 'none',
-               scan: bool = False, dtype=jnp.float32,
+               drop_path: float = 0.0, attention: str = 'auto',
+               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32,
                logit_scale_init: float = INIT_LOGIT_SCALE,
                learn_logit_scale: bool = True, rngs: nnx.Rngs):

@@ -18,16 +18,17 @@ the run's `config.model` from them before the model is built:
 
 What each source fixes, read from each codebase's model code:
 
-  source                       act         ln_eps (vision / text)  pool
-  OpenAI CLIP (the .pt)        quick_gelu  1e-5 / 1e-5             token
-  OpenCLIP (OpenAI's names)    unknown     1e-5 / 1e-5             token
-  Hugging Face CLIP            its config.json (save_pretrained dir) token
-  AVION CLIP, classifier       gelu        1e-6 / 1e-5             token
-  VideoMAE (original, AVION)   gelu        1e-6                    fc_norm: mean,
-                                                                   else token
-  Hugging Face VideoMAE        config.json (VideoMAEConfig's defaults:
-                               gelu, 1e-12); fc_norm eps 1e-5 (PyTorch's)
-  a vidjax run                 its saved config
+  source                      act         ln_eps (vision / text)  pool
+  OpenAI CLIP (the .pt)       quick_gelu  1e-5 / 1e-5             token
+  OpenCLIP (OpenAI's names)   unknown     1e-5 / 1e-5             token
+  Hugging Face CLIP           its config.json (a save_pretrained  token
+                              directory; a file alone: unknown)
+  AVION CLIP, classifier      gelu        1e-6 / 1e-5             token
+  VideoMAE (original, AVION)  gelu        1e-6                    fc_norm: mean,
+                                                                  else token
+  Hugging Face VideoMAE       config.json (VideoMAEConfig's defaults: gelu,
+                              1e-12); fc_norm eps 1e-5 (PyTorch's)
+  a vidjax run                its saved config
 
 A video-text CLIP (AVION's, a vidjax run's) also fixes the temperature
 (`logit_scale_init`); an image CLIP's is not carried over (AVION starts

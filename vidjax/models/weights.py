@@ -297,9 +297,10 @@ def read_start(start: resume.StartPoint, *, allow_pickle: bool = False
   if start.kind not in ('workdir', 'resume'):
     return None
   config = checkpoint.read_config(start.path, start.step)
-  kind = (config.get('model') or {}).get('name', '')
-  return init_from.Source(kind, {}, {}, f'{start.path}/{start.step} (vidjax '
-                          f'{kind or "run"})', facts=facts_lib.run_facts(config))
+  kind = (config.get('model') or {}).get('name') or 'run'
+  return init_from.Source(kind, {}, {},
+                          f'{start.path}/{start.step} (vidjax {kind})',
+                          facts=facts_lib.run_facts(config))
 
 
 # ----------------------------------------------------- standalone builders
