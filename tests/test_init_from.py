@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from test_models_weights import (random_clip_state_dict,
                                  random_videomae_state_dict)
 from vidjax import checkpoint, keypaths, sharding
-from vidjax.models import CLIP, Classifier, init_from, weights
+from vidjax.models import CLIP, Classifier, init_from, sources, weights
 
 
 def shapes(make):
@@ -152,7 +152,7 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
     ckpt.save(3, {'step': 3, 'params': params, 'opt': {}})
     ckpt.save(4, {'step': 4, 'params': params, 'opt': {}})
     ckpt.record_eval(3, {'eval/r1': 0.5}, None)  # Step 3 is saved.
-  source = weights.read_source(str(tmp_path))
+  source = sources.read_source(str(tmp_path))
   assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
   live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
   model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1,
@@ -173,4 +173,4 @@ def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
   (tmp_path / 'model.safetensors').write_bytes(b'')
   with pytest.raises(FileNotFoundError, match=r"neither a complete vidjax "
                      r"checkpoint.*name it: \['model.safetensors'\]"):
-    weights.read_source(str(tmp_path))
+    sources.read_source(str(tmp_path))

@@ -23,7 +23,7 @@ from flax import nnx
 
 from test_models_weights import write_safetensors
 from vidjax import config as config_lib, errors, models, resume, train
-from vidjax.models import facts, init_from, weights
+from vidjax.models import facts, init_from, sources, weights
 
 torch = pytest.importorskip('torch')
 F = torch.nn.functional
@@ -178,7 +178,7 @@ def load_through(recipe, path, *sizes):
   optimizer state. -> (model, config, init_from report)."""
   config = config_lib.load_config(f'configs/{recipe}.py',
                                   [f'--config.init_from={path}', *sizes])
-  source = weights.read_start(resume.StartPoint('init_from', str(path)))
+  source = sources.read_start(resume.StartPoint('init_from', str(path)))
   settled = facts.settle(config, source)
   make = lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
   graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
@@ -258,7 +258,7 @@ def test_a_model_key_that_disagrees_with_the_weights_is_refused(avion_clip,
       error.value)
   assert not (tmp_path / 'run').exists()
   # Where the user insists: kept, with a warning.
-  source = weights.read_source(str(path))
+  source = sources.read_source(str(path))
   config.init_allow_mismatch = True
   assert facts.settle(config, source) == [
       "model.ln_eps: 1e-05 -> 1e-06 (AVION's vision tower: "
@@ -421,7 +421,7 @@ def test_what_vidjax_cannot_compute_is_refused_in_one_line(tmp_path):
     _, config = hf_videomae_dir(path, mean_pooling=True)
     (path / 'config.json').write_text(json.dumps({**config, **change}))
     with pytest.raises(errors.InitFromError) as error:
-      weights.read_source(str(path))
+      sources.read_source(str(path))
     assert str(error.value) == f"{path / 'config.json'}: {expected}"
 
 
@@ -439,7 +439,7 @@ def test_a_sharded_save_pretrained_directory_reads_as_one(tmp_path):
   (sharded / 'model.safetensors.index.json').write_text(json.dumps(
       {'metadata': {'total_size': 0},
        'weight_map': {k: f for f, part in shards.items() for k in part}}))
-  one, both = (weights.read_source(str(p)) for p in (tmp_path / 'one', sharded))
+  one, both = (sources.read_source(str(p)) for p in (tmp_path / 'one', sharded))
   assert one.tensors.keys() == both.tensors.keys() and one.facts == both.facts
   for path, value in one.tensors.items():
     np.testing.assert_array_equal(both.tensors[path], value)

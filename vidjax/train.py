@@ -26,7 +26,7 @@ from vidjax import checkpoint, config as config_lib, console, errors
 from vidjax import eval_sets, monitor, resume, sharding, steps as steps_lib
 from vidjax import tasks
 from vidjax.data import batches, checks, pipeline, synthetic
-from vidjax.models import facts, flops as flops_lib, init_from, weights
+from vidjax.models import facts, flops as flops_lib, init_from, sources
 
 # Steps after the start before the time estimate and the data-bound check.
 ESTIMATE_AFTER_STEPS = 10
@@ -89,7 +89,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   start = resume.resolve_start(workdir, config)
   # What the weights were trained with (activation, LayerNorm eps, pooling,
   # temperature) decides the model where the command line does not.
-  source = weights.read_start(start, allow_pickle=config.init_allow_pickle)
+  source = sources.read_start(start, allow_pickle=config.init_allow_pickle)
   settled = facts.settle(config, source)
   if start.kind in ("workdir", "resume"):
     resume.check_fits(start, steps_lib.build_state_and_steps(

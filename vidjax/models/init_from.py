@@ -2,8 +2,8 @@
 
 A `Source` holds tensors already named by our parameter paths, with layers
 unstacked (`visual.blocks.layers.3.attn.qkv.kernel`), in our layouts;
-`weights.py` makes one from any released format or a vidjax run. `fill`
-matches it to the parameters of the model being trained:
+`weights.py` makes one from any released format, `sources.py` from what a
+path names. `fill` matches it to the parameters of the model being trained:
 
 1. A task change (CLIP -> classifier, VideoMAE -> classifier, ...) renames
    and drops whole parts (the text tower, the decoder) and names the parts
@@ -323,7 +323,7 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     params: the model's parameters (an nnx.State of jax.Arrays, e.g. from
       the sharded train state, or of ShapeDtypeStructs).
     model_config: `config.model` (its `name` and `tubelet` are read).
-    source: from `weights.read_source`.
+    source: from `sources.read_source`.
     keep_init: see `fill` (`config.init_keep`).
     patch_inflation: see `fill`.
 

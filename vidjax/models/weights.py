@@ -1,4 +1,4 @@
-"""Weight import: released checkpoints and vidjax runs as `init_from.Source`s.
+"""Weight import: released checkpoints' state dicts as `init_from.Source`s.
 
 Every format is mapped to our parameter paths (foreign layouts first become
 OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
@@ -11,20 +11,16 @@ OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
 * VideoMAE: the original pretraining and fine-tuned checkpoints, Hugging
   Face's, and AVION's (flash-attention names, `--channel-last` Linear
   patch embedding).
-* Hugging Face `save_pretrained` directories (CLIP, VideoMAE): the weights
-  and the config.json beside them.
-* vidjax: a run's workdir (its best checkpoint if recorded, else the
-  latest) or one checkpoint step directory: parameters only.
 
 Layouts become ours (PyTorch Linear weights transposed, conv patch
 embeddings flattened to patch kernels); resizing to the configured model is
-`init_from.fill`'s. Each source also says what it computed with (`facts`:
+`init_from.fill`'s; `sources.py` reads what a path names (files, Hugging
+Face `save_pretrained` directories, vidjax runs). Each source also says what it computed with (`facts`:
 activation, LayerNorm eps, pooling, temperature). `*_from_state_dict` build
 a model sized from the weights, computing what they computed.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -32,8 +28,8 @@ import re
 import numpy as np
 from flax import nnx
 
-from vidjax import checkpoint, errors, resume
-from vidjax.models import facts as facts_lib, init_from, tensor_io
+from vidjax import errors
+from vidjax.models import facts as facts_lib, init_from
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
                                      conv_to_kernel, inflate_kernel,
@@ -46,7 +42,7 @@ __all__ = ['classifier_from_state_dict', 'clip_config_from_state_dict',
            'clip_from_state_dict', 'conv_to_kernel', 'convert',
            'inflate_kernel', 'interpolate_pos_embed', 'interpolate_temporal',
            'load_classifier', 'load_clip', 'load_state_dict', 'load_videomae',
-           'read_source', 'videomae_config_from_state_dict',
+           'videomae_config_from_state_dict',
            'videomae_from_state_dict']
 
 # ------------------------------------------------ canonical names -> ours
@@ -199,108 +195,6 @@ def convert(state_dict: dict, description: str = 'state dict', *,
                             backbone='videomae', facts=facts)
   raise errors.InitFromError(f'{description}: not a CLIP or VideoMAE checkpoint '
                    f'we know (first names: {list(sd)[:5]})')
-
-
-def _vidjax_source(params: dict, config: dict, description: str
-                   ) -> init_from.Source:
-  """A vidjax run's parameters; scanned layers are unstacked."""
-  tensors = {}
-  for path, value in params.items():
-    if init_from.is_stacked(path):
-      tensors.update(zip(init_from.layer_names(path, len(value)), value))
-    else:
-      tensors[path] = value
-  # The saved run's config, read back from its checkpoint: may be empty.
-  model = config.get('model', {})
-  kind = model.get('name') or (
-      'clip' if 'text.pos_embed' in tensors else
-      'videomae' if 'mask_token' in tensors else 'classifier')
-  backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
-      'clip' if 'encoder.class_token' in tensors else 'videomae')
-  temperature = tensors.get('logit_scale')
-  facts = facts_lib.run_facts(
-      config, None if temperature is None else float(temperature))
-  return init_from.Source(kind, tensors, {p: p for p in tensors},
-                          f'{description} (vidjax {kind})',
-                          tubelet=model.get('tubelet'), backbone=backbone,
-                          facts=facts)
-
-
-# A `save_pretrained` directory's weights: one file, or shards and an index.
-HF_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json',
-              'pytorch_model.bin', 'pytorch_model.bin.index.json')
-
-
-def _hugging_face_source(path: str, allow_pickle: bool) -> init_from.Source:
-  """A Hugging Face `save_pretrained` directory: config.json and weights."""
-  config_path = os.path.join(path, 'config.json')
-  try:
-    with open(config_path, encoding='utf-8') as f:
-      config = json.load(f)
-  except (OSError, ValueError) as e:
-    raise errors.InitFromError(f'{config_path}: not readable as JSON ({e})'
-                               ) from None
-  if config.get('model_type') not in ('clip', 'videomae'):
-    raise errors.InitFromError(
-        f"{config_path}: model_type {config.get('model_type')!r}; vidjax "
-        "reads Hugging Face's 'clip' and 'videomae' models")
-  name = next(n for n in HF_WEIGHTS if os.path.isfile(os.path.join(path, n)))
-  files = [name]
-  if name.endswith('.index.json'):
-    with open(os.path.join(path, name), encoding='utf-8') as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
-  state_dict = {}
-  for file in files:
-    state_dict.update(load_state_dict(os.path.join(path, file),
-                                      allow_pickle=allow_pickle))
-  return convert(state_dict, path, hf_config=config)
-
-
-def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
-  """What `config.init_from` names, as a `Source`.
-
-  Args:
-    path: a weights file (see `load_state_dict`), a Hugging Face
-      `save_pretrained` directory (config.json and `HF_WEIGHTS`), or a
-      vidjax run: its workdir or checkpoints directory (the best checkpoint
-      if recorded, else the latest) or one checkpoint step directory.
-    allow_pickle: see `load_state_dict`.
-  """
-  if os.path.isdir(path):
-    listed = os.listdir(path)
-    if 'config.json' in listed and set(HF_WEIGHTS) & set(listed):
-      return _hugging_face_source(path, allow_pickle)
-    directory, step = resume.find_checkpoint(path, prefer_best=True)
-    if step is not None:
-      params, config = checkpoint.read_params(directory, step)
-      return _vidjax_source(params, config, os.path.join(directory, str(step)))
-    files = sorted(f for f in listed if f.endswith(
-        ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
-    raise errors.PathError(
-        f'{path}: neither a complete vidjax checkpoint (a workdir, its '
-        'checkpoints/ directory or one step directory) nor a Hugging Face '
-        f'save_pretrained directory (config.json and one of {HF_WEIGHTS})'
-        + (f'; to load a weights file, name it: {files}' if files else ''))
-  return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
-
-
-def read_start(start: resume.StartPoint, *, allow_pickle: bool = False
-               ) -> init_from.Source | None:
-  """The source of a run's weights, read before its model is built.
-
-  'init_from': `read_source` (every tensor). 'workdir' and 'resume': the
-  checkpoint's saved config only, for its facts (what the run trained
-  with); its state is restored later. 'scratch': None.
-  """
-  if start.kind == 'init_from':
-    return read_source(start.path, allow_pickle=allow_pickle)
-  if start.kind not in ('workdir', 'resume'):
-    return None
-  config = checkpoint.read_config(start.path, start.step)
-  kind = (config.get('model') or {}).get('name') or 'run'
-  return init_from.Source(kind, {}, {},
-                          f'{start.path}/{start.step} (vidjax {kind})',
-                          facts=facts_lib.run_facts(config))
 
 
 # ----------------------------------------------------- standalone builders
