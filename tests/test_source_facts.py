@@ -15,6 +15,7 @@ ones are, so a wrong LayerNorm eps shows.
 import argparse
 import json
 import math
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -28,6 +29,7 @@ from vidjax.models import facts, init_from, sources, weights
 torch = pytest.importorskip('torch')
 F = torch.nn.functional
 
+CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 WIDTH, HEADS, PATCH, SIZE, EMBED = 64, 2, 16, 32, 256
 SMALL = ('--config.model.variant=Ti/16', f'--config.model.width={WIDTH}',
          '--config.model.depth=2', f'--config.model.heads={HEADS}',
@@ -176,7 +178,7 @@ def load_through(recipe, path, *sizes):
   """configs/RECIPE.py with init_from=PATH, as `train.setup` loads it (the
   facts settled, the parameters filled by `load_params`), without the
   optimizer state. -> (model, config, init_from report)."""
-  config = config_lib.load_config(f'configs/{recipe}.py',
+  config = config_lib.load_config(f'{CONFIGS / recipe}.py',
                                   [f'--config.init_from={path}', *sizes])
   source = sources.read_start(resume.StartPoint('init_from', str(path)))
   settled = facts.settle(config, source)
@@ -249,7 +251,7 @@ def test_avion_classifier_through_ek100_cls_ft(tmp_path):
 def test_a_model_key_that_disagrees_with_the_weights_is_refused(avion_clip,
                                                                 tmp_path):
   path = avion_clip[0]
-  config = config_lib.load_config('configs/clip_vitb16_ego4d.py', [
+  config = config_lib.load_config(f'{CONFIGS}/clip_vitb16_ego4d.py', [
       f'--config.init_from={path}', '--config.model.act=quick_gelu', *SMALL,
       *SMALL_TEXT])
   with pytest.raises(errors.InitFromError) as error:
@@ -374,7 +376,7 @@ def test_openai_weights_start_the_pretraining_as_avion_does():
             vocab_size=np.array(50))  # The TorchScript release's extras.
   source = weights.convert(sd, 'ViT-B-16.pt')
   assert source.description == 'ViT-B-16.pt (OpenAI CLIP)'
-  config = config_lib.load_config('configs/clip_vitb16_ego4d.py', [
+  config = config_lib.load_config(f'{CONFIGS}/clip_vitb16_ego4d.py', [
       '--config.model.variant=Ti/8', '--config.model.width=64',
       '--config.model.heads=1', '--config.model.depth=2',
       '--config.data.size=16', '--config.model.text.vocab_size=50',
@@ -397,7 +399,7 @@ def test_openai_weights_start_the_pretraining_as_avion_does():
 def test_a_run_resumes_with_what_it_computed():
   """A run that took AVION's facts, resumed by the same command: its saved
   config's facts are settled again (the recipe's defaults would differ)."""
-  config = config_lib.load_config('configs/ek100_cls_ft.py', [])
+  config = config_lib.load_config(f'{CONFIGS}/ek100_cls_ft.py', [])
   saved = {'model': dict(config.model.to_dict(), act='gelu', ln_eps=1e-6)}
   source = init_from.Source('classifier', {}, {}, 'run/checkpoints/7',
                             facts=facts.run_facts(saved))
