@@ -142,10 +142,10 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
   """
   model = saved.get('model') or {}
   name = model.get('name')
-  if name not in ('clip', 'videomae', 'classifier'):
-    return {}
   backbone = model.get('backbone') if name == 'classifier' else (
-      'clip' if name == 'clip' else 'videomae')
+      {'clip': 'clip', 'videomae': 'videomae'}.get(name))
+  if backbone not in BACKBONE_STYLES:
+    return {}
   style = BACKBONE_STYLES[backbone]
   why = "the run's config"
   # Runs saved before a key existed had the style's value built in.
