@@ -5,7 +5,9 @@ both initialised from OpenAI's CLIP ViT-B/16, with the symmetric InfoNCE loss
 over the global batch of 2048 clip-narration pairs, for 5 epochs of the ~4.0M
 Ego4D narration clips at a constant learning rate (AVION's `--fix-lr`), with
 a frozen temperature of 0.07. The projections to the joint space (256-d) are
-trained from scratch, as in AVION (OpenAI's 512-d ones are not loaded).
+trained from scratch, as in AVION (OpenAI's are 512-d: they do not fit and
+start fresh; continuing an AVION pretraining loads its 256-d ones and its
+temperature).
 `configs/clip_vitb16_ego4d.py:lavila` is AVION's LLM-augmented (LaViLa)
 pretraining instead: the same model on LaViLa's rephrased and narrator-
 generated narrations (see below).
@@ -90,13 +92,17 @@ training: `configs/ek100_mir_ft.py` with `--mode eval`, 4 frames and
 `--config.init_from=/runs/clip_vitb16_ego4d` (see its docstring). The whole
 chain, pretraining to fine-tuning: README, "The AVION chain".
 
-Matching AVION's code exactly: its towers run exact GELU on OpenAI's
+The model computes what its weights were trained with, read from them
+(WORKDIR/init_from.json lists it): QuickGELU and LayerNorm eps 1e-5 from
+OpenAI's `ViT-B-16.pt`; exact GELU, eps 1e-6 in the vision tower (1e-5 in
+the text tower) and its temperature from an AVION checkpoint. Matching
+AVION's code exactly, which runs exact GELU and eps 1e-6 on OpenAI's
 QuickGELU weights (its `use_quick_gelu=True` is swallowed by `**kwargs`):
-add `--config.model.act=gelu`. The default, QuickGELU, is what the weights
-were trained with. (AVION's vision tower also uses LayerNorm eps 1e-6 where
-OpenAI's uses 1e-5; vidjax keeps 1e-5, a negligible difference.) The
-released `ViT-B-16.pt` is a TorchScript archive: it is read as such, and
-pickled files run no code unless `--config.init_allow_pickle=True`.
+add `--config.model.act=gelu --config.model.ln_eps=1e-6
+--config.init_allow_mismatch=True` (without the last, a value that
+disagrees with the weights stops the run, naming both). The released
+`ViT-B-16.pt` is a TorchScript archive: it is read as such, and pickled
+files run no code unless `--config.init_allow_pickle=True`.
 
 AVION's reported numbers (not ours), zero-shot EK-100 MIR: baseline average
 mAP 27.4 (README) and 27.5 / 28.4, average nDCG 29.1 / 29.5
@@ -120,9 +126,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug", "lavila"))
   c = recipe.base_config("contrastive")
   # init_from: OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
-  # Fresh 256-d projections and the fixed 1/0.07 temperature, as AVION,
-  # when starting from released weights (a vidjax run's are all loaded).
-  c.init_keep = ("visual.proj", "text.proj", "logit_scale")
+  # Fresh 256-d projections (OpenAI's 512-d ones do not fit) and the fixed
+  # 1/0.07 temperature (an image CLIP's is not carried over), as AVION.
 
   c.data.update(
       format="ego4d",
@@ -133,7 +138,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # AVION: 8 loader processes per GPU; 16 x 4 threads decode as many.
       workers=16, threads=4)
 
-  # ViT-B/16 towers with QuickGELU (OpenAI's); CLIP mean/std.
+  # ViT-B/16 towers; act and ln_eps from the weights (OpenAI's: QuickGELU,
+  # 1e-5); CLIP mean/std.
   c.model.update(
       embed_dim=256,  # --project-embed-dim 256 (fresh projections).
       drop_path=0.0,  # --drop-path-rate 0

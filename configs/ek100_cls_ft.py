@@ -6,9 +6,10 @@ actions (verb:noun pairs of the train + validation CSVs), on 16-frame clips,
 with mixup 0.8 / cutmix 1.0, label smoothing 0.1, head dropout 0.5 and drop
 path 0.1, SGD with momentum 0.9 for 100 epochs of the 67,217 training clips
 (global batch 512). Evaluation on the 9,668
-validation clips: action top-1/top-5 (`eval/top1`, `eval/top5`) and the verb
-and noun accuracies marginalised from the action scores (`eval/verb_top1`,
-`eval/noun_top1`).
+validation clips: action top-1/top-5 and mean class accuracy (`eval/top1`,
+`eval/top5`, `eval/mean_class_acc`) and the verb and noun accuracies
+marginalised from the action scores (`eval/verb_top1`, `eval/noun_top1`,
+`eval/verb_mean_class_acc`, `eval/noun_mean_class_acc`); see below.
 
 Files, in the names the datasets ship them: the EK-100 videos (P01_01.MP4,
 ...) and epic-kitchens-100-annotations' EPIC_100_train.csv and
@@ -41,10 +42,22 @@ keeps its best checkpoint by action top-1, as AVION does; `--mode eval
 --config.init_from=avion_finetune_cls_lavila_vitb_best.pt` evaluates
 AVION's released classifier.
 
-Matching AVION's code exactly: its classifier gives every block the same
-drop-path rate (`--config.model.drop_path_schedule=uniform`; the default
-ramps linearly from 0, as the ViT recipe it cites) and runs exact GELU on
-the QuickGELU weights (`--config.model.act=gelu`).
+The backbone computes what the checkpoint was trained with (its
+activation and LayerNorm eps, read from it: an AVION checkpoint's exact
+GELU and eps 1e-6). Matching AVION's code exactly: its classifier gives
+every block the same drop-path rate
+(`--config.model.drop_path_schedule=uniform`; the default ramps linearly
+from 0, as the ViT recipe it cites) and, on a vidjax pretraining of
+OpenAI's weights, runs exact GELU and eps 1e-6 on the QuickGELU weights
+(`--config.model.act=gelu --config.model.ln_eps=1e-6
+--config.init_allow_mismatch=True`).
+
+Evaluation, as AVION's: action `eval/top1` (its Acc@1), `eval/top5`,
+`eval/mean_class_acc` (its Mean Acc.), and from the action probabilities
+summed per verb and per noun (a verb or noun in no action takes action 0's,
+as AVION's `marginalize`) `eval/verb_top1` and `eval/noun_top1` (its Verb
+and Noun Acc@1) and `eval/verb_mean_class_acc`, `eval/noun_mean_class_acc`
+(its mean class accuracy, which it computes but does not print).
 
 AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1
 verb / noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D

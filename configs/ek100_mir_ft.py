@@ -67,8 +67,11 @@ evaluates its pretraining on 4 frames) and `--workdir` a new directory.
 The same at 16 frames with `init_from` one of AVION's downloaded MIR
 checkpoints (the `.pt` of its model zoo) evaluates AVION's released
 fine-tuned model. The run keeps its best checkpoint by `eval/mAP_avg`, as
-AVION does. To match AVION's code exactly, add `--config.model.act=gelu`
-(see `clip_vitb16_ego4d.py`).
+AVION does. The activation, LayerNorm eps and temperature are the
+pretraining's (read from it: a vidjax pretraining's from its config, an
+AVION checkpoint's exact GELU and vision eps 1e-6); to run AVION's code's
+function on a vidjax pretraining of OpenAI's weights, see
+`clip_vitb16_ego4d.py`.
 
 AVION's reported numbers (not ours), fine-tuned from its LLM-augmented
 (LaViLa) ViT-B pretraining (`clip_vitb16_ego4d.py:lavila`): V->T / T->V /

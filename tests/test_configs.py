@@ -27,10 +27,11 @@ RECIPES = {
                           "eval/ek100_mir/mAP_avg", "eval/ek100_mir/nDCG_avg"),
     "ek100_mir_ft": ("eval/t2v_r1", "eval/chance_r1", "eval/mAP_avg",
                      "eval/nDCG_avg"),
-    "ek100_cls_ft": ("eval/top1", "eval/top5", "eval/verb_top1",
-                     "eval/noun_top1"),
+    "ek100_cls_ft": ("eval/top1", "eval/top5", "eval/mean_class_acc",
+                     "eval/verb_top1", "eval/noun_top1",
+                     "eval/verb_mean_class_acc", "eval/noun_mean_class_acc"),
     "videomae_vitb_k400_pretrain": ("eval/loss",),
-    "k400_ft": ("eval/top1", "eval/top5"),
+    "k400_ft": ("eval/top1", "eval/top5", "eval/mean_class_acc"),
 }
 # The demo's run (demo:debug itself trains in test_train.py) changes the
 # frames and the image size through the data keys alone, and counts its 2

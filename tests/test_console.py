@@ -113,7 +113,9 @@ def test_classification_table_has_the_chance_level_and_top5_past_5_classes():
         valid=np.ones(4, bool)), config)
     table = console.eval_table(10, {f"eval/{k}": v for k, v in metrics.items()})
     if classes == 2:  # Top-5 of 2 classes is always 1: not shown.
-      assert table.splitlines()[1] == "  top1        0.7500 | chance_top1 0.5000"
+      assert table.splitlines()[1] == ("  mean_class_acc 0.7500 | top1           "
+                                       "0.7500 | chance_top1    0.5000")
     else:
-      assert table.splitlines()[1] == ("  top1        0.2500 | top5        "
-                                       "0.7500 | chance_top1 0.1250")
+      assert table.splitlines()[1:] == [
+          "  mean_class_acc 0.2500 | top1           0.2500 | top5           0.7500",
+          "  chance_top1    0.1250"]

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from test_models_weights import (random_clip_state_dict,
                                  random_videomae_state_dict)
 from vidjax import checkpoint, keypaths, sharding
-from vidjax.models import CLIP, Classifier, init_from, weights
+from vidjax.models import CLIP, Classifier, init_from, sources, weights
 
 
 def shapes(make):
@@ -72,29 +72,37 @@ def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
   assert 'encoder.blocks.layers.0.attn.qkv.bias' in values
 
 
-def test_misfits_are_named_and_init_keep_starts_them_fresh():
+def small_clip(embed_dim):
+  return lambda: CLIP(embed_dim=embed_dim, image_size=16, patch_size=8,
+                      num_frames=4, vision_width=64, vision_depth=2,
+                      vision_heads=1, vocab_size=50, context_length=12,
+                      text_width=64, text_heads=1, text_depth=1,
+                      rngs=nnx.Rngs(0))
+
+
+def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
   sd = random_clip_state_dict(layers=1)
-  target = shapes(lambda: CLIP(embed_dim=8, image_size=16, patch_size=8,
-                               num_frames=4, vision_width=64, vision_depth=2,
-                               vision_heads=1, vocab_size=50, context_length=12,
-                               text_width=64, text_heads=1, text_depth=1,
-                               rngs=nnx.Rngs(0)))
+  target = shapes(small_clip(embed_dim=8))  # The source's are 16-d.
   with pytest.raises(init_from.InitFromError) as error:
     init_from.fill(target, weights.convert(sd, 'clip.npz'), 'clip')
   message = str(error.value)
   assert message.startswith('clip.npz (OpenAI/OpenCLIP CLIP) does not fit the '
                             'clip model:')
   assert 'missing (12): visual.blocks.layers.1.attn.out.bias' in message
-  assert 'visual.proj (64, 16) -> visual.proj.kernel (64, 8)' in message
-  assert 'config.init_keep' in message
   sd.update({f'visual.transformer.resblocks.1.{k[len("visual.transformer.resblocks.0."):]}': v
              for k, v in sd.items()
              if k.startswith('visual.transformer.resblocks.0.')})
-  _, report = init_from.fill(target, weights.convert(sd), 'clip',
-                          keep_init=('visual.proj', 'text.proj'))
-  assert report.fresh == {'text.proj.kernel': 'config.init_keep',
-                          'visual.proj.kernel': 'config.init_keep',
+  values, report = init_from.fill(target, weights.convert(sd), 'clip')
+  assert report.fresh == {'text.proj.kernel': init_from._NEW_PROJECTION,
+                          'visual.proj.kernel': init_from._NEW_PROJECTION,
                           'visual.temporal_pos': init_from._NO_TEMPORAL}
+  assert report.dropped['text_projection'] == '(64, 16) does not fit (64, 8)'
+  # init_keep: not loaded even though it fits.
+  values, report = init_from.fill(shapes(small_clip(embed_dim=16)),
+                                  weights.convert(sd), 'clip',
+                                  keep_init=('text.proj',))
+  assert 'visual.proj.kernel' in values and 'text.proj.kernel' not in values
+  assert report.fresh['text.proj.kernel'] == 'config.init_keep'
   assert report.dropped['text_projection'] == 'config.init_keep'
   with pytest.raises(init_from.InitFromError, match='holds a videomae model; it '
                      'cannot initialise a clip model'):
@@ -144,7 +152,7 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
     ckpt.save(3, {'step': 3, 'params': params, 'opt': {}})
     ckpt.save(4, {'step': 4, 'params': params, 'opt': {}})
     ckpt.record_eval(3, {'eval/r1': 0.5}, None)  # Step 3 is saved.
-  source = weights.read_source(str(tmp_path))
+  source = sources.read_source(str(tmp_path))
   assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
   live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
   model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1,
@@ -163,6 +171,6 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
 
 def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
   (tmp_path / 'model.safetensors').write_bytes(b'')
-  with pytest.raises(FileNotFoundError, match=r"no complete vidjax checkpoint"
-                     r".*name it: \['model.safetensors'\]"):
-    weights.read_source(str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=r"neither a complete vidjax "
+                     r"checkpoint.*name it: \['model.safetensors'\]"):
+    sources.read_source(str(tmp_path))

@@ -146,3 +146,37 @@ def test_retrieval_recall():
   assert got['chance_r1'] == pytest.approx(1 / n)
   assert metrics.retrieval_recall(np.eye(n))['t2v_r1'] == 1.0
   assert metrics.retrieval_recall(np.ones((n, n)))['v2t_r10'] == 0.0  # Ties count against.
+
+
+def test_ek100_mean_class_accuracy_and_marginals_as_avion():
+  """AVION's definitions (evaluation_ek100cls.py on scikit-learn's confusion
+  matrix: every class that is a label or a prediction is a row) on random
+  scores, where some classes are predicted but never the label and some
+  verbs and nouns are in no action."""
+  from sklearn.metrics import confusion_matrix
+  rng = np.random.default_rng(0)
+  pairs = np.stack([rng.choice([0, 1, 2, 4, 5, 6, 8, 9, 10, 12], 30),
+                    rng.choice([0, 2, 3, 5, 6, 7], 30)], 1)
+  pairs[0] = (0, 0)
+  probs = metrics.softmax(2 * rng.standard_normal((300, 30)))
+  labels = rng.integers(0, 20, 300)  # Actions 20-29: only ever predicted.
+
+  def avion_mean_accuracy(truth, scores):
+    cm = confusion_matrix(truth, scores.argmax(1))
+    return np.mean([cm[i, i] / cm[i].sum() if cm[i].sum() else 0.0
+                    for i in range(len(cm))])
+
+  ours = metrics.mean_class_accuracy(probs, labels)
+  assert ours == pytest.approx(avion_mean_accuracy(labels, probs))
+  labelled = [np.mean(probs[labels == c].argmax(1) == c) for c in range(20)]
+  assert ours < np.mean(labelled)  # Not the mean over labelled classes.
+  for column, marginal in zip((0, 1), metrics.marginalize_action_scores(
+      probs, pairs)):
+    ids = pairs[:, column]
+    members = [np.flatnonzero(ids == v) for v in range(ids.max() + 1)]
+    theirs = np.stack([probs[:, m if len(m) else [0]].sum(1) for m in members],
+                      1)  # AVION's marginalize: none -> action 0's
+    np.testing.assert_allclose(marginal, theirs)
+    truth = ids[labels]
+    assert metrics.mean_class_accuracy(marginal, truth) == pytest.approx(
+        avion_mean_accuracy(truth, theirs))

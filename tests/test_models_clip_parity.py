@@ -13,7 +13,7 @@ rounded to fp16 as released, is written in the layouts users download:
 
 (OpenCLIP's own files use OpenAI's names, so the first case covers them.)
 
-Each goes through `weights.read_source` and `init_from` into a vidjax CLIP
+Each goes through `sources.read_source` and `init_from` into a vidjax CLIP
 and gives OpenCLIP's image and text embeddings to 1e-4 (relative).
 Needs open_clip_torch (skipped otherwise); no weights are downloaded.
 torch and open_clip are imported by the tests, not at collection: they take
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from vidjax import models
-from vidjax.models import init_from, torchscript, weights
+from vidjax.models import init_from, sources, torchscript
 
 if not all(importlib.util.find_spec(m) for m in ('open_clip', 'torch')):
   pytest.skip('needs open_clip_torch', allow_module_level=True)
@@ -147,7 +147,7 @@ def test_openai_torchscript_archive_matches_openclip(reference, embed,
   for name, value in expected.items():
     assert read[name].dtype == value.numpy().dtype
     np.testing.assert_array_equal(read[name], value.numpy())
-  source = weights.read_source(path)
+  source = sources.read_source(path)
   assert source.kind == 'clip' and 'OpenAI' in source.description
   assert_matches(embed(source), reference)
 
@@ -156,7 +156,7 @@ def test_avion_checkpoint_matches_openclip(reference, embed, tmp_path):
   import torch  # pylint: disable=import-outside-toplevel
   path = tmp_path / 'checkpoint_best.pt'
   torch.save(avion_checkpoint(reference[0].state_dict()), path)
-  source = weights.read_source(str(path))
+  source = sources.read_source(str(path))
   assert 'AVION CLIP' in source.description
   assert source.tensors['visual.temporal_pos'].shape == (4, 768)
   assert_matches(embed(source), reference)

@@ -185,8 +185,9 @@ def test_mismatch_lists_missing_unexpected_and_shapes():
     weights.clip_from_state_dict({'a': np.zeros(1)})
 
 
-def _write_safetensors(path, tensors):
-  header, offset, blobs = {}, 0, []
+def write_safetensors(path, tensors, metadata=None):
+  """A .safetensors file (`metadata`: e.g. save_pretrained's {'format': 'pt'})."""
+  header, offset, blobs = ({'__metadata__': metadata} if metadata else {}), 0, []
   for name, array in tensors.items():
     blob = np.ascontiguousarray(array, np.float32).tobytes()
     header[name] = dict(
@@ -205,7 +206,7 @@ def _write_safetensors(path, tensors):
 def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
   sd = random_clip_state_dict(layers=1)
   np.savez(tmp_path / 'clip.npz', **sd)
-  _write_safetensors(tmp_path / 'clip.safetensors', sd)
+  write_safetensors(tmp_path / 'clip.safetensors', sd)
   for name in ('clip.npz', 'clip.safetensors'):
     loaded = weights.load_state_dict(str(tmp_path / name))
     assert loaded.keys() == sd.keys()
@@ -509,7 +510,7 @@ def test_damaged_files_are_named_without_a_traceback(tmp_path):
   # Partial downloads of each format, and an error page saved as weights.
   torch = pytest.importorskip('torch')
   sd = {'visual.proj': np.ones((4, 4), np.float32)}
-  _write_safetensors(tmp_path / 'whole.safetensors', sd)
+  write_safetensors(tmp_path / 'whole.safetensors', sd)
   np.savez(tmp_path / 'whole.npz', **sd)
   torch.save({k: torch.from_numpy(v) for k, v in sd.items()},
              tmp_path / 'whole.pt')

@@ -159,8 +159,10 @@ def test_init_from_released_clip_weights(tmp_path):
   assert int(run.state["step"]) == 0
 
 
-def test_init_from_keeps_named_params_at_init(tmp_path):
-  """AVION's Ego4D recipe: CLIP towers loaded, new 8-d projections kept."""
+def test_init_from_starts_projections_of_another_size_fresh(tmp_path):
+  """CLIP towers loaded; the weights' 16-d projections do not fit the
+  model's 8-d ones: they start fresh (as AVION's from OpenAI's), said in
+  init_from.json."""
   from test_models_weights import random_clip_state_dict
   rng = np.random.default_rng(1)
   sd = random_clip_state_dict(layers=2)  # Embedding 16-d.
@@ -175,16 +177,14 @@ def test_init_from_keeps_named_params_at_init(tmp_path):
       "--config.model.embed_dim=8", "--config.model.text.heads=1"]
   config = config_lib.load_config(str(REPO / "configs/demo.py:debug"),
                                   overrides)
-  with pytest.raises(ValueError, match="proj"):
-    train.setup(config, tmp_path / "a")
-  # Refused at start-up: nothing of the run is written (no config.json).
-  assert [p.name for p in (tmp_path / "a").iterdir()] == ["synthetic"]
-  with config.unlocked():
-    config.init_keep = ("visual.proj", "text.proj")
-  params = train.setup(config, tmp_path / "b").state["params"]
+  params = train.setup(config, tmp_path / "run").state["params"]
   assert params["visual"]["proj"]["kernel"].shape == (64, 8)
   np.testing.assert_allclose(params["text"]["token_embed"]["embedding"][...],
                              sd["token_embedding.weight"], rtol=1e-6)
+  report = json.loads((tmp_path / "run" / "init_from.json").read_text())
+  assert report["dropped"]["text_projection"] == "(64, 16) does not fit (64, 8)"
+  assert set(report["fresh"]) == {"visual.proj.kernel", "text.proj.kernel",
+                                  "visual.temporal_pos"}  # An image CLIP's
 
 
 class _Enough(Exception):

@@ -16,7 +16,7 @@ import pytest
 
 from vidjax import errors
 from vidjax.data import records
-from vidjax.models import torchscript, weights
+from vidjax.models import sources, tensor_io, torchscript
 
 
 class _WritesMarker:
@@ -41,7 +41,7 @@ def _archive(path, data_pkl: bytes, code: str = 'class M(Module):\n'):
 
 def _assert_refused(path, marker, *words):
   with pytest.raises(errors.InitFromError) as error:
-    weights.read_source(path)
+    sources.read_source(path)
   message = str(error.value)
   assert message.startswith(path) and len(message.splitlines()) == 1, message
   for word in words:
@@ -78,7 +78,7 @@ def test_torchscript_setstate_code_never_runs_by_default(tmp_path):
   _assert_refused(path, marker, 'TorchScript', 'Evil', '__setstate__',
                   '--config.init_allow_pickle=True')
   # Allowed, torch.jit.load runs it: the file is what this test says.
-  weights.load_state_dict(path, allow_pickle=True)
+  tensor_io.load_state_dict(path, allow_pickle=True)
   assert marker.exists()
 
 
@@ -153,7 +153,7 @@ def test_torchscript_read_as_data_names_nothing_else(tmp_path, monkeypatch):
           _Storage('0', 6), 0, (6,), (1,)),
       'proj': _Tensor(_Storage('0', 6), 0, (3, 2), (1, 3))}, storage)
   monkeypatch.setitem(sys.modules, 'torch', None)  # Not needed: not imported.
-  loaded = weights.load_state_dict(path)
+  loaded = tensor_io.load_state_dict(path)
   assert list(loaded) == ['proj']
   np.testing.assert_array_equal(loaded['proj'], storage.reshape(2, 3).T)
   monkeypatch.undo()
@@ -163,7 +163,7 @@ def test_torchscript_read_as_data_names_nothing_else(tmp_path, monkeypatch):
                           storage)
   with pytest.raises(errors.InitFromError, match='reaching element 7 of a '
                      'storage of 6'):
-    weights.load_state_dict(path)
+    tensor_io.load_state_dict(path)
 
 
 def test_torch_pickle_runs_nothing_unless_allowed(tmp_path):
@@ -174,7 +174,7 @@ def test_torch_pickle_runs_nothing_unless_allowed(tmp_path):
               'args': _WritesMarker(marker)}, path)
   _assert_refused(path, marker, 'exec',
                   '--config.init_allow_pickle=True')
-  weights.load_state_dict(path, allow_pickle=True)
+  tensor_io.load_state_dict(path, allow_pickle=True)
   assert marker.exists()
 
 
@@ -196,10 +196,10 @@ def test_safetensors_offsets_outside_the_data_are_refused(tmp_path):
     path.write_bytes(len(header).to_bytes(8, 'little') + header + data)
     with pytest.raises(errors.InitFromError, match='cannot be read as '
                        '.safetensors'):
-      weights.read_source(str(path))
+      sources.read_source(str(path))
   path.write_bytes((2**62).to_bytes(8, 'little') + header)  # A huge header.
   with pytest.raises(errors.InitFromError, match='header in a'):
-    weights.read_source(str(path))
+    sources.read_source(str(path))
 
 
 def test_a_weights_directory_runs_nothing(tmp_path):
@@ -210,7 +210,7 @@ def test_a_weights_directory_runs_nothing(tmp_path):
   with open(tmp_path / 'hf' / 'pytorch_model.bin', 'wb') as f:
     pickle.dump({'videomae.embeddings': _WritesMarker(marker)}, f)
   with pytest.raises(errors.UserError):
-    weights.read_source(str(tmp_path / 'hf'))
+    sources.read_source(str(tmp_path / 'hf'))
   assert not marker.exists()
 
 

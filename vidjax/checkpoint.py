@@ -419,8 +419,14 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
   params = {}
   for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[0]:
     params[keypaths.name(path)] = value
-  meta = {}
-  if (step_dir / "meta").is_dir():
-    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-      meta = checkpointer.restore(step_dir / "meta")
-  return params, meta.get("metadata", {}).get("config", {})
+  return params, read_config(directory, step)
+
+
+def read_config(directory, step: int) -> dict:
+  """The config a checkpoint was saved with, as a dict ({} if none was)."""
+  meta_dir = epath.Path(directory) / str(step) / "meta"
+  if not meta_dir.is_dir():
+    return {}
+  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+    meta = checkpointer.restore(meta_dir)
+  return meta.get("metadata", {}).get("config", {})

@@ -43,6 +43,7 @@ BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
+OVERRIDES_KEY = "overrides"  # The keys given on the command line.
 TUBELET_KEY = "model.tubelet"
 # `*_epochs` keys (> 0) and the step keys they set from the training records.
 EPOCH_KEYS = {"total_epochs": "total_steps",
@@ -179,7 +180,8 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
       type of the existing field.
 
   Returns:
-    The locked `ConfigDict`: assigning a new key raises.
+    The locked `ConfigDict`: assigning a new key raises. Its `overrides`
+    (where the config has that key) lists the keys the overrides set.
 
   Raises:
     errors.PathError: the file does not exist (a FileNotFoundError).
@@ -218,7 +220,12 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     raise
   except (flags.Error, TypeError, ValueError) as e:
     raise errors.ConfigError(f"{spec}: {str(e).removeprefix('flag ')}") from None
-  return flag_values.config
+  config = flag_values.config
+  if OVERRIDES_KEY in config:  # Whose values they are: see models/facts.py.
+    config[OVERRIDES_KEY] = tuple(
+        a.split("=", 1)[0].removeprefix("--").removeprefix("no")
+        .removeprefix("config.") for a in args)
+  return config
 
 
 def _choices(config) -> dict[str, tuple]:

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ['average_views', 'ek100_mir_metrics', 'marginalize_action_scores',
-           'retrieval_recall', 'softmax', 'topk_accuracy', 'topk_correct']
+           'mean_class_accuracy', 'retrieval_recall', 'softmax',
+           'topk_accuracy', 'topk_correct']
 
 # Bounds the [rows, columns] temporaries of the retrieval metrics.
 _MIR_ROWS_PER_CHUNK = 1024
@@ -147,13 +148,42 @@ def topk_accuracy(scores, labels, ks: Sequence[int] = (1, 5), prefix: str = '') 
           for k in ks}
 
 
+def mean_class_accuracy(scores, labels) -> float:
+  """Mean class accuracy as AVION computes it (EK-100's `Mean Acc.`).
+
+  The prediction is the highest score (the first on ties). Each class that
+  occurs as a label or as a prediction (the rows of scikit-learn's
+  confusion matrix) scores the fraction of its examples predicted right, or
+  0 if it is never the label; the result is their mean. (A class predicted
+  but never the label counts as 0: lower than the mean over labelled
+  classes alone.)
+
+  Args:
+    scores: float[N, C].
+    labels: int[N].
+
+  Returns:
+    A fraction in [0, 1].
+  """
+  labels = np.asarray(labels)
+  predictions = np.asarray(scores).argmax(-1)
+  classes, label_index = np.unique(np.concatenate([labels, predictions]),
+                                   return_inverse=True)
+  label_index = label_index[:len(labels)]
+  examples = np.bincount(label_index, minlength=len(classes))
+  right = np.bincount(label_index[predictions == labels],
+                      minlength=len(classes))
+  return float(np.mean(right / np.maximum(examples, 1)))
+
+
 def marginalize_action_scores(action_probs, action_to_verb_noun, num_verbs: int | None = None,
                               num_nouns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Verb and noun probabilities from action probabilities (EK-100).
 
   P(verb v) is the sum of P(action a) over the actions a whose verb is v;
-  likewise for nouns. Pass probabilities (e.g. averaged `softmax` scores), not
-  logits.
+  likewise for nouns. A verb (noun) in no action takes P(action 0), as
+  AVION's `marginalize` does. Pass probabilities (e.g. averaged `softmax`
+  scores), not logits.
 
   Args:
     action_probs: float[N, A].
@@ -176,9 +206,12 @@ def marginalize_action_scores(action_probs, action_to_verb_noun, num_verbs: int 
       raise ValueError(f'marginalize_action_scores: {what}={size} but the action map uses '
                        f'id {needed - 1}')
     sizes.append(needed if size is None else size)
-  verb_of = np.eye(sizes[0])[mapping[:, 0]]  # [A, V]
-  noun_of = np.eye(sizes[1])[mapping[:, 1]]  # [A, Nn]
-  return probs @ verb_of, probs @ noun_of
+  marginals = []
+  for column, size in enumerate(sizes):
+    member = np.eye(size)[mapping[:, column]]  # [A, V]: action a has verb v
+    member[0, member.sum(0) == 0] = 1  # In no action: action 0's, as AVION.
+    marginals.append(probs @ member)
+  return marginals[0], marginals[1]
 
 
 def retrieval_recall(similarity, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:

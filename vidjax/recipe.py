@@ -29,10 +29,18 @@ read):
   fsdp            devices each parameter is sharded over (1: replicated)
   resume          a run (workdir, checkpoints/ or step dir) to continue
                   when the workdir has no checkpoint yet
-  init_from       weights to start from (`vidjax.models.weights`)
+  init_from       weights to start from (`vidjax.models.weights`); what they
+                  were trained with (activation, LayerNorm eps, pooling,
+                  temperature) sets the model keys not given on the command
+                  line (`vidjax.models.facts`)
   init_allow_pickle  let `init_from` unpickle a file (runs its code)
-  init_keep       parameter path prefixes kept at their initial values when
-                  `init_from` is released weights
+  init_keep       parameter path prefixes not loaded from `init_from` even
+                  if they fit (they keep their initial values)
+  init_allow_mismatch  keep model keys given on the command line that differ
+                  from what the weights were trained with (a warning, not
+                  an error)
+  overrides       the keys given as --config.KEY=VALUE (`load_config` sets
+                  it): the user's, which the weights' facts never change
   peak_tflops     per device, for MFU; 0 looks the device kind up
   data            `vidjax.data.pipeline.default_data_config`
   model           `vidjax.models.default_model_config` of the task's model;
@@ -82,7 +90,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dict(
       seed=0, task=task, total_steps=0, total_epochs=0.0, batch_size=64,
       accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
-      init_keep=(), peak_tflops=0.0))
+      init_keep=(), init_allow_mismatch=False, overrides=(), peak_tflops=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():

@@ -26,7 +26,7 @@ from vidjax import checkpoint, config as config_lib, console, errors
 from vidjax import eval_sets, monitor, resume, sharding, steps as steps_lib
 from vidjax import tasks
 from vidjax.data import batches, checks, pipeline, synthetic
-from vidjax.models import flops as flops_lib, init_from, weights
+from vidjax.models import facts, flops as flops_lib, init_from, sources
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -95,6 +95,10 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
 
   start = resume.resolve_start(workdir, config)
+  # What the weights were trained with (activation, LayerNorm eps, pooling,
+  # temperature) decides the model where the command line does not.
+  source = sources.read_start(start, allow_pickle=config.init_allow_pickle)
+  settled = facts.settle(config, source)
   if start.kind in ("workdir", "resume"):
     resume.check_fits(start, steps_lib.build_state_and_steps(
         config, task, mesh, abstract=True)[0], config)
@@ -106,11 +110,10 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     run.state, run.data_state = restored.state, restored.data_state
     run.rng = restored.rng
   elif start.kind == "init_from":  # Parameters only, onto their shardings.
-    source = weights.read_source(
-        start.path, allow_pickle=config.init_allow_pickle)
     params, init_report = init_from.load_params(
         state["params"], config.model, source,
         keep_init=tuple(config.init_keep))
+    init_report.settled = settled
     run.state = dict(state, params=params)
 
   # --- The run is accepted: from here on the workdir is written.
@@ -122,7 +125,8 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if jax.process_index() == 0:
     console.attach_log_file(workdir)
   if start.kind in ("workdir", "resume"):
-    logging.info("resumed from %s at step %d", start.path, start.step)
+    logging.info("resumed from %s at step %d%s", start.path, start.step,
+                 "".join(f"\n  set {line}" for line in settled))
   elif start.kind == "init_from":
     init_report.log(workdir)  # Also WORKDIR/init_from.json.
   if "train" in reports:

@@ -29,12 +29,18 @@ Every model
   drop_path_schedule  'linear' (from 0 at the first block, timm/VideoMAE)
                 or 'uniform' (every block at drop_path: AVION's CLIP
                 classifier).
-  act           'quick_gelu' (OpenAI CLIP) or 'gelu' (exact, OpenCLIP/VideoMAE);
+  act           'quick_gelu' (OpenAI CLIP) or 'gelu' (exact: AVION, VideoMAE);
                 for 'classifier', '' takes the backbone's.
+  ln_eps        LayerNorm eps of the vision tower (encoder): 1e-5 for CLIP
+                (OpenAI's), 1e-6 for VideoMAE; for 'classifier', None takes
+                the backbone's.
+  `act`, the eps and the classifier's pooling are what the weights were
+  trained with: `config.init_from`'s source sets the ones not given on the
+  command line (`vidjax.models.facts`).
 'clip'
   embed_dim     joint embedding size (512 for B/16).
   text.vocab_size 49408, text.context_length 77, text.width 512,
-  text.heads 8, text.layers 12.
+  text.heads 8, text.layers 12, text.ln_eps 1e-5.
   logit_scale_init  log(1/temperature) at init (log(1/0.07)).
   learn_logit_scale whether it is trained.
 'videomae'
@@ -45,7 +51,10 @@ Every model
   num_classes   head size.
   backbone      'videomae' (sinusoid positions, no class token, mean pool)
                 or 'clip' (class token, learned positions, token pool).
-  pool          '' (the backbone's default), 'mean' or 'token'.
+  pool          '' (the backbone's default), 'mean' or 'token' (the first
+                token: the class token, or VideoMAE's first patch token).
+  head_ln_eps   eps of the pooled LayerNorm (VideoMAE's fc_norm, CLIP's
+                ln_post); None: ln_eps.
   head_dropout  dropout before the head.
   head_init_scale  head init std is 0.02 x this (VideoMAE uses 0.001).
 
@@ -97,11 +106,14 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
       drop_path=0.0 if name == 'videomae' else 0.1,
       drop_path_schedule='linear',
       act={'clip': 'quick_gelu', 'videomae': 'gelu', 'classifier': ''}[name],
+      ln_eps={'clip': 1e-5, 'videomae': 1e-6,
+              'classifier': config_dict.placeholder(float)}[name],
   ))
   if name == 'clip':
     config.embed_dim = 512
     config.text = ml_collections.ConfigDict(dict(
-        vocab_size=49408, context_length=77, width=512, heads=8, layers=12))
+        vocab_size=49408, context_length=77, width=512, heads=8, layers=12,
+        ln_eps=1e-5))
     config.logit_scale_init = INIT_LOGIT_SCALE
     config.learn_logit_scale = True
   elif name == 'videomae':
@@ -113,6 +125,7 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
     config.num_classes = 400
     config.backbone = 'videomae'
     config.pool = ''
+    config.head_ln_eps = config_dict.placeholder(float)
     config.head_dropout = 0.0
     config.head_init_scale = 0.001
   return config
@@ -148,7 +161,8 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
   if config.name == 'clip':
     text = config.text
     return dict(
-        common, act=config.act, embed_dim=config.embed_dim,
+        common, act=config.act, norm_eps=config.ln_eps,
+        text_norm_eps=config.text.ln_eps, embed_dim=config.embed_dim,
         **{f'vision_{key}': value for key, value in vision.items()},
         vocab_size=text.vocab_size, context_length=text.context_length,
         text_width=text.width, text_heads=text.heads, text_depth=text.layers,
@@ -156,14 +170,16 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
         learn_logit_scale=config.learn_logit_scale)
   if config.name == 'videomae':
     return dict(
-        common, **vision, act=config.act, decoder_width=config.decoder.width,
+        common, **vision, act=config.act, norm_eps=config.ln_eps,
+        decoder_width=config.decoder.width,
         decoder_depth=config.decoder.depth,
         decoder_heads=config.decoder.heads, mask_ratio=config.mask_ratio,
         norm_pix_loss=config.norm_pix_loss)
   if config.name == 'classifier':
     return dict(
         common, **vision, num_classes=config.num_classes,
-        act=config.act or None, backbone=config.backbone,
+        act=config.act or None, norm_eps=config.ln_eps,
+        head_norm_eps=config.head_ln_eps, backbone=config.backbone,
         pool=config.pool or None,
         head_dropout=config.head_dropout,
         head_init_scale=config.head_init_scale)

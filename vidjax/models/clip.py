@@ -25,7 +25,9 @@ class CLIP(nnx.Module):
   """Video tower (`visual`) and text tower (`text`) into one embedding space.
 
   Sizes default to ViT-B/16 CLIP. `logit_scale` holds log(1/temperature) as
-  in CLIP: an `nnx.Param` when learned, a `Buffer` when fixed.
+  in CLIP: an `nnx.Param` when learned, a `Buffer` when fixed. `norm_eps` is
+  the LayerNorm eps of the video tower, `text_norm_eps` the text tower's
+  (OpenAI: 1e-5 both; AVION's video tower: 1e-6).
   """
 
   def __init__(self, *, embed_dim: int = 512, image_size=224,
@@ -35,9 +37,9 @@ class CLIP(nnx.Module):
                vocab_size: int = 49408, context_length: int = 77,
                text_width: int = 512, text_heads: int = 8,
                text_depth: int = 12, act: str = 'quick_gelu',
-               norm_eps: float = 1e-5, drop_path: float = 0.0,
-               attention: str = 'auto', remat: str = 'none',
-               scan: bool = False, dtype=jnp.float32,
+               norm_eps: float = 1e-5, text_norm_eps: float = 1e-5,
+               drop_path: float = 0.0, attention: str = 'auto',
+               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32,
                logit_scale_init: float = INIT_LOGIT_SCALE,
                learn_logit_scale: bool = True, rngs: nnx.Rngs):
@@ -52,7 +54,7 @@ class CLIP(nnx.Module):
     self.text = TextTransformer(
         vocab_size=vocab_size, context_length=context_length, width=text_width,
         heads=text_heads, depth=text_depth, output_dim=embed_dim, act=act,
-        norm_eps=norm_eps, attention=attention, remat=remat, scan=scan,
+        norm_eps=text_norm_eps, attention=attention, remat=remat, scan=scan,
         dtype=dtype, residual_dtype=residual_dtype, rngs=rngs)
     variable = nnx.Param if learn_logit_scale else Buffer
     self.logit_scale = variable(jnp.asarray(logit_scale_init, jnp.float32))

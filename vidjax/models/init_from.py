@@ -2,16 +2,22 @@
 
 A `Source` holds tensors already named by our parameter paths, with layers
 unstacked (`visual.blocks.layers.3.attn.qkv.kernel`), in our layouts;
-`weights.py` makes one from any released format or a vidjax run. `fill`
-matches it to the parameters of the model being trained:
+`weights.py` makes one from any released format, `sources.py` from what a
+path names. `fill` matches it to the parameters of the model being trained:
 
 1. A task change (CLIP -> classifier, VideoMAE -> classifier, ...) renames
    and drops whole parts (the text tower, the decoder) and names the parts
-   that may start fresh (a new head).
+   that start fresh where the source has none of their shape (a new head,
+   projections of another `embed_dim`). `keep_init` (`config.init_keep`)
+   names parts not to load even if they fit.
 2. Stacked layers (`scan=True`) are gathered from the per-layer tensors.
 3. Positional tables are resized to the live model (temporal as AVION does,
    spatial bicubically) and one-frame patch kernels inflated to tubelets.
 4. Anything else missing or not fitting is an `InitFromError` naming it.
+
+What the source computes beyond its tensors (activation, LayerNorm eps,
+pooling, temperature: `Source.facts`) sets the model's config before the
+model is built (`vidjax.models.facts`).
 
 `load_params` puts each tensor on the sharding of the live parameter it
 replaces (the model is never built a second time); a `Report` says what was
@@ -52,7 +58,8 @@ class Source:
   unexpected: source names that map to no parameter of `kind`.
   tubelet: frames per patch of the patch kernel (None: unknown).
   backbone: for classifiers, 'clip' or 'videomae'.
-  vidjax: a vidjax run's parameters (trained under a vidjax config).
+  facts: {key of config.model: (value, why)}: what the source computed with
+    (`vidjax.models.facts`), e.g. {'act': ('gelu', "AVION's ...")}.
   """
   kind: str
   tensors: dict[str, np.ndarray]
@@ -61,7 +68,7 @@ class Source:
   unexpected: list[str] = dataclasses.field(default_factory=list)
   tubelet: int | None = 1
   backbone: str = ''
-  vidjax: bool = False
+  facts: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +87,17 @@ class TaskChange:
   optional: tuple = ()
 
 
-_TEMPERATURE = ('logit_scale', 'the model keeps its temperature fixed')
+_TEMPERATURE = ('logit_scale', 'a fixed temperature: model.logit_scale_init '
+                '(a video CLIP\'s own, an image CLIP\'s not)')
 _NO_TEMPORAL = 'an image model has no temporal table: it starts at zero'
 _NEW_HEAD = 'a new classification head'
+_NEW_PROJECTION = 'a projection to another model.embed_dim'
 _DECODER = 'the classifier has no decoder'
 TASK_CHANGES = {
     ('clip', 'clip'): TaskChange(
-        fresh=(('visual.temporal_pos', _NO_TEMPORAL),),
+        fresh=(('visual.temporal_pos', _NO_TEMPORAL),
+               ('visual.proj.', _NEW_PROJECTION),
+               ('text.proj.', _NEW_PROJECTION)),
         optional=(_TEMPERATURE,)),
     ('clip', 'classifier'): TaskChange(
         rename=(('visual.', 'encoder.'),),
@@ -111,19 +122,28 @@ TASK_CHANGES = {
 @dataclasses.dataclass
 class Report:
   """What `fill` did: target paths loaded, resized or fresh; source names
-  dropped. `resized`, `dropped` and `fresh` map each name to how or why."""
+  dropped. `resized`, `dropped` and `fresh` map each name to how or why.
+  `facts`: what the source computed with ({'model.act': 'gelu', ...});
+  `settled`: the config keys set from them (`facts.settle`'s lines)."""
   source: str
   change: str
   loaded: list[str] = dataclasses.field(default_factory=list)
   resized: dict[str, str] = dataclasses.field(default_factory=dict)
   dropped: dict[str, str] = dataclasses.field(default_factory=dict)
   fresh: dict[str, str] = dataclasses.field(default_factory=dict)
+  facts: dict[str, object] = dataclasses.field(default_factory=dict)
+  settled: list[str] = dataclasses.field(default_factory=list)
 
   def summary(self) -> str:
     """A few lines for the start-up log; names grouped by reason."""
     lines = [f'{self.source}, {self.change}: {len(self.loaded)} loaded, '
              f'{len(self.resized)} resized, {len(self.dropped)} dropped, '
              f'{len(self.fresh)} at their initial values']
+    if self.facts:
+      lines.append('  computed with ' + ', '.join(
+          f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v!r}'
+          for k, v in self.facts.items()))
+    lines += [f'  set {line}' for line in self.settled]
     lines += [f'  resized {name}: {how}' for name, how in self.resized.items()]
     for title, names in (('dropped', self.dropped), ('fresh', self.fresh)):
       by_reason = {}
@@ -204,7 +224,7 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
     kind: the model's kind ('clip', 'videomae' or 'classifier').
     tubelet: the model's frames per patch (one-frame kernels are inflated).
     keep_init: target path prefixes left at their initial values even if
-      the source has them (e.g. projections of another size).
+      the source has them and they fit (`config.init_keep`).
     patch_inflation: 'center' or 'average' (see `inflate_kernel`).
 
   Returns:
@@ -218,7 +238,8 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
   if change is None:
     raise InitFromError(f'{source.description} holds a {source.kind} model; '
                         f'it cannot initialise a {kind} model')
-  report = Report(source.description, f'{source.kind} -> {kind}')
+  report = Report(source.description, f'{source.kind} -> {kind}',
+                  facts={f'model.{k}': v for k, (v, _) in source.facts.items()})
   keep_init = tuple(keep_init)
   tensors = _renamed(source, change, keep_init, report)
   values, missing, mismatched, used = {}, [], [], set()
@@ -228,8 +249,8 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
     present = [p for p in parts if p in tensors]
     used.update(present)
     if not present:
-      why = _match(path, change.fresh) or (
-          'config.init_keep' if path.startswith(keep_init) else None)
+      why = ('config.init_keep' if keep_init and path.startswith(keep_init)
+             else _match(path, change.fresh))
       if why is None:
         missing.append(path)
       else:
@@ -276,7 +297,7 @@ def _problems(source, kind, missing, unexpected, mismatched, keep_init) -> str:
   hint = ''
   if mismatched and not keep_init:
     hint = ('\n  (to start a part of another size fresh, name it in '
-            "config.init_keep, e.g. ('visual.proj', 'text.proj'))")
+            "config.init_keep, e.g. ('text.',) for the whole text tower)")
   return (f'{source.description} does not fit the {kind} model:'
           + listing('missing', sorted(missing))
           + listing('unexpected', sorted(unexpected))
@@ -302,10 +323,8 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     params: the model's parameters (an nnx.State of jax.Arrays, e.g. from
       the sharded train state, or of ShapeDtypeStructs).
     model_config: `config.model` (its `name` and `tubelet` are read).
-    source: from `weights.read_source`.
-    keep_init: see `fill`: for released weights only (AVION starts its
-      projections fresh from OpenAI's CLIP); a vidjax run's parameters were
-      trained for a vidjax model and are all loaded.
+    source: from `sources.read_source`.
+    keep_init: see `fill` (`config.init_keep`).
     patch_inflation: see `fill`.
 
   Returns:
@@ -322,7 +341,7 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
   values, report = fill(
       {name: leaf.shape for name, leaf in leaves.items()}, source,
       model_config.name, tubelet=model_config.tubelet,
-      keep_init=() if source.vidjax else keep_init,
+      keep_init=keep_init,
       patch_inflation=patch_inflation)
 
   def put(keypath, leaf):

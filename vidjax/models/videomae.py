@@ -178,7 +178,9 @@ class Classifier(nnx.Module):
   """ViT + pooling + linear head, for fine-tuning either pretraining.
 
   Parameters: `encoder` (VisionTransformer, pool 'mean' or 'token') and
-  `head` (kernel [D, num_classes]).
+  `head` (kernel [D, num_classes]). `act` and `norm_eps` (None: the
+  backbone's, `BACKBONE_STYLES`) are the blocks' activation and LayerNorm
+  eps; `head_norm_eps` (None: `norm_eps`) the pooled norm's.
   """
 
   def __init__(self, *, num_classes: int, backbone: str = 'videomae',
@@ -186,6 +188,8 @@ class Classifier(nnx.Module):
                heads: int = 12, mlp_dim: int | None = None,
                patch_size: int = 16, image_size=224, num_frames: int = 16,
                tubelet: int = 2, act: str | None = None,
+               norm_eps: float | None = None,
+               head_norm_eps: float | None = None,
                drop_path: float = 0.0, head_dropout: float = 0.0,
                head_init_scale: float = 0.001, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
@@ -196,13 +200,16 @@ class Classifier(nnx.Module):
     style = dict(BACKBONE_STYLES[backbone])
     if act is not None:
       style['act'] = act
+    if norm_eps is not None:
+      style['norm_eps'] = norm_eps
     pool = pool or ('token' if style['class_token'] else 'mean')
     self.encoder = VisionTransformer(
         width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
         patch_size=patch_size, image_size=image_size, num_frames=num_frames,
         tubelet=tubelet, pool=pool, output_dim=None, drop_path=drop_path,
-        attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, rngs=rngs, **style)
+        head_norm_eps=head_norm_eps, attention=attention, remat=remat,
+        scan=scan, dtype=dtype, residual_dtype=residual_dtype, rngs=rngs,
+        **style)
     self.head_dropout = nnx.Dropout(head_dropout, rngs=dropout_stream(rngs))
     # Small head init (VideoMAE's init_scale) so fine-tuning starts gently.
     self.head = nnx.Linear(

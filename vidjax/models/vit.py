@@ -93,6 +93,12 @@ class VisionTransformer(nnx.Module):
   Parameters: `patch_embed` (kernel [t*p*p*3, D]), `class_token` [D],
   `spatial_pos` [(1) + h*w, D] and `temporal_pos` [T/t, D] (learned mode),
   `pre_norm` (CLIP's ln_pre), `blocks`, `norm`, `proj` (kernel [D, E]).
+
+  Pooling: 'token' takes the first token (the class token; without one, the
+  first patch token, as VideoMAE's classifiers with use_mean_pooling=False),
+  'mean' the mean of the patch tokens, 'none' every token; then `norm`
+  (eps `head_norm_eps`, default `norm_eps`: Hugging Face's VideoMAE fc_norm
+  uses PyTorch's 1e-5 whatever its blocks use).
   """
 
   def __init__(self, *, width: int, depth: int, heads: int,
@@ -102,17 +108,15 @@ class VisionTransformer(nnx.Module):
                pre_norm: bool = True, pool: str = 'token',
                output_dim: int | None = None, patch_bias: bool = False,
                act: str = 'quick_gelu', qkv_bias: bool = True,
-               norm_eps: float = 1e-5, drop_path: float = 0.0,
-               attention: str = 'auto', remat: str = 'none',
-               scan: bool = False, dtype=jnp.float32,
+               norm_eps: float = 1e-5, head_norm_eps: float | None = None,
+               drop_path: float = 0.0, attention: str = 'auto',
+               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32, rngs: nnx.Rngs):
     if pos_embed not in ('learned', 'sincos'):
       raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
                        f'got {pos_embed!r}')
     if pool not in ('token', 'mean', 'none'):
       raise ValueError(f"pool must be 'token', 'mean' or 'none', got {pool!r}")
-    if pool == 'token' and not class_token:
-      raise ValueError("pool='token' needs class_token=True")
     if num_frames % tubelet:
       raise ValueError(f'num_frames={num_frames} is not a multiple of '
                        f'tubelet={tubelet}')
@@ -145,7 +149,9 @@ class VisionTransformer(nnx.Module):
         act=act, qkv_bias=qkv_bias, norm_eps=norm_eps, drop_path=drop_path,
         attention=attention, remat=remat, scan=scan, dtype=dtype,
         residual_dtype=residual_dtype, rngs=rngs)
-    self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
+    self.norm = nnx.LayerNorm(
+        width, epsilon=norm_eps if head_norm_eps is None else head_norm_eps,
+        rngs=rngs)
     self.proj = (nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
                             kernel_init=normal, rngs=rngs)
                  if output_dim else None)

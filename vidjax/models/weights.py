@@ -1,4 +1,4 @@
-"""Weight import: released checkpoints and vidjax runs as `init_from.Source`s.
+"""Weight import: released checkpoints' state dicts as `init_from.Source`s.
 
 Every format is mapped to our parameter paths (foreign layouts first become
 OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
@@ -11,12 +11,13 @@ OpenAI's CLIP or the original VideoMAE names in `tensor_io`):
 * VideoMAE: the original pretraining and fine-tuned checkpoints, Hugging
   Face's, and AVION's (flash-attention names, `--channel-last` Linear
   patch embedding).
-* vidjax: a run's workdir (its best checkpoint if recorded, else the
-  latest) or one checkpoint step directory: parameters only.
 
 Layouts become ours (PyTorch Linear weights transposed, conv patch
 embeddings flattened to patch kernels); resizing to the configured model is
-`init_from.fill`'s. `*_from_state_dict` build a model sized from the weights.
+`init_from.fill`'s; `sources.py` reads what a path names (files, Hugging
+Face `save_pretrained` directories, vidjax runs). Each source also says what it computed with (`facts`:
+activation, LayerNorm eps, pooling, temperature). `*_from_state_dict` build
+a model sized from the weights, computing what they computed.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ import re
 import numpy as np
 from flax import nnx
 
-from vidjax import checkpoint, errors, resume
-from vidjax.models import init_from, tensor_io
+from vidjax import errors
+from vidjax.models import facts as facts_lib, init_from
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
                                      conv_to_kernel, inflate_kernel,
@@ -41,7 +42,7 @@ __all__ = ['classifier_from_state_dict', 'clip_config_from_state_dict',
            'clip_from_state_dict', 'conv_to_kernel', 'convert',
            'inflate_kernel', 'interpolate_pos_embed', 'interpolate_temporal',
            'load_classifier', 'load_clip', 'load_state_dict', 'load_videomae',
-           'read_source', 'videomae_config_from_state_dict',
+           'videomae_config_from_state_dict',
            'videomae_from_state_dict']
 
 # ------------------------------------------------ canonical names -> ours
@@ -135,18 +136,21 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
 
 # ------------------------------------------------------------------ sources
 
-def convert(state_dict: dict, description: str = 'state dict'
-            ) -> init_from.Source:
+def convert(state_dict: dict, description: str = 'state dict', *,
+            hf_config: dict | None = None) -> init_from.Source:
   """A state dict of any supported format -> an `init_from.Source`.
 
   Args:
     state_dict: name -> numpy array or torch tensor.
     description: where it came from, for messages (e.g. the file path).
+    hf_config: the config.json of a Hugging Face directory (`description`
+      is then the directory).
 
   Raises:
     errors.InitFromError: a format we do not read, named.
   """
   sd = {name: to_numpy(value) for name, value in state_dict.items()}
+  where = os.path.join(description, 'config.json')  # For hf_config.
   if any('.timeattn.' in name for name in sd):
     raise errors.InitFromError(
         f'{description}: a TimeSformer (divided space-time attention, as in '
@@ -154,6 +158,7 @@ def convert(state_dict: dict, description: str = 'state dict'
         "these weights do not apply. Use AVION's checkpoints or a CLIP")
   if any(k.startswith(('visual.conv1.', 'vision_model.', 'textual.'))
          for k in sd):
+    released = 'input_resolution' in sd  # OpenAI's .pt archives' extras
     sd, fmt = canonical_clip(sd)
     tensors, names, unexpected = _rename(sd, CLIP_NAMES)
     kind = 'classifier' if 'head.kernel' in tensors else 'clip'
@@ -161,66 +166,35 @@ def convert(state_dict: dict, description: str = 'state dict'
       tensors = {re.sub(r'^visual\.', 'encoder.', k): v
                  for k, v in tensors.items()}
       names = {re.sub(r'^visual\.', 'encoder.', k): v for k, v in names.items()}
+    origin = ('hugging_face' if fmt.startswith('Hugging Face') else 'avion'
+              if fmt.startswith('AVION') else 'openai' if released
+              else 'openclip')
+    if origin == 'openai':
+      fmt = 'OpenAI CLIP'
+    temperature = tensors.get('logit_scale') if origin == 'avion' else None
+    facts = facts_lib.clip_facts(
+        origin, hf_config=hf_config, where=where,
+        temperature=None if temperature is None else float(temperature))
     return init_from.Source(kind, tensors, names, f'{description} ({fmt})',
-                         unexpected, tubelet=1, backbone='clip')
+                            unexpected, tubelet=1, backbone='clip',
+                            facts=facts)
   if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
          for k in sd):
     sd, fmt = canonical_videomae(sd)
     tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
     finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
                     for k in sd)
+    facts = facts_lib.videomae_facts(
+        'hugging_face' if 'Hugging Face' in fmt else 'original',
+        finetuned=finetuned, mean_pooling='encoder.fc_norm.weight' in sd,
+        hf_config=hf_config, where=where)
     conv = sd.get('encoder.patch_embed.proj.weight')
     return init_from.Source('classifier' if finetuned else 'videomae', tensors,
-                         names, f'{description} ({fmt})', unexpected,
-                         tubelet=conv.shape[2] if conv is not None else None,
-                         backbone='videomae')
+                            names, f'{description} ({fmt})', unexpected,
+                            tubelet=conv.shape[2] if conv is not None else None,
+                            backbone='videomae', facts=facts)
   raise errors.InitFromError(f'{description}: not a CLIP or VideoMAE checkpoint '
                    f'we know (first names: {list(sd)[:5]})')
-
-
-def _vidjax_source(params: dict, config: dict, description: str
-                   ) -> init_from.Source:
-  """A vidjax run's parameters; scanned layers are unstacked."""
-  tensors = {}
-  for path, value in params.items():
-    if init_from.is_stacked(path):
-      tensors.update(zip(init_from.layer_names(path, len(value)), value))
-    else:
-      tensors[path] = value
-  # The saved run's config, read back from its checkpoint: may be empty.
-  model = config.get('model', {})
-  kind = model.get('name') or (
-      'clip' if 'text.pos_embed' in tensors else
-      'videomae' if 'mask_token' in tensors else 'classifier')
-  backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
-      'clip' if 'encoder.class_token' in tensors else 'videomae')
-  return init_from.Source(kind, tensors, {p: p for p in tensors},
-                       f'{description} (vidjax {kind})',
-                       tubelet=model.get('tubelet'), backbone=backbone,
-                       vidjax=True)
-
-
-def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
-  """What `config.init_from` names, as a `Source`.
-
-  Args:
-    path: a weights file (see `load_state_dict`), or a vidjax run: its
-      workdir or checkpoints directory (the best checkpoint if recorded,
-      else the latest) or one checkpoint step directory.
-    allow_pickle: see `load_state_dict`.
-  """
-  if os.path.isdir(path):
-    directory, step = resume.find_checkpoint(path, prefer_best=True)
-    if step is None:
-      files = sorted(f for f in os.listdir(path) if f.endswith(
-          ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
-      raise errors.PathError(
-          f'{path}: no complete vidjax checkpoint (expected a workdir, its '
-          'checkpoints/ directory or one step directory)'
-          + (f'; to load a weights file, name it: {files}' if files else ''))
-    params, config = checkpoint.read_params(directory, step)
-    return _vidjax_source(params, config, os.path.join(directory, str(step)))
-  return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
 
 
 # ----------------------------------------------------- standalone builders
@@ -251,6 +225,17 @@ def _vision_sizes(source: init_from.Source, prefix: str, kind: str) -> dict:
     rows = source.tensors[f'{prefix}.spatial_pos'].shape[0]
     sizes['image_size'] = math.isqrt(rows - 1) * patch
   return sizes
+
+
+def _fact_kwargs(source: init_from.Source, kind: str) -> dict:
+  """Constructor arguments for what the source computed with (its facts)."""
+  names = {'act': 'act', 'ln_eps': 'norm_eps'}
+  if kind == 'clip':
+    names['text.ln_eps'] = 'text_norm_eps'
+  elif kind == 'classifier':
+    names.update({'head_ln_eps': 'head_norm_eps', 'pool': 'pool'})
+  return {arg: source.facts[key][0] for key, arg in names.items()
+          if key in source.facts}
 
 
 def _clip_config(source: init_from.Source) -> dict:
@@ -288,18 +273,21 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
       unless the state dict has 'visual.temporal_embedding' (resized).
     patch_inflation: 'center' or 'average', when `tubelet` > 1.
     rngs: for the few variables not loaded (default nnx.Rngs(0)).
-    keep_init: model parameter prefixes (e.g. 'visual.proj', 'text.proj')
-      left at their initial values instead of loaded, as AVION does for the
-      projections when it changes `embed_dim`.
+    keep_init: model parameter prefixes (e.g. 'text.') left at their
+      initial values even where the state dict's fit (projections to
+      another `embed_dim` start fresh anyway).
     **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
-      models trained with GELU (the state dict does not say), image_size
-      (positional embeddings are interpolated), dtype, attention, remat.
+      models trained with GELU (an OpenCLIP state dict does not say; the
+      activation and LayerNorm eps of the formats that do are the
+      defaults), image_size (positional embeddings are interpolated),
+      dtype, attention, remat.
 
   Returns:
     The CLIP model; `encode_video`/`encode_text` as in the README.
   """
   source = convert(state_dict)
-  kwargs = dict(_clip_config(source), num_frames=num_frames, **overrides)
+  kwargs = {**_clip_config(source), 'num_frames': num_frames,
+            **_fact_kwargs(source, 'clip'), **overrides}
   return init_from.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'clip', tubelet=kwargs.get('tubelet', 1),
                       keep_init=keep_init, patch_inflation=patch_inflation)
@@ -307,7 +295,10 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
 
 def videomae_config_from_state_dict(state_dict: dict) -> dict:
   """Encoder (and decoder, if present) sizes of a VideoMAE state dict."""
-  source = convert(state_dict)
+  return _videomae_config(convert(state_dict))
+
+
+def _videomae_config(source: init_from.Source) -> dict:
   config = _vision_sizes(source, 'encoder', 'VideoMAE')
   if 'encoder_to_decoder.kernel' in source.tensors:
     width = source.tensors['encoder_to_decoder.kernel'].shape[1]
@@ -323,10 +314,11 @@ def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
   Sizes come from the shapes (heads = width / 64); image_size and
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
-  kwargs = dict(videomae_config_from_state_dict(state_dict), **overrides)
+  source = convert(state_dict)
+  kwargs = {**_videomae_config(source), **_fact_kwargs(source, 'videomae'),
+            **overrides}
   return init_from.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                      convert(state_dict), 'videomae',
-                      tubelet=kwargs['tubelet'])
+                         source, 'videomae', tubelet=kwargs['tubelet'])
 
 
 def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
@@ -347,8 +339,8 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
     sizes.update(tubelet=1, num_frames=1)
   else:
     sizes.pop('image_size', None)
-  kwargs = dict(sizes, backbone=source.backbone, num_classes=num_classes,
-                **overrides)
+  kwargs = {**sizes, 'backbone': source.backbone, 'num_classes': num_classes,
+            **_fact_kwargs(source, 'classifier'), **overrides}
   return init_from.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'classifier', tubelet=kwargs['tubelet'],
                       patch_inflation=patch_inflation)

@@ -2,10 +2,11 @@
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
 (from `augment`), or on hard labels, averaged over the valid examples.
-Eval: top-1 (and top-5 with more than 5 classes) with multi-view averaging
-of softmax scores, and the chance level `chance_top1` (1 / classes); for
-EK-100 actions also verb and noun accuracy, marginalised from the action
-scores, each with its own chance level.
+Eval: top-1 (and top-5 with more than 5 classes) and mean class accuracy
+(AVION's) with multi-view averaging of softmax scores, and the chance level
+`chance_top1` (1 / classes); for EK-100 actions also verb and noun
+accuracies, from the action scores marginalised as AVION does, each with its
+own chance level.
 """
 from __future__ import annotations
 
@@ -69,10 +70,13 @@ def eval_metrics(outputs, config) -> dict[str, float]:
 
 def _accuracy(probs, labels, prefix: str = "") -> dict[str, float]:
   """Top-1, top-5 where there are more than 5 classes (else it is 1 or
-  nearly), and the chance level of top-1 (guessing: 1 / classes)."""
+  nearly), mean class accuracy (AVION's), and the chance level of top-1
+  (guessing: 1 / classes)."""
   classes = probs.shape[1]
   metrics = metrics_lib.topk_accuracy(probs, labels,
                                       ks=(1, 5) if classes > 5 else (1,),
                                       prefix=prefix)
+  metrics[f"{prefix}mean_class_acc"] = metrics_lib.mean_class_accuracy(
+      probs, labels)
   metrics[f"chance_{prefix}top1"] = 1.0 / classes
   return metrics
