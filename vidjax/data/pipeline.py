@@ -340,7 +340,8 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
-      positives=caption_positives(data, records) if train else None)
+      positives=caption_positives(data, records) if train else None,
+      targets=batches.target_keys(config))
   ds = make_dataset(
       clip_loader, train=train, seed=config.seed if seed is None else seed,
       num_epochs=num_epochs, workers=data.workers, threads=data.threads,
