@@ -34,6 +34,9 @@ read):
   init_keep       parameter path prefixes kept at their initial values when
                   `init_from` is released weights
   peak_tflops     per device, for MFU; 0 looks the device kind up
+  device_memory_gib  per device, for the start-up memory check
+                  (`vidjax.memory`): 0 takes what a GPU reports (no check
+                  on CPUs), N plans for N GiB, -1 checks nothing
   data            `vidjax.data.pipeline.default_data_config`
   model           `vidjax.models.default_model_config` of the task's model;
                   `model.num_frames` and `model.image_size` are references
@@ -82,7 +85,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dict(
       seed=0, task=task, total_steps=0, total_epochs=0.0, batch_size=64,
       accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
-      init_keep=(), peak_tflops=0.0))
+      init_keep=(), peak_tflops=0.0, device_memory_gib=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():
