@@ -79,7 +79,10 @@ def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
   batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  loss = lambda params, rest, batch, key: steps.loss(params, rest, batch, key)[0]
+
+  def loss(params, rest, batch, key):
+    return steps.loss(params, rest, batch, key)[0]
+
   residuals = ad_checkpoint.saved_residuals(loss, state["params"], rest,
                                             batch, key)
   return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
@@ -208,7 +211,8 @@ def _what_fits(config, estimate: StepMemory, fitting: StepMemory | None,
                 if per_step % a == 0 and per_step // a <= most), None)
   if most >= 1 and accum:
     ways.append(f"--config.accum_steps={accum} ({per_step // accum} clips per "
-                f"device at a time, the same global batch; at most {most} clips per device fit)")
+                f"device at a time, the same global batch; at most {most} "
+                "clips per device fit)")
   elif most >= 1:
     ways.append(f"a batch of at most {most} clips per device")
   if estimate.attention == "xla" and jax.default_backend() == "gpu":
