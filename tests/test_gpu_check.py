@@ -178,24 +178,26 @@ def test_a_cudnn_failure_is_a_result_and_xla_is_still_measured(monkeypatch):
 
 
 def test_the_plan_starts_with_the_recipes_policy(monkeypatch):
+  # A device too small for every estimate: the recipe's own policy is still
+  # measured first (out of memory halves its batch), XLA's batch is the
+  # largest its estimate fits, and the extra policies are left out before
+  # anything compiles, saying why.
+  monkeypatch.setattr(gpu_measure, "usable_memory_bytes", lambda: 2.0**20)
   recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
   result, _, printed = _dry_run("--plan")
-  assert [step["key"] for step in result["plan"]["steps"]] == [
-      f"cudnn/{recipe}", f"xla/{recipe}", "cudnn/none", "cudnn/full"]
-  lines = [line.split("] ", 1)[1] for line in printed if "clips per device (" in line]
-  assert lines[0].startswith(f"  1. cudnn/{recipe} at 2 clips per device "
-                             "(the recipe's policy; estimated ")
-  assert lines[1].startswith(f"  2. xla/{recipe} at 2 clips per device")
-  assert "training" not in result and printed[-1].startswith("VERDICT: ")
-  # Where an estimate does not fit, the step is left out before anything
-  # compiles (the recipe's own always runs: out of memory halves its batch),
-  # and XLA's batch is the largest that fits.
-  monkeypatch.setattr(gpu_measure, "usable_memory_bytes", lambda: 1.0)
-  plan = gpu_measure.step_plan(gpu_measure.make_plan(dry=True))
+  plan = result["plan"]
   assert [(s["key"], s["batch_per_device"]) for s in plan["steps"]] == [
       (f"cudnn/{recipe}", 2), (f"xla/{recipe}", 1)]
   assert list(plan["left_out"]) == ["cudnn/none", "cudnn/full"]
-  assert plan["left_out"]["cudnn/none"].startswith("estimated ")
+  lines = [line.split("] ", 1)[1] for line in printed if line.startswith("[")]
+  start = lines.index("training steps, in order:")
+  assert lines[start + 1].startswith(
+      f"  1. cudnn/{recipe} at 2 clips per device (the recipe's policy; "
+      "estimated ")
+  assert lines[start + 2].startswith(f"  2. xla/{recipe} at 1 clips per device")
+  assert lines[start + 3].startswith("  left out: cudnn/none (estimated ")
+  assert lines[start + 3].endswith(" > 0.000977 GiB usable)")
+  assert "training" not in result and printed[-1].startswith("VERDICT: ")
 
 
 def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(

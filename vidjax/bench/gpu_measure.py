@@ -184,8 +184,8 @@ def step_plan(plan: Plan, remats: list[str] | None = None) -> dict:
     why = ("requested" if remats else
            "the recipe's policy" if i == 0 else "if time remains")
     if not remats and i and usable and need and need * GiB > usable:
-      left_out[f"cudnn/{remat}"] = (f"estimated {need:.1f} GiB > "
-                                    f"{usable / GiB:.1f} GiB usable")
+      left_out[f"cudnn/{remat}"] = (f"estimated {need:.3g} GiB > "
+                                    f"{usable / GiB:.3g} GiB usable")
       continue
     steps.append(dict(key=f"cudnn/{remat}", attention="cudnn", remat=remat,
                       batch_per_device=plan.batch_per_device,
@@ -229,6 +229,7 @@ def attention_cases(plan: Plan) -> dict[str, tuple[shapes.AttentionShape, int]]:
           for name, shape in cases.items()}
 
 
+@functools.cache  # Cases of one shape (dry runs) compile once.
 def _attention_fns(implementation: str, causal: bool):
   attend = functools.partial(attention.dot_product_attention,
                              implementation=implementation, is_causal=causal)
