@@ -221,14 +221,14 @@ def verdict(results: dict) -> dict:
       data_wait_fraction=wait,
       errors={name: section["error"] for name, section in results.items()
               if isinstance(section, dict) and "error" in section})
-  result["line"] = verdict_line(result)
+  result["line"] = verdict_line(result, dry=results.get("mode") == "dry")
   return result
 
 
-def verdict_line(v: dict) -> str:
+def verdict_line(v: dict, dry: bool = False) -> str:
   """The verdict as the check's last printed line."""
   cudnn = {True: "cuDNN attention usable",
-           None: "cuDNN attention not measured (dry run)",
+           None: "cuDNN attention not measured" + (" (dry run)" * dry),
            False: f"cuDNN attention NOT usable: {v['cudnn_error']}"}[
                v["cudnn_attention"]]
   parts = [cudnn]

@@ -7,7 +7,6 @@ the memory each is estimated to need (`vidjax.memory`).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -201,19 +200,19 @@ def step_plan(plan: Plan, remats: list[str] | None = None) -> dict:
               estimate_error=error)
 
 
-def plan_lines(step_plan_: dict) -> list[str]:
+def plan_lines(planned: dict) -> list[str]:
   """The plan as the check prints it."""
   lines = ["training steps, in order:"]
-  for i, step in enumerate(step_plan_["steps"], 1):
+  for i, step in enumerate(planned["steps"], 1):
     estimate = step["estimate_gib"]
     lines.append(f"  {i}. {step['key']} at {step['batch_per_device']} clips "
                  f"per device ({step['why']}; estimated "
                  + (f"{estimate:.3g} GiB)" if estimate is not None else
                     "memory unknown)"))
-  for key, why in step_plan_["left_out"].items():
+  for key, why in planned["left_out"].items():
     lines.append(f"  left out: {key} ({why})")
-  if step_plan_["estimate_error"]:
-    lines.append(f"  no memory estimate: {step_plan_['estimate_error']}")
+  if planned["estimate_error"]:
+    lines.append(f"  no memory estimate: {planned['estimate_error']}")
   return lines
 
 
