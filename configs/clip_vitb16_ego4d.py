@@ -148,9 +148,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
       # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
       # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
-      # which recomputes only elementwise work, fits 80 GB GPUs; on 141 GB
-      # try "none" (launch/gpu_check.sh measures both); on 24-48 GB use
-      # "save_attention".
+      # which recomputes only elementwise work, fits 80 GB GPUs; "none"
+      # does not fit even a 141 GB one (~113 GiB usable); on 24-48 GB use
+      # "save_attention". A run refuses at start-up what will not fit.
       remat="save_dots_and_attention")
 
   # 5 epochs of LaViLa's ego4d_train.pkl at 256 clips per GPU on 8 GPUs:

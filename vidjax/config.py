@@ -241,6 +241,7 @@ def _choices(config) -> dict[str, tuple]:
       "task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
       "data.sampling": loader.SAMPLINGS, "data.crop": loader.CROPS,
       "model.dtype": models.DTYPES, "model.residual_dtype": models.DTYPES,
+      "model.norm_dtype": models.DTYPES,
       "model.attention": attention.IMPLEMENTATIONS,
       "model.remat": tuple(transformer.REMAT_POLICIES),
       "model.drop_path_schedule": transformer.DROP_PATH_SCHEDULES,

@@ -42,6 +42,9 @@ read):
   overrides       the keys given as --config.KEY=VALUE (`load_config` sets
                   it): the user's, which the weights' facts never change
   peak_tflops     per device, for MFU; 0 looks the device kind up
+  device_memory_gib  per device, for the start-up memory check
+                  (`vidjax.memory`): 0 takes what a GPU reports (no check
+                  on CPUs), N plans for N GiB, -1 checks nothing
   data            `vidjax.data.pipeline.default_data_config`
   model           `vidjax.models.default_model_config` of the task's model;
                   `model.num_frames` and `model.image_size` are references
@@ -90,7 +93,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dict(
       seed=0, task=task, total_steps=0, total_epochs=0.0, batch_size=64,
       accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
-      init_keep=(), init_allow_mismatch=False, overrides=(), peak_tflops=0.0))
+      init_keep=(), init_allow_mismatch=False, overrides=(), peak_tflops=0.0,
+      device_memory_gib=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():

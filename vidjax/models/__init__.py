@@ -16,6 +16,10 @@ Every model
                 GPU, float32 elsewhere). Parameters are always float32.
   residual_dtype  dtype of the residual stream between blocks: 'float32'
                 (default, as PyTorch autocast), 'bfloat16', or 'auto'.
+  norm_dtype    the blocks' LayerNorms: 'float32' (default: statistics
+                and normalisation in float32, the output in the compute
+                dtype), 'bfloat16' (all of it in bfloat16), or 'auto'. The
+                MLP's activation runs in the compute dtype.
   attention     'auto' | 'xla' | 'cudnn' (see attention.py).
   remat         per-block rematerialisation (what the backward pass keeps):
                 'none' (everything), 'full' (only block inputs),
@@ -100,6 +104,7 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
       tubelet=2 if videomae_like else 1,
       dtype='auto',
       residual_dtype='float32',
+      norm_dtype='float32',
       attention='auto',
       remat='none',
       scan=False,
@@ -155,7 +160,8 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
                                 config.drop_path_schedule),
       attention=config.attention, remat=config.remat, scan=config.scan,
       dtype=resolve_dtype(config.dtype),
-      residual_dtype=resolve_dtype(config.residual_dtype))
+      residual_dtype=resolve_dtype(config.residual_dtype),
+      norm_dtype=resolve_dtype(config.norm_dtype))
   vision = dict(width=sizes['width'], depth=sizes['depth'],
                 heads=sizes['heads'], mlp_dim=sizes['mlp_dim'])
   if config.name == 'clip':

@@ -40,7 +40,7 @@ class CLIP(nnx.Module):
                norm_eps: float = 1e-5, text_norm_eps: float = 1e-5,
                drop_path: float = 0.0, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32,
+               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
                logit_scale_init: float = INIT_LOGIT_SCALE,
                learn_logit_scale: bool = True, rngs: nnx.Rngs):
     self.visual = VisionTransformer(
@@ -50,12 +50,14 @@ class CLIP(nnx.Module):
         pos_embed='learned', pre_norm=True, pool='token',
         output_dim=embed_dim, patch_bias=False, act=act, norm_eps=norm_eps,
         drop_path=drop_path, attention=attention, remat=remat, scan=scan,
-        dtype=dtype, residual_dtype=residual_dtype, rngs=rngs)
+        dtype=dtype, residual_dtype=residual_dtype, norm_dtype=norm_dtype,
+        rngs=rngs)
     self.text = TextTransformer(
         vocab_size=vocab_size, context_length=context_length, width=text_width,
         heads=text_heads, depth=text_depth, output_dim=embed_dim, act=act,
         norm_eps=text_norm_eps, attention=attention, remat=remat, scan=scan,
-        dtype=dtype, residual_dtype=residual_dtype, rngs=rngs)
+        dtype=dtype, residual_dtype=residual_dtype, norm_dtype=norm_dtype,
+        rngs=rngs)
     variable = nnx.Param if learn_logit_scale else Buffer
     self.logit_scale = variable(jnp.asarray(logit_scale_init, jnp.float32))
 

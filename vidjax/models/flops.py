@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from vidjax.models import model_kwargs
-from vidjax.models.videomae import num_masked_tokens
+from vidjax.models.shapes import attention_shapes, patch_grid
 
 
 def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int
@@ -24,17 +24,9 @@ def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int
   return depth * (projections + attention)
 
 
-def _grid(kwargs: dict) -> tuple[int, int, int]:
-  size = kwargs['image_size']
-  height, width = (size, size) if isinstance(size, int) else size
-  patch = kwargs['patch_size']
-  return (kwargs['num_frames'] // kwargs['tubelet'], height // patch,
-          width // patch)
-
-
 def _vision_flops(kwargs: dict, tokens: int, prefix: str = '') -> int:
   """Patch embedding of all patches plus the blocks over `tokens` tokens."""
-  time, rows, columns = _grid(kwargs)
+  time, rows, columns = patch_grid(kwargs)
   width = kwargs[f'{prefix}width']
   patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
   embed = 2 * time * rows * columns * patch_features * width
@@ -54,21 +46,20 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
     'decoder', 'head' where they exist).
   """
   kwargs = model_kwargs(config)
-  grid = _grid(kwargs)
-  patches = grid[0] * grid[1] * grid[2]
+  tokens = {name: shape.tokens
+            for name, shape in attention_shapes(config).items()}
   parts = {}
   if config.name == 'clip':
     width = kwargs['vision_width']
-    parts['vision'] = (_vision_flops(kwargs, patches + 1, prefix='vision_')
+    parts['vision'] = (_vision_flops(kwargs, tokens['vision'], prefix='vision_')
                        + 2 * width * kwargs['embed_dim'])
     text_width = kwargs['text_width']
     parts['text'] = (
-        transformer_flops(kwargs['context_length'], text_width,
-                          kwargs['text_depth'], 4 * text_width)
+        transformer_flops(tokens['text'], text_width, kwargs['text_depth'],
+                          4 * text_width)
         + 2 * text_width * kwargs['embed_dim'])
   elif config.name == 'videomae':
-    masked = num_masked_tokens(grid, kwargs['mask_ratio'])
-    visible = patches - masked
+    visible, patches = tokens['vision'], tokens['decoder']
     parts['vision'] = _vision_flops(kwargs, visible)
     decoder_width = kwargs['decoder_width']
     patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
@@ -76,10 +67,9 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
         2 * visible * kwargs['width'] * decoder_width
         + transformer_flops(patches, decoder_width, kwargs['decoder_depth'],
                             4 * decoder_width)
-        + 2 * masked * decoder_width * patch_features)
+        + 2 * (patches - visible) * decoder_width * patch_features)
   else:
-    with_class_token = kwargs['backbone'] == 'clip'
-    parts['vision'] = _vision_flops(kwargs, patches + int(with_class_token))
+    parts['vision'] = _vision_flops(kwargs, tokens['vision'])
     parts['head'] = 2 * kwargs['width'] * kwargs['num_classes']
   forward = sum(parts.values())
   return dict(forward=forward, training=3 * forward, **parts)

@@ -21,7 +21,8 @@ class TextTransformer(nnx.Module):
                output_dim: int = 512, act: str = 'quick_gelu',
                norm_eps: float = 1e-5, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, rngs: nnx.Rngs):
+               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     self.context_length, self.dtype = context_length, dtype
     self.token_embed = nnx.Embed(vocab_size, width,
                                  embedding_init=nnx.initializers.normal(0.02),
@@ -31,7 +32,8 @@ class TextTransformer(nnx.Module):
     self.blocks = Transformer(
         width=width, depth=depth, heads=heads, mlp_dim=4 * width, act=act,
         norm_eps=norm_eps, attention=attention, remat=remat, scan=scan,
-        dtype=dtype, residual_dtype=residual_dtype, rngs=rngs)
+        dtype=dtype, residual_dtype=residual_dtype, norm_dtype=norm_dtype,
+        rngs=rngs)
     self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
     self.proj = nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
                            kernel_init=nnx.initializers.normal(width**-0.5),

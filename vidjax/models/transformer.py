@@ -113,17 +113,38 @@ class Mlp(nnx.Module):
     return self.fc2(ACTIVATIONS[self.act](self.fc1(x)))
 
 
+class LayerNorm(nnx.LayerNorm):
+  """`nnx.LayerNorm` (parameters `scale`, `bias`) whose statistics may run in
+  bfloat16 (`stats_dtype`); flax computes them in float32 at least."""
+
+  def __init__(self, width: int, *, stats_dtype=jnp.float32, **kwargs):
+    super().__init__(width, **kwargs)
+    self.stats_dtype = stats_dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if jnp.dtype(self.stats_dtype) == jnp.float32:
+      return super().__call__(x)
+    x = x.astype(self.stats_dtype)
+    mean = x.mean(-1, keepdims=True)
+    centred = x - mean
+    y = centred * jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True)
+                                + self.epsilon)
+    y = y * self.scale[...].astype(x.dtype) + self.bias[...].astype(x.dtype)
+    return y.astype(self.dtype or x.dtype)
+
+
 class Block(nnx.Module):
   """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
   def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str,
                qkv_bias: bool, norm_eps: float, attention: str, dtype,
-               rngs: nnx.Rngs):
-    self.norm1 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
+               norm_dtype=jnp.float32, rngs: nnx.Rngs):
+    norm = dict(epsilon=norm_eps, dtype=dtype, stats_dtype=norm_dtype)
+    self.norm1 = LayerNorm(width, **norm, rngs=rngs)
     self.attn = MultiHeadAttention(width, heads, qkv_bias=qkv_bias,
                                    implementation=attention, dtype=dtype,
                                    rngs=rngs)
-    self.norm2 = nnx.LayerNorm(width, epsilon=norm_eps, dtype=dtype, rngs=rngs)
+    self.norm2 = LayerNorm(width, **norm, rngs=rngs)
     self.mlp = Mlp(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, drop_rate, key: jax.Array | None,
@@ -149,7 +170,7 @@ class Transformer(nnx.Module):
                norm_eps: float = 1e-5, drop_path: float | tuple = 0.0,
                attention: str = 'auto', remat: str = 'none', scan: bool = False,
                dtype=jnp.float32, residual_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               norm_dtype=jnp.float32, rngs: nnx.Rngs):
     if remat not in REMAT_POLICIES:
       raise ValueError(f'remat must be one of {sorted(REMAT_POLICIES)}, '
                        f'got {remat!r}')
@@ -165,7 +186,7 @@ class Transformer(nnx.Module):
     def make_block(block_rngs):
       return Block(width, heads, mlp_dim, act=act, qkv_bias=qkv_bias,
                    norm_eps=norm_eps, attention=attention, dtype=dtype,
-                   rngs=block_rngs)
+                   norm_dtype=norm_dtype, rngs=block_rngs)
 
     if scan:
       make_stack = nnx.split_rngs(splits=depth)(

@@ -82,14 +82,16 @@ class VideoMAE(nnx.Module):
                norm_eps: float = 1e-6, drop_path: float = 0.0,
                attention: str = 'auto', remat: str = 'none',
                scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, rngs: nnx.Rngs):
+               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     style = dict(BACKBONE_STYLES['videomae'], act=act, norm_eps=norm_eps)
     self.encoder = VisionTransformer(
         width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
         patch_size=patch_size, image_size=image_size, num_frames=num_frames,
         tubelet=tubelet, pool='none', output_dim=None, drop_path=drop_path,
         attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, rngs=rngs, **style)
+        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs,
+        **style)
     self.num_masked = num_masked_tokens(self.encoder.grid, mask_ratio)
     if not 0 < self.num_masked < self.encoder.num_patches:
       raise ValueError(f'mask_ratio={mask_ratio} masks {self.num_masked} of '
@@ -106,7 +108,7 @@ class VideoMAE(nnx.Module):
         width=decoder_width, depth=decoder_depth, heads=decoder_heads,
         mlp_dim=4 * decoder_width, act=act, norm_eps=norm_eps,
         attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, rngs=rngs)
+        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs)
     self.decoder_norm = nnx.LayerNorm(decoder_width, epsilon=norm_eps,
                                       rngs=rngs)
     self.decoder_head = nnx.Linear(
@@ -193,7 +195,8 @@ class Classifier(nnx.Module):
                drop_path: float = 0.0, head_dropout: float = 0.0,
                head_init_scale: float = 0.001, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, rngs: nnx.Rngs):
+               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     if backbone not in BACKBONE_STYLES:
       raise ValueError(f'backbone must be one of {sorted(BACKBONE_STYLES)}, '
                        f'got {backbone!r}')
@@ -208,7 +211,8 @@ class Classifier(nnx.Module):
         patch_size=patch_size, image_size=image_size, num_frames=num_frames,
         tubelet=tubelet, pool=pool, output_dim=None, drop_path=drop_path,
         head_norm_eps=head_norm_eps, attention=attention, remat=remat,
-        scan=scan, dtype=dtype, residual_dtype=residual_dtype, rngs=rngs,
+        scan=scan, dtype=dtype, residual_dtype=residual_dtype,
+        norm_dtype=norm_dtype, rngs=rngs,
         **style)
     self.head_dropout = nnx.Dropout(head_dropout, rngs=dropout_stream(rngs))
     # Small head init (VideoMAE's init_scale) so fine-tuning starts gently.

@@ -111,7 +111,8 @@ class VisionTransformer(nnx.Module):
                norm_eps: float = 1e-5, head_norm_eps: float | None = None,
                drop_path: float = 0.0, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, rngs: nnx.Rngs):
+               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
+               rngs: nnx.Rngs):
     if pos_embed not in ('learned', 'sincos'):
       raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
                        f'got {pos_embed!r}')
@@ -148,7 +149,7 @@ class VisionTransformer(nnx.Module):
         width=width, depth=depth, heads=heads, mlp_dim=mlp_dim or 4 * width,
         act=act, qkv_bias=qkv_bias, norm_eps=norm_eps, drop_path=drop_path,
         attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, rngs=rngs)
+        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs)
     self.norm = nnx.LayerNorm(
         width, epsilon=norm_eps if head_norm_eps is None else head_norm_eps,
         rngs=rngs)

@@ -1,0 +1,262 @@
+"""What a training step holds per device, known before anything compiles.
+
+    estimate = step_memory(config)        # StepMemory: fixed + kept per clip
+    check_step_fits(config)               # start-up: refuse what cannot fit
+    warn_if_attention_falls_back(config)  # start-up: 'auto' without cuDNN
+
+`step_memory` traces the run's own training loss (`vidjax.steps`) on
+abstract arrays: nothing is allocated or compiled. What it counts:
+
+  kept per clip  the activations the backward pass keeps for one clip: JAX's
+                 saved residuals of the loss (`jax.ad_checkpoint`), an upper
+                 bound, since XLA's fusion may recompute cheap elementwise
+                 ones instead of keeping them;
+  fixed          what does not grow with the batch: parameters, optimizer
+                 state and gradients (float32, per device under FSDP; a
+                 second gradient buffer with `accum_steps` > 1), and the
+                 residuals every clip shares (bf16 copies of the weights).
+
+The step then needs about fixed + kept x clips per device (per microbatch).
+At start-up on a GPU (or wherever `device_memory_gib` states the memory),
+`check_step_fits` compares that with the device's memory less `HEADROOM`
+(cuDNN workspaces, the input batches, the allocator's fragmentation) and
+refuses a configuration that will not fit, naming a remat policy and a batch
+per device that would. `python -m vidjax.bench.memory` prints the same
+estimate for every policy, as on a GPU with cuDNN.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+import dataclasses
+
+from absl import logging
+from flax import nnx
+import jax
+import ml_collections
+import numpy as np
+
+from vidjax import errors, models, sharding, steps as steps_lib, tasks
+from vidjax.data import batches
+from vidjax.models import attention, shapes, transformer
+
+GiB, MiB = 2**30, 2**20
+HEADROOM = 0.10  # Of the device's memory, kept free for what is not counted.
+# The policies under which the backward pass keeps XLA attention's weights
+# (the logits are a matmul's output; 'save_attention' keeps only its output).
+KEEP_ATTENTION_WEIGHTS = ("none", "save_dots_and_attention", "dots_saveable")
+# From the policy that keeps the most to the one that keeps the least: the
+# first that fits after the configured one is the fastest to suggest.
+REMAT_ORDER = ("none", "save_dots_and_attention",
+               "dots_with_no_batch_dims_saveable", "save_attention", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+  """A training step's memory per device (see the module docstring)."""
+  remat: str
+  attention: str  # The vision tower's implementation: 'cudnn' or 'xla'.
+  kept_bytes_per_clip: float
+  fixed_bytes: float
+
+  def total_bytes(self, clips_per_device: int) -> float:
+    return self.fixed_bytes + self.kept_bytes_per_clip * clips_per_device
+
+
+def clips_per_device(config: ml_collections.ConfigDict) -> int:
+  """Clips each device processes at once: one microbatch's share."""
+  return config.batch_size // config.accum_steps // jax.device_count()
+
+
+def _per_device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
+  """Bytes of the residuals the training loss keeps for its backward pass
+  at global batch `batch_size` (residuals that are its inputs not counted)."""
+  from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
+  batch = batches.batch_spec(config, batch_size)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+
+  def loss(params, rest, batch, key):
+    return steps.loss(params, rest, batch, key)[0]
+
+  residuals = ad_checkpoint.saved_residuals(loss, state["params"], rest,
+                                            batch, key)
+  return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
+             for aval, where in residuals
+             if not where.startswith("from the argument"))
+
+
+def vision_attention(model: ml_collections.ConfigDict) -> str:
+  """The attention implementation the model's vision tower will run."""
+  shape = shapes.attention_shapes(model)["vision"]
+  try:
+    return attention.resolve_implementation(
+        model.attention, shape.head_dim, models.resolve_dtype(model.dtype))
+  except ValueError:  # 'cudnn' where it cannot run: the model says so.
+    return model.attention
+
+
+def step_memories(config: ml_collections.ConfigDict,
+                  remats: Sequence[str]) -> Iterator[StepMemory]:
+  """The training step's memory per device under each policy, in turn.
+
+  The policies change only what the blocks keep: the model's construction
+  is traced once (seconds for a ViT-B) and its blocks' policy switched.
+
+  Args:
+    config: the run config (its task, model, optimizer, fsdp, accum_steps).
+    remats: `model.remat` policies.
+
+  Yields:
+    A `StepMemory` per policy; `total_bytes(clips_per_device(config))` is
+    the step's.
+  """
+  config = config.copy_and_resolve_references()
+  mesh = sharding.make_mesh(fsdp=config.fsdp)
+  task = tasks.get_task(config.task)
+  model = nnx.eval_shape(
+      lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed)))
+  for remat in remats:
+    config.model.remat = remat
+    for _, node in nnx.iter_graph(model):
+      if isinstance(node, transformer.Transformer):
+        node.remat = remat
+    state, rest, steps = steps_lib.build_state_and_steps(
+        config, task, mesh, abstract=True, model=model)
+    # Two batch sizes split the residuals into per-clip and shared ones.
+    small, large = jax.device_count(), 2 * jax.device_count()
+    kept_small, kept_large = (_kept_for_backward(config, steps, state, rest, b)
+                              for b in (small, large))
+    per_clip = (kept_large - kept_small) / (large - small)
+    gradients = _per_device_bytes(state["params"])
+    fixed = (_per_device_bytes(state)
+             + gradients * (1 + (config.accum_steps > 1))
+             + kept_small - per_clip * small)
+    yield StepMemory(remat, vision_attention(config.model), per_clip, fixed)
+
+
+def step_memory(config: ml_collections.ConfigDict, *,
+                remat: str | None = None) -> StepMemory:
+  """`step_memories` for one policy: `remat`, else the config's."""
+  return next(step_memories(config, [remat or config.model.remat]))
+
+
+def device_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
+  """The memory per device to plan with: `device_memory_gib` when stated
+  (> 0), else what the device reports (GPUs); None: no check (-1, CPUs)."""
+  stated = config.device_memory_gib
+  if stated:
+    return int(stated * GiB) if stated > 0 else None
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit") if jax.default_backend() == "gpu" else None
+
+
+def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
+  """Refuses, before compiling, a training step that will not fit.
+
+  Returns:
+    The estimate, or None where the memory is unknown (see
+    `device_memory_bytes`).
+
+  Raises:
+    errors.ConfigError: the estimate exceeds the usable memory; names the
+      policy that keeps the most and still fits, and the most clips per
+      device that fit under the configured policy.
+  """
+  limit = device_memory_bytes(config)
+  if limit is None:
+    return None
+  usable = (1 - HEADROOM) * limit
+  clips = clips_per_device(config)
+  remat, order = config.model.remat, list(REMAT_ORDER)
+  # The configured policy, then (only if it does not fit) those keeping less.
+  estimates = step_memories(config, [remat] + (
+      order[order.index(remat) + 1:] if remat in order else order))
+  estimate = next(estimates)
+  need = estimate.total_bytes(clips)
+  logging.info("training step memory: about %.1f GiB per device of %.1f GiB "
+               "usable (remat %r, %s attention, %d clips per device)",
+               need / GiB, usable / GiB, estimate.remat, estimate.attention,
+               clips)
+  if need <= usable:
+    return estimate
+  fitting = next((e for e in estimates if e.total_bytes(clips) <= usable),
+                 None)
+  raise errors.ConfigError(
+      f"the training step will not fit in the device's memory: about "
+      f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
+      f"of parameters, optimizer state and gradients + "
+      f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "
+      f"clips per device; remat {estimate.remat!r}, {estimate.attention} "
+      f"attention) against {usable / GiB:.1f} GiB usable of "
+      f"{limit / GiB:.1f} GiB",
+      hint=_what_fits(config, estimate, fitting, usable))
+
+
+def _what_fits(config, estimate: StepMemory, fitting: StepMemory | None,
+               usable: float) -> str:
+  """The policy that fits at the configured batch (`fitting`), and the
+  batch that fits under the configured policy."""
+  clips, ways = clips_per_device(config), []
+  if fitting:
+    ways.append(f"--config.model.remat={fitting.remat} (about "
+                f"{fitting.total_bytes(clips) / GiB:.1f} GiB)")
+  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
+  per_step = clips * config.accum_steps  # Clips per device and step.
+  accum = next((a for a in range(config.accum_steps + 1, per_step + 1)
+                if per_step % a == 0 and per_step // a <= most), None)
+  if most >= 1 and accum:
+    ways.append(f"--config.accum_steps={accum} ({per_step // accum} clips per "
+                f"device at a time, the same global batch; at most {most} "
+                "clips per device fit)")
+  elif most >= 1:
+    ways.append(f"a batch of at most {most} clips per device")
+  if estimate.attention == "xla" and jax.default_backend() == "gpu":
+    ways.append("cuDNN attention (see the warning above)")
+  return ("; or ".join(ways) or "a smaller model") + (
+      ". --config.device_memory_gib=N plans for N GiB per device instead "
+      "(-1: no check)")
+
+
+def warn_if_attention_falls_back(config: ml_collections.ConfigDict
+                                 ) -> str | None:
+  """On a GPU, says loudly when attention='auto' cannot use cuDNN.
+
+  XLA attention materialises each layer's softmax weights (heads x T x T
+  per clip); the policies that keep matmul outputs for the backward pass
+  keep them, which multiplies the memory per clip.
+
+  Returns:
+    The warning logged, or None.
+  """
+  model = config.model
+  if jax.default_backend() != "gpu" or model.attention != "auto":
+    return None
+  dtype = models.resolve_dtype(model.dtype)
+  towers = shapes.attention_shapes(model)
+  reasons = {name: attention.cudnn_unsupported_reason(s.head_dim, dtype)
+             for name, s in towers.items()}
+  fallen = [name for name, reason in reasons.items() if reason]
+  if not fallen:
+    return None
+  weights = sum(s.layers * s.heads * s.tokens**2 * np.dtype(dtype).itemsize
+                for name, s in towers.items() if name in fallen)
+  consequence = (
+      "keeps them for the backward pass: expect several times the memory "
+      "per clip, and out-of-memory where cuDNN fits"
+      if model.remat in KEEP_ATTENTION_WEIGHTS
+      else "recomputes them: expect a slower step")
+  message = (
+      f"attention='auto' runs XLA attention, not cuDNN flash attention, in "
+      f"the {' and '.join(fallen)} tower{'s' * (len(fallen) > 1)}: "
+      f"{reasons[fallen[0]]}. XLA materialises every layer's attention "
+      f"weights (heads x tokens x tokens: {weights / MiB:.0f} MiB per clip "
+      f"over all layers); remat {model.remat!r} {consequence}. Fix the "
+      "cause, or set model.attention='xla' to choose XLA knowingly "
+      "('cudnn' stops at start-up instead)")
+  logging.warning("%s", message)
+  return message
