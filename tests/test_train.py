@@ -4,6 +4,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +16,8 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, config as config_lib, errors, monitor, steps
-from vidjax import train
+from vidjax import checkpoint, config as config_lib, errors, main, monitor
+from vidjax import steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +48,9 @@ def losses(workdir):
 def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
                                                            tmp_path_factory):
   """Ctrl-C under `2>&1 | tee log` after tee exited: the save is whole, and
-  the resumed run's losses are the uninterrupted run's."""
+  the resumed run's losses are the uninterrupted run's. The same command
+  started while the run trains is refused and leaves it alone; SIGTERM in
+  the resumed run's final evaluation lets it finish."""
   # In this process first: it also fills the compilation cache.
   uninterrupted = debug_runs.demo_reference(tmp_path_factory)
   workdir = tmp_path / "run"
@@ -57,6 +60,15 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if max(losses(workdir), default=0) >= 2:
+      # The same command again meanwhile: refused, and changes nothing.
+      config_json = (workdir / "config.json").read_bytes()
+      with pytest.raises(errors.WorkdirError, match=(
+          rf"workdir {re.escape(str(workdir))} is in use by another run: PID "
+          rf"{proc.pid} on "
+          rf"host {re.escape(socket.gethostname())}, started ")) as refused:
+        main.run(CONFIG, str(workdir), overrides=OVERRIDES)
+      assert refused.value.exit_code == errors.EXIT_USAGE
+      assert (workdir / "config.json").read_bytes() == config_json
       proc.send_signal(signal.SIGINT)
       break
     time.sleep(0.05)
@@ -73,7 +85,17 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
   # A save killed half-way (Orbax's temporary name) is removed at the restart.
   partial = ckpts / f"{saved + 1}{checkpoint.TMP_SUFFIX}"
   shutil.copytree(ckpts / str(saved), partial)
-  subprocess.run(cli(workdir), check=True, cwd=REPO, capture_output=True)
+  # The same command resumes; SIGTERM once step 16 is logged (in the final
+  # evaluation, the final save or the plots) lets the run finish them.
+  proc = subprocess.Popen(cli(workdir), cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  while proc.poll() is None and STEPS not in losses(workdir):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=240) == errors.EXIT_FINISHED, log()[-3000:]
+  assert ("received SIGTERM: the final evaluation and the checkpoint of step "
+          f"{STEPS} finish first, then the run ends") in log()
+  assert checkpoint.latest_complete_step(ckpts) == STEPS
   assert not partial.exists() and f"removed {partial}" in log()
   assert re.search(rf"resuming at step \d+\n.*\n  steps \d+ -> {STEPS}", log())
   assert re.search(rf"about .* to step {STEPS} \([\d.]+ s/step\)", log())

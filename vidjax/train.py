@@ -351,10 +351,10 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
           last_eval = evaluate_and_log()
           ckpt.record_eval(step, last_eval, run.state, rng=base_key,
                            data_state=train_batches.get_state())
+      preemption.defer(f"the final evaluation and the checkpoint of step "
+                       f"{step} finish first, then the run ends")
       log(late.flush())
     train_batches.close()  # Its workers stop before the final evaluation.
-    preemption.defer(f"the final evaluation and the checkpoint of step {step} "
-                  "finish first, then the run ends")
     _say_read_failures(train_batches.failures)
     if step >= config.total_steps:
       last_eval = evaluate_and_log()
