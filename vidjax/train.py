@@ -115,7 +115,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if "train" in reports:
     run.train_records = reports["train"].kept_records()
   stopping.check()
-  if "train" in splits:  # Refuses a saved position that does not fit.
+  if "train" in splits and run.train_records:
+    # Before anything is written: refuses a saved data position that does
+    # not fit. (No rows left: `checks.report` below says why.)
     run.train_batches = pipeline.make_pipeline(
         config, run.mesh, train=True, batch_size=config.batch_size,
         tokenizer=run.tokenizer, records=run.train_records,
