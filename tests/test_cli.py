@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from video_fixtures import write_video
-from vidjax import plot
+from vidjax import errors, plot, rundir
 from vidjax.data import synthetic
 
 # The module's fixtures (a chunked corpus, ten refused runs, one training)
@@ -158,7 +158,7 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
 def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   """The same command (its relative paths) again, with another model or
   another batch (the saved data position would not fit): refused with the
-  reason before the workdir is touched."""
+  reason before the workdir is touched; `--mode eval` evaluates it."""
   root, workdir, _, _ = trained
   monkeypatch.chdir(root)
   before = {p: (p.stat().st_mtime_ns, p.stat().st_size)
@@ -175,6 +175,11 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   after = {p: (p.stat().st_mtime_ns, p.stat().st_size)
            for p in workdir.rglob("*")}
   assert after == before
+  # `--mode eval` from the same relative paths evaluates the checkpoint.
+  assert _in_process(_own_command("--mode=eval")) == (errors.EXIT_FINISHED, "")
+  final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
+  assert [r["step"] for r in final] == [2, 2]
+  assert not (workdir / rundir.LOCK_FILE).exists()
 
 
 def _bad_rows(own):
@@ -260,7 +265,7 @@ def _in_process(command):
   """(exit code, stderr) for the mistake in a `_main` command, from
   `main.run` (what the command line runs after its flags), without
   starting Python and JAX again."""
-  from vidjax import errors, main  # pylint: disable=import-outside-toplevel
+  from vidjax import main  # pylint: disable=import-outside-toplevel
   config, workdir, args = command[4], command[6], command[7:]
   overrides = [arg for arg in args if arg.startswith("--config.")]
   modes = [arg.split("=", 1)[1] for arg in args if arg.startswith("--mode=")]
