@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_signal_is_a_flag_that_start_up_checks(caplog):
   before = signal.getsignal(signal.SIGTERM)
   with stopping.handling("before the first step") as signals:
+    assert not stopping.requested()
     os.kill(os.getpid(), signal.SIGTERM)  # Nothing raised here.
-    assert signals.requested
+    assert signals.requested and stopping.requested()
     with stopping.handling("during the inner part"):  # Nested: still seen.
       with pytest.raises(errors.Stopped,
                          match="^stopped by SIGTERM during the inner part$"):
@@ -99,8 +100,8 @@ def test_ctrl_c_in_the_first_step_saves_it(tmp_path, tmp_path_factory,
   assert not (workdir / rundir.LOCK_FILE).exists()
 
 
-# The command below waits in `resume.resolve_start`, at
-# start-up, until it is stopped.
+# Makes the command below wait at start-up (in `resume.resolve_start`) until
+# it is stopped.
 _WAIT_HOOK = """
 import sys, time
 from vidjax import resume
@@ -121,7 +122,8 @@ def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(tmp_path,
   (tmp_path / "hook").mkdir()
   (tmp_path / "hook" / "sitecustomize.py").write_text(_WAIT_HOOK)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(tmp_path / "hook"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+      [str(tmp_path / "hook"), str(REPO)] +
+      [p for p in [os.environ.get("PYTHONPATH")] if p]))
   proc = subprocess.Popen(
       [sys.executable, "-m", "vidjax.main", "--config",
        str(REPO / "configs/demo.py:debug"), "--workdir", str(workdir),

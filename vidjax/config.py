@@ -416,11 +416,12 @@ def _absolute(value: str, several: bool) -> str:
 
 def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
   """Makes the paths of `PATH_KEYS` absolute, in place."""
-  sections = [(config, PATH_KEYS[""], False)]
-  for node in [config] + list(_get(config, "eval.sets", {}).values()):
-    sections += [(_get(node, "data", {}), PATH_KEYS["data"], True),
-                 (node if node is not config else _get(config, "eval", {}),
-                  PATH_KEYS["eval"], True)]
+  sections = [(config, PATH_KEYS[""], False),
+              (_get(config, "data", {}), PATH_KEYS["data"], True),
+              (_get(config, "eval", {}), PATH_KEYS["eval"], True)]
+  for spec in _get(config, "eval.sets", {}).values():  # Its `eval` keys are
+    sections += [(_get(spec, "data", {}), PATH_KEYS["data"], True),  # its own.
+                 (spec, PATH_KEYS["eval"], True)]
   for node, keys, several in sections:
     for key in keys:
       if key in node and node[key]:

@@ -71,7 +71,8 @@ class PathError(ConfigError, FileNotFoundError):
 
 
 class WorkdirError(ConfigError):
-  """The workdir does not fit the command (no checkpoint, another model)."""
+  """The workdir does not fit the command: no checkpoint, another model,
+  not writable, or in use by another run."""
 
 
 class DataError(UserError):

@@ -21,7 +21,9 @@ continues:
 
 A repeated SIGTERM is only logged. `python -m vidjax.main` takes the
 signals first thing, so this module is light to import; training and
-evaluation set what a stop means in their part (`handling`, nested).
+evaluation set what a stop means in their part (`handling`, nested). Called
+from Python (a notebook), training handles the signals the same way: the
+kernel's interrupt stops the run cleanly; pressed again, it ends the kernel.
 """
 from __future__ import annotations
 
@@ -178,6 +180,12 @@ def check() -> None:
   """`Signals.check` of the active handler, if any."""
   if _active is not None:
     _active.check()
+
+
+def requested() -> bool:
+  """Whether a SIGTERM/Ctrl-C came (within `handling`): for a wait that
+  should give up instead of blocking the stop."""
+  return _active is not None and _active.requested
 
 
 @contextlib.contextmanager
