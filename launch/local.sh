@@ -5,8 +5,10 @@
 #   launch/local.sh configs/clip_vitb16_ego4d.py /runs/clip --config.batch_size=512
 #
 # Runs `python -m vidjax.main --config CONFIG --workdir WORKDIR ...` with the
-# environment below. Rerunning the same command resumes from the workdir's
-# latest checkpoint; SIGTERM/SIGINT (Ctrl-C) save a checkpoint first.
+# environment below, in the directory it is started from: WORKDIR and the
+# paths in the overrides may be relative to it (vidjax makes them absolute).
+# Rerunning the same command resumes from the workdir's latest checkpoint;
+# SIGTERM/SIGINT (Ctrl-C) save a checkpoint first.
 # Every variable set here keeps a value you export yourself.
 #
 # Several machines: launch/slurm.sh runs this script once per node under

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import signal
 
 import grain
 import jax
@@ -154,24 +153,6 @@ def test_from_config_reads_checkpoint_keys(tmp_path):
     assert ckpt.every_steps == 7 and ckpt.should_save(14) and not ckpt.should_save(0)
     assert (ckpt.best_metric, ckpt.best_mode) == ("eval/loss", "min")
     assert str(ckpt.directory) == checkpoint.checkpoint_dir(tmp_path)
-
-
-def test_sigterm_sets_flag_and_restores_previous_handler():
-  before = signal.getsignal(signal.SIGTERM)
-  with resume.PreemptionHandler() as preempt:
-    assert not preempt.should_stop(1)
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert preempt.requested and preempt.should_stop(2)
-  assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_second_sigint_interrupts():
-  with resume.PreemptionHandler() as preempt:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert preempt.requested
-    with pytest.raises(KeyboardInterrupt):
-      os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):

@@ -3,7 +3,8 @@
 One module-scoped corpus of videos made here, chunked with the chunker's
 command line, serves all tests. Four mistakes run as commands (at once),
 the others through `main.run` in this process; only the README's own-data
-path trains, once, and its workdir then serves the resume test.
+path trains, once (relative paths, as in the README), and its workdir then
+serves the resume test.
 """
 import json
 import os
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from video_fixtures import write_video
-from vidjax import plot
+from vidjax import errors, plot, rundir
 from vidjax.data import synthetic
 
 # The module's fixtures (a chunked corpus, ten refused runs, one training)
@@ -90,7 +91,9 @@ CPU_RUN = ["--config.total_steps=2", "--config.batch_size=8",
 
 @pytest.fixture(scope="module")
 def trained(own, tmp_path_factory):
-  """README step 3: train on the own videos (with one bad row, one bad chunk)."""
+  """README step 3: train on the own videos (with one bad row, one bad chunk),
+  as the README says: `--workdir runs/mine`, relative, as are the data paths
+  here, from the directory the command starts in."""
   root = tmp_path_factory.mktemp("trained")
   # A row naming a video that is not there (a capital letter), allowed below.
   rows = [json.loads(line) for line in (own / "train.jsonl").read_text().splitlines()]
@@ -101,16 +104,24 @@ def trained(own, tmp_path_factory):
   shutil.copytree(own / "chunks", root / "chunks")
   bad_chunk = root / "chunks" / "garden" / "2.mp4"
   bad_chunk.write_bytes(bad_chunk.read_bytes()[:600])
-  workdir = root / "run"
-  result = subprocess.run(
-      _main("own_videos.py:captions,cpu", workdir, *_paths(root), *CPU_RUN,
-            "--config.data.max_bad_row_fraction=0.2"),
-      cwd=REPO, capture_output=True, text=True, timeout=400)
-  return root, workdir, bad_chunk, result
+  result = subprocess.run(_own_command(), cwd=root, env=_ENV,
+                          capture_output=True, text=True, timeout=400)
+  return root, root / "runs/mine", bad_chunk, result
+
+
+def _own_command(*overrides):
+  """The README's own-videos command, from the `trained` directory."""
+  return _main("own_videos.py:captions,cpu", "runs/mine", *_paths(Path(".")),
+               *CPU_RUN, "--config.data.max_bad_row_fraction=0.2", *overrides)
+
+
+# From another directory than the repository's, vidjax as the tests see it.
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
 
 @pytest.mark.slow
-def test_own_videos_from_chunks_to_plots(trained):
+def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
   root, workdir, bad_chunk, result = trained
   err = result.stderr
   assert result.returncode == 0, err[-3000:]
@@ -137,28 +148,38 @@ def test_own_videos_from_chunks_to_plots(trained):
   assert f"finished at step 2. Results in {workdir}" in err
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final[-1]["step"] == 2 and final[-1]["eval/chance_r1"] == 0.25
-  # README step 5: plots.
-  assert plot.main([str(workdir)]) == 0
+  # README step 5: plots, from the same directory.
+  monkeypatch.chdir(root)
+  assert plot.main(["runs/mine"]) == 0
   assert (workdir / "plots" / "eval.png").exists()
   assert (workdir / "log.txt").read_text().count("eval at step 2") == 1
 
 
-def test_changed_model_on_resume_names_the_keys_and_changes_nothing(trained):
+def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
+  """The same command (its relative paths) again, with another model or
+  another batch (the saved data position would not fit): refused with the
+  reason before the workdir is touched; `--mode eval` evaluates it."""
   root, workdir, _, _ = trained
+  monkeypatch.chdir(root)
   before = {p: (p.stat().st_mtime_ns, p.stat().st_size)
             for p in workdir.rglob("*")}
-  result = subprocess.run(
-      _main("own_videos.py:captions,cpu", workdir, *_paths(root), *CPU_RUN,
-            "--config.data.max_bad_row_fraction=0.2", "--config.model.width=96"),
-      cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 2
-  assert re.search(r"error: the checkpoint .*checkpoints/2 was saved by "
-                   r"another model: changed config: model.width 64 -> 96\. "
-                   r"\d+ arrays differ, e.g. params\.", result.stderr)
-  _assert_short(result.stderr)
+  for override, pattern in [
+      ("--config.model.width=96", r"error: the checkpoint .*checkpoints/2 was "
+       r"saved by another model: changed config: model.width 64 -> 96\. \d+ "
+       r"arrays differ, e.g. params\."),
+      ("--config.batch_size=16", r"error: the data iterator was saved handing "
+       r"over 8 clips at a time, this run hands over 16")]:
+    code, stderr = _in_process(_own_command(override))
+    assert code == 2 and re.search(pattern, stderr), stderr
+    _assert_short(stderr)
   after = {p: (p.stat().st_mtime_ns, p.stat().st_size)
            for p in workdir.rglob("*")}
   assert after == before
+  # `--mode eval` from the same relative paths evaluates the checkpoint.
+  assert _in_process(_own_command("--mode=eval")) == (errors.EXIT_FINISHED, "")
+  final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
+  assert [r["step"] for r in final] == [2, 2]
+  assert not (workdir / rundir.LOCK_FILE).exists()
 
 
 def _bad_rows(own):
@@ -284,7 +305,7 @@ def _in_process(command):
   """(exit code, stderr) for the mistake in a `_main` command, from
   `main.run` (what the command line runs after its flags), without
   starting Python and JAX again."""
-  from vidjax import errors, main  # pylint: disable=import-outside-toplevel
+  from vidjax import main  # pylint: disable=import-outside-toplevel
   config, workdir, args = command[4], command[6], command[7:]
   overrides = [arg for arg in args if arg.startswith("--config.")]
   modes = [arg.split("=", 1)[1] for arg in args if arg.startswith("--mode=")]

@@ -1,9 +1,11 @@
 """The training loop: preemption + resume, gradient accumulation, init_from."""
 import dataclasses
 import json
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +17,8 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, config as config_lib, errors, monitor, steps
-from vidjax import train
+from vidjax import checkpoint, config as config_lib, errors, main, monitor
+from vidjax import steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,9 +29,9 @@ OVERRIDES = (*debug_runs.DEMO_REFERENCE,  # of its time estimate.
              f"--config.total_steps={STEPS}")
 
 
-def cli(workdir):
+def cli(workdir, *overrides):
   return [sys.executable, "-m", "vidjax.main", "--config", CONFIG,
-          "--workdir", str(workdir), *OVERRIDES]
+          "--workdir", str(workdir), *OVERRIDES, *overrides]
 
 
 def losses(workdir):
@@ -47,16 +49,30 @@ def losses(workdir):
 def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
                                                            tmp_path_factory):
   """Ctrl-C under `2>&1 | tee log` after tee exited: the save is whole, and
-  the resumed run's losses are the uninterrupted run's."""
+  the resumed run's losses are the uninterrupted run's. The workdir is given
+  relative; the same command started while the run trains is refused and
+  leaves it alone; SIGTERM in the resumed run's final evaluation lets it
+  finish."""
   # In this process first: it also fills the compilation cache.
   uninterrupted = debug_runs.demo_reference(tmp_path_factory)
-  workdir = tmp_path / "run"
-  proc = subprocess.Popen(cli(workdir), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
+  workdir = tmp_path / "run"  # Given relative, from tmp_path.
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  proc = subprocess.Popen(cli("run"), cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   proc.stdout.close()  # Nobody reads: every console write fails with EPIPE.
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if max(losses(workdir), default=0) >= 2:
+      # The same command again meanwhile: refused, and changes nothing.
+      config_json = (workdir / "config.json").read_bytes()
+      with pytest.raises(errors.WorkdirError, match=(
+          rf"workdir {re.escape(str(workdir))} is in use by another run: PID "
+          rf"{proc.pid} on "
+          rf"host {re.escape(socket.gethostname())}, started ")) as refused:
+        main.run(CONFIG, str(workdir), overrides=OVERRIDES)
+      assert refused.value.exit_code == errors.EXIT_USAGE
+      assert (workdir / "config.json").read_bytes() == config_json
       proc.send_signal(signal.SIGINT)
       break
     time.sleep(0.05)
@@ -73,8 +89,22 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
   # A save killed half-way (Orbax's temporary name) is removed at the restart.
   partial = ckpts / f"{saved + 1}{checkpoint.TMP_SUFFIX}"
   shutil.copytree(ckpts / str(saved), partial)
-  subprocess.run(cli(workdir), check=True, cwd=REPO, capture_output=True)
+  # The same command resumes (a change that fits: named); SIGTERM once step
+  # 16 is logged (in the final evaluation, the final save or the plots) lets
+  # the run finish them.
+  proc = subprocess.Popen(cli("run", "--config.checkpoint.keep=3"),
+                          cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  while proc.poll() is None and STEPS not in losses(workdir):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=240) == errors.EXIT_FINISHED, log()[-3000:]
+  assert ("received SIGTERM: the final evaluation and the checkpoint of step "
+          f"{STEPS} finish first, then the run ends") in log()
+  assert checkpoint.latest_complete_step(ckpts) == STEPS
   assert not partial.exists() and f"removed {partial}" in log()
+  assert re.search(r"changed since the checkpoint of step \d+:\n  "
+                   r"checkpoint.keep: 2 -> 3\n", log())
   assert re.search(rf"resuming at step \d+\n.*\n  steps \d+ -> {STEPS}", log())
   assert re.search(rf"about .* to step {STEPS} \([\d.]+ s/step\)", log())
   resumed, expected = losses(workdir), losses(uninterrupted)

@@ -35,8 +35,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vidjax import errors, keypaths
+from vidjax.rundir import CHECKPOINT_SUBDIR
 
-CHECKPOINT_SUBDIR = "checkpoints"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
 BEST_MODES = ("max", "min")  # `checkpoint.best_mode`
 

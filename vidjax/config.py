@@ -36,8 +36,8 @@ import ml_collections
 from ml_collections import config_flags
 
 from vidjax import errors
+from vidjax.rundir import CONFIG_JSON
 
-CONFIG_JSON = "config.json"
 REQUIRED_KEYS = ("seed", "total_steps", "checkpoint.every_steps", "log.every_steps")
 BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
@@ -450,6 +450,39 @@ def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, o
   return out
 
 
+# Keys that name files or directories, made absolute at start-up so that
+# nothing depends on the directory the command started in. The `data` and
+# `eval` ones, which each of `eval.sets` has too, may join several paths
+# with commas.
+PATH_KEYS = {"": ("resume", "init_from"),
+             "data": ("root", "train_annotations", "eval_annotations", "vocab",
+                      "train_sentences", "train_relevancy"),
+             "eval": ("relevancy", "sentences")}
+
+
+def _absolute(value: str, several: bool) -> str:
+  """'a.jsonl,~/b.jsonl' -> '/cwd/a.jsonl,/home/me/b.jsonl' (`several`);
+  URLs and '' are kept."""
+  if not isinstance(value, str) or not value.strip() or "://" in value:
+    return value
+  paths = [p.strip() for p in value.split(",")] if several else [value]
+  return ",".join(os.path.abspath(os.path.expanduser(p)) for p in paths if p)
+
+
+def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
+  """Makes the paths of `PATH_KEYS` absolute, in place."""
+  sections = [(config, PATH_KEYS[""], False),
+              (_get(config, "data", {}), PATH_KEYS["data"], True),
+              (_get(config, "eval", {}), PATH_KEYS["eval"], True)]
+  for spec in _get(config, "eval.sets", {}).values():  # Its `eval` keys are
+    sections += [(_get(spec, "data", {}), PATH_KEYS["data"], True),  # its own.
+                 (spec, PATH_KEYS["eval"], True)]
+  for node, keys, several in sections:
+    for key in keys:
+      if key in node and node[key]:
+        node[key] = _absolute(node[key], several)
+
+
 def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:
   """Writes WORKDIR/config.json (process 0 only); returns its path.
 
@@ -461,6 +494,8 @@ def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:
   path = os.path.join(os.fspath(workdir), CONFIG_JSON)
   text = config.to_json_best_effort(indent=2, sort_keys=True)
   json.loads(text)  # fail here, not in a reader, if it is not valid JSON
-  with open(path, "w", encoding="utf-8") as f:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
     f.write(text + "\n")
+  os.replace(tmp, path)  # Readers, and a run stopped here, see old or new.
   return path

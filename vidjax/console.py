@@ -27,7 +27,8 @@ from absl import logging as absl_logging
 import jax
 import tqdm
 
-LOG_FILE = "log.txt"
+from vidjax.rundir import LOG_FILE
+
 _MAX_BUFFERED_LINES = 10_000
 
 

@@ -9,7 +9,8 @@ Exit codes of `python -m vidjax.main` (the kind of error decides, not when
 it is found):
 
   0    finished: `total_steps` reached and the final evaluation done (or,
-       with `--mode eval`, the evaluation done)
+       with `--mode eval`, the evaluation done); a SIGTERM or Ctrl-C that
+       comes during the final evaluation or the final save lets them finish
   1    failed: a `DataError` (an annotation, sentence, relevancy or
        vocabulary file that does not load or fit, more than
        `data.max_bad_row_fraction` bad rows, more than
@@ -18,18 +19,23 @@ it is found):
        last completed step first), a non-finite loss, or a bug (with a
        traceback)
   2    refused: the command line or a `ConfigError` (a key, a value, a path,
-       the workdir, `init_from` weights that do not read or fit). Found
-       before anything is written to the workdir (a run on the synthetic
-       corpus may have made WORKDIR/synthetic).
-  75   stopped by SIGTERM or SIGINT during training after saving a
-       checkpoint: run the same command again to resume (EX_TEMPFAIL in
-       sysexits.h)
-  130  interrupted without saving: Ctrl-C outside the training loop (start-up,
-       compilation, `--mode eval`, the final evaluation) or pressed twice
+       `init_from` weights that do not read or fit, a checkpoint that does
+       not fit the run, a workdir that cannot be written or that another run
+       is using). Found before anything is written to the workdir (a run on
+       the synthetic corpus may have made WORKDIR/synthetic).
+  75   stopped by SIGTERM or Ctrl-C with nothing lost (`Stopped`): during
+       start-up (before the first step, or before the evaluation of
+       `--mode eval`) with nothing written; in training after saving a
+       checkpoint of the current step (`Preempted`). Run the same command
+       to continue (EX_TEMPFAIL in sysexits.h). See `vidjax.stopping`.
+  130  stopped at once by Ctrl-C pressed again: a save under way is
+       abandoned; the message names the newest checkpoint, which the same
+       command resumes from
 """
 from __future__ import annotations
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+EXIT_INTERRUPTED = 130  # The shell's code for SIGINT.
 
 
 class UserError(Exception):
@@ -67,7 +73,8 @@ class PathError(ConfigError, FileNotFoundError):
 
 
 class WorkdirError(ConfigError):
-  """The workdir does not fit the command (no checkpoint, another model)."""
+  """The workdir does not fit the command: no checkpoint, another model,
+  not writable, or in use by another run."""
 
 
 class DataError(UserError):
@@ -88,12 +95,17 @@ class InitFromError(ConfigError):
   """`init_from` weights that cannot be read, or do not fit the model."""
 
 
-class Preempted(Exception):
+class Stopped(Exception):
+  """A run stopped by SIGTERM or Ctrl-C with nothing lost: the same command
+  continues it."""
+  exit_code = EXIT_PREEMPTED
+
+
+class Preempted(Stopped):
   """A run stopped by SIGTERM/SIGINT after saving its checkpoint.
 
   Not a failure: the same command resumes at `step`.
   """
-  exit_code = EXIT_PREEMPTED
 
   def __init__(self, step: int, checkpoint_dir: str):
     super().__init__(f"stopped at step {step}; checkpoint saved in "

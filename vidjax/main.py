@@ -8,8 +8,8 @@
 
 Mistakes in the command, the config or the data are printed as one message
 and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
-at start-up, 75 stopped by SIGTERM/SIGINT after saving a checkpoint (run the
-same command to resume), 130 interrupted outside the training loop; see
+at start-up, 75 stopped by SIGTERM/SIGINT with nothing lost (run the same
+command to continue), 130 stopped at once by a second Ctrl-C; see
 `vidjax.errors`.
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
@@ -23,8 +23,9 @@ import sys
 
 from absl import app, flags, logging
 
-from vidjax import config as config_lib, console, errors
-from vidjax.data import reads
+# Light imports only, up to the signal handler (`main`); JAX loads after.
+from vidjax import errors, stopping
+from vidjax.data import reads  # Standard library only.
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file: configs/NAME.py[:ARG]; "
                               "--config.KEY=VALUE overrides its keys.")
@@ -130,9 +131,11 @@ def run(config: str, workdir: str, mode: str = "train",
     errors.UserError: a mistake in the command, the config or the data
       (`main` prints `describe()` and exits with its `exit_code`).
   """
+  from vidjax import config as config_lib  # pylint: disable=import-outside-toplevel
   config = config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
   from vidjax import train  # pylint: disable=import-outside-toplevel
+  stopping.check()
   if mode == "eval":
     train.evaluate_only(config, workdir)
   else:
@@ -141,18 +144,19 @@ def run(config: str, workdir: str, mode: str = "train",
 
 def main(parsed) -> int:
   _, overrides = parsed
-  console.setup_console(verbose=flags.FLAGS["verbosity"].present)
   try:
-    run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
+    # First: a SIGTERM or Ctrl-C from now on stops as documented.
+    with stopping.handling("during start-up; nothing was written: run the "
+                           "same command again"):
+      from vidjax import console  # pylint: disable=import-outside-toplevel
+      console.setup_console(verbose=flags.FLAGS["verbosity"].present)
+      run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
   except errors.UserError as e:
     logging.error("%s", e.describe())
     return e.exit_code
-  except errors.Preempted as e:
+  except errors.Stopped as e:
     logging.warning("%s", e)
     return e.exit_code
-  except KeyboardInterrupt:
-    logging.error("interrupted: stopped without saving a checkpoint")
-    return 130  # The shell's code for SIGINT.
   return errors.EXIT_FINISHED
 
 

@@ -32,8 +32,7 @@ import numpy as np
 
 from vidjax import errors
 from vidjax import tfevents
-
-METRICS_FILE = "metrics.jsonl"
+from vidjax.rundir import METRICS_FILE
 
 # Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
 # Keys are looked for in `device.device_kind` (lower case), longest first:

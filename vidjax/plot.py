@@ -32,8 +32,8 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 from vidjax import console, monitor
+from vidjax.rundir import PLOTS_SUBDIR
 
-PLOTS_SUBDIR = "plots"
 # Noisy curves (loss, throughput) with at least this many points also get
 # a trailing mean.
 SMOOTH_MIN_POINTS = 20

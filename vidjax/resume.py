@@ -1,4 +1,4 @@
-"""Where a run starts, whether its checkpoint fits, and how it stops to resume.
+"""Where a run starts, and whether its checkpoint fits.
 
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
@@ -6,24 +6,19 @@ Where a run starts (`resolve_start`): its own latest checkpoint; else
 else scratch. Before a checkpoint is restored, `check_fits` compares its
 array shapes with the new run's (from the files' metadata, reading no
 array) and names the config keys that changed. `remove_partial_saves`
-deletes the temporary directories a killed save left.
-
-SIGTERM/SIGINT set a flag (`PreemptionHandler`) that the loop checks each
-step to save a checkpoint and exit; rerunning the command resumes.
+deletes the temporary directories a killed save left. How SIGTERM and
+Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
-import signal
-import threading
 from typing import Any
 
 from absl import logging
 from etils import epath
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from vidjax import checkpoint, config as config_lib, errors, keypaths
@@ -105,7 +100,8 @@ def _shapes(tree) -> dict[str, tuple]:
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def check_fits(start: StartPoint, target: Any, config) -> None:
+def check_fits(start: StartPoint, target: Any,
+               config) -> list[tuple[str, Any, Any]]:
   """Stops before a restore whose arrays would not fit the new run.
 
   Reads the checkpoint's metadata only (shapes, and the config it was saved
@@ -116,21 +112,25 @@ def check_fits(start: StartPoint, target: Any, config) -> None:
     target: the new run's state: arrays or `jax.ShapeDtypeStruct`s.
     config: the new run's config.
 
+  Returns:
+    The config keys that changed since the checkpoint was saved, accepted:
+    (dotted key, saved value, new value); [] when it recorded no config.
+
   Raises:
     errors.WorkdirError: naming the config keys that changed and the first
       arrays whose shapes differ.
   """
   with checkpoint.reader(start.path) as mngr:
     saved = _shapes(mngr.item_metadata(start.step)["state"])
-    want = _shapes(target)
-    differ = sorted(k for k in saved.keys() | want.keys()
-                    if saved.get(k) != want.get(k))
-    if not differ:
-      return
     meta = mngr.restore(start.step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
-  changed = config_lib.changes(meta.get("metadata", {}).get("config", {}),
-                               config.to_dict())
+  saved_config = meta.get("metadata", {}).get("config")
+  changed = config_lib.changes(saved_config, config.to_dict()) if saved_config else []
+  want = _shapes(target)
+  differ = sorted(k for k in saved.keys() | want.keys()
+                  if saved.get(k) != want.get(k))
+  if not differ:
+    return changed
   # The model and optimizer decide the arrays; other keys may change freely.
   shaping = [c for c in changed if c[0].startswith(("model.", "optim."))] or changed
   keys = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shaping[:6]) or (
@@ -165,67 +165,3 @@ def remove_partial_saves(workdir) -> list[str]:
       logging.info("removed %s, the left-over of a save that did not finish",
                    path)
   return removed
-
-
-# ---------------------------------------------------------------------------
-# Preemption: SIGTERM/SIGINT -> save at the current step and exit.
-# ---------------------------------------------------------------------------
-class PreemptionHandler:
-  """Turns SIGTERM/SIGINT into a flag the train loop polls.
-
-  with PreemptionHandler() as preempt:
-    for step in ...:
-      ...
-      if preempt.should_stop(step):
-        ckpt.save(step, state, ..., force=True); break
-
-  A second SIGINT (Ctrl-C twice) raises KeyboardInterrupt at once. The
-  previous handlers come back on exit. Install from the main thread.
-  With several processes, `should_stop` agrees across them (every
-  `sync_every` steps) so all save the same step.
-  """
-
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT), sync_every: int = 10):
-    self._signals = tuple(signals)
-    self._previous = {}
-    self._event = threading.Event()
-    self.sync_every = sync_every
-
-  def _handle(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT and self._event.is_set():
-      raise KeyboardInterrupt
-    self._event.set()
-    logging.warning("received %s: will save a checkpoint and stop",
-                    signal.Signals(signum).name)
-
-  def install(self) -> "PreemptionHandler":
-    for s in self._signals:
-      self._previous[s] = signal.signal(s, self._handle)
-    return self
-
-  def uninstall(self):
-    for s, previous in self._previous.items():
-      signal.signal(s, previous)
-    self._previous = {}
-
-  @property
-  def requested(self) -> bool:
-    """True once a signal arrived in this process."""
-    return self._event.is_set()
-
-  def should_stop(self, step: int) -> bool:
-    """Whether to save and stop now; the same answer on every process."""
-    if jax.process_count() == 1:
-      return self.requested
-    if step % self.sync_every:
-      return False
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    return bool(np.any(flags))
-
-  def __enter__(self):
-    return self.install()
-
-  def __exit__(self, *exc):
-    self.uninstall()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 
 from absl import logging
@@ -22,9 +23,9 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from vidjax import checkpoint, config as config_lib, console, errors, memory
-from vidjax import eval_sets, monitor, resume, sharding, steps as steps_lib
-from vidjax import tasks
+from vidjax import checkpoint, config as config_lib, console, errors
+from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
+from vidjax import steps as steps_lib, stopping, tasks
 from vidjax.data import batches, checks, pipeline, synthetic
 from vidjax.models import facts, flops as flops_lib, init_from, sources
 
@@ -56,6 +57,7 @@ class Run:
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
   start: resume.StartPoint = resume.StartPoint("scratch")
+  train_batches: pipeline.Pipeline | None = None  # With "train" in splits.
 
 
 def _start_text(start: resume.StartPoint) -> str:
@@ -70,16 +72,19 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   """Config, data, model and optimizer state (sharded), resume point.
 
   Everything a user can get wrong is checked before the workdir is touched:
-  the config, whether the training step fits the device's memory
-  (`vidjax.memory`; a GPU whose attention falls back to XLA is warned
-  about), the data paths, the vocabulary, the annotation files of
+  the config (its paths made absolute), whether the training step fits the
+  device's memory (`vidjax.memory`; a GPU whose attention falls back to XLA
+  is warned about), the data paths, the vocabulary, the annotation files of
   `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
-  checkpoint to resume fits the model, and the checkpoint or `init_from`
-  weights the run starts from are read. (Only a synthetic corpus, which
-  these checks read, is written before: WORKDIR/synthetic.) Then
-  WORKDIR/config.json and WORKDIR/log.txt are written and half-written
-  checkpoints removed.
+  checkpoint to resume fits the model, the checkpoint or `init_from`
+  weights the run starts from are read, and with 'train' the training
+  batches are set up at their saved position (`run.train_batches`, to
+  close). (Only a synthetic corpus, which these checks read, is written
+  before: WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt
+  are written, half-written checkpoints removed, and the config keys
+  changed since the checkpoint listed.
   """
+  config_lib.make_paths_absolute(config)
   config_lib.validate(config, jax.device_count())
   memory.warn_if_attention_falls_back(config)
   if "train" in splits:  # Before compiling: a step that cannot fit.
@@ -87,6 +92,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
+  stopping.check()  # Between the phases: a SIGTERM/Ctrl-C stops here.
   if splits:
     _check_files(config, splits)
   tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
@@ -98,14 +104,16 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     checks.stop_if_unusable(reports, config, workdir)
   if "train" in reports:  # `*_epochs` keys count epochs of these records.
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
+  stopping.check()
 
   start = resume.resolve_start(workdir, config)
   # What the weights were trained with (activation, LayerNorm eps, pooling,
   # temperature) decides the model where the command line does not.
   source = sources.read_start(start, allow_pickle=config.init_allow_pickle)
   settled = facts.settle(config, source)
+  changed = []
   if start.kind in ("workdir", "resume"):
-    resume.check_fits(start, steps_lib.build_state_and_steps(
+    changed = resume.check_fits(start, steps_lib.build_state_and_steps(
         config, task, mesh, abstract=True)[0], config)
   state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
   run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir,
@@ -120,25 +128,52 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
         keep_init=tuple(config.init_keep))
     init_report.settled = settled
     run.state = dict(state, params=params)
-
-  # --- The run is accepted: from here on the workdir is written.
-  if reports:
-    checks.report(reports, config, workdir)
-  resume.remove_partial_saves(workdir)
-  if "train" in splits or not splits:  # An evaluation keeps the run's own.
-    config_lib.save_config_json(config, workdir)
-  if jax.process_index() == 0:
-    console.attach_log_file(workdir)
-  if start.kind in ("workdir", "resume"):
-    logging.info("resumed from %s at step %d%s", start.path, start.step,
-                 "".join(f"\n  set {line}" for line in settled))
-  elif start.kind == "init_from":
-    init_report.log(workdir)  # Also WORKDIR/init_from.json.
   if "train" in reports:
     run.train_records = reports["train"].kept_records()
-  if splits:
-    _log_summary(run, config, reports, start)
+  stopping.check()
+  if "train" in splits and run.train_records:
+    # Before anything is written: refuses a saved data position that does
+    # not fit. (No rows left: `checks.report` below says why.)
+    run.train_batches = pipeline.make_pipeline(
+        config, run.mesh, train=True, batch_size=config.batch_size,
+        tokenizer=run.tokenizer, records=run.train_records,
+        state=run.data_state)
+
+  try:
+    stopping.check()
+    # --- The run is accepted: from here on the workdir is written.
+    if reports:
+      checks.report(reports, config, workdir)
+    resume.remove_partial_saves(workdir)
+    if "train" in splits or not splits:  # An evaluation keeps the run's own.
+      config_lib.save_config_json(config, workdir)
+    if jax.process_index() == 0:
+      console.attach_log_file(workdir)
+    if start.kind in ("workdir", "resume"):
+      logging.info("resumed from %s at step %d%s", start.path, start.step,
+                   "".join(f"\n  set {line}" for line in settled))
+      _say_changes(changed, start.step, warn="train" in splits)
+    elif start.kind == "init_from":
+      init_report.log(workdir)  # Also WORKDIR/init_from.json.
+    if splits:
+      _log_summary(run, config, reports, start)
+  except BaseException:
+    if run.train_batches is not None:
+      run.train_batches.close()
+    raise
   return run
+
+
+def _say_changes(changed: list, step: int, warn: bool) -> None:
+  """Lists the config keys changed since the checkpoint (accepted ones)."""
+  if not changed:
+    return
+  shown = [f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:12]]
+  if len(changed) > 12:
+    shown.append(f"and {len(changed) - 12} more (compare with config.json)")
+  (logging.warning if warn else logging.info)(
+      "changed since the checkpoint of step %d:\n  %s", step,
+      "\n  ".join(shown))
 
 
 def _check_files(config, splits: tuple[str, ...]) -> None:
@@ -181,35 +216,78 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else `config.init_from` (released or vidjax weights: zero-shot). Every
   evaluation set runs once; the metrics are appended to
   WORKDIR/metrics.jsonl at the checkpoint's step and printed as a table.
+  SIGTERM/Ctrl-C during start-up stop it before anything is written
+  (`errors.Stopped`); during the evaluation, it finishes first.
 
   Returns:
     The `eval/...` metrics.
 
   Raises:
-    errors.WorkdirError: there is nothing to evaluate.
+    errors.WorkdirError: there is nothing to evaluate, or the workdir
+      cannot be written or is in use.
   """
-  workdir = Path(workdir)
-  if resume.resolve_start(workdir, config).kind == "scratch":
-    raise errors.WorkdirError(
-        f"{workdir} has no checkpoint to evaluate",
-        hint="check the --workdir path, or evaluate other weights with "
-        "--config.init_from=PATH (or --config.resume=RUN_DIR)")
-  run = setup(config, workdir, splits=("eval",))
-  metrics = eval_sets.evaluate(run, config)
-  with monitor.MetricWriter(workdir) as writer:
-    writer.write(int(run.state["step"]), metrics)
-  logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
+  with (stopping.handling("before the evaluation; nothing was written: run "
+                         "the same command to evaluate") as preemption,
+        rundir.claim(workdir) as workdir):
+    if resume.resolve_start(workdir, config).kind == "scratch":
+      raise errors.WorkdirError(
+          f"{workdir} has no checkpoint to evaluate",
+          hint="check the --workdir path, or evaluate other weights with "
+          "--config.init_from=PATH (or --config.resume=RUN_DIR)")
+    run = setup(config, workdir, splits=("eval",))
+    preemption.defer("the evaluation finishes and is written first")
+    metrics = eval_sets.evaluate(run, config)
+    with monitor.MetricWriter(workdir) as writer:
+      writer.write(int(run.state["step"]), metrics)
+    logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
   return metrics
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint) and evaluates.
 
+  One run at a time in a workdir (`rundir.claim`). SIGTERM/Ctrl-C stop the
+  run without losing anything (`vidjax.stopping`): during start-up before
+  anything more is written (`errors.Stopped`); in training after saving a
+  checkpoint of the current step (`errors.Preempted`).
+
   Returns:
     The last evaluation's metrics.
   """
+  workdir = rundir.absolute(workdir)
+  directory = checkpoint.checkpoint_dir(workdir)
+  with stopping.handling("before the first step",
+                         abort_note=lambda: _newest_checkpoint(directory)
+                         ) as preemption:
+    try:
+      with rundir.claim(workdir):
+        return _train(config, workdir, preemption)
+    except errors.Preempted:
+      raise
+    except errors.Stopped as e:  # In start-up: say what the rerun does.
+      step = checkpoint.latest_complete_step(directory)
+      raise errors.Stopped(f"{e}; " + (
+          "no checkpoint was saved: run the same command to start again"
+          if step is None else f"the last complete checkpoint is step {step}"
+          f" (in {directory}): run the same command to resume from it")
+          ) from None
+
+
+def _newest_checkpoint(directory: str) -> str:
+  """What Ctrl-C pressed twice leaves: the newest step directory (a save
+  under way is abandoned; Orbax names it `<step>.orbax-checkpoint-tmp*`)."""
+  steps = [int(n) for n in os.listdir(directory) if n.isdigit()
+           ] if os.path.isdir(directory) else []
+  if not steps:
+    return "no checkpoint was saved: run the same command to start again"
+  return (f"the newest checkpoint is step {max(steps)} (in {directory}): run "
+          "the same command to resume from it")
+
+
+def _train(config: ml_collections.ConfigDict, workdir: Path,
+           preemption: stopping.Signals) -> dict:
+  """`train_and_evaluate` in its claimed workdir, its signals handled."""
   # ------------------------------------------------------------------ setup
-  workdir = Path(workdir)
   run = setup(config, workdir, splits=("train", "eval"))
   first_step = step = int(run.state["step"])
   # Each step's randomness folds the step into it: a resumed run continues
@@ -272,16 +350,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   # Closed on the way out, on an error too: the pipeline's workers stop, and
   # a save in flight finishes (Orbax moves a save into place once whole).
-  with (monitor.MetricWriter(workdir) as writer,
+  with (contextlib.closing(run.train_batches) as train_batches,
+        monitor.MetricWriter(workdir) as writer,
         checkpoint.Checkpointer.from_config(
             workdir, config, metadata={"config": config.to_dict()}) as ckpt):
-    # ----------------------------------------------------------------- data
-    with (contextlib.closing(pipeline.make_pipeline(
-              config, run.mesh, train=True, batch_size=config.batch_size,
-              tokenizer=run.tokenizer, records=run.train_records,
-              state=run.data_state)) as train_batches,
-          resume.PreemptionHandler() as preemption, bar):
-      # --------------------------------------------------------------- loop
+    preemption.check()  # The last stop point of the start-up.
+    preemption.defer("will save a checkpoint and stop")
+    # --------------------------------------------------------------- loop
+    with bar:
       while step < config.total_steps:
         with timer.waiting_for_data():
           try:  # None: SIGTERM or Ctrl-C while it waited (one process).
@@ -321,7 +397,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           last_eval = evaluate_and_log()
           ckpt.record_eval(step, last_eval, run.state, rng=base_key,
                            data_state=train_batches.get_state())
+      preemption.defer(f"the final evaluation and the checkpoint of step "
+                       f"{step} finish first, then the run ends")
       log(late.flush())
+    train_batches.close()  # Its workers stop before the final evaluation.
     _say_read_failures(train_batches.failures)
     if step >= config.total_steps:
       last_eval = evaluate_and_log()

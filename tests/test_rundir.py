@@ -1,0 +1,121 @@
+"""The run directory: absolute paths, unwritable workdirs, one run at a time."""
+import json
+import os
+from pathlib import Path
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vidjax import config as config_lib, errors, main, rundir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _unwritable(kind: str, tmp_path: Path) -> Path:
+  if kind == "a file":
+    (tmp_path / "run").write_text("not a directory")
+    return tmp_path / "run"
+  if kind == "under /proc":
+    return Path(f"/proc/vidjax-test-{os.getpid()}/run")
+  # Immutable: even root cannot write into it (tests run as root).
+  frozen = tmp_path / "frozen"
+  frozen.mkdir()
+  if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True,
+                    check=False).returncode:
+    pytest.skip("chattr +i is not available here")
+  return frozen
+
+
+@pytest.mark.parametrize("kind", ["a file", "under /proc", "immutable"])
+def test_an_unwritable_workdir_is_refused_in_one_line_before_the_data(
+    kind, tmp_path):
+  workdir = _unwritable(kind, tmp_path)
+  try:
+    with pytest.raises(errors.WorkdirError) as e:
+      # Missing data paths: the workdir is checked before them.
+      main.run(str(REPO / "configs/own_videos.py:cpu"), str(workdir),
+               overrides=["--config.data.root=/no/such/chunks"])
+  finally:
+    subprocess.run(["chattr", "-i", str(workdir)], capture_output=True,
+                   check=False)
+  assert e.value.exit_code == errors.EXIT_USAGE
+  message = e.value.describe()
+  assert len(message.splitlines()) == 1, message
+  assert str(workdir) in message
+  assert ("is a file" if kind == "a file" else "cannot write there") in message
+
+
+def test_relative_paths_become_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  config = config_lib.load_config(
+      str(REPO / "configs/clip_vitb16_ego4d.py"),
+      ["--config.data.root=chunks", "--config.data.train_annotations=a.pkl,b.pkl",
+       "--config.init_from=weights/ViT-B-16.pt", "--config.data.vocab=gs://v/x.gz",
+       "--config.eval.sets.ek100_mir.relevancy=rel.pkl"])
+  config_lib.make_paths_absolute(config)
+  assert config.data.root == str(tmp_path / "chunks")
+  assert config.data.train_annotations == f"{tmp_path / 'a.pkl'},{tmp_path / 'b.pkl'}"
+  assert config.init_from == str(tmp_path / "weights/ViT-B-16.pt")
+  assert config.data.vocab == "gs://v/x.gz"  # Not a local path.
+  assert config.eval.sets.ek100_mir.relevancy == str(tmp_path / "rel.pkl")
+  assert config.resume == "" and config.data.eval_annotations == ""
+  assert rundir.absolute("runs/mine") == tmp_path / "runs/mine"
+
+
+def _lock(workdir: Path) -> dict:
+  return json.loads((workdir / rundir.LOCK_FILE).read_text())
+
+
+def test_a_second_claim_is_refused_naming_the_holder(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with rundir.claim("run") as workdir:  # Relative: made absolute.
+    assert workdir == tmp_path / "run"
+    holder = _lock(workdir)
+    assert (holder["pid"], holder["host"]) == (os.getpid(), socket.gethostname())
+    with pytest.raises(errors.WorkdirError, match=re.escape(
+        f"workdir {workdir} is in use by another run: PID {os.getpid()} on "
+        f"host {socket.gethostname()}, started {holder['started']}")):
+      with rundir.claim(workdir):
+        pass
+    assert _lock(workdir) == holder  # The holder's lock is untouched.
+    (workdir / "metrics.jsonl").write_text("")
+  assert os.listdir(workdir) == ["metrics.jsonl"]  # The lock is released.
+  with pytest.raises(RuntimeError):  # On errors too.
+    with rundir.claim(workdir):
+      raise RuntimeError("a bug")
+  assert os.listdir(workdir) == ["metrics.jsonl"]
+  with pytest.raises(errors.PathError):  # A run refused before writing
+    with rundir.claim(tmp_path / "new"):  # leaves no directory it made.
+      raise errors.PathError("data.root = '/no/such/chunks' (not found)")
+  assert not (tmp_path / "new").exists()
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over(tmp_path, caplog):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  lock = workdir / rundir.LOCK_FILE
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  here = rundir.WorkdirLock(workdir)._me  # pylint: disable=protected-access
+  lock.write_text(json.dumps(dict(here, pid=dead.pid, token="dead")))
+  with rundir.claim(workdir):
+    assert _lock(workdir)["pid"] == os.getpid()
+  assert f"PID {dead.pid} on this host" in caplog.text and "is gone" in caplog.text
+
+  # Another host's: taken over once untouched for STALE_AFTER_S, not before.
+  other = dict(here, host="gpu-node-7", machine="elsewhere", pid=4242,
+               token="other")
+  lock.write_text(json.dumps(other))
+  with pytest.raises(errors.WorkdirError, match="PID 4242 on host gpu-node-7"):
+    with rundir.claim(workdir):
+      pass
+  old = time.time() - rundir.STALE_AFTER_S - 60
+  os.utime(lock, (old, old))
+  with rundir.claim(workdir):
+    assert _lock(workdir)["pid"] == os.getpid()
+  assert "PID 4242 on gpu-node-7" in caplog.text
+  assert not lock.exists()
