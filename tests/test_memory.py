@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from debug_runs import counting_compiles
-from vidjax import errors, main, memory
+from vidjax import config as config_lib, errors, main, memory
 from vidjax.models import attention
 
 RECIPE = str(Path(__file__).parents[1] / "configs/clip_vitb16_ego4d.py")
@@ -36,7 +36,7 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
 
 def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
     monkeypatch):
-  config = main.config_lib.load_config(RECIPE, ["--config.model.dtype=bfloat16"])
+  config = config_lib.load_config(RECIPE, ["--config.model.dtype=bfloat16"])
   assert memory.warn_if_attention_falls_back(config) is None  # A CPU.
   # A Hopper GPU where JAX finds no cuDNN library.
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")

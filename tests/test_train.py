@@ -239,12 +239,12 @@ def test_a_data_bound_run_hears_it_again(tmp_path, tmp_path_factory,
     def __init__(self, batches):
       self.batches, self.count = batches, 0
 
-    def __next__(self):
+    def next_batch(self, **kwargs):
       self.count += 1
       if self.count > 5:  # Step 1 compiles; then two windows of 2 steps.
         raise _Enough
       delay[0] += 10.0
-      return next(self.batches)
+      return self.batches.next_batch(**kwargs)
 
     def __getattr__(self, name):
       return getattr(self.batches, name)
