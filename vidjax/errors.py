@@ -19,6 +19,10 @@ it is found):
        the workdir, `init_from` weights that do not read or fit). Found
        before anything is written to the workdir (a run on the synthetic
        corpus may have made WORKDIR/synthetic).
+  74   a checkpoint or metrics.jsonl could not be written (a full disk, no
+       permission to write): the run stops at once, naming the cause and
+       the last checkpoint saved whole; free space, then run the same
+       command to resume from it (EX_IOERR in sysexits.h)
   75   stopped by SIGTERM or SIGINT during training after saving a
        checkpoint: run the same command again to resume (EX_TEMPFAIL in
        sysexits.h)
@@ -28,6 +32,7 @@ it is found):
 from __future__ import annotations
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+EXIT_WRITE_FAILED = 74
 
 
 class UserError(Exception):
@@ -79,6 +84,15 @@ class DataFileError(DataError, ValueError):
 
 class InitFromError(ConfigError):
   """`init_from` weights that cannot be read, or do not fit the model."""
+
+
+WRITE_HINT = ("free space on that disk (or make the workdir writable), then "
+              "run the same command again to resume from the last checkpoint")
+
+
+class WriteError(UserError):
+  """A file of the run could not be written: a full disk, no permission."""
+  exit_code = EXIT_WRITE_FAILED
 
 
 class Preempted(Exception):

@@ -109,6 +109,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   if reports:
     checks.report(reports, config, workdir)
   resume.remove_partial_saves(workdir)
+  resume.set_aside_damaged(start)
   if "train" in splits or not splits:  # An evaluation keeps the run's own.
     config_lib.save_config_json(config, workdir)
   if jax.process_index() == 0:
@@ -172,7 +173,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
     errors.WorkdirError: there is nothing to evaluate.
   """
   workdir = Path(workdir)
-  if resume.resolve_start(workdir, config).kind == "scratch":
+  if resume.resolve_start(workdir, config, verify=False).kind == "scratch":
     raise errors.WorkdirError(
         f"{workdir} has no checkpoint to evaluate",
         hint="check the --workdir path, or evaluate other weights with "
