@@ -97,3 +97,19 @@ def test_progress_bar_moves_to_step(capsys):
   bar.update(5, {"train/loss": 0.5, "eval/name": "x"})
   assert bar._bar.n == 5
   bar.close()
+
+
+def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
+  log_txt = tmp_path / console.LOG_FILE
+  log_txt.write_text("12:00 first run\n12:01 the line being writ")
+  handler = console._LogFile()
+  logger = logging.getLogger("vidjax-test-torn-log")
+  logger.addHandler(handler)
+  try:
+    handler.open(str(log_txt))
+    logger.warning("resumed")
+  finally:
+    logger.removeHandler(handler)
+  lines = log_txt.read_text().splitlines()
+  assert lines[0] == "12:00 first run" and lines[-1].endswith("] resumed")
+  assert "ended in a torn line" in caplog.text
