@@ -8,7 +8,8 @@
 
 Mistakes in the command, the config or the data are printed as one message
 and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
-at start-up, 75 stopped by SIGTERM/SIGINT after saving a checkpoint (run the
+at start-up, 74 a checkpoint or metrics.jsonl could not be written (a full
+disk), 75 stopped by SIGTERM/SIGINT after saving a checkpoint (run the
 same command to resume), 130 interrupted outside the training loop; see
 `vidjax.errors`.
 
