@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 
 import grain
 import jax
@@ -406,3 +407,10 @@ def test_a_save_that_fails_names_its_cause_and_the_last_good_step(small_disk):
   small_disk.free_up()
   restored = checkpoint.restore_checkpoint(ckpts, state)
   jax.tree.map(np.testing.assert_array_equal, restored.state, state)
+  # A disk that stops being writable (here: remounted read-only).
+  subprocess.run(["mount", "-o", "remount,ro", str(small_disk.path)],
+                 check=True)
+  with checkpoint.Checkpointer(ckpts, every_steps=1) as ckpt:
+    with pytest.raises(errors.WriteError, match="step 4 .*: Read-only file "
+                       "system; the last checkpoint saved whole is step 1"):
+      ckpt.save(4, state)

@@ -265,11 +265,14 @@ class Checkpointer:
       keeping = {"preservation_policy": policies.AnyPreservationPolicy(
           [policies.LatestN(n=keep), _KeepBest(self)])}
     # Always Orbax's asynchronous path, for its hook between the last file
-    # and the commit; `async_save=False` waits for each save.
+    # and the commit; `async_save=False` waits for each save. Directories
+    # are made before `save` returns: one that cannot be made (no
+    # permission) fails that save, without threads left waiting for it.
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
         create=True, enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(
-            post_finalization_callback=self._before_commit), **keeping),
+            post_finalization_callback=self._before_commit,
+            create_directories_asynchronously=False), **keeping),
         _state_writer())
     self._quiet = contextlib.ExitStack()  # Until `close`.
     self._quiet.enter_context(failed_saves.quiet())
@@ -319,7 +322,7 @@ class Checkpointer:
     try:
       saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:  # pylint: disable=broad-except
-      raise self._failed(step, e) from None
+      self._report_failure(step, e)
     if saved:
       logging.info("checkpoint: saving step %d to %s", step, self.directory)
     if not self._async:
@@ -345,21 +348,26 @@ class Checkpointer:
     try:
       self._mngr.wait_until_finished()  # (`_before_commit` reads the step.)
     except Exception as e:  # pylint: disable=broad-except
-      raise self._failed(step, e) from None
+      self._report_failure(step, e)
     self._in_flight = None
 
-  def _failed(self, step: int, error: Exception) -> errors.WriteError:
-    """The error of a failed save; its temporary directory is removed."""
+  def _report_failure(self, step: int, error: Exception):
+    """Raises a failed save's error: a `WriteError` if the system refused a
+    write (a full disk), else `error` itself (a bug). What the save wrote is
+    removed."""
     self._in_flight = None
-    if jax.process_index() == 0:  # What it wrote only fills the disk.
+    if jax.process_index() == 0:  # It would only fill the disk.
       shutil.rmtree(os.fspath(self.directory / f"{step}{TMP_SUFFIX}"),
                     ignore_errors=True)
+    cause = failed_saves.cause(error)
+    if cause is None:
+      raise error
     steps = [s for s in self._mngr.all_steps() if s != step]
     last = (f"the last checkpoint saved whole is step {max(steps)}" if steps
             else "no checkpoint was saved whole yet")
-    return errors.WriteError(
+    raise errors.WriteError(
         f"could not save the checkpoint of step {step} in {self.directory}: "
-        f"{failed_saves.cause(error)}; {last}", hint=errors.WRITE_HINT)
+        f"{cause}; {last}", hint=errors.WRITE_HINT) from None
 
   def record_eval(self, step: int, metrics: dict, state: Any, **save_kwargs) -> bool:
     """After an evaluation: a new best `best_metric` is saved and recorded.

@@ -4,8 +4,9 @@ When a save fails (a full disk, no permission), Orbax logs the error with
 its traceback from each thread that met it, and TensorStore's writes still
 in flight call back into the event loop Orbax has closed (each printing an
 unraisable "Event loop is closed"). `vidjax.checkpoint.Checkpointer` raises
-the failure itself, naming its `cause`; while a checkpointer is open,
-`quiet()` keeps the rest off the console.
+the failure itself, naming its `cause` (a save the system refused: a full
+disk, no permission; any other failure is a bug and keeps its traceback);
+while a checkpointer is open, `quiet()` keeps the rest off the console.
 """
 from __future__ import annotations
 
@@ -20,16 +21,13 @@ _ABSL_LOGGER = logging.getLogger("absl")  # Where Orbax logs.
 _ORBAX_DIR = os.sep + "orbax" + os.sep
 
 
-def cause(error: BaseException) -> str:
-  """What made a save fail, in a few words ("No space left on device")."""
+def cause(error: BaseException) -> str | None:
+  """The system's reason a save failed ("No space left on device"), or None
+  if it was not refused by the system (then it is a bug)."""
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
-  text = str(error)
-  code = re.search(r"os_error_code='?(\d+)", text)  # TensorStore's errors
-  if code:
-    return os.strerror(int(code.group(1)))
-  first = text.splitlines()[0][:300] if text else ""
-  return f"{type(error).__name__}: {first}"
+  code = re.search(r"os_error_code='?(\d+)", str(error))  # TensorStore's
+  return os.strerror(int(code.group(1))) if code else None
 
 
 class _Quiet(logging.Filter):
