@@ -290,7 +290,7 @@ def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path,
   caplog.set_level("INFO")
   assert resume.find_checkpoint(old) == (str(old), 3)
   assert (f"{old}/3 has no checksums.json (saved before vidjax kept checksums):"
-          " restored without verifying its files") in caplog.text
+          " used without verifying its files") in caplog.text
   for directory in (old, new):
     restored = checkpoint.restore_checkpoint(directory, state)
     assert restored.step == 3 and restored.metadata == meta["metadata"]

@@ -402,7 +402,12 @@ class Checkpointer:
                  "step": step, "value": value}
     self.save(step, state, force=True, **save_kwargs)
     if jax.process_index() == 0:
-      _write_json_atomic(self.directory / BEST_FILE, self.best)
+      path = self.directory / BEST_FILE
+      try:
+        _write_json_atomic(path, self.best)
+      except OSError as e:
+        raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
+                                hint=errors.WRITE_HINT) from None
     logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
                  self.best_metric, value)
     return True

@@ -110,7 +110,7 @@ def verify(step_dir) -> str | None:
       listed = json.load(f)["files"]
   except FileNotFoundError:
     logging.info("%s has no %s (saved before vidjax kept checksums): "
-                 "restored without verifying its files", step_dir, MANIFEST)
+                 "used without verifying its files", step_dir, MANIFEST)
     return None
   except (ValueError, KeyError, TypeError) as e:
     return f"{MANIFEST} does not read ({e})"
