@@ -362,6 +362,7 @@ class Checkpointer:
     cause = failed_saves.cause(error)
     if cause is None:
       raise error
+    failed_saves.stay_quiet()
     steps = [s for s in self._mngr.all_steps() if s != step]
     last = (f"the last checkpoint saved whole is step {max(steps)}" if steps
             else "no checkpoint was saved whole yet")

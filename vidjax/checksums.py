@@ -7,7 +7,7 @@ once every process's files are written and before Orbax commits the step
 writes it. `verify(step_dir)` reads every listed file once and says what is
 wrong: a missing file, a size that differs (a truncated file), contents that
 differ (a flipped byte). A step without the list (written before vidjax
-kept one) is restored unverified, with one line saying so.
+kept one) is used unverified, with one line saying so.
 
 Orbax rewrites one file while committing (`_CHECKPOINT_METADATA`, the
 commit time): it is only required to exist. Files added after the list was
@@ -75,6 +75,8 @@ def write(step_dir) -> dict:
       f: [os.path.getsize(p), crc] for f, p, crc in zip(files, paths, crcs)}}
   with open(os.path.join(step_dir, MANIFEST), "w", encoding="utf-8") as f:
     json.dump(manifest, f, indent=0)
+    f.flush()
+    os.fsync(f.fileno())  # On disk before Orbax commits the step.
   return manifest
 
 
@@ -82,15 +84,17 @@ def _problem(step_dir: str, name: str, size: int, crc: int | None) -> str | None
   path = os.path.join(step_dir, name)
   try:
     actual = os.path.getsize(path)
+    if crc is None:
+      return None
+    if actual != size:
+      truncated = " (truncated)" if actual < size else ""
+      return f"{name} has {actual} bytes, {size} when saved{truncated}"
+    if _crc32(path) != crc:
+      return f"{name} has changed since it was saved (its checksum differs)"
   except FileNotFoundError:
     return f"{name} is missing"
-  if crc is None:
-    return None
-  if actual != size:
-    truncated = " (truncated)" if actual < size else ""
-    return f"{name} has {actual} bytes, {size} when saved{truncated}"
-  if _crc32(path) != crc:
-    return f"{name} has changed since it was saved (its checksum differs)"
+  except OSError as e:
+    return f"{name} does not read ({e.strerror or e})"
   return None
 
 
@@ -112,6 +116,8 @@ def verify(step_dir) -> str | None:
     logging.info("%s has no %s (saved before vidjax kept checksums): "
                  "used without verifying its files", step_dir, MANIFEST)
     return None
+  except OSError as e:
+    return f"{MANIFEST} does not read ({e.strerror or e})"
   except (ValueError, KeyError, TypeError) as e:
     return f"{MANIFEST} does not read ({e})"
   # Largest first: the threads finish together.

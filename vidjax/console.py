@@ -153,7 +153,8 @@ class _LogFile(logging.Handler):
       if text:
         self._file.write(text)
     except OSError as e:
-      path, self._file, self._failed = self._file.path, self._file.close(), True
+      self._file.close()
+      path, self._file, self._failed = self._file.path, None, True
       logging.getLogger(__name__).warning(
           "stopped writing %s: %s", path, e.strerror or e)
 
