@@ -392,7 +392,7 @@ def test_a_save_that_fails_names_its_cause_and_the_last_good_step(small_disk):
     assert ckpt.save(2, _random_state(mesh, 250_000, 2))  # In the background.
     with pytest.raises(errors.WriteError) as failed:
       ckpt.wait_until_finished()  # Or the next `save`, at the next step.
-    # Without asynchronous saves: raised by that save.
+  # Without asynchronous saves: raised by that save.
   with checkpoint.Checkpointer(ckpts, every_steps=1, async_save=False) as ckpt:
     with pytest.raises(errors.WriteError, match="step 3 .*: No space left on "
                        "device; the last checkpoint saved whole is step 1"):

@@ -209,7 +209,8 @@ def test_a_full_disk_stops_at_the_failing_save_then_the_rerun_matches(
   # Room for 2.5 checkpoints: keeping 2, the third does not fit.
   small_disk.leave_free(int(2.5 * size) + (256 << 10))
   proc = subprocess.run([*cli(workdir), *overrides], cwd=REPO, text=True,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        timeout=240)
   out = proc.stdout.replace("\r", "\n")
   assert proc.returncode == errors.EXIT_WRITE_FAILED, out[-3000:]
   assert "Traceback" not in out
