@@ -63,3 +63,39 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)")
     for item in gpu_items:
       item.add_marker(skip)
+
+
+class SmallDisk:
+  """A tmpfs of its own (32 MiB), to fill up: what a full disk does."""
+
+  def __init__(self, path):
+    self.path = path
+    self._filler = path / "filler"
+
+  def leave_free(self, nbytes: int) -> None:
+    """Fills the disk until only `nbytes` are free."""
+    stat = os.statvfs(self.path)
+    with open(self._filler, "ab") as f:
+      f.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - nbytes))
+
+  def free_up(self) -> None:
+    self._filler.unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A `SmallDisk` mounted for the test; skipped where mounting is refused."""
+  import subprocess
+
+  path = tmp_path / "disk"
+  path.mkdir()
+  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
+                          str(path)], capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip("a full disk is a tmpfs mounted by the test, which needs root "
+                f"(mount said: {mount.stderr.strip() or mount.returncode})")
+  try:
+    yield SmallDisk(path)
+  finally:
+    subprocess.run(["umount", "--lazy", str(path)], check=False,
+                   capture_output=True)

@@ -1,7 +1,9 @@
 """Tests for vidjax.checkpoint: Orbax round trips, keep-last-K, resume order."""
 
+import json
 import os
 import shutil
+import subprocess
 
 import grain
 import jax
@@ -14,7 +16,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vidjax import checkpoint, resume, sharding
+from vidjax import checkpoint, checksums, errors, resume, sharding
 
 
 def _state(mesh, scale=1.0):
@@ -248,9 +250,11 @@ def test_save_of_replicated_arrays_compiles_nothing(tmp_path):
   assert restored["w"].sharding == state["w"].sharding
 
 
-def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path):
+def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path,
+                                                                   caplog):
   """What earlier versions wrote (Orbax's StandardCheckpointHandler, replicas
-  saving slices) restores, and `read_params` reads it and today's alike."""
+  saving slices, no checksums) restores, and `read_params` reads it and
+  today's alike."""
   mesh = sharding.make_mesh()
   state = {"params": _replicated(mesh, {"w": ((16, 2), jnp.float32),
                                         "b": ((3,), jnp.float32)}),
@@ -264,6 +268,10 @@ def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path):
                                          meta=ocp.args.JsonSave(meta)))
   with checkpoint.Checkpointer(new, every_steps=1, metadata=meta["metadata"]) as ckpt:
     ckpt.save(3, state)
+  caplog.set_level("INFO")
+  assert resume.find_checkpoint(old) == (str(old), 3)
+  assert (f"{old}/3 has no checksums.json (saved before vidjax kept checksums):"
+          " used without verifying its files") in caplog.text
   for directory in (old, new):
     restored = checkpoint.restore_checkpoint(directory, state)
     assert restored.step == 3 and restored.metadata == meta["metadata"]
@@ -271,3 +279,119 @@ def test_checkpoints_written_by_orbax_standard_handler_still_read(tmp_path):
     params, config = checkpoint.read_params(directory, 3)
     assert sorted(params) == ["b", "w"] and config == {"seed": 1}
     np.testing.assert_array_equal(params["w"], state["params"]["w"])
+
+
+# ---------------------------------------------------------------------------
+# Damaged checkpoints, and saves that fail.
+# ---------------------------------------------------------------------------
+def _largest_file(directory):
+  return max((p for p in directory.rglob("*") if p.is_file()),
+             key=lambda p: p.stat().st_size)
+
+
+def _flip_a_byte(step_dir):
+  path = _largest_file(step_dir / "state")
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  path.write_bytes(bytes(data))
+  return f"{path.relative_to(step_dir)} has changed since it was saved"
+
+
+def _truncate(step_dir):
+  path = _largest_file(step_dir / "state")
+  size = path.stat().st_size
+  os.truncate(path, size // 2)
+  return (f"{path.relative_to(step_dir)} has {size // 2} bytes, {size} when "
+          "saved (truncated)")
+
+
+def _delete_metadata(step_dir):
+  (step_dir / "state" / "_METADATA").unlink()
+  return "state/_METADATA is missing"
+
+
+def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
+    tmp_path, caplog):
+  mesh = sharding.make_mesh(fsdp=2)
+  saved = tmp_path / "saved"
+  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(saved),
+                               every_steps=1) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, _state(mesh, scale=step), data_state={"seen": step})
+  assert checksums.verify(saved / "checkpoints" / "2") is None
+  for damage in (_flip_a_byte, _truncate, _delete_metadata):
+    run = tmp_path / damage.__name__
+    shutil.copytree(saved, run)
+    ckpts = run / "checkpoints"
+    caplog.clear()
+    problem = damage(ckpts / "2")
+    start = resume.resolve_start(run, _config())
+    assert start == resume.StartPoint("workdir", str(ckpts), 1, damaged=(2,))
+    assert f"the checkpoint {ckpts}/2 is damaged: {problem}" in caplog.text
+    assert "using step 1 instead, the newest intact checkpoint" in caplog.text
+    # Once the run is accepted, the damaged step makes way for a new save.
+    assert resume.set_aside_damaged(start) == [f"{ckpts}/2.damaged"]
+    assert checkpoint.complete_steps(ckpts) == [1]
+    restored = checkpoint.restore_checkpoint(ckpts, _state(mesh), step=1)
+    jax.tree.map(np.testing.assert_array_equal, restored.state, _state(mesh))
+    assert restored.data_state == {"seen": 1}
+
+  # `init_from`/`resume` naming a run: its best step is skipped if damaged.
+  (saved / "checkpoints" / checkpoint.BEST_FILE).write_text(json.dumps(
+      {"metric": "eval/top1", "mode": "max", "step": 1, "value": 0.5}))
+  _delete_metadata(saved / "checkpoints" / "1")
+  assert resume.find_checkpoint(saved, prefer_best=True) == (
+      str(saved / "checkpoints"), 2)
+  with pytest.raises(errors.WorkdirError, match="checkpoints/1 is damaged: "
+                     "state/_METADATA is missing"):
+    resume.find_checkpoint(saved / "checkpoints" / "1")
+  assert checksums.main(["checksums", str(saved / "checkpoints" / "1")]) == 1
+  # None intact: refused (exit 2), saying what to do.
+  _flip_a_byte(saved / "checkpoints" / "2")
+  with pytest.raises(errors.WorkdirError, match="no intact checkpoint in .*: "
+                     "steps 2, 1 are damaged") as refused:
+    resume.resolve_start(saved, _config())
+  assert refused.value.exit_code == errors.EXIT_USAGE
+  assert "move" in refused.value.hint and "backup" in refused.value.hint
+
+
+def _random_state(mesh, size: int, seed: int):
+  """Incompressible float32[size] (Orbax compresses what it writes)."""
+  return {"params": {"w": jax.device_put(
+      jax.random.normal(jax.random.key(seed), (size,)),
+      sharding.replicated(mesh))}}
+
+
+def test_a_save_that_fails_names_its_cause_and_the_last_good_step(small_disk):
+  mesh = sharding.make_mesh()
+  ckpts = small_disk.path / "checkpoints"
+  state = _random_state(mesh, 250_000, 0)  # 1 MB
+  with checkpoint.Checkpointer(ckpts, every_steps=1, keep=3) as ckpt:
+    assert ckpt.save(1, state)
+    ckpt.wait_until_finished()
+    small_disk.leave_free(500_000)
+    assert ckpt.save(2, _random_state(mesh, 250_000, 2))  # In the background.
+    with pytest.raises(errors.WriteError) as failed:
+      ckpt.wait_until_finished()  # Or the next `save`, at the next step.
+  # Without asynchronous saves: raised by that save.
+  with checkpoint.Checkpointer(ckpts, every_steps=1, async_save=False) as ckpt:
+    with pytest.raises(errors.WriteError, match="step 3 .*: No space left on "
+                       "device; the last checkpoint saved whole is step 1"):
+      ckpt.save(3, _random_state(mesh, 250_000, 3))
+  assert str(failed.value) == (
+      f"could not save the checkpoint of step 2 in {ckpts}: No space left on "
+      "device; the last checkpoint saved whole is step 1")
+  assert failed.value.exit_code == errors.EXIT_WRITE_FAILED == 74
+  # What the failed saves wrote is gone; the last good one is whole.
+  assert sorted(p.name for p in ckpts.iterdir()) == ["1"]
+  assert checksums.verify(ckpts / "1") is None
+  small_disk.free_up()
+  restored = checkpoint.restore_checkpoint(ckpts, state)
+  jax.tree.map(np.testing.assert_array_equal, restored.state, state)
+  # A disk that stops being writable (here: remounted read-only).
+  subprocess.run(["mount", "-o", "remount,ro", str(small_disk.path)],
+                 check=True)
+  with checkpoint.Checkpointer(ckpts, every_steps=1) as ckpt:
+    with pytest.raises(errors.WriteError, match="step 4 .*: Read-only file "
+                       "system; the last checkpoint saved whole is step 1"):
+      ckpt.save(4, state)

@@ -119,3 +119,19 @@ def test_classification_table_has_the_chance_level_and_top5_past_5_classes():
       assert table.splitlines()[1:] == [
           "  mean_class_acc 0.2500 | top1           0.2500 | top5           0.7500",
           "  chance_top1    0.1250"]
+
+
+def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
+  log_txt = tmp_path / console.LOG_FILE
+  log_txt.write_text("12:00 first run\n12:01 the line being writ")
+  handler = console._LogFile()
+  logger = logging.getLogger("vidjax-test-torn-log")
+  logger.addHandler(handler)
+  try:
+    handler.open(str(log_txt))
+    logger.warning("resumed")
+  finally:
+    logger.removeHandler(handler)
+  lines = log_txt.read_text().splitlines()
+  assert lines[0] == "12:00 first run" and lines[-1].endswith("] resumed")
+  assert "ended in a torn line" in caplog.text

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import monitor
+from vidjax import errors, monitor
 
 
 def test_jsonl_rows_are_plain_json(tmp_path):
@@ -127,3 +127,20 @@ def test_check_finite_names_metric_step_and_checkpoint():
   with pytest.raises(monitor.NonFiniteError, match="train/loss"):  # None = was NaN
     monitor.check_finite({"train/loss": None}, step=1)
   monitor.check_finite({"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"])
+
+
+def test_a_torn_last_line_is_dropped_and_a_full_disk_leaves_whole_lines(
+    small_disk, caplog):
+  workdir = small_disk.path
+  (workdir / "metrics.jsonl").write_text(
+      '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/lo')  # Killed here.
+  with monitor.MetricWriter(workdir, tensorboard=False) as writer:
+    writer.write(2, {"train/loss": 1.5})
+    small_disk.leave_free(0)
+    with pytest.raises(errors.WriteError, match=r"could not write the metrics "
+                       r"of step 3 to .*metrics.jsonl: No space left on device"):
+      writer.write(3, {"train/loss": 1.0, "name": "x" * 5000})  # > a page
+  assert "ended in a torn line" in caplog.text and '{"step": 2, "train/lo' in (
+      caplog.text)
+  assert (workdir / "metrics.jsonl").read_text() == (
+      '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n')

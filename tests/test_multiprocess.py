@@ -31,6 +31,7 @@ import sys
 import pytest
 
 import debug_runs
+from vidjax import checksums
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo.py:debug"
@@ -145,9 +146,13 @@ def test_two_processes_match_one(tmp_path, tmp_path_factory):
   want_eval, got_eval = _by_step(single, "eval/"), _by_step(multi, "eval/")
   assert got_eval[STEPS] == pytest.approx(want_eval[STEPS], rel=1e-4)
 
-  data_dir = multi / "checkpoints" / str(STEPS) / "data"
-  assert sorted(p.name for p in data_dir.glob("*.json")) == [
+  step_dir = multi / "checkpoints" / str(STEPS)
+  assert sorted(p.name for p in (step_dir / "data").glob("*.json")) == [
       "process_0-of-2.json", "process_1-of-2.json"]
+  # Process 0 listed the checksums once both processes' files were written.
+  listed = json.loads((step_dir / checksums.MANIFEST).read_text())["files"]
+  assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(listed)
+  assert checksums.verify(step_dir) is None
 
 
 # ---------------------------------------------------------------------------

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, config as config_lib, errors, main, monitor
-from vidjax import steps, train
+from vidjax import checkpoint, checksums, config as config_lib, errors, main
+from vidjax import monitor, steps, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,3 +266,61 @@ def test_a_data_bound_run_hears_it_again(tmp_path, tmp_path_factory,
                    r"processes \(--config\.data\.workers, now 0\)", m)
           for m in caplog.messages if "data-bound" in m]
   assert len(said) == 2 and all(int(m.group(1)) > 80 for m in said), said
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("demo_reference")
+def test_a_full_disk_stops_at_the_failing_save_then_the_rerun_matches(
+    tmp_path_factory, small_disk, caplog):
+  """The disk fills at the save of step 6: the run stops there in a few
+  lines (exit 74), step 4 is whole. Space freed, step 4 then found damaged
+  (a flipped byte) and metrics.jsonl with a torn last line: the rerun says
+  so, resumes from step 2, and its losses are the uninterrupted run's."""
+  uninterrupted = debug_runs.demo_reference(tmp_path_factory)
+  steps = 8  # The reference's first 8 (a constant learning rate).
+  overrides = (*OVERRIDES, f"--config.total_steps={steps}",
+               "--config.checkpoint.every_steps=2", "--config.checkpoint.keep=2",
+               "--config.eval.every_steps=0")  # Only the final evaluation.
+  config = debug_runs.load("demo", *overrides)
+  workdir = debug_runs.prepare(config, small_disk.path / "run",
+                               tmp_path_factory)
+  size = sum(p.stat().st_size for p in
+             (uninterrupted / "checkpoints" / str(STEPS)).rglob("*"))
+  # Room for 2.5 checkpoints: keeping 2, the third does not fit.
+  small_disk.leave_free(int(2.5 * size) + (256 << 10))
+  proc = subprocess.run([*cli(workdir), *overrides], cwd=REPO, text=True,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        timeout=240)
+  out = proc.stdout.replace("\r", "\n")
+  assert proc.returncode == errors.EXIT_WRITE_FAILED, out[-3000:]
+  assert "Traceback" not in out
+  error = out[out.index("error: "):].strip().splitlines()
+  assert len(error) <= 10, out[-3000:]
+  assert error[0] == (f"error: could not save the checkpoint of step 6 in "
+                      f"{workdir}/checkpoints: No space left on device; the "
+                      "last checkpoint saved whole is step 4")
+  ckpts = workdir / "checkpoints"
+  assert sorted(p.name for p in ckpts.iterdir()) == ["2", "4"]
+  assert checksums.verify(ckpts / "4") is None
+
+  small_disk.free_up()
+  data = next((ckpts / "4" / "state" / "d").iterdir())
+  damaged = bytearray(data.read_bytes())
+  damaged[len(damaged) // 2] ^= 1
+  data.write_bytes(bytes(damaged))
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 7, "train/lo')  # As a run killed while writing.
+  caplog.set_level("INFO")
+  train.train_and_evaluate(config, workdir)
+  assert (f"the checkpoint {ckpts}/4 is damaged: state/d/{data.name} has "
+          "changed since it was saved") in caplog.text
+  assert "using step 2 instead, the newest intact checkpoint" in caplog.text
+  assert f"resumed from {ckpts} at step 2" in caplog.text
+  assert "metrics.jsonl ended in a torn line" in caplog.text
+  assert all(json.loads(line) for line in
+             (workdir / "metrics.jsonl").read_text().splitlines())
+  resumed, expected = losses(workdir), losses(uninterrupted)
+  assert sorted(resumed) == list(range(1, steps + 1))
+  np.testing.assert_allclose([resumed[s] for s in resumed],
+                             [expected[s] for s in resumed], rtol=1e-5)
+  assert sorted(p.name for p in ckpts.iterdir()) == ["4.damaged", "6", "8"]

@@ -16,7 +16,7 @@ import pytest
 
 from vidjax import errors
 from vidjax.data import records
-from vidjax.models import sources, tensor_io, torchscript
+from vidjax.models import sources, tensor_io
 
 
 class _WritesMarker:

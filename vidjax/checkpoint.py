@@ -11,7 +11,13 @@ Layout: `WORKDIR/checkpoints/<step>/` with three items:
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and the files are written in the background. Orbax writes into
 `<step>.orbax-checkpoint-tmp*` and renames when complete, so a run killed
-mid-save leaves a temporary directory that is never picked up.
+mid-save leaves a temporary directory that is never picked up. Just before
+the rename, process 0 lists every file of the step with its checksum
+(`vidjax.checksums`), which `vidjax.resume` verifies before a restore. A
+save that fails (a full disk, no permission) raises `errors.WriteError` at
+the next call of `save` (each step of the loop), `wait_until_finished` or
+`close`, naming the cause and the last checkpoint saved whole; its
+temporary directory is removed.
 
 Best checkpoint: with `checkpoint.best_metric` set (a metric name as in
 metrics.jsonl, e.g. 'eval/mAP_avg') each evaluation that improves it is
@@ -22,10 +28,12 @@ Where a run starts, and how it stops to resume: `vidjax.resume`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import shutil
 from typing import Any
 
 from absl import logging
@@ -34,7 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import errors, keypaths
+from vidjax import checksums, errors, failed_saves, keypaths
 from vidjax.rundir import CHECKPOINT_SUBDIR
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
@@ -163,15 +171,21 @@ def reader(directory) -> ocp.CheckpointManager:
                   ocp.StandardCheckpointHandler())
 
 
-def latest_complete_step(directory) -> int | None:
-  """Latest finalised checkpoint step in `directory`, None if none/absent.
+def complete_steps(directory) -> list[int]:
+  """The finalised checkpoint steps in `directory`, newest first ([] if none).
 
-  Temporary (half-written) step directories are not counted.
+  Temporary (half-written) step directories are not counted; whether a
+  step's files are intact is `checksums.verify`'s to say.
   """
   if not epath.Path(directory).is_dir():
-    return None
+    return []
   with reader(directory) as mngr:
-    return mngr.latest_step()
+    return sorted(mngr.all_steps(), reverse=True)
+
+
+def latest_complete_step(directory) -> int | None:
+  """Latest finalised checkpoint step in `directory`, None if none/absent."""
+  return next(iter(complete_steps(directory)), None)
 
 
 def restore_checkpoint(directory, target: Any, *, step: int | None = None) -> Restored:
@@ -185,7 +199,8 @@ def restore_checkpoint(directory, target: Any, *, step: int | None = None) -> Re
     step: defaults to the latest complete step.
 
   Returns:
-    `Restored` with the state placed on `target`'s shardings.
+    `Restored` with the state placed on `target`'s shardings. The files are
+    not verified here: `vidjax.resume` picks a step whose files are intact.
   """
   directory = epath.Path(directory)
   with reader(directory) as mngr:
@@ -235,6 +250,8 @@ class Checkpointer:
     if self.best and (self.best["metric"], self.best["mode"]) != (best_metric, best_mode):
       self.best = None  # Another metric now: start the record over.
     self._warned_no_metric = False
+    self._async = async_save
+    self._in_flight: int | None = None  # The step being written, if any.
     if jax.process_count() > 1:
       # Other processes may still be checking whether this directory exists
       # (resolve_start); creating it first would desync Orbax's barriers.
@@ -247,9 +264,18 @@ class Checkpointer:
       policies = ocp.checkpoint_managers
       keeping = {"preservation_policy": policies.AnyPreservationPolicy(
           [policies.LatestN(n=keep), _KeepBest(self)])}
+    # Always Orbax's asynchronous path, for its hook between the last file
+    # and the commit; `async_save=False` waits for each save. Directories
+    # are made before `save` returns: one that cannot be made (no
+    # permission) fails that save, without threads left waiting for it.
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=async_save, **keeping),
+        create=True, enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(
+            post_finalization_callback=self._before_commit,
+            create_directories_asynchronously=False), **keeping),
         _state_writer())
+    self._quiet = contextlib.ExitStack()  # Until `close`.
+    self._quiet.enter_context(failed_saves.quiet())
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
@@ -274,7 +300,13 @@ class Checkpointer:
         batch (see `data.prefetch.DevicePrefetcher.get_state`).
       rng: a PRNG key (typed or legacy uint32), restored as given.
       force: save even off the schedule (preemption, end of training).
+
+    Raises:
+      errors.WriteError: this save, or the one before it (written in the
+        background), failed. Call `save` every step: a background failure
+        is raised at the first call after it.
     """
+    self._raise_if_failed(wait=False)
     if not (force or self.should_save(step)):
       return False
     if step in self._mngr.all_steps():
@@ -285,10 +317,58 @@ class Checkpointer:
     items = {"state": ocp.args.PyTreeSave(state), "meta": ocp.args.JsonSave(meta)}
     if data_state is not None:
       items["data"] = IteratorStateSave(data_state)
-    saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    self._raise_if_failed(wait=True)  # The previous save, whole, first.
+    self._in_flight = step
+    try:
+      saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      self._report_failure(step, e)
     if saved:
       logging.info("checkpoint: saving step %d to %s", step, self.directory)
+    if not self._async:
+      self._raise_if_failed(wait=True)
     return saved
+
+  def _before_commit(self):
+    """Process 0, in Orbax's save thread, once every process's files are
+    written and before the step is renamed into place: the checksums."""
+    final = self.directory / str(self._in_flight)
+    tmp = self.directory / f"{final.name}{TMP_SUFFIX}"
+    checksums.write(tmp if tmp.is_dir() else final)
+
+  def _raise_if_failed(self, *, wait: bool):
+    """Raises the failure of the save in flight, if it failed.
+
+    Args:
+      wait: wait for it to finish; else only look if it has finished.
+    """
+    step = self._in_flight
+    if step is None or not wait and self._mngr.is_saving_in_progress():
+      return
+    try:
+      self._mngr.wait_until_finished()  # (`_before_commit` reads the step.)
+    except Exception as e:  # pylint: disable=broad-except
+      self._report_failure(step, e)
+    self._in_flight = None
+
+  def _report_failure(self, step: int, error: Exception):
+    """Raises a failed save's error: a `WriteError` if the system refused a
+    write (a full disk), else `error` itself (a bug). What the save wrote is
+    removed."""
+    self._in_flight = None
+    if jax.process_index() == 0:  # It would only fill the disk.
+      shutil.rmtree(os.fspath(self.directory / f"{step}{TMP_SUFFIX}"),
+                    ignore_errors=True)
+    cause = failed_saves.cause(error)
+    if cause is None:
+      raise error
+    failed_saves.stay_quiet()
+    steps = [s for s in self._mngr.all_steps() if s != step]
+    last = (f"the last checkpoint saved whole is step {max(steps)}" if steps
+            else "no checkpoint was saved whole yet")
+    raise errors.WriteError(
+        f"could not save the checkpoint of step {step} in {self.directory}: "
+        f"{cause}; {last}", hint=errors.WRITE_HINT) from None
 
   def record_eval(self, step: int, metrics: dict, state: Any, **save_kwargs) -> bool:
     """After an evaluation: a new best `best_metric` is saved and recorded.
@@ -323,7 +403,12 @@ class Checkpointer:
                  "step": step, "value": value}
     self.save(step, state, force=True, **save_kwargs)
     if jax.process_index() == 0:
-      _write_json_atomic(self.directory / BEST_FILE, self.best)
+      path = self.directory / BEST_FILE
+      try:
+        _write_json_atomic(path, self.best)
+      except OSError as e:
+        raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
+                                hint=errors.WRITE_HINT) from None
     logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
                  self.best_metric, value)
     return True
@@ -332,12 +417,25 @@ class Checkpointer:
     return list(self._mngr.all_steps())
 
   def wait_until_finished(self):
-    self._mngr.wait_until_finished()
+    """Waits for the save in flight. Raises `errors.WriteError` if it failed."""
+    self._raise_if_failed(wait=True)
 
   def close(self):
-    """Waits for pending saves and releases Orbax's resources."""
-    self._mngr.wait_until_finished()
-    self._mngr.close()
+    """Waits for the save in flight and releases Orbax's resources.
+
+    Raises:
+      errors.WriteError: the save in flight failed. Used as a context, this
+        replaces an error already on its way out (which a full disk, say,
+        may have caused).
+    """
+    try:
+      self._raise_if_failed(wait=True)
+    finally:
+      try:
+        self._mngr.close()
+      except Exception:  # pylint: disable=broad-except
+        pass  # A failed save, raised above or before.
+      self._quiet.close()
 
   def __enter__(self):
     return self

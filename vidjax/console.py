@@ -27,6 +27,7 @@ from absl import logging as absl_logging
 import jax
 import tqdm
 
+from vidjax import linefile
 from vidjax.rundir import LOG_FILE
 
 _MAX_BUFFERED_LINES = 10_000
@@ -117,7 +118,12 @@ class _ConsoleHandler(logging.Handler):
 
 
 class _LogFile(logging.Handler):
-  """WORKDIR/log.txt: keeps the lines until the file is opened, then appends."""
+  """WORKDIR/log.txt: keeps the lines until the file is opened, then appends.
+
+  Whole lines only (`vidjax.linefile`): a torn last line left by an earlier
+  run is dropped, saying so. If the file cannot be written (a full disk), one
+  warning says so on the console and the file is left as it is.
+  """
 
   def __init__(self):
     super().__init__(logging.INFO)
@@ -125,6 +131,7 @@ class _LogFile(logging.Handler):
         "%(asctime)s %(levelname)s %(filename)s:%(lineno)d] %(message)s"))
     self._file = None
     self._pending: list[str] = []
+    self._failed = False  # Could not write the file: lines are dropped.
 
   @property
   def is_open(self) -> bool:
@@ -133,20 +140,32 @@ class _LogFile(logging.Handler):
   def open(self, path: str) -> None:
     if self._file is not None:
       self._file.close()
-    self._file = open(path, "a", encoding="utf-8")
-    self._file.write("".join(self._pending))
-    self._file.flush()
-    self._pending = []
+    self._file, self._failed = linefile.LineFile(path), False
+    pending, self._pending = "".join(self._pending), []
+    self._write(pending)
+    if self._file is not None and self._file.dropped:
+      logging.getLogger(__name__).warning(
+          "%s ended in a torn line, left by a run stopped while writing it: "
+          "dropped %r", path, self._file.dropped[:80])
+
+  def _write(self, text: str) -> None:
+    try:
+      if text:
+        self._file.write(text)
+    except OSError as e:
+      self._file.close()
+      path, self._file, self._failed = self._file.path, None, True
+      logging.getLogger(__name__).warning(
+          "stopped writing %s: %s", path, e.strerror or e)
 
   def emit(self, record: logging.LogRecord) -> None:
     try:
       line = self.format(record) + "\n"
       if self._file is None:
-        if len(self._pending) < _MAX_BUFFERED_LINES:
+        if len(self._pending) < _MAX_BUFFERED_LINES and not self._failed:
           self._pending.append(line)
       else:
-        self._file.write(line)
-        self._file.flush()
+        self._write(line)
     except Exception:  # pylint: disable=broad-except
       self.handleError(record)
 

@@ -23,6 +23,10 @@ it is found):
        not fit the run, a workdir that cannot be written or that another run
        is using). Found before anything is written to the workdir (a run on
        the synthetic corpus may have made WORKDIR/synthetic).
+  74   a checkpoint or metrics.jsonl could not be written (a full disk, no
+       permission to write): the run stops at once, naming the cause and
+       the last checkpoint saved whole; free space, then run the same
+       command to resume from it (EX_IOERR in sysexits.h)
   75   stopped by SIGTERM or Ctrl-C with nothing lost (`Stopped`): during
        start-up (before the first step, or before the evaluation of
        `--mode eval`) with nothing written; in training after saving a
@@ -35,6 +39,7 @@ it is found):
 from __future__ import annotations
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
+EXIT_WRITE_FAILED = 74  # EX_IOERR
 EXIT_INTERRUPTED = 130  # The shell's code for SIGINT.
 
 
@@ -93,6 +98,15 @@ class DataFileError(DataError, ValueError):
 
 class InitFromError(ConfigError):
   """`init_from` weights that cannot be read, or do not fit the model."""
+
+
+WRITE_HINT = ("free space on that disk (or make the workdir writable), then "
+              "run the same command again to resume from the last checkpoint")
+
+
+class WriteError(UserError):
+  """A file of the run could not be written: a full disk, no permission."""
+  exit_code = EXIT_WRITE_FAILED
 
 
 class Stopped(Exception):

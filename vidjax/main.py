@@ -8,8 +8,9 @@
 
 Mistakes in the command, the config or the data are printed as one message
 and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
-at start-up, 75 stopped by SIGTERM/SIGINT with nothing lost (run the same
-command to continue), 130 stopped at once by a second Ctrl-C; see
+at start-up, 74 a checkpoint or metrics.jsonl could not be written (a full
+disk), 75 stopped by SIGTERM/SIGINT with nothing lost (run the same command
+to continue), 130 stopped at once by a second Ctrl-C; see
 `vidjax.errors`.
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when

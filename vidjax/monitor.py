@@ -30,8 +30,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from vidjax import errors
-from vidjax import tfevents
+from vidjax import errors, linefile, tfevents
 from vidjax.rundir import METRICS_FILE
 
 # Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
@@ -93,6 +92,8 @@ class MetricWriter:
   `tensorboard=False` writes metrics.jsonl only; `enabled` defaults to
   process 0. A resumed run appends: steps after the last checkpoint appear
   twice, and readers should keep the last line for each (step, name).
+  Lines are written whole: a torn last line (a run killed while writing it)
+  is dropped, with a warning, when the file is opened again.
   """
 
   def __init__(self, workdir, *, tensorboard: bool = True,
@@ -103,28 +104,42 @@ class MetricWriter:
     self._tb = None
     if self.enabled:
       os.makedirs(os.fspath(workdir), exist_ok=True)
-      self._file = open(self.path, "a", encoding="utf-8")
+      self._file = linefile.LineFile(self.path)
+      if self._file.dropped:
+        logging.warning("%s ended in a torn line, left by a run stopped while "
+                        "writing it: dropped %r", self.path,
+                        self._file.dropped[:80])
       if tensorboard:
         self._tb = tfevents.EventWriter(os.fspath(workdir))
 
   def write(self, step: int, metrics: Mapping[str, Any]):
-    """Writes one line `{"step": step, **metrics}`; values become Python."""
+    """Writes one line `{"step": step, **metrics}`; values become Python.
+
+    Raises:
+      errors.WriteError: the disk is full (or the file not writable); the
+        file keeps only whole lines.
+    """
     if not self.enabled:
       return
     row = {"step": int(step), **to_python(metrics)}
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
-    if self._tb is not None:  # Numbers only: no strings, flags or nulls.
-      self._tb.scalars(row["step"], {
-          name: value for name, value in row.items() if name != "step" and
-          isinstance(value, (int, float)) and not isinstance(value, bool)})
+    try:
+      self._file.write(json.dumps(row) + "\n")
+      if self._tb is not None:  # Numbers only: no strings, flags or nulls.
+        self._tb.scalars(row["step"], {
+            name: value for name, value in row.items() if name != "step" and
+            isinstance(value, (int, float)) and not isinstance(value, bool)})
+    except OSError as e:
+      raise errors.WriteError(
+          f"could not write the metrics of step {step} to {self.path}: "
+          f"{e.strerror or e}", hint=errors.WRITE_HINT) from None
 
   def close(self):
     if self._file is not None:
       self._file.close()
       self._file = None
     if self._tb is not None:
-      self._tb.close()
+      with contextlib.suppress(OSError):  # A full disk: reported already.
+        self._tb.close()
       self._tb = None
 
   def __enter__(self):

@@ -3,11 +3,14 @@
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
 `config.init_from` (parameters only, filled by `vidjax.models.init_from`);
-else scratch. Before a checkpoint is restored, `check_fits` compares its
-array shapes with the new run's (from the files' metadata, reading no
-array) and names the config keys that changed. `remove_partial_saves`
-deletes the temporary directories a killed save left. How SIGTERM and
-Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
+else scratch. A checkpoint's files are verified against the checksums saved
+with it (`vidjax.checksums`): a damaged step is named with what is wrong and
+the newest intact one is taken instead (`set_aside_damaged` then moves the
+run's own damaged steps out of the way). Before a checkpoint is restored,
+`check_fits` compares its array shapes with the new run's (from the files'
+metadata, reading no array) and names the config keys that changed.
+`remove_partial_saves` deletes the temporary directories a killed save left.
+How SIGTERM and Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-from vidjax import checkpoint, config as config_lib, errors, keypaths
+from vidjax import checkpoint, checksums, config as config_lib, errors
+from vidjax import keypaths
 
 
 # ---------------------------------------------------------------------------
@@ -37,45 +41,95 @@ class StartPoint:
     'scratch'.
   path: checkpoints directory ('workdir', 'resume') or weights path.
   step: checkpoint step ('workdir', 'resume'), else None.
+  damaged: the workdir's damaged steps newer than `step` ('workdir').
   """
   kind: str
   path: str | None = None
   step: int | None = None
+  damaged: tuple[int, ...] = ()
+
+
+def _newest_intact(directory: str, steps: list[int]) -> tuple[int, list[int]]:
+  """The first of `steps` whose files are intact, and the damaged ones before.
+
+  Each damaged step is logged with what is wrong.
+
+  Raises:
+    errors.WorkdirError: none is intact (nothing to do but say so).
+  """
+  damaged = []
+  for step in steps:
+    problem = checksums.verify(os.path.join(directory, str(step)))
+    if problem is None:
+      if damaged:
+        logging.warning("using step %d instead, the newest intact checkpoint",
+                        step)
+      return step, damaged
+    logging.warning("the checkpoint %s/%d is damaged: %s", directory, step,
+                    problem)
+    damaged.append(step)
+  raise errors.WorkdirError(
+      f"no intact checkpoint in {directory}: steps "
+      f"{', '.join(map(str, damaged))} are damaged (see above)",
+      hint=f"copy intact ones back from a backup, or move {directory} away "
+      "to start from scratch (python -m vidjax.checksums STEP_DIR checks one)")
 
 
 def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None]:
   """Which checkpoint a path names: (checkpoints directory, step or None).
 
+  A step whose files are damaged is skipped, saying so, for the next newest.
+
   Args:
     path: a run's workdir, its checkpoints directory or one step's directory.
     prefer_best: for a workdir or checkpoints directory, the recorded best
       step (`best.json`) if it is complete, else the latest complete step.
+
+  Raises:
+    errors.WorkdirError: the step named, or every step there, is damaged.
   """
   p = epath.Path(path)
   if (p / checkpoint.CHECKPOINT_SUBDIR).is_dir():
     p = p / checkpoint.CHECKPOINT_SUBDIR
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
+    problem = checksums.verify(p)
+    if problem:
+      raise errors.WorkdirError(f"the checkpoint {p} is damaged: {problem}",
+                                hint="name another step, or the run's workdir "
+                                "for its newest intact checkpoint")
     return os.fspath(p.parent), int(p.name)
+  steps = checkpoint.complete_steps(p)
   best = checkpoint.read_best(p) if prefer_best else None
-  return os.fspath(p), (best["step"] if best
-                        else checkpoint.latest_complete_step(p))
+  if best:  # The best first, then the newest.
+    steps = [best["step"]] + [s for s in steps if s != best["step"]]
+  return os.fspath(p), (_newest_intact(os.fspath(p), steps)[0] if steps
+                        else None)
 
 
-def resolve_start(workdir, config) -> StartPoint:
+def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
   """Decides what to load, in order: workdir, `resume`, `init_from`, scratch.
 
   Reads `config.resume` and `config.init_from` (paths; empty/None = unset).
   A complete checkpoint in the workdir wins, so a preempted run rerun with
   the same command continues where it stopped, even if `resume` is set.
+  Its newest step whose files are intact is taken (see `find_checkpoint`).
+
+  Args:
+    workdir: the run's directory.
+    config: the run's config.
+    verify: check the checkpoint's files (reads them all); False only says
+      where the run would start.
 
   Raises:
     errors.PathError: `resume` or `init_from` names a path with nothing to
       load (a FileNotFoundError).
+    errors.WorkdirError: every checkpoint there is damaged.
   """
   own = checkpoint.checkpoint_dir(workdir)
-  step = checkpoint.latest_complete_step(own)
-  if step is not None:
-    return StartPoint("workdir", own, step)
+  steps = checkpoint.complete_steps(own)
+  if steps:
+    step, damaged = _newest_intact(own, steps) if verify else (steps[0], [])
+    return StartPoint("workdir", own, step, tuple(damaged))
   resume = config.resume or None
   if resume:
     directory, step = find_checkpoint(resume)
@@ -143,6 +197,31 @@ def check_fits(start: StartPoint, target: Any,
       f"changed config: {keys}. {len(differ)} arrays differ, e.g. {arrays}",
       hint="use a new --workdir for the new model, or set those keys back to "
       "resume (the run's config is in its config.json); nothing was changed")
+
+
+def set_aside_damaged(start: StartPoint) -> list[str]:
+  """Moves the run's damaged steps (`start.damaged`) to `<step>.damaged`.
+
+  Process 0 only, once the run is accepted: the run saves those steps again.
+
+  Returns:
+    Where they went.
+  """
+  moved = []
+  if jax.process_index() != 0:
+    return moved
+  for step in start.damaged:
+    source = os.path.join(start.path, str(step))
+    target = f"{source}.damaged"
+    for n in range(2, 1000):  # Damaged before: keep both.
+      if not os.path.exists(target):
+        break
+      target = f"{source}.damaged{n}"
+    os.replace(source, target)
+    moved.append(target)
+    logging.warning("moved the damaged checkpoint to %s (delete it when you "
+                    "no longer need it)", target)
+  return moved
 
 
 def remove_partial_saves(workdir) -> list[str]:

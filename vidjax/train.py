@@ -145,6 +145,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     if reports:
       checks.report(reports, config, workdir)
     resume.remove_partial_saves(workdir)
+    resume.set_aside_damaged(start)
     if "train" in splits or not splits:  # An evaluation keeps the run's own.
       config_lib.save_config_json(config, workdir)
     if jax.process_index() == 0:
@@ -229,7 +230,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with (stopping.handling("before the evaluation; nothing was written: run "
                          "the same command to evaluate") as preemption,
         rundir.claim(workdir) as workdir):
-    if resume.resolve_start(workdir, config).kind == "scratch":
+    if resume.resolve_start(workdir, config, verify=False).kind == "scratch":
       raise errors.WorkdirError(
           f"{workdir} has no checkpoint to evaluate",
           hint="check the --workdir path, or evaluate other weights with "
