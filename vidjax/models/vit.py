@@ -251,17 +251,18 @@ class VisionTransformer(nnx.Module):
     """Tokens per clip, class token excluded: (T/t)*(H/p)*(W/p)."""
     return math.prod(self.grid)
 
-  def drop_tokens(self, tokens: jax.Array, rngs) -> jax.Array:
-    """Masked training: keeps a random subset of each clip's patch tokens.
+  def kept_token_ids(self, batch: int, rngs) -> jax.Array:
+    """The patch tokens masked training keeps in a call with `rngs`.
 
     Args:
-      tokens: float32[B, N, D] patch tokens (`embed`).
+      batch: clips (B).
       rngs: the call's drop-path randomness: a key (the kept tokens come
         from a key folded from it, so drop path draws as without masking),
         nnx.Rngs (its 'dropout' stream), or None (the blocks' stream).
 
     Returns:
-      float32[B, K, D], K = `num_kept_tokens(grid, mask_ratio, mask_kind)`.
+      int32[B, K] (`kept_token_ids` of the module; K =
+      `num_kept_tokens(grid, mask_ratio, mask_kind)`).
     """
     if rngs is None:
       key = self.blocks.dropout_rngs()
@@ -269,8 +270,13 @@ class VisionTransformer(nnx.Module):
       key = rngs['dropout']()
     else:
       key = jax.random.fold_in(rngs, _MASK_STREAM)
-    ids = kept_token_ids(key, tokens.shape[0], self.grid, self.mask_ratio,
-                         self.mask_kind)
+    return kept_token_ids(key, batch, self.grid, self.mask_ratio,
+                          self.mask_kind)
+
+  def drop_tokens(self, tokens: jax.Array, rngs) -> jax.Array:
+    """Masked training: float32[B, N, D] patch tokens (`embed`) ->
+    float32[B, K, D], those of `kept_token_ids(B, rngs)`."""
+    ids = self.kept_token_ids(tokens.shape[0], rngs)
     return jnp.take_along_axis(tokens, ids[..., None], axis=1)
 
   def embed(self, video: jax.Array) -> jax.Array:
