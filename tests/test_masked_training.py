@@ -8,7 +8,6 @@ the same batch and constant learning rate, so its unmasked tuning's step
 is that step, compiled once per session.
 """
 import logging
-import shutil
 
 from absl import logging as absl_logging
 import numpy as np
@@ -19,7 +18,7 @@ from vidjax import monitor, train
 from vidjax.data import synthetic
 
 # 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token.
-STEPS, SWITCH, SAVED = 40, 30, 28
+STEPS, SWITCH, SAVED = 40, 30, 29
 MASKED = ("--config.batch_size=32", "--config.optim.schedule=constant",
           "--config.optim.warmup_steps=0", "--config.log.every_steps=1",
           f"--config.total_steps={STEPS}", "--config.model.mask_ratio=0.5",
@@ -89,17 +88,14 @@ def test_masked_demo_learns_and_compiles_the_switch_once(masked_run):
 @pytest.mark.xdist_group("demo_reference")
 def test_resume_before_the_unmask_switch_runs_what_the_run_ran(masked_run,
                                                               tmp_path):
-  """From the checkpoint of step 28: 2 masked steps, the switch, 10
-  unmasked steps; the losses and the final evaluation are the
-  uninterrupted run's."""
+  """From the run's checkpoint of step 29 (`resume`: its state, data
+  position and key): a masked step, the switch, 10 unmasked steps; the
+  losses and the final evaluation are the uninterrupted run's."""
   workdir, metrics, _, _ = masked_run
-  resumed = tmp_path / "resumed"
-  (resumed / "checkpoints").mkdir(parents=True)
-  shutil.copytree(workdir / "checkpoints" / str(SAVED),
-                  resumed / "checkpoints" / str(SAVED))
-  assert train.train_and_evaluate(
-      masked_config(workdir / "synthetic"), resumed) == metrics
-  expected, got = losses(workdir), losses(resumed)
+  config = masked_config(workdir / "synthetic")
+  config.resume = str(workdir / "checkpoints" / str(SAVED))
+  assert train.train_and_evaluate(config, tmp_path / "resumed") == metrics
+  expected, got = losses(workdir), losses(tmp_path / "resumed")
   assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
   np.testing.assert_array_equal([got[s] for s in got],
                                 [expected[s] for s in got])
