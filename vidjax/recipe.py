@@ -95,10 +95,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     raise ValueError(f"task must be one of {list(TASK_MODELS)}, got {task!r}")
   c = ml_collections.ConfigDict(dict(
       seed=0, task=task, total_steps=0, total_epochs=0.0, unmask_fraction=0.0,
-      batch_size=64,
-      accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
-      init_keep=(), init_allow_mismatch=False, overrides=(), peak_tflops=0.0,
-      device_memory_gib=0.0))
+      batch_size=64, accum_steps=1, fsdp=1, resume="", init_from="",
+      init_allow_pickle=False, init_keep=(), init_allow_mismatch=False,
+      overrides=(), peak_tflops=0.0, device_memory_gib=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():

@@ -70,11 +70,11 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
 
 
 def unmask_start(config) -> int | None:
-  """The first step (state step) of the unmasked tuning: the last
+  """The state step from which the unmasked tuning runs: the last
   `unmask_fraction` of `total_steps` (at least one step when > 0) train on
   every video token. None: the run never masks, or masks to its end."""
   model = config.model
-  if not model.get("mask_ratio") or model.name != "clip":
+  if model.name != "clip" or not model.mask_ratio > 0:
     return None
   tuning = config.unmask_fraction * config.total_steps
   if tuning <= 0:

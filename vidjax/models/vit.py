@@ -44,9 +44,9 @@ VARIANTS = {
 
 
 MASK_KINDS = ('random', 'tube')
-# Folded into a drop-path key to draw the kept tokens from (any constant
-# apart from the block indices the drop-path keys are split into).
-_MASK_STREAM = 0x6D61736B
+# Folded into the call's drop-path key for the draw of the kept tokens, so
+# that drop path's own draws stay what they are without masking.
+_MASK_STREAM = 0x6D61736B  # 'mask'.
 
 
 def num_kept_tokens(grid: tuple[int, int, int], mask_ratio: float,
