@@ -132,14 +132,15 @@ training").
   a short unmasked tuning (their released recipe: 1% of the pretraining's
   samples, at 1/100 of the base learning rate after a warmup) narrows the
   train/test shift masking leaves (ViT-L/16, 6.4 epochs, ImageNet
-  zero-shot: 69.6 -> 70.1 at 50%, 68.2 -> 69.5 at 75%). MAC (Shu et al., "Masked Contrastive Pre-Training for
-  Efficient Video-Text Retrieval", 2022) masks a high ratio of video
-  (and text) tokens in video-text pretraining and reports 60% fewer
-  FLOPs, 3x faster pretraining and better MSR-VTT, DiDeMo and ActivityNet
-  retrieval. Not measured here yet: zero-shot EK-100 MIR after Ego4D
-  pretraining with masking (against the 27.4-28.4 mAP above), and the
-  GPU speed-up per step (`python -m vidjax.bench.masking` prints the FLOPs
-  and a CPU step-time ratio).
+  zero-shot: 69.6 -> 70.1 at 50%, 68.2 -> 69.5 at 75%). MAC (Shu et al.,
+  "Masked Contrastive Pre-Training for Efficient Video-Text Retrieval",
+  2022) masks a high ratio of video (and text) tokens in video-text
+  pretraining and reports 60% fewer FLOPs, 3x faster pretraining and
+  better MSR-VTT, DiDeMo and ActivityNet retrieval.
+  Not measured here yet: zero-shot EK-100 MIR after Ego4D pretraining with
+  masking (against the 27.4-28.4 mAP above), and the GPU speed-up per step
+  (`python -m vidjax.bench.masking` prints the FLOPs and a CPU step-time
+  ratio).
 
 Hyper-parameters: AVION docs/MODEL_ZOO.md (launch commands) and
 scripts/main_lavila_pretrain.py (argparse defaults); see `get_config`.

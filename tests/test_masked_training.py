@@ -31,15 +31,16 @@ def masked_config(corpus):
   """demo.py:debug masked, evaluated on its 12 training clips: with 12
   clips (of 48 caption classes) nothing generalises to held-out captions,
   so the learned alignment is measured, unmasked, on the clips it learned."""
-  return debug_runs.load("demo", *MASKED, f"--config.data.root={corpus}/chunks",
-                         f"--config.data.train_annotations={corpus}/train.jsonl",
-                         f"--config.data.eval_annotations={corpus}/train.jsonl",
-                         f"--config.data.vocab={corpus}/vocab.txt.gz")
+  return debug_runs.load(
+      "demo", *MASKED, f"--config.data.root={corpus}/chunks",
+      f"--config.data.train_annotations={corpus}/train.jsonl",
+      f"--config.data.eval_annotations={corpus}/train.jsonl",
+      f"--config.data.vocab={corpus}/vocab.txt.gz")
 
 
 def losses(workdir):
-  return {row["step"]: row["train/loss"] for row in monitor.read_metrics(workdir)
-          if "train/loss" in row}
+  return {row["step"]: row["train/loss"]
+          for row in monitor.read_metrics(workdir) if "train/loss" in row}
 
 
 class Messages(logging.Handler):
