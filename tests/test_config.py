@@ -140,6 +140,9 @@ def test_validate_accepts_good_config(config_file):
     (["model.name=clip"], r"'model.name' = 'clip' but 'task' = 'mae' trains "
                           r"a 'videomae' model"),
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
+    (["model.mask_ratio=1.0", "unmask_fraction=1.5"],
+     r"'unmask_fraction' = 1.5 must be a fraction in \[0, 1\]\n.*"
+     r"'model.mask_ratio' = 1.0 must be in \[0, 1\)"),
     (["task=contrastiv"], r"'task' = 'contrastiv' is not one of \[.*\]; did you "
                           r"mean 'contrastive'\?"),
     (["model.remat=ful"], r"'model.remat' = 'ful' is not one of \['none', "

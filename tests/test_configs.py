@@ -11,7 +11,7 @@ from flax import nnx
 import debug_runs
 from vidjax import augment, checkpoint, models, optim, tasks
 from vidjax import config as config_lib
-from vidjax import monitor
+from vidjax import monitor, steps as steps_lib
 from vidjax.data import annotations, synthetic
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -50,7 +50,7 @@ def load(name: str, variant: str | None = None):
 
 @pytest.mark.parametrize("name, variant", [
     (name, variant) for name in RECIPES for variant in (None, "debug")] + [
-        ("clip_vitb16_ego4d", "lavila")])
+        ("clip_vitb16_ego4d", "lavila"), ("clip_vitb16_ego4d", "flip,debug")])
 def test_recipe_builds_and_validates_for_8_devices(name, variant):
   config = load(name, variant)
   assert set(TOP_LEVEL) <= set(config.keys())
@@ -88,6 +88,17 @@ def test_recipes_keep_avions_schedules():
             config.optim.warmup_steps) == schedule, spec
   # Evaluated every epoch, and :lavila's epochs are twice as long.
   assert load("clip_vitb16_ego4d", "lavila").eval.every_steps == 19530 // 5
+
+
+def test_flip_is_the_recipe_masked_with_flips_unmasked_tuning():
+  """:flip changes the mask and the tuning's share alone: the last 98 of
+  its 9765 steps train on every token (also joined with other variants)."""
+  base, flip = load("clip_vitb16_ego4d"), load("clip_vitb16_ego4d", "flip")
+  assert config_lib.changes(base.to_dict(), flip.to_dict()) == [
+      ("model.mask_ratio", 0.0, 0.5), ("unmask_fraction", 0.0, 0.01)]
+  assert steps_lib.unmask_start(flip) == 9765 - 98
+  assert steps_lib.unmask_start(base) is None
+  assert load("clip_vitb16_ego4d", "lavila,flip").model.mask_ratio == 0.5
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -54,3 +54,21 @@ def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
   assert "'save_dots_and_attention' keeps them for the backward pass" in message
   config.model.attention = "xla"  # Chosen knowingly: nothing to say.
   assert memory.warn_if_attention_falls_back(config) is None
+
+
+def test_a_masked_run_is_sized_by_its_unmasked_tuning():
+  """At mask 0.5 the demo's step keeps less per clip than unmasked: a
+  memory just short of the unmasked step's passes a run that masks to the
+  end, and refuses one with an unmasked tuning, naming that step."""
+  demo = str(Path(__file__).parents[1] / "configs/demo.py:debug")
+  masked = config_lib.load_config(demo, ["--config.model.mask_ratio=0.5"])
+  unmasked = memory.step_memory(config_lib.load_config(demo))
+  need = unmasked.total_bytes(memory.clips_per_device(masked))
+  masked.device_memory_gib = 0.99 * need / (1 - memory.HEADROOM) / memory.GiB
+  estimate = memory.check_step_fits(masked)
+  assert estimate.kept_bytes_per_clip < 0.85 * unmasked.kept_bytes_per_clip
+  masked.unmask_fraction = 0.1
+  with pytest.raises(errors.ConfigError, match=(
+      "the unmasked tuning's training step will not fit in the device's "
+      "memory")):
+    memory.check_step_fits(masked)

@@ -7,7 +7,8 @@ from flax import nnx
 
 from vidjax.models import build_model, default_model_config
 from vidjax.models.transformer import Transformer
-from vidjax.models.vit import VisionTransformer, parse_variant, patchify
+from vidjax.models.vit import (VisionTransformer, num_kept_tokens,
+                               parse_variant, patchify)
 
 from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
@@ -33,6 +34,42 @@ def test_patch_embedding_is_a_strided_conv3d_in_time_row_column_order():
       dimension_numbers=('NTHWC', 'THWIO', 'NTHWC'))
   np.testing.assert_allclose(model.patch_embed(patchify(x, 2, 8)),
                              conv.reshape(2, -1, 32), atol=1e-4)
+
+
+def test_masked_training_sees_the_class_token_and_the_kept_patches_only():
+  """mask_ratio 0.5 over a 4 x 4 x 4 grid: in training each clip keeps 32
+  of its 64 patches (its own draw; 'tube': the same 8 positions in every
+  frame), and only those reach the output; evaluation sees every patch and
+  computes what the unmasked model computes."""
+  x, key = video((2, 4, 32, 32, 3)), jax.random.key(3)
+  for kind in ('random', 'tube'):
+    model = tiny_vit(image_size=32, tubelet=1, drop_path=0.0, mask_ratio=0.5,
+                     mask_kind=kind)
+    ids = np.asarray(model.kept_token_ids(2, key))
+    assert ids.shape == (2, 32) == (2, num_kept_tokens(model.grid, 0.5, kind))
+    for row in ids:
+      assert np.all(np.diff(row) > 0) and 0 <= row[0] and row[-1] < 64
+    assert not np.array_equal(ids[0], ids[1])
+  frames, positions = np.divmod(ids.reshape(2, 4, 8), 16)  # 'tube'.
+  assert np.all(frames == np.arange(4)[:, None])
+  assert np.all(positions == positions[:, :1])
+
+  def patch_mask(keep):  # [2, 4, 32, 32, 1]: 1 on the patches of `keep`.
+    grid = np.zeros((2, 64))
+    grid[np.arange(2)[:, None], keep] = 1
+    grid = grid.reshape(2, 4, 4, 1, 4, 1, 1)
+    return np.broadcast_to(grid, (2, 4, 4, 8, 4, 8, 1)).reshape(
+        2, 4, 32, 32, 1)
+
+  train = nnx.jit(lambda model, x: model(x, deterministic=False, rngs=key))
+  trained = train(model, x)
+  np.testing.assert_allclose(  # What is dropped changes nothing...
+      train(model, x + 5 * (1 - patch_mask(ids))), trained, atol=1e-5)
+  assert not np.allclose(  # ...a kept patch does.
+      train(model, x + 5 * patch_mask(ids[:, :1])), trained, atol=1e-3)
+  unmasked = tiny_vit(image_size=32, tubelet=1, drop_path=0.0)
+  evaluate = nnx.jit(lambda model, x: model(x))
+  np.testing.assert_array_equal(evaluate(model, x), evaluate(unmasked, x))
 
 
 def test_parse_variant_and_bad_inputs():

@@ -234,7 +234,7 @@ def _choices(config) -> dict[str, tuple]:
   # pylint: disable=import-outside-toplevel
   from vidjax import checkpoint, models, optim, randaugment, tasks
   from vidjax.data import annotations, loader
-  from vidjax.models import attention, transformer, videomae
+  from vidjax.models import attention, transformer, videomae, vit
   # pylint: enable=import-outside-toplevel
   classifier = _get(config, "model.name", None) == "classifier"
   return {
@@ -248,6 +248,7 @@ def _choices(config) -> dict[str, tuple]:
       # A classifier's '' is its backbone's own activation.
       "model.act": tuple(transformer.ACTIVATIONS) + (("",) if classifier else ()),
       "model.backbone": tuple(videomae.BACKBONE_STYLES),
+      "model.mask_kind": vit.MASK_KINDS,
       "optim.name": optim.OPTIMIZERS, "optim.schedule": optim.SCHEDULES,
       "augment.erase_mode": randaugment.ERASE_MODES,
       "checkpoint.best_mode": checkpoint.BEST_MODES}
@@ -279,10 +280,14 @@ def _choice_problems(config) -> list[str]:
       close = difflib.get_close_matches(str(value), allowed, n=1)
       problems.append(f"'{key}' = {value!r} is not one of {list(allowed)}"
                       + (f"; did you mean {close[0]!r}?" if close else ""))
-  for key in ("data.max_skip_fraction", "data.max_bad_row_fraction"):
+  for key in ("data.max_skip_fraction", "data.max_bad_row_fraction",
+              "unmask_fraction"):
     value = _get(config, key, None)
     if value is not None and not 0 <= value <= 1:
       problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
+  mask = _get(config, "model.mask_ratio", None)
+  if mask is not None and not 0 <= mask < 1:  # 1 would leave no token.
+    problems.append(f"'model.mask_ratio' = {mask!r} must be in [0, 1)")
   stall = _get(config, "data.stall_warn_s", None)
   if stall is not None and not stall > 0:
     problems.append(f"'data.stall_warn_s' = {stall!r} must be > 0 seconds")

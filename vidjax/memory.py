@@ -17,6 +17,9 @@ abstract arrays: nothing is allocated or compiled. What it counts:
                  residuals every clip shares (bf16 copies of the weights).
 
 The step then needs about fixed + kept x clips per device (per microbatch).
+Under masked training (a CLIP's `model.mask_ratio`) the loss keeps what
+the kept tokens need; a run with an unmasked tuning is checked at that
+phase's step, which keeps every token's.
 At start-up on a GPU (or wherever `device_memory_gib` states the memory),
 `check_step_fits` compares that with the device's memory less `HEADROOM`
 (cuDNN workspaces, the input batches, the allocator's fragmentation) and
@@ -170,6 +173,12 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   limit = device_memory_bytes(config)
   if limit is None:
     return None
+  step_name = "the training step"
+  if steps_lib.unmask_start(config) is not None:
+    # The unmasked tuning's step keeps every token: the run's largest.
+    config = config.copy_and_resolve_references()
+    config.model.mask_ratio = 0.0
+    step_name = "the unmasked tuning's training step"
   usable = (1 - HEADROOM) * limit
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
@@ -178,16 +187,15 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
       order[order.index(remat) + 1:] if remat in order else order))
   estimate = next(estimates)
   need = estimate.total_bytes(clips)
-  logging.info("training step memory: about %.1f GiB per device of %.1f GiB "
-               "usable (remat %r, %s attention, %d clips per device)",
-               need / GiB, usable / GiB, estimate.remat, estimate.attention,
-               clips)
+  logging.info("%s: about %.1f GiB per device of %.1f GiB usable (remat %r, "
+               "%s attention, %d clips per device)", step_name, need / GiB,
+               usable / GiB, estimate.remat, estimate.attention, clips)
   if need <= usable:
     return estimate
   fitting = next((e for e in estimates if e.total_bytes(clips) <= usable),
                  None)
   raise errors.ConfigError(
-      f"the training step will not fit in the device's memory: about "
+      f"{step_name} will not fit in the device's memory: about "
       f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
       f"of parameters, optimizer state and gradients + "
       f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "

@@ -24,6 +24,9 @@ read):
   total_epochs    > 0: replaces total_steps by as many epochs of the checked
                   training records, at start-up (so do `eval.every_epochs`
                   and `checkpoint.every_epochs` for their `every_steps`)
+  unmask_fraction with a CLIP's `model.mask_ratio` > 0: the last share of
+                  total_steps trains on every video token (FLIP's unmasked
+                  tuning; at least one step when > 0); 0 masks to the end
   batch_size      global batch (all processes)
   accum_steps     microbatches per step (gradient accumulation)
   fsdp            devices each parameter is sharded over (1: replicated)
@@ -91,10 +94,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   if task not in TASK_MODELS:
     raise ValueError(f"task must be one of {list(TASK_MODELS)}, got {task!r}")
   c = ml_collections.ConfigDict(dict(
-      seed=0, task=task, total_steps=0, total_epochs=0.0, batch_size=64,
-      accum_steps=1, fsdp=1, resume="", init_from="", init_allow_pickle=False,
-      init_keep=(), init_allow_mismatch=False, overrides=(), peak_tflops=0.0,
-      device_memory_gib=0.0))
+      seed=0, task=task, total_steps=0, total_epochs=0.0, unmask_fraction=0.0,
+      batch_size=64, accum_steps=1, fsdp=1, resume="", init_from="",
+      init_allow_pickle=False, init_keep=(), init_allow_mismatch=False,
+      overrides=(), peak_tflops=0.0, device_memory_gib=0.0))
   c.data = pipeline.default_data_config()
   c.model = models.default_model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():

@@ -4,6 +4,13 @@
     state, metrics = steps.train(state, rest, batch, key)  # one optimizer step
     outputs = steps.eval(state["params"], rest, batch)      # one eval batch
 
+A CLIP trained with masking (`model.mask_ratio`) has two training steps:
+`steps.train` on the kept video tokens, and from step `unmask_start(config)`
+on, the unmasked tuning's (`steps.unmasked_train`, compiled when first
+called) on every token; `steps.train_at(step)` is the one to run from a
+state at `step`. The step number alone decides, so a run resumed on either
+side of the switch runs what the uninterrupted run ran.
+
 The train state is a dict {step, params, opt}, created already sharded (see
 `sharding.create_sharded_state`); model buffers that never train (`rest`)
 are rebuilt from the config. Both steps augment the raw uint8 batch on the
@@ -19,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from vidjax import augment, keypaths, models, optim, sharding
-from vidjax.models import clip as clip_lib
+from vidjax.models import clip as clip_lib, vit
 
 # The batch keys every evaluation keeps beside the task's outputs: the record
 # and view of each row, and whether it is padding.
@@ -62,28 +69,53 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
   return jax.tree.map(lambda x: x / accum, total)
 
 
+def unmask_start(config) -> int | None:
+  """The state step from which the unmasked tuning runs: the last
+  `unmask_fraction` of `total_steps` (at least one step when > 0) train on
+  every video token. None: the run never masks, or masks to its end."""
+  model = config.model
+  if model.name != "clip" or not model.mask_ratio > 0:
+    return None
+  tuning = config.unmask_fraction * config.total_steps
+  if tuning <= 0:
+    return None
+  return config.total_steps - max(1, round(tuning))
+
+
 @dataclasses.dataclass
 class Steps:
   """The jitted functions of a run, closed over the model structure.
 
   `loss(params, rest, batch, key) -> (loss, metrics)` is what `train`
   differentiates, on one raw batch (augmented inside), unjitted: for memory
-  analysis (`vidjax.bench.memory`).
+  analysis (`vidjax.bench.memory`). With masked training and an unmasked
+  tuning (module docstring), `unmasked_train` is the tuning's step and
+  `unmask_start` its first step.
   """
   train: callable
   eval: callable
   loss: callable
   text: callable = None  # tokens -> text embeddings (captions, `eval_sets`)
+  unmasked_train: callable = None
+  unmask_start: int | None = None
+
+  def train_at(self, step: int) -> callable:
+    """The training step to run from a state at `step`."""
+    if self.unmask_start is not None and step >= self.unmask_start:
+      return self.unmasked_train
+    return self.train
 
 
 def make_steps(config, task, graphdef, tx, schedule, mesh,
-               shardings) -> Steps:
+               shardings, unmasked_graphdef=None) -> Steps:
   """The jitted train and eval steps, pinned to the state's shardings.
 
   Explicit in and out shardings (those `sharding.create_sharded_state`
   returned for (state, rest)) keep every step's state laid out as the
   first: without them XLA may hand back a small replicated leaf sharded,
-  and the next call compiles the step again.
+  and the next call compiles the step again. `unmasked_graphdef`: the
+  model's graph training on every token, for the unmasked tuning (then
+  `graphdef` is the masked one's, which evaluation runs unmasked anyway).
   """
   accum = config.accum_steps
   # Frames leave the augment in the compute dtype (bf16 on GPU): the model
@@ -94,23 +126,30 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
   eval_augment = augment.make_augment(
       {**dtype, **task.augment_config(config, train=False)})
 
-  def loss_fn(params, rest, batch, key):
-    model = nnx.merge(graphdef, params, rest)
-    return task.loss(model, batch, key, config)
+  def make_train_step(graphdef):
+    """(loss, train step) of the model graph `graphdef`."""
+    def loss_fn(params, rest, batch, key):
+      model = nnx.merge(graphdef, params, rest)
+      return task.loss(model, batch, key, config)
 
-  def train_step(state, rest, batch, base_key):
-    key = jax.random.fold_in(base_key, state["step"])
-    aug_key, drop_key = jax.random.split(key)
-    batch = train_augment(batch, aug_key)
-    (loss, metrics), grads = _accumulate(
-        jax.value_and_grad(loss_fn, has_aux=True), accum, state["params"],
-        rest, batch, drop_key)
-    updates, opt = tx.update(grads, state["opt"], state["params"])
-    params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
-    metrics = {f"train/{k}": v for k, v in metrics.items()}
-    metrics.update({"train/loss": loss, "train/grad_norm": optax.tree_utils.tree_norm(grads),
-                    "train/lr": schedule(state["step"])})
-    return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
+    def train_step(state, rest, batch, base_key):
+      key = jax.random.fold_in(base_key, state["step"])
+      aug_key, drop_key = jax.random.split(key)
+      batch = train_augment(batch, aug_key)
+      (loss, metrics), grads = _accumulate(
+          jax.value_and_grad(loss_fn, has_aux=True), accum, state["params"],
+          rest, batch, drop_key)
+      updates, opt = tx.update(grads, state["opt"], state["params"])
+      params = _clamp_logit_scale(optax.apply_updates(state["params"],
+                                                      updates))
+      metrics = {f"train/{k}": v for k, v in metrics.items()}
+      metrics.update({"train/loss": loss,
+                      "train/grad_norm": optax.tree_utils.tree_norm(grads),
+                      "train/lr": schedule(state["step"])})
+      return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
+    return loss_fn, train_step
+
+  loss_fn, train_step = make_train_step(graphdef)
 
   def eval_step(params, rest, batch):
     batch = eval_augment(batch, jax.random.key(0))
@@ -126,12 +165,21 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
 
   state_shardings, rest_shardings = shardings
   batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+
+  def jit_train(step):
+    return jax.jit(step, donate_argnums=0,
+                   in_shardings=(state_shardings, rest_shardings, batch,
+                                 replicated),
+                   out_shardings=(state_shardings, replicated))
+
+  start = unmask_start(config) if unmasked_graphdef is not None else None
+  unmasked_train = None
+  if start is not None:
+    unmasked_train = jit_train(make_train_step(unmasked_graphdef)[1])
   return Steps(
       loss=raw_batch_loss,
-      train=jax.jit(train_step, donate_argnums=0,
-                    in_shardings=(state_shardings, rest_shardings, batch,
-                                  replicated),
-                    out_shardings=(state_shardings, replicated)),
+      train=jit_train(train_step),
+      unmasked_train=unmasked_train, unmask_start=start,
       eval=jax.jit(eval_step,
                    in_shardings=(state_shardings["params"], rest_shardings,
                                  batch),
@@ -179,6 +227,8 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False,
   elif not abstract:
     raise ValueError("a prebuilt abstract model needs abstract=True")
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  with vit.every_token(model):
+    unmasked_graphdef = nnx.graphdef(model)
   shapes = (jax.eval_shape(train_state, params), rest)
   shardings = sharding.param_shardings(shapes, mesh)
   if abstract:
@@ -186,5 +236,6 @@ def build_state_and_steps(config, task, mesh, *, abstract: bool = False,
   else:
     (state, rest), _ = sharding.create_sharded_state(init, mesh,
                                                      shardings=shardings)
-  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings)
+  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings,
+                     unmasked_graphdef)
   return state, rest, steps

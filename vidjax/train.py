@@ -27,7 +27,8 @@ from vidjax import checkpoint, config as config_lib, console, errors
 from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
 from vidjax import steps as steps_lib, stopping, tasks
 from vidjax.data import batches, checks, pipeline, synthetic
-from vidjax.models import facts, flops as flops_lib, init_from, sources
+from vidjax.models import facts, flops as flops_lib, init_from, shapes
+from vidjax.models import sources
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -204,10 +205,29 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
       accum_steps=config.accum_steps, num_params=num_params,
       clips=clips, total_steps=config.total_steps,
       first_step=int(run.state["step"]), start=_start_text(start)))
+  if ("train" in clips and config.model.name == "clip"
+      and config.model.mask_ratio > 0):
+    logging.info("%s", _masking_summary(config, run.steps.unmask_start))
   if "train" in clips and config.batch_size > clips["train"]:
     logging.warning("batch_size=%d is larger than the %d training clips: every "
                     "batch repeats clips; lower --config.batch_size",
                     config.batch_size, clips["train"])
+
+
+def _masking_summary(config, unmask_at: int | None) -> str:
+  """What masked training drops, and when the unmasked tuning starts."""
+  model = config.model
+  tokens = (shapes.attention_shapes(model)["vision"].tokens,
+            shapes.attention_shapes(shapes.unmasked(model))["vision"].tokens)
+  flops = [flops_lib.flops_per_example(m)["training"]
+           for m in (model, shapes.unmasked(model))]
+  tuning = ("no unmasked tuning (unmask_fraction=0)" if unmask_at is None
+            else f"unmasked tuning from step {unmask_at + 1} to "
+            f"{config.total_steps}")
+  return (f"masked training: the video tower sees {tokens[0]} of its "
+          f"{tokens[1]} tokens ({model.mask_kind}, mask_ratio "
+          f"{model.mask_ratio:g}): {flops[0] / flops[1]:.2f}x the FLOPs per "
+          f"clip; {tuning}; evaluation sees every token")
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -294,9 +314,17 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
   # Each step's randomness folds the step into it: a resumed run continues
   # with its checkpoint's key (the same, unless the seed was changed).
   base_key = jax.random.key(config.seed) if run.rng is None else run.rng
-  flops = flops_lib.flops_per_example(config.model)["training"]
+  unmask_at = run.steps.unmask_start  # None: no unmasked tuning.
+
+  def flops_per_step(step: int) -> float:
+    """Of the step run from `step`: the tokens it processes (the kept ones
+    under masking, every one in the unmasked tuning)."""
+    model = (config.model if unmask_at is None or step < unmask_at
+             else shapes.unmasked(config.model))
+    return flops_lib.flops_per_example(model)["training"] * config.batch_size
+
   timer = monitor.StepTimer(
-      global_batch=config.batch_size, flops_per_step=flops * config.batch_size,
+      global_batch=config.batch_size, flops_per_step=flops_per_step(step),
       peak_flops_per_device=config.peak_tflops * 1e12 or
       monitor.peak_flops_per_device(), window_steps=DATA_BOUND_WINDOW)
   data_bound = monitor.DataBoundWatch(timer, threshold=DATA_BOUND_FRACTION,
@@ -371,13 +399,17 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
           save_last_step()
           preempted = True
           break
-        run.state, metrics = run.steps.train(run.state, run.rest, batch,
-                                             base_key)
+        if step == unmask_at:  # Its step compiles now, once.
+          logging.info("the unmasked tuning starts: steps %d to %d train on "
+                       "every video token", step + 1, config.total_steps)
+          timer.flops_per_step = flops_per_step(step)
+        run.state, metrics = run.steps.train_at(step)(run.state, run.rest,
+                                                      batch, base_key)
         step += 1
         timer.step()
-        if step == first_step + 1:
+        if step - 1 in (first_step, unmask_at):
           jax.block_until_ready(run.state)
-          timer.reset()  # The first step compiled; don't count it.
+          timer.reset()  # The step compiled; don't count it.
         log(late.push(step, metrics))
         stop = preemption.should_stop(step)
         final = step == config.total_steps

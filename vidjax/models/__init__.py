@@ -47,6 +47,13 @@ Every model
   text.heads 8, text.layers 12, text.ln_eps 1e-5.
   logit_scale_init  log(1/temperature) at init (log(1/0.07)).
   learn_logit_scale whether it is trained.
+  mask_ratio    masked training (FLIP): the share of each clip's patch
+                tokens the video tower drops in training, after their
+                positions are added (0: none; evaluation and the text
+                tower always see every token). The run's last
+                `unmask_fraction` of steps train on every token.
+  mask_kind     'random' (anywhere in the clip) or 'tube' (the same
+                spatial positions in every frame).
 'videomae'
   mask_ratio    tube-masking ratio; fixes the masked count per clip.
   decoder.width 384, decoder.depth 4, decoder.heads 6.
@@ -121,6 +128,8 @@ def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
         ln_eps=1e-5))
     config.logit_scale_init = INIT_LOGIT_SCALE
     config.learn_logit_scale = True
+    config.mask_ratio = 0.0
+    config.mask_kind = 'random'
   elif name == 'videomae':
     config.mask_ratio = 0.9
     config.decoder = ml_collections.ConfigDict(dict(width=384, depth=4,
@@ -173,7 +182,8 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
         vocab_size=text.vocab_size, context_length=text.context_length,
         text_width=text.width, text_heads=text.heads, text_depth=text.layers,
         logit_scale_init=config.logit_scale_init,
-        learn_logit_scale=config.learn_logit_scale)
+        learn_logit_scale=config.learn_logit_scale,
+        mask_ratio=config.mask_ratio, mask_kind=config.mask_kind)
   if config.name == 'videomae':
     return dict(
         common, **vision, act=config.act, norm_eps=config.ln_eps,

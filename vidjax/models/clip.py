@@ -27,7 +27,10 @@ class CLIP(nnx.Module):
   Sizes default to ViT-B/16 CLIP. `logit_scale` holds log(1/temperature) as
   in CLIP: an `nnx.Param` when learned, a `Buffer` when fixed. `norm_eps` is
   the LayerNorm eps of the video tower, `text_norm_eps` the text tower's
-  (OpenAI: 1e-5 both; AVION's video tower: 1e-6).
+  (OpenAI: 1e-5 both; AVION's video tower: 1e-6). `mask_ratio` and
+  `mask_kind` are the video tower's masked training (`vit` module
+  docstring): the text tower and `encode_video` outside training always
+  see every token.
   """
 
   def __init__(self, *, embed_dim: int = 512, image_size=224,
@@ -42,7 +45,8 @@ class CLIP(nnx.Module):
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32, norm_dtype=jnp.float32,
                logit_scale_init: float = INIT_LOGIT_SCALE,
-               learn_logit_scale: bool = True, rngs: nnx.Rngs):
+               learn_logit_scale: bool = True, mask_ratio: float = 0.0,
+               mask_kind: str = 'random', rngs: nnx.Rngs):
     self.visual = VisionTransformer(
         width=vision_width, depth=vision_depth, heads=vision_heads,
         mlp_dim=vision_mlp_dim, patch_size=patch_size, image_size=image_size,
@@ -51,7 +55,7 @@ class CLIP(nnx.Module):
         output_dim=embed_dim, patch_bias=False, act=act, norm_eps=norm_eps,
         drop_path=drop_path, attention=attention, remat=remat, scan=scan,
         dtype=dtype, residual_dtype=residual_dtype, norm_dtype=norm_dtype,
-        rngs=rngs)
+        mask_ratio=mask_ratio, mask_kind=mask_kind, rngs=rngs)
     self.text = TextTransformer(
         vocab_size=vocab_size, context_length=context_length, width=text_width,
         heads=text_heads, depth=text_depth, output_dim=embed_dim, act=act,
@@ -67,9 +71,10 @@ class CLIP(nnx.Module):
 
     Args:
       video: float32[B, T, H, W, 3], already normalised.
-      deterministic: disables drop path when True.
-      rngs: optional nnx.Rngs or key for drop path (else the stored
-        'dropout' stream).
+      deterministic: disables drop path, and the token masking of training
+        (`mask_ratio`), when True.
+      rngs: optional nnx.Rngs or key for drop path and masking (else the
+        stored 'dropout' stream).
 
     Returns:
       float32[B, embed_dim], unnormalised.

@@ -1,5 +1,11 @@
 """Model FLOPs per example, from the config, for TFLOP/s and MFU logging.
 
+The tokens counted are those the training step processes
+(`shapes.attention_shapes`): under a CLIP's `model.mask_ratio` the video
+tower's blocks run on the kept tokens only (the patch embedding still sees
+every patch); `flops_per_example(shapes.unmasked(config))` counts every
+token, as evaluation and the unmasked tuning do.
+
 Counts matrix multiplies (2 FLOPs per multiply-add) and attention's two
 batched matmuls (Q K^T and weights x V, over the full T x T matrix, as XLA
 computes them; causal masking is not discounted). Elementwise work (norms,
@@ -42,8 +48,8 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
 
   Returns:
     dict with 'forward' and 'training' (forward + backward) FLOPs per
-    example, plus the forward FLOPs of each part ('vision', 'text',
-    'decoder', 'head' where they exist).
+    example of the training step, plus the forward FLOPs of each part
+    ('vision', 'text', 'decoder', 'head' where they exist).
   """
   kwargs = model_kwargs(config)
   tokens = {name: shape.tokens

@@ -2,11 +2,16 @@
 
 One home for the sequence lengths that FLOPs (`flops.py`), the start-up
 memory check (`vidjax.memory`) and the GPU check's attention measurements
-count:
+count, those of the training step:
 
-  clip        'vision' (1 + (T/t) x (H/p) x (W/p) tokens), 'text' (77, causal)
+  clip        'vision' (1 + (T/t) x (H/p) x (W/p) tokens; under
+              `model.mask_ratio` 1 + the kept ones, `vit.num_kept_tokens`),
+              'text' (77, causal)
   videomae    'vision' (the visible tokens only), 'decoder' (every patch)
   classifier  'vision' (every patch, + 1 with a CLIP backbone's class token)
+
+A CLIP's evaluation (and its unmasked tuning) sees every token: the shapes
+of `unmasked(config)`.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import ml_collections
 
 from vidjax.models import model_kwargs
 from vidjax.models.videomae import num_masked_tokens
+from vidjax.models.vit import num_kept_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +51,18 @@ def patch_grid(kwargs: dict) -> tuple[int, int, int]:
           width // patch)
 
 
+def unmasked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of the model config whose video tower trains on every token
+  (a CLIP's evaluation, and its unmasked tuning); other models as given."""
+  config = config.copy_and_resolve_references()
+  if config.name == 'clip':
+    config.mask_ratio = 0.0
+  return config
+
+
 def attention_shapes(config: ml_collections.ConfigDict
                      ) -> dict[str, AttentionShape]:
-  """The towers' attention shapes (module docstring), by tower name.
+  """The towers' attention shapes in training (module docstring), by name.
 
   Args:
     config: a model config (`vidjax.models.default_model_config`).
@@ -61,8 +76,9 @@ def attention_shapes(config: ml_collections.ConfigDict
   if config.name == 'clip':
     width, heads = kw['vision_width'], kw['vision_heads']
     text_width, text_heads = kw['text_width'], kw['text_heads']
+    kept = num_kept_tokens(grid, kw['mask_ratio'], kw['mask_kind'])
     return {
-        'vision': AttentionShape(1 + patches, heads, width // heads,
+        'vision': AttentionShape(1 + kept, heads, width // heads,
                                  kw['vision_depth']),
         'text': AttentionShape(kw['context_length'], text_heads,
                                text_width // text_heads, kw['text_depth'],

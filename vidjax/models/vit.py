@@ -6,6 +6,14 @@ temporal table initialised to zero, so an image CLIP given one frame computes
 exactly what it did before. VideoMAE instead uses a fixed 1-D sinusoid table
 over all tokens (`pos_embed='sincos'`).
 
+Masked training (FLIP, Li et al. CVPR 2023, for video-text): with
+`mask_ratio` > 0 the tower drops that share of each clip's patch tokens in
+training (`deterministic=False`), after their positions are added, and
+runs its blocks on the rest: the class token and the same number of patch
+tokens per clip (`num_kept_tokens`), so shapes stay static. `mask_kind`
+'random' draws the kept tokens anywhere in the clip, 'tube' the same
+spatial positions in every frame. Evaluation always sees every token.
+
 Numerics: parameters are float32; matmuls and attention run in the compute
 `dtype` (bfloat16 on GPU by default); the residual stream (the sum that runs
 through the blocks) is `residual_dtype`: float32 by default, as under
@@ -14,6 +22,7 @@ of a step (LayerNorms, residual adds, casts) moves, at some precision cost.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -32,6 +41,64 @@ VARIANTS = {
     'L': (1024, 24, 16),
     'H': (1280, 32, 16),
 }
+
+
+MASK_KINDS = ('random', 'tube')
+# Folded into the call's drop-path key for the draw of the kept tokens, so
+# that drop path's own draws stay what they are without masking.
+_MASK_STREAM = 0x6D61736B  # 'mask'.
+
+
+def num_kept_tokens(grid: tuple[int, int, int], mask_ratio: float,
+                    mask_kind: str = 'random') -> int:
+  """Patch tokens a clip keeps in masked training.
+
+  Args:
+    grid: tokens along (time, rows, columns), i.e. (T/t, H/p, W/p).
+    mask_ratio: share of the patch tokens dropped (0: none).
+    mask_kind: 'random' drops int(mask_ratio * N) of the N patch tokens;
+      'tube' drops int(mask_ratio * rows * columns) spatial positions in
+      every time step (VideoMAE's count).
+
+  Returns:
+    The kept patch tokens, the class token not counted.
+  """
+  if mask_kind not in MASK_KINDS:
+    raise ValueError(f'mask_kind must be one of {MASK_KINDS}, '
+                     f'got {mask_kind!r}')
+  if not 0 <= mask_ratio < 1:
+    raise ValueError(f'mask_ratio must be in [0, 1), got {mask_ratio}')
+  time, rows, columns = grid
+  if mask_kind == 'tube':
+    return time * (rows * columns - int(mask_ratio * rows * columns))
+  return time * rows * columns - int(mask_ratio * time * rows * columns)
+
+
+def kept_token_ids(key: jax.Array, batch: int, grid: tuple[int, int, int],
+                   mask_ratio: float, mask_kind: str = 'random') -> jax.Array:
+  """A random subset of each clip's patch tokens, of one size for all.
+
+  Args:
+    key: PRNG key.
+    batch: clips (B).
+    grid: tokens along (time, rows, columns).
+    mask_ratio, mask_kind: see `num_kept_tokens`.
+
+  Returns:
+    int32[B, K] token indices in (time, row, column) order, increasing
+    along each row; K = `num_kept_tokens(grid, mask_ratio, mask_kind)`.
+  """
+  time, rows, columns = grid
+  kept = num_kept_tokens(grid, mask_ratio, mask_kind)
+  spatial = rows * columns
+  drawn = spatial if mask_kind == 'tube' else time * spatial
+  scores = jax.random.uniform(key, (batch, drawn))
+  _, ids = jax.lax.top_k(scores, kept // time if mask_kind == 'tube' else kept)
+  ids = jnp.sort(ids, axis=1)
+  if mask_kind == 'tube':  # The same positions in every time step.
+    ids = (jnp.arange(time)[None, :, None] * spatial
+           + ids[:, None, :]).reshape(batch, kept)
+  return ids.astype(jnp.int32)
 
 
 def parse_variant(variant: str) -> dict:
@@ -83,6 +150,23 @@ def sincos_table(length: int, dim: int) -> np.ndarray:
   return table.astype(np.float32)
 
 
+@contextlib.contextmanager
+def every_token(model: nnx.Module):
+  """Within the block, the video towers of `model` (any nnx graph, also
+  an abstract one) train on every token: for the graph of the unmasked
+  tuning's steps (`nnx.graphdef` of it), as `vidjax.steps` builds them."""
+  towers = [node for _, node in nnx.iter_graph(model)
+            if isinstance(node, VisionTransformer)]
+  ratios = [tower.mask_ratio for tower in towers]
+  for tower in towers:
+    tower.mask_ratio = 0.0
+  try:
+    yield model
+  finally:
+    for tower, ratio in zip(towers, ratios):
+      tower.mask_ratio = ratio
+
+
 def _pair(size) -> tuple[int, int]:
   return (size, size) if isinstance(size, int) else tuple(size)
 
@@ -93,6 +177,8 @@ class VisionTransformer(nnx.Module):
   Parameters: `patch_embed` (kernel [t*p*p*3, D]), `class_token` [D],
   `spatial_pos` [(1) + h*w, D] and `temporal_pos` [T/t, D] (learned mode),
   `pre_norm` (CLIP's ln_pre), `blocks`, `norm`, `proj` (kernel [D, E]).
+
+  Masked training (`mask_ratio`, `mask_kind`): see the module docstring.
 
   Pooling: 'token' takes the first token (the class token; without one, the
   first patch token, as VideoMAE's classifiers with use_mean_pooling=False),
@@ -112,6 +198,7 @@ class VisionTransformer(nnx.Module):
                drop_path: float = 0.0, attention: str = 'auto',
                remat: str = 'none', scan: bool = False, dtype=jnp.float32,
                residual_dtype=jnp.float32, norm_dtype=jnp.float32,
+               mask_ratio: float = 0.0, mask_kind: str = 'random',
                rngs: nnx.Rngs):
     if pos_embed not in ('learned', 'sincos'):
       raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
@@ -131,6 +218,8 @@ class VisionTransformer(nnx.Module):
                  width_px // patch_size)
     self.pos_embed, self.pool, self.dtype = pos_embed, pool, dtype
     self.has_class_token = class_token
+    num_kept_tokens(self.grid, mask_ratio, mask_kind)  # Checks both.
+    self.mask_ratio, self.mask_kind = float(mask_ratio), mask_kind
 
     self.patch_embed = nnx.Linear(
         tubelet * patch_size * patch_size * 3, width, use_bias=patch_bias,
@@ -161,6 +250,34 @@ class VisionTransformer(nnx.Module):
   def num_patches(self) -> int:
     """Tokens per clip, class token excluded: (T/t)*(H/p)*(W/p)."""
     return math.prod(self.grid)
+
+  def kept_token_ids(self, batch: int, rngs) -> jax.Array:
+    """The patch tokens masked training keeps in a call with `rngs`.
+
+    Args:
+      batch: clips (B).
+      rngs: the call's drop-path randomness: a key (the kept tokens come
+        from a key folded from it, so drop path draws as without masking),
+        nnx.Rngs (its 'dropout' stream), or None (the blocks' stream).
+
+    Returns:
+      int32[B, K] (`kept_token_ids` of the module; K =
+      `num_kept_tokens(grid, mask_ratio, mask_kind)`).
+    """
+    if rngs is None:
+      key = self.blocks.dropout_rngs()
+    elif isinstance(rngs, nnx.Rngs):
+      key = rngs['dropout']()
+    else:
+      key = jax.random.fold_in(rngs, _MASK_STREAM)
+    return kept_token_ids(key, batch, self.grid, self.mask_ratio,
+                          self.mask_kind)
+
+  def drop_tokens(self, tokens: jax.Array, rngs) -> jax.Array:
+    """Masked training: float32[B, N, D] patch tokens (`embed`) ->
+    float32[B, K, D], those of `kept_token_ids(B, rngs)`."""
+    ids = self.kept_token_ids(tokens.shape[0], rngs)
+    return jnp.take_along_axis(tokens, ids[..., None], axis=1)
 
   def embed(self, video: jax.Array) -> jax.Array:
     """Patch and position embedding, before the class token is prepended.
@@ -227,7 +344,14 @@ class VisionTransformer(nnx.Module):
 
   def __call__(self, video: jax.Array, *, deterministic: bool = True,
                rngs=None) -> jax.Array:
-    """float[B, T, H, W, 3] normalised video -> see `head`."""
-    tokens = self.prepend_class_token(self.embed(video))
+    """float[B, T, H, W, 3] normalised video -> see `head`.
+
+    In training (`deterministic=False`) with `mask_ratio` > 0 the blocks
+    see the class token and the kept patch tokens only (`drop_tokens`).
+    """
+    tokens = self.embed(video)
+    if not deterministic and self.mask_ratio > 0:
+      tokens = self.drop_tokens(tokens, rngs)
+    tokens = self.prepend_class_token(tokens)
     tokens = self.encode_tokens(tokens, deterministic=deterministic, rngs=rngs)
     return self.head(tokens)
