@@ -10,8 +10,8 @@ import pytest
 
 from video_fixtures import write_video
 
-from vidjax import errors
-from vidjax.data import checks, loader, pipeline, synthetic, tokenizer
+from vidjax import defaults, errors
+from vidjax.data import checks, loader, synthetic, tokenizer
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
 MANIFEST = [
@@ -31,7 +31,7 @@ def _config(tmp_path, train_rows, eval_rows=None, **data):
     (tmp_path / f"{name}.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))
   config = ml_collections.ConfigDict({
-      "data": pipeline.default_data_config(),
+      "data": defaults.data_config(),
       "model": {"num_classes": 0, "text": {"vocab_size": 0}}})
   config.data.update(root=str(tmp_path / "chunks"),
                      train_annotations=str(tmp_path / "train.jsonl"),

@@ -6,7 +6,7 @@ import optax
 import pytest
 from flax import nnx
 
-from vidjax import keypaths, optim
+from vidjax import defaults, keypaths, optim
 
 
 def _params():
@@ -25,7 +25,7 @@ def _by_path(tree):
 
 
 def test_default_config_has_documented_keys():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   for key in ('name', 'lr', 'min_lr', 'warmup_steps', 'schedule', 'weight_decay', 'b1', 'b2',
               'eps', 'momentum', 'nesterov', 'clip_grad_norm', 'layer_decay', 'num_layers',
               'mu_dtype'):
@@ -33,7 +33,7 @@ def test_default_config_has_documented_keys():
 
 
 def test_decay_mask_excludes_biases_norms_embeddings():
-  mask = _by_path(optim.decay_mask(_params(), optim.default_optim_config().no_decay_names))
+  mask = _by_path(optim.decay_mask(_params(), defaults.optim_config().no_decay_names))
   decayed = {k for k, v in mask.items() if v}
   assert decayed == {'patch_embed/kernel', 'blocks/0/attn/qkv/kernel',
                      'blocks/1/attn/qkv/kernel', 'head/kernel'}
@@ -46,7 +46,7 @@ def test_decay_mask_on_nnx_state():
   assert mask == {'layers/0/kernel': True, 'layers/0/bias': False,
                   'layers/1/scale': False, 'layers/1/bias': False}
   # The whole optimizer steps an nnx.State (weight decay mask included).
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.layer_decay = 0.5
   tx, _ = optim.make_optimizer(config, 10)
   grads = jax.tree.map(jnp.ones_like, state)
@@ -55,7 +55,7 @@ def test_decay_mask_on_nnx_state():
 
 
 def test_schedule_warmup_then_cosine_or_constant():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(lr=1.0, min_lr=0.1, warmup_steps=10)
   sched = optim.make_schedule(config, total_steps=110)
   np.testing.assert_allclose([sched(0), sched(5), sched(10)], [0.0, 0.5, 1.0], atol=1e-6)
@@ -75,7 +75,7 @@ def test_layer_ids_and_scales():
   assert scales['blocks/0/attn/qkv/kernel'] == scales['blocks/0/norm1/bias'] == 0.5**2
   assert scales['blocks/1/attn/qkv/kernel'] == 0.5
   assert scales['head/kernel'] == scales['norm/scale'] == 1.0
-  layer_id = optim.regex_layer_id(optim.default_optim_config().layer_regex, 'embed')
+  layer_id = optim.regex_layer_id(defaults.optim_config().layer_regex, 'embed')
   assert layer_id('encoder/layers_11/mlp/kernel', 12) == 12
   assert layer_id('visual.transformer.resblocks.3.attn.in_proj_weight', 12) == 4
   with pytest.raises(ValueError, match='layer_regex'):
@@ -84,7 +84,7 @@ def test_layer_ids_and_scales():
 
 def test_layer_decay_scales_updates_per_layer():
   """With SGD the update is -lr * scale * grad, so the ratios are the layer scales."""
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(name='sgd', momentum=0.0, weight_decay=0.0, lr=1.0, schedule='constant',
                 layer_decay=0.75)
   params = _params()
@@ -105,7 +105,7 @@ def _loss(params, x, y):
 
 @pytest.mark.parametrize('name', ['adamw', 'sgd', 'lion'])
 def test_optimizers_step_a_tiny_pytree(name):
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(name=name, lr=0.05, warmup_steps=2, mu_dtype='bfloat16', weight_decay=0.1)
   tx, schedule = optim.make_optimizer(config, total_steps=50)
   assert float(schedule(1)) == pytest.approx(0.025)  # Halfway through warmup.
@@ -128,7 +128,7 @@ def test_optimizers_step_a_tiny_pytree(name):
 
 
 def test_bad_optimizer_name():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.name = 'adam'
   with pytest.raises(ValueError, match="config.name"):
     optim.make_optimizer(config, 10)

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from vidjax import augment, errors, recipe, sharding
-from vidjax.data import annotations, batches as batches_lib, ek100, pipeline
+from vidjax import augment, defaults, errors, sharding
+from vidjax.data import annotation_files, annotations, batches as batches_lib
+from vidjax.data import ek100, pipeline
 from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
 
 
@@ -28,7 +29,7 @@ SIZE = 36
 
 
 def config_for(root, **data):
-  config = recipe.base_config("contrastive")
+  config = defaults.base_config("contrastive")
   config.seed = 3
   config.data.update(root=str(root / "chunks"),
                      train_annotations=str(root / "train.jsonl"),
@@ -298,11 +299,11 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
     corpus, mesh, tok):
   config = corpus_config(corpus, "ek100_mir")
   data = config.data
-  records = pipeline.load_annotations(data, data.train_annotations)
+  records = annotation_files.load_annotations(data, data.train_annotations)
   captions = [t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)]
   relevancy = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
   assert len(captions) < len(records) == relevancy.shape[0]  # Captions repeat.
-  positives = pipeline.caption_positives(data, records)
+  positives = annotation_files.caption_positives(data, records)
   rng = np.random.default_rng(0)
   drawn = [[captions.index(positives.draw(i, rng)) for _ in range(40)]
            for i in range(len(records))]
@@ -329,7 +330,7 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
 def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
     corpus, mesh, tok):
   config = corpus_config(corpus, "ego4d", threads=2)
-  records = pipeline.load_annotations(config.data, config.data.train_annotations)
+  records = annotation_files.load_annotations(config.data, config.data.train_annotations)
   segments = annotations.load_jsonl(corpus / "train.jsonl")
   assert len(records) == 2 * len(segments)  # Rephraser's, then narrator's.
   assert all(len(r.extra["texts"]) == 3 for r in records)
@@ -356,7 +357,7 @@ def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
   config = config_for(corpus, format="kinetics_list", sampling="stride",
                       stride=2, eval_clips=2)
-  records = pipeline.load_annotations(config.data, str(listing))
+  records = annotation_files.load_annotations(config.data, str(listing))
   loader = loader_lib.ClipLoader(records, config.data.root,
                                  loader_lib.ClipSpec.from_config(config.data))
   last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
@@ -440,20 +441,20 @@ def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
         for i, label in enumerate(labels)))
     return str(tmp_path / name)
 
-  data = pipeline.default_data_config()
+  data = defaults.data_config()
   data.update(format="kinetics", train_annotations=write(
       "train.csv", ["zumba", "abseiling", "bowling", "zumba"]),
               eval_annotations=write("val.csv", ["zumba", "bowling"]))
-  labels = {s: [r.label for r in pipeline.load_annotations(data, data[k])]
+  labels = {s: [r.label for r in annotation_files.load_annotations(data, data[k])]
             for s, k in (("train", "train_annotations"),
                          ("eval", "eval_annotations"))}
   assert labels == {"train": [2, 0, 1, 2], "eval": [2, 1]}
   write("val.csv", ["zumba", "yoga", "kayaking"])
   with pytest.raises(errors.DataFileError, match=r"val.csv: 2 classes not in "
                      r"the training classes of \S+train.csv: 'kayaking', 'yoga'"):
-    pipeline.load_annotations(data, data.eval_annotations)
+    annotation_files.load_annotations(data, data.eval_annotations)
   data.train_annotations = ""  # Evaluating released weights: its own names.
-  assert [r.label for r in pipeline.load_annotations(
+  assert [r.label for r in annotation_files.load_annotations(
       data, data.eval_annotations)] == [2, 1, 0]
 
 

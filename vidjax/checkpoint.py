@@ -42,16 +42,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import checksums, errors, failed_saves, keypaths
-from vidjax.rundir import CHECKPOINT_SUBDIR
+from vidjax import checksums, defaults, errors, failed_saves, keypaths, rundir
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
-BEST_MODES = ("max", "min")  # `checkpoint.best_mode`
-
-
-def checkpoint_dir(workdir) -> str:
-  """WORKDIR/checkpoints."""
-  return os.path.join(os.fspath(workdir), CHECKPOINT_SUBDIR)
 
 
 # ---------------------------------------------------------------------------
@@ -225,7 +218,7 @@ class Checkpointer:
   """Saves every `every_steps` (and on demand), keeps the last `keep`.
 
   Usage:
-    ckpt = Checkpointer(checkpoint_dir(workdir), every_steps=1000, keep=3,
+    ckpt = Checkpointer(rundir.checkpoints(workdir), every_steps=1000, keep=3,
                         metadata={"config": config.to_dict()})
     ...
     ckpt.save(step, state, data_state=batches.get_state(), rng=rng)
@@ -239,9 +232,9 @@ class Checkpointer:
                best_metric: str = "", best_mode: str = "max"):
     if every_steps <= 0:
       raise errors.ConfigError(f"checkpoint.every_steps must be > 0, got {every_steps}")
-    if best_mode not in BEST_MODES:
+    if best_mode not in defaults.BEST_MODES:
       raise errors.ConfigError(f"checkpoint.best_mode must be one of "
-                               f"{BEST_MODES}, got {best_mode!r}")
+                               f"{defaults.BEST_MODES}, got {best_mode!r}")
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
@@ -282,7 +275,7 @@ class Checkpointer:
     """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
     `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
-    return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
+    return cls(rundir.checkpoints(workdir), every_steps=ck.every_steps,
                keep=ck.keep, async_save=ck.async_save,
                best_metric=ck.best_metric, best_mode=ck.best_mode, **kwargs)
 
@@ -402,13 +395,12 @@ class Checkpointer:
     self.best = {"metric": self.best_metric, "mode": self.best_mode,
                  "step": step, "value": value}
     self.save(step, state, force=True, **save_kwargs)
-    if jax.process_index() == 0:
-      path = self.directory / BEST_FILE
-      try:
-        _write_json_atomic(path, self.best)
-      except OSError as e:
-        raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
-                                hint=errors.WRITE_HINT) from None
+    path = self.directory / rundir.BEST_JSON
+    try:
+      rundir.write_json(path, self.best)
+    except OSError as e:
+      raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
+                              hint=errors.WRITE_HINT) from None
     logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
                  self.best_metric, value)
     return True
@@ -447,15 +439,6 @@ class Checkpointer:
 # ---------------------------------------------------------------------------
 # The best checkpoint, and the parameters of a run.
 # ---------------------------------------------------------------------------
-BEST_FILE = "best.json"
-
-
-def _write_json_atomic(path: epath.Path, blob: dict):
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(json.dumps(blob))
-  os.replace(os.fspath(tmp), os.fspath(path))  # Readers see old or new.
-
-
 def read_best(directory) -> dict | None:
   """The best-checkpoint record of a checkpoints directory, or None.
 
@@ -463,7 +446,7 @@ def read_best(directory) -> dict | None:
     {"metric", "mode", "step", "value"} if `best.json` names a complete
     checkpoint, else None.
   """
-  path = epath.Path(directory) / BEST_FILE
+  path = epath.Path(directory) / rundir.BEST_JSON
   if not path.exists():
     return None
   try:

@@ -2,7 +2,8 @@
 
     estimate = step_memory(config)        # StepMemory: fixed + kept per clip
     check_step_fits(config)               # start-up: refuse what cannot fit
-    warn_if_attention_falls_back(config)  # start-up: 'auto' without cuDNN
+    check_attention(config)               # start-up: 'cudnn' that cannot run;
+                                          # a warning for 'auto' without it
 
 `step_memory` traces the run's own training loss (`vidjax.steps`) on
 abstract arrays: nothing is allocated or compiled. What it counts:
@@ -230,19 +231,25 @@ def _what_fits(config, estimate: StepMemory, fitting: StepMemory | None,
       "(-1: no check)")
 
 
-def warn_if_attention_falls_back(config: ml_collections.ConfigDict
-                                 ) -> str | None:
-  """On a GPU, says loudly when attention='auto' cannot use cuDNN.
+def check_attention(config: ml_collections.ConfigDict) -> str | None:
+  """Checks at start-up that the configured attention can run here.
 
-  XLA attention materialises each layer's softmax weights (heads x T x T
-  per clip); the policies that keep matmul outputs for the backward pass
-  keep them, which multiplies the memory per clip.
+  `model.attention='cudnn'` where a tower cannot use cuDNN (no NVIDIA GPU,
+  no cuDNN library, a float32 model, a head size it does not take) is
+  refused. On a GPU, `'auto'` that falls back to XLA is warned about
+  loudly: XLA attention materialises each layer's softmax weights (heads x
+  T x T per clip); the policies that keep matmul outputs for the backward
+  pass keep them, which multiplies the memory per clip.
 
   Returns:
     The warning logged, or None.
+
+  Raises:
+    errors.ConfigError: 'cudnn' cannot run, with the reason.
   """
   model = config.model
-  if jax.default_backend() != "gpu" or model.attention != "auto":
+  if model.attention == "xla" or (model.attention == "auto"
+                                  and jax.default_backend() != "gpu"):
     return None
   dtype = models.resolve_dtype(model.dtype)
   towers = shapes.attention_shapes(model)
@@ -251,6 +258,11 @@ def warn_if_attention_falls_back(config: ml_collections.ConfigDict
   fallen = [name for name, reason in reasons.items() if reason]
   if not fallen:
     return None
+  if model.attention == "cudnn":
+    raise errors.ConfigError(
+        f"'model.attention' = 'cudnn' cannot run in the {fallen[0]} tower: "
+        f"{reasons[fallen[0]]}; 'auto' uses cuDNN where it can, else XLA",
+        hint="change it with --config.model.attention=auto")
   weights = sum(s.layers * s.heads * s.tokens**2 * np.dtype(dtype).itemsize
                 for name, s in towers.items() if name in fallen)
   consequence = (

@@ -1,9 +1,12 @@
-"""Where a run starts, and whether its checkpoint fits.
+"""Where a run starts, what it starts from, and whether its checkpoint fits.
 
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
 `config.init_from` (parameters only, filled by `vidjax.models.init_from`);
-else scratch. A checkpoint's files are verified against the checksums saved
+else scratch. `read_start` reads what that start brings before the model
+is built: every tensor of `init_from` (`read_init_from`: a vidjax run's
+checkpoint, or what `vidjax.models.sources` reads), or the config a
+checkpoint to resume was saved with (what the run computed with). A checkpoint's files are verified against the checksums saved
 with it (`vidjax.checksums`): a damaged step is named with what is wrong and
 the newest intact one is taken instead (`set_aside_damaged` then moves the
 run's own damaged steps out of the way). Before a checkpoint is restored,
@@ -25,7 +28,8 @@ import jax
 import orbax.checkpoint as ocp
 
 from vidjax import checkpoint, checksums, config as config_lib, errors
-from vidjax import keypaths
+from vidjax import keypaths, rundir
+from vidjax.models import facts, init_from, sources
 
 
 # ---------------------------------------------------------------------------
@@ -89,8 +93,8 @@ def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None
     errors.WorkdirError: the step named, or every step there, is damaged.
   """
   p = epath.Path(path)
-  if (p / checkpoint.CHECKPOINT_SUBDIR).is_dir():
-    p = p / checkpoint.CHECKPOINT_SUBDIR
+  if rundir.checkpoints(p).is_dir():
+    p = epath.Path(rundir.checkpoints(p))
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
     problem = checksums.verify(p)
     if problem:
@@ -125,7 +129,7 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
       load (a FileNotFoundError).
     errors.WorkdirError: every checkpoint there is damaged.
   """
-  own = checkpoint.checkpoint_dir(workdir)
+  own = os.fspath(rundir.checkpoints(workdir))
   steps = checkpoint.complete_steps(own)
   if steps:
     step, damaged = _newest_intact(own, steps) if verify else (steps[0], [])
@@ -144,6 +148,46 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
       raise errors.PathError(f"config.init_from={init_from!r} does not exist")
     return StartPoint("init_from", os.fspath(init_from))
   return StartPoint("scratch")
+
+
+def read_init_from(path: str, *, allow_pickle: bool = False
+                   ) -> init_from.Source:
+  """What `config.init_from` names, as a `Source`.
+
+  Args:
+    path: a vidjax run: its workdir or checkpoints directory (the best
+      checkpoint if recorded, else the newest intact one) or one step
+      directory, read as its parameters and the config saved with them;
+      else what `sources.read_source` reads (a weights file, a Hugging
+      Face directory).
+    allow_pickle: see `tensor_io.load_state_dict`.
+  """
+  if os.path.isdir(path) and not sources.is_hugging_face(path):
+    directory, step = find_checkpoint(path, prefer_best=True)
+    if step is not None:
+      params, config = checkpoint.read_params(directory, step)
+      return sources.vidjax_source(params, config,
+                                   os.path.join(directory, str(step)))
+  return sources.read_source(path, allow_pickle=allow_pickle)
+
+
+def read_start(start: StartPoint, *, allow_pickle: bool = False
+               ) -> init_from.Source | None:
+  """The source of a run's weights, read before its model is built.
+
+  'init_from': `read_init_from` (every tensor). 'workdir' and 'resume': the
+  checkpoint's saved config only, for its facts (what the run trained
+  with); its state is restored later. 'scratch': None.
+  """
+  if start.kind == "init_from":
+    return read_init_from(start.path, allow_pickle=allow_pickle)
+  if start.kind not in ("workdir", "resume"):
+    return None
+  config = checkpoint.read_config(start.path, start.step)
+  kind = (config.get("model") or {}).get("name") or "run"
+  return init_from.Source(kind, {}, {},
+                          f"{start.path}/{start.step} (vidjax {kind})",
+                          facts=facts.run_facts(config))
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +277,7 @@ def remove_partial_saves(workdir) -> list[str]:
   Returns:
     The directories removed.
   """
-  directory = epath.Path(checkpoint.checkpoint_dir(workdir))
+  directory = epath.Path(rundir.checkpoints(workdir))
   if jax.process_index() != 0 or not directory.is_dir():
     return []
   removed = []

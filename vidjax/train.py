@@ -23,12 +23,11 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from vidjax import checkpoint, config as config_lib, console, errors
+from vidjax import checkpoint, config as config_lib, console, defaults, errors
 from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
 from vidjax import steps as steps_lib, stopping, tasks
 from vidjax.data import batches, checks, pipeline, synthetic
 from vidjax.models import facts, flops as flops_lib, init_from, shapes
-from vidjax.models import sources
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -73,9 +72,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   """Config, data, model and optimizer state (sharded), resume point.
 
   Everything a user can get wrong is checked before the workdir is touched:
-  the config (its paths made absolute), whether the training step fits the
-  device's memory (`vidjax.memory`; a GPU whose attention falls back to XLA
-  is warned about), the data paths, the vocabulary, the annotation files of
+  the config (its paths made absolute), whether the attention configured
+  can run and the training step fits the device's memory (`vidjax.memory`;
+  a GPU whose attention falls back to XLA is warned about), the data paths, the vocabulary, the annotation files of
   `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
   checkpoint to resume fits the model, the checkpoint or `init_from`
   weights the run starts from are read, and with 'train' the training
@@ -87,7 +86,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   """
   config_lib.make_paths_absolute(config)
   config_lib.validate(config, jax.device_count())
-  memory.warn_if_attention_falls_back(config)
+  memory.check_attention(config)
   if "train" in splits:  # Before compiling: a step that cannot fit.
     memory.check_step_fits(config)
   mesh = sharding.make_mesh(fsdp=config.fsdp)
@@ -96,9 +95,10 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   stopping.check()  # Between the phases: a SIGTERM/Ctrl-C stops here.
   if splits:
     _check_files(config, splits)
-  tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
+  needs_text = defaults.needs_text(config.task)
+  tokenizer = checks.load_tokenizer(config) if needs_text else None
   reports = checks.check_annotations(
-      config, splits, needs_text=task.NEEDS_TEXT,
+      config, splits, needs_text=needs_text,
       needs_label=config.task == "classification") if splits else {}
   if reports:
     checks.check_chunk_files(config, reports)
@@ -110,7 +110,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   start = resume.resolve_start(workdir, config)
   # What the weights were trained with (activation, LayerNorm eps, pooling,
   # temperature) decides the model where the command line does not.
-  source = sources.read_start(start, allow_pickle=config.init_allow_pickle)
+  source = resume.read_start(start, allow_pickle=config.init_allow_pickle)
   settled = facts.settle(config, source)
   changed = []
   if start.kind in ("workdir", "resume"):
@@ -148,7 +148,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     resume.remove_partial_saves(workdir)
     resume.set_aside_damaged(start)
     if "train" in splits or not splits:  # An evaluation keeps the run's own.
-      config_lib.save_config_json(config, workdir)
+      rundir.write_config(config, workdir)
     if jax.process_index() == 0:
       console.attach_log_file(workdir)
     if start.kind in ("workdir", "resume"):
@@ -276,7 +276,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     The last evaluation's metrics.
   """
   workdir = rundir.absolute(workdir)
-  directory = checkpoint.checkpoint_dir(workdir)
+  directory = rundir.checkpoints(workdir)
   with stopping.handling("before the first step",
                          abort_note=lambda: _newest_checkpoint(directory)
                          ) as preemption:
@@ -449,7 +449,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
   if preempted:
     if jax.process_count() > 1:  # Nobody exits (75) before every save is done.
       multihost_utils.sync_global_devices("vidjax:preempted")
-    raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
+    raise errors.Preempted(step, os.fspath(rundir.checkpoints(workdir)))
   return last_eval
 
 

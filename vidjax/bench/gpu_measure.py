@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from vidjax import config as config_lib, memory, monitor, sharding
 from vidjax import steps as steps_lib, tasks
-from vidjax.bench import cuda_trace
+from vidjax.bench import cuda_trace, random_batches
 from vidjax.data import batches
 from vidjax.models import attention, flops as flops_lib, shapes
 
@@ -364,7 +364,7 @@ def measure_step(plan: Plan, remat: str, deadline=None, *,
                              required=True)
       task = tasks.get_task(config.task)
       state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-      batch = batches.random_batch(config, config.batch_size, mesh)
+      batch = random_batches.random_batch(config, config.batch_size, mesh)
       key = jax.random.key(config.seed)
       start = time.perf_counter()
       lowered = steps.train.lower(state, rest, batch, key)

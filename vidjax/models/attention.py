@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
 
-IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
+from vidjax import defaults
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # Sequence lengths are padded to a multiple of this on the cuDNN path.
@@ -118,9 +118,9 @@ def resolve_implementation(implementation: str, head_dim: int, dtype) -> str:
     ValueError: for an unknown name, or for 'cudnn' when the device, dtype or
       head size cannot use it.
   """
-  if implementation not in IMPLEMENTATIONS:
+  if implementation not in defaults.ATTENTION:
     raise ValueError(f'attention implementation must be one of '
-                     f'{IMPLEMENTATIONS}, got {implementation!r}')
+                     f'{defaults.ATTENTION}, got {implementation!r}')
   if implementation == 'xla':
     return 'xla'
   reason = cudnn_unsupported_reason(head_dim, dtype)

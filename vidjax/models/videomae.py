@@ -18,7 +18,8 @@ from vidjax.models.vit import VisionTransformer, patchify, sincos_table
 __all__ = ['BACKBONE_STYLES', 'Classifier', 'VideoMAE', 'num_masked_tokens',
            'patchify']
 
-# Architecture switches that differ between the two pretrainings.
+# Architecture switches that differ between the two pretrainings (the
+# names are `defaults.BACKBONES`).
 BACKBONE_STYLES = {
     'videomae': dict(class_token=False, pos_embed='sincos', pre_norm=False,
                      patch_bias=True, act='gelu', norm_eps=1e-6),

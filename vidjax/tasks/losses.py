@@ -60,7 +60,7 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
     video_emb: float[B, D] video embeddings (global batch).
     text_emb: float[B, D] text embeddings, row i paired with video i.
     logit_scale: float[] log-space scale (the model's learnable parameter,
-      initialised to `models.clip.INIT_LOGIT_SCALE`); logits are multiplied
+      initialised to `defaults.INIT_LOGIT_SCALE`); logits are multiplied
       by its exp. AVION clamps it to [0, `models.clip.MAX_LOGIT_SCALE`]
       after each optimizer step; that is the train step's job, this
       function does not clip.
