@@ -36,6 +36,14 @@ def test_layout_names_every_module():
   assert not missing, f"README's layout section lacks {missing}"
 
 
+def test_readme_lists_the_exit_codes_errors_defines():
+  from vidjax import errors  # pylint: disable=import-outside-toplevel
+  readme = (REPO / "README.md").read_text()
+  listed = re.search(r"\n- Exit codes .*?(?=\n- )", readme, re.S).group(0)
+  defined = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+  assert {int(c) for c in re.findall(r"`(\d+)`", listed)} == defined
+
+
 def test_ci_runs_the_readme_test_command():
   command = 'pip install -e ".[dev]" && python -m pytest -q'
   readme = (REPO / "README.md").read_text()
