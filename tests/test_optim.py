@@ -69,6 +69,32 @@ def test_schedule_warmup_then_cosine_or_constant():
     optim.make_schedule(config, 110)
 
 
+def _schedule_as_written(lr, min_lr, warmup, total, cosine, step):
+  """vidjax's schedule as it was written before optax's replaced it."""
+  step = np.float32(step)
+  if step < warmup:
+    return lr * step / max(warmup, 1)
+  if not cosine:
+    return lr
+  progress = np.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
+  return min_lr + 0.5 * (lr - min_lr) * (1 + np.cos(np.pi * progress))
+
+
+def test_optax_schedules_equal_the_ones_written_before():
+  config = defaults.optim_config()
+  for warmup, total, schedule in [(0, 50, 'cosine'), (10, 110, 'cosine'),
+                                  (7, 8, 'cosine'), (20, 20, 'cosine'),
+                                  (30, 20, 'cosine'), (0, 5, 'constant'),
+                                  (10, 110, 'constant')]:
+    config.update(lr=3e-4, min_lr=1e-6, warmup_steps=warmup, schedule=schedule)
+    sched = optim.make_schedule(config, total_steps=total)
+    steps = np.arange(total + 1)
+    expected = [_schedule_as_written(3e-4, 1e-6, warmup, total,
+                                     schedule == 'cosine', s) for s in steps]
+    np.testing.assert_allclose(np.asarray(sched(steps)), expected, rtol=1e-5,
+                               atol=1e-12, err_msg=f'{warmup} {total} {schedule}')
+
+
 def test_layer_ids_and_scales():
   scales = _by_path(optim.layer_scales(_params(), 0.5))  # L = 2 inferred from 'blocks/<i>'.
   assert scales['patch_embed/kernel'] == scales['pos_embed'] == scales['cls_token'] == 0.5**3

@@ -109,22 +109,18 @@ def scale_by_layer(layer_decay: float, num_layers: int, layer_id_fn: LayerIdFn |
 
 
 def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
-  """Learning rate per optimizer step: linear warmup, then cosine or constant."""
+  """Learning rate per optimizer step: linear warmup from 0 to `lr` over
+  `warmup_steps`, then cosine to `min_lr` at `total_steps` (optax's
+  `warmup_cosine_decay_schedule`) or constant. A warmup as long as the run
+  ends at `lr`."""
   lr, min_lr, warmup = float(config.lr), float(config.min_lr), int(config.warmup_steps)
   if config.schedule not in defaults.SCHEDULES:
     raise ValueError(f'optim: config.schedule must be one of {defaults.SCHEDULES}, '
                      f'got {config.schedule!r}')
-  cosine = config.schedule == 'cosine'
-
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    warm = lr * step / max(warmup, 1)
-    after = lr  # Constant: the step program does not depend on total_steps.
-    if cosine:
-      progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
-      after = min_lr + 0.5 * (lr - min_lr) * (1 + jnp.cos(jnp.pi * progress))
-    return jnp.where(step < warmup, warm, after)
-  return schedule
+  if config.schedule == 'cosine' and warmup < total_steps:
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, min_lr)
+  # Constant after the warmup: the step program does not depend on total_steps.
+  return optax.linear_schedule(0.0, lr, warmup) if warmup else optax.constant_schedule(lr)
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
