@@ -26,9 +26,11 @@ def test_normalize_values_and_dtype():
   assert bf16.dtype == jnp.bfloat16
 
 
-def test_smooth_one_hot_matches_timm_formula():
+def test_smooth_one_hot_is_timms_label_smoothing():
+  """optax's smooth_labels, as timm smooths: off = s / C, on = 1 - s + off."""
   y = augment.smooth_one_hot(jnp.array([2, 0]), 5, 0.1)
   np.testing.assert_allclose(y[0], [0.02, 0.02, 0.92, 0.02, 0.02], atol=1e-7)
+  np.testing.assert_allclose(y[1], [0.92, 0.02, 0.02, 0.02, 0.02], atol=1e-7)
   np.testing.assert_allclose(y.sum(-1), 1.0, atol=1e-6)
 
 

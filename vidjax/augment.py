@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from vidjax import defaults, randaugment
 
@@ -63,9 +64,8 @@ def smooth_one_hot(labels: Array, num_classes: int, smoothing: float = 0.0) -> A
   Returns:
     float32[B, C], rows sum to 1.
   """
-  off = smoothing / num_classes
-  on = 1.0 - smoothing + off
-  return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * (on - off) + off
+  return optax.smooth_labels(
+      jax.nn.one_hot(labels, num_classes, dtype=jnp.float32), smoothing)
 
 
 def mix_partner(x: Array, groups: int = 1) -> Array:
