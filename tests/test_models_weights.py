@@ -203,6 +203,20 @@ def write_safetensors(path, tensors, metadata=None):
   )
 
 
+def test_bfloat16_safetensors_read_as_torch_wrote_them(tmp_path):
+  """A bf16 file as save_pretrained writes it (safetensors.torch), read
+  without torch: each value equal to torch's own float32 of it."""
+  torch = pytest.importorskip('torch')
+  from safetensors.torch import save_file
+  tensors = {'visual.proj': torch.randn(3, 5).bfloat16(),
+             'visual.class_embedding': torch.randn(5).bfloat16()}
+  save_file(tensors, tmp_path / 'bf16.safetensors', metadata={'format': 'pt'})
+  loaded = tensor_io.load_state_dict(str(tmp_path / 'bf16.safetensors'))
+  for name, value in tensors.items():
+    assert loaded[name].dtype == np.float32
+    np.testing.assert_array_equal(loaded[name], value.float().numpy())
+
+
 def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
   sd = random_clip_state_dict(layers=1)
   np.savez(tmp_path / 'clip.npz', **sd)
