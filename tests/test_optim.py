@@ -39,6 +39,12 @@ def test_decay_mask_excludes_biases_norms_embeddings():
                      'blocks/1/attn/qkv/kernel', 'head/kernel'}
 
 
+def test_parameter_names_are_keystr_less_a_final_value():
+  tree = {'value': {'a': [1, {'value': 2}]}, 'b': nnx.Param(jnp.ones(()))}
+  names = [keypaths.name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  assert names == ['b', 'value.a.0', 'value.a.1']
+
+
 def test_decay_mask_on_nnx_state():
   model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.LayerNorm(4, rngs=nnx.Rngs(0)))
   state = nnx.state(model, nnx.Param)
