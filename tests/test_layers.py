@@ -113,3 +113,17 @@ def test_loading_every_recipe_starts_no_runtime():
                         f"{PACKAGE.parent}/configs/demo.py:debug"],
                        capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_private_apis_vidjax_uses_are_still_there():
+  """No public API does what these do (the comments where they are used say
+  why); a jax or Orbax release that moves one fails here, not silently."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import ad_checkpoint  # vidjax.memory
+  from jax._src.cudnn import fused_attention_stablehlo  # models/attention.py
+  import orbax.checkpoint as ocp  # vidjax.checkpoint
+  assert callable(ad_checkpoint.saved_residuals)
+  assert callable(fused_attention_stablehlo.check_cudnn_version)
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  assert handler._array_metadata_store is not None  # pylint: disable=protected-access

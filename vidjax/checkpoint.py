@@ -140,8 +140,8 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
       use_replica_parallel=False,
-      # The default handler's per-array metadata store (no public accessor):
-      # the same `array_metadatas` files as before.
+      # The default handler's per-array metadata store (no public accessor;
+      # tests/test_layers.py pins it): the same `array_metadatas` files.
       array_metadata_store=getattr(default, "_array_metadata_store", None))
   handlers = [(ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
               for ty in ocp.type_handlers.supported_types()]

@@ -80,6 +80,8 @@ def _per_device_bytes(tree) -> int:
 def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   """Bytes of the residuals the training loss keeps for its backward pass
   at global batch `batch_size` (residuals that are its inputs not counted)."""
+  # `jax.ad_checkpoint.print_saved_residuals` only prints them: the list
+  # is private (tests/test_layers.py pins it).
   from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
   batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))

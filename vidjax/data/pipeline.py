@@ -74,7 +74,6 @@ import os
 import shutil
 
 import grain
-from grain._src.python.ipc import shared_memory_array
 import jax
 import ml_collections
 
@@ -202,7 +201,7 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
     workers_lib.mark_flags_parsed()
     # Grain sets its queue of frees up on first use; setting it first keeps
     # it short (`shared_memory_bytes`).
-    shared_memory_array.SharedMemoryArray.enable_async_del(
+    grain.multiprocessing.SharedMemoryArray.enable_async_del(
         1, max_outstanding_requests=PENDING_FREES)
     ds = grain.experimental.WithOptionsIterDataset(
         ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))

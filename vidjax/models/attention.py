@@ -54,7 +54,8 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 
 def cudnn_version() -> int | None:
   """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
-  # JAX's cuDNN attention asks the same function while tracing.
+  # JAX's cuDNN attention asks the same function while tracing; no public
+  # API tells the version (tests/test_layers.py pins this private one).
   # pylint: disable-next=import-outside-toplevel
   from jax._src.cudnn import fused_attention_stablehlo
   try:
