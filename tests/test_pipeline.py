@@ -16,6 +16,7 @@ from vidjax import augment, defaults, errors, sharding
 from vidjax.data import annotation_files, annotations, batches as batches_lib
 from vidjax.data import ek100, pipeline
 from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
+from vidjax.data import workers as workers_lib
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,6 @@ def config_for(root, **data):
   return config
 
 
-# An output size no other test uses: /dev/shm blocks of this size are ours.
 CLIP_BYTES = 4 * SIZE * SIZE * 3  # config_for's uint8 clips.
 
 
@@ -59,15 +59,19 @@ def assert_same(a, b):
 
 
 def _shm_bytes(block_size, before):
-  """Bytes of the /dev/shm blocks of `block_size` bytes made since `before`
-  (other tests running beside this one make blocks of other sizes)."""
-  total = 0
+  """Bytes of this process's /dev/shm blocks of `block_size` bytes made
+  since `before`: the pipelines' blocks are named after their trainer (this
+  process), so other tests, and other vidjax runs on the machine, do not
+  count."""
+  ours, total = f"{workers_lib.PREFIX}{os.getpid()}_", 0
   for entry in os.scandir(pipeline.SHM_DIR):
+    if not entry.name.startswith(ours) or entry.name in before:
+      continue
     try:
       size = entry.stat().st_size
     except FileNotFoundError:  # Freed while we looked.
       continue
-    if entry.name not in before and size == block_size:
+    if size == block_size:
       total += size
   return total
 
@@ -102,7 +106,7 @@ def two_workers(corpus, mesh):
   return {"batches": batches, "peak_shm": peak[0], "config": config}
 
 
-# One process makes `two_workers`: the watcher sees every block of its size.
+# One process makes `two_workers` (a module fixture) for both tests.
 @pytest.mark.xdist_group("two_workers")
 def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   runs = {(2, 0): two_workers["batches"]}
@@ -122,7 +126,7 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   pipe.close()
 
 
-# One process makes `two_workers`: the watcher sees every block of its size.
+# One process makes `two_workers` (a module fixture) for both tests.
 @pytest.mark.xdist_group("two_workers")
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
