@@ -11,7 +11,9 @@ Layout: `WORKDIR/checkpoints/<step>/` with three items:
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and the files are written in the background. Orbax writes into
 `<step>.orbax-checkpoint-tmp*` and renames when complete, so a run killed
-mid-save leaves a temporary directory that is never picked up. Just before
+mid-save leaves a temporary directory that is never picked up; the next
+`Checkpointer` on the directory deletes it (Orbax's
+`cleanup_tmp_directories`). Just before
 the rename, process 0 lists every file of the step with its checksum
 (`vidjax.checksums`), which `vidjax.resume` verifies before a restore. A
 save that fails (a full disk, no permission) raises `errors.WriteError` at
@@ -262,7 +264,8 @@ class Checkpointer:
     # are made before `save` returns: one that cannot be made (no
     # permission) fails that save, without threads left waiting for it.
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=True,
+        create=True, cleanup_tmp_directories=True,
+        enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(
             post_finalization_callback=self._before_commit,
             create_directories_asynchronously=False), **keeping),
@@ -460,7 +463,15 @@ def read_best(directory) -> dict | None:
 
 
 class _KeepBest:
-  """Orbax preservation policy: keeps the checkpointer's best step."""
+  """Orbax preservation policy: keeps the checkpointer's best step.
+
+  Not Orbax's `BestN` with `save(metrics=)`: Orbax takes a step's metrics
+  when it saves the step, but a run saves a step (on schedule, or as a
+  stop point) before it evaluates it, and saves an evaluated step only if
+  it is the best. BestN would need an evaluation before every save of an
+  evaluated step (a kill during it losing the step) and a save of every
+  evaluated step, and runs saved before would still need best.json read.
+  """
 
   def __init__(self, checkpointer: "Checkpointer"):
     self._checkpointer = checkpointer

@@ -12,14 +12,12 @@ the newest intact one is taken instead (`set_aside_damaged` then moves the
 run's own damaged steps out of the way). Before a checkpoint is restored,
 `check_fits` compares its array shapes with the new run's (from the files'
 metadata, reading no array) and names the config keys that changed.
-`remove_partial_saves` deletes the temporary directories a killed save left.
 How SIGTERM and Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from typing import Any
 
 from absl import logging
@@ -191,7 +189,7 @@ def read_start(start: StartPoint, *, allow_pickle: bool = False
 
 
 # ---------------------------------------------------------------------------
-# Before restoring: does the checkpoint fit? Left-overs of a killed save.
+# Before restoring: does the checkpoint fit? Damaged steps set aside.
 # ---------------------------------------------------------------------------
 def _shapes(tree) -> dict[str, tuple]:
   return {keypaths.name(p): tuple(x.shape)
@@ -266,25 +264,3 @@ def set_aside_damaged(start: StartPoint) -> list[str]:
     logging.warning("moved the damaged checkpoint to %s (delete it when you "
                     "no longer need it)", target)
   return moved
-
-
-def remove_partial_saves(workdir) -> list[str]:
-  """Deletes WORKDIR/checkpoints/*.orbax-checkpoint-tmp* (process 0 only).
-
-  A run killed while saving leaves such a directory; it is never restored,
-  only takes disk space. Call at start-up, before any save.
-
-  Returns:
-    The directories removed.
-  """
-  directory = epath.Path(rundir.checkpoints(workdir))
-  if jax.process_index() != 0 or not directory.is_dir():
-    return []
-  removed = []
-  for path in sorted(directory.iterdir()):
-    if checkpoint.TMP_SUFFIX in path.name:
-      shutil.rmtree(os.fspath(path), ignore_errors=True)
-      removed.append(os.fspath(path))
-      logging.info("removed %s, the left-over of a save that did not finish",
-                   path)
-  return removed

@@ -145,7 +145,6 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     # --- The run is accepted: from here on the workdir is written.
     if reports:
       checks.report(reports, config, workdir)
-    resume.remove_partial_saves(workdir)
     resume.set_aside_damaged(start)
     if "train" in splits or not splits:  # An evaluation keeps the run's own.
       rundir.write_config(config, workdir)

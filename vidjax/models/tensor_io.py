@@ -15,7 +15,6 @@ embeddings become tubelet kernels, and positional tables are resized.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pickle
