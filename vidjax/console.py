@@ -102,7 +102,13 @@ class _OnlyOurInfo(logging.Filter):
 
 
 class _ConsoleHandler(logging.Handler):
-  """Writes through `tqdm.write`, which lifts a progress bar out of the way."""
+  """Writes through `tqdm.write`, which lifts a progress bar out of the way.
+
+  (`tqdm.contrib.logging.logging_redirect_tqdm` routes lines the same way,
+  but only inside a `with` block, swapping the root's console handlers for
+  its duration and dropping their level; this handler is installed once
+  for the whole process, lines before and after the bar included.)
+  """
 
   def __init__(self, stream):
     super().__init__(logging.INFO)
@@ -174,6 +180,12 @@ _log_file: _LogFile | None = None
 
 def setup_console(verbose: bool = False) -> None:
   """Console through the progress bar, a log file to come, safe std streams.
+
+  Changes the whole process, once (the command line calls it; library use
+  and notebooks do not): `sys.stdout` and `sys.stderr` are wrapped in
+  streams that survive a closed reader, the root logger's handlers are
+  swapped (absl's removed; the console's and the log file's added), and
+  `warnings.warn` is routed through logging.
 
   Args:
     verbose: keep every library's INFO lines (`--verbosity` given).

@@ -147,6 +147,7 @@ def main(parsed) -> int:
     with stopping.handling("during start-up; nothing was written: run the "
                            "same command again"):
       from vidjax import console  # pylint: disable=import-outside-toplevel
+      # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped.
       console.setup_console(verbose=flags.FLAGS["verbosity"].present)
       run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
   except errors.UserError as e:

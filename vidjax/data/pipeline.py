@@ -198,7 +198,7 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
   ds = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
   if workers is not None:
-    workers_lib.mark_flags_parsed()
+    workers_lib.mark_flags_parsed()  # Process-wide: absl's FLAGS parsed.
     # Grain sets its queue of frees up on first use; setting it first keeps
     # it short (`shared_memory_bytes`).
     grain.multiprocessing.SharedMemoryArray.enable_async_del(
