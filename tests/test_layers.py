@@ -127,3 +127,23 @@ def test_the_private_apis_vidjax_uses_are_still_there():
   assert callable(fused_attention_stablehlo.check_cudnn_version)
   handler = ocp.type_handlers.get_type_handler(jax.Array)
   assert handler._array_metadata_store is not None  # pylint: disable=protected-access
+
+
+def test_every_choice_is_implemented_under_its_defaults_name():
+  """The tables that implement a choice are keyed by `vidjax.defaults`'s
+  names, and every task module is a `tasks.Task`."""
+  # pylint: disable=import-outside-toplevel
+  from vidjax import defaults, models, tasks
+  from vidjax.data import annotations
+  from vidjax.models import transformer, videomae
+  assert tuple(models.MODELS) == defaults.MODELS
+  assert set(defaults.TASK_MODELS.values()) == set(defaults.MODELS)
+  assert tuple(transformer.REMAT_POLICIES) == defaults.REMAT_POLICIES
+  assert tuple(transformer.ACTIVATIONS) == defaults.ACTIVATIONS
+  assert tuple(videomae.BACKBONE_STYLES) == defaults.BACKBONES
+  assert set(annotations.LOADERS) == set(annotations.FORMATS) == set(
+      defaults.DATA_FORMATS)
+  for name in defaults.TASKS:
+    task = tasks.get_task(name)
+    assert isinstance(task, tasks.Task), name
+    assert isinstance(task, tasks.RetrievalTask) == defaults.needs_text(name)

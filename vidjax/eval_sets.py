@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from vidjax import errors, rundir, sharding, whole_files
+from vidjax import errors, rundir, sharding, tasks, whole_files
 from vidjax.data import annotation_files, ek100, pipeline
 
 # `eval` keys that a named set may not change: they belong to the run.
@@ -168,13 +168,13 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   skipped = batches.skipped
   batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  captions = getattr(run.task, "eval_captions", lambda c: None)(config)
+  retrieval = isinstance(run.task, tasks.RetrievalTask)
+  captions = run.task.eval_captions(config) if retrieval else None
   if captions:
     merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
                                         config.eval.batch_size)
   metrics = run.task.eval_metrics(merged, config)
-  if (config.eval.save_embeddings and run.workdir
-      and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
+  if config.eval.save_embeddings and run.workdir and retrieval:
     emb = run.task.embeddings(merged, config)
     video_ids = _record_ids(records)[emb["index"]]
     text_ids = np.array([i for i, _ in captions]) if captions else video_ids

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from absl import logging
+from flax import nnx
 import jax
 import ml_collections
 from jax.experimental import multihost_utils
@@ -27,6 +28,7 @@ from vidjax import checkpoint, config as config_lib, console, defaults, errors
 from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
 from vidjax import steps as steps_lib, stopping, tasks
 from vidjax.data import batches, checks, pipeline, synthetic
+from vidjax.data import tokenizer as tokenizer_lib
 from vidjax.models import facts, flops as flops_lib, init_from, shapes
 
 # Steps after the start before the time estimate.
@@ -44,16 +46,17 @@ class Run:
   """What a run is built from: devices, task, jitted steps, and its state.
 
   `state` is the train state {step, params, opt}: its one copy, which the
-  loop replaces at each step and evaluations read.
+  loop replaces at each step and evaluations read. `rest` is the model's
+  state that is not trained (nnx buffers).
   """
   mesh: jax.sharding.Mesh
-  task: object
-  tokenizer: object
+  task: tasks.Task
+  tokenizer: tokenizer_lib.Tokenizer | None  # Video-text tasks only.
   state: dict
-  rest: object
+  rest: nnx.State
   steps: steps_lib.Steps
-  data_state: object = None  # Where the training batches resume.
-  rng: object = None  # The checkpoint's base key; None: from `seed`.
+  data_state: dict | None = None  # Where the training batches resume.
+  rng: jax.Array | None = None  # The checkpoint's base key; None: `seed`.
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
   start: resume.StartPoint = resume.StartPoint("scratch")
