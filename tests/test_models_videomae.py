@@ -92,5 +92,6 @@ def test_classifier_backbones_and_build_model():
     config.update(variant='Ti/16', depth=1, num_frames=4, image_size=32)
     if name == 'clip':
       config.text.update(layers=1, width=64, heads=1)
-    model = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(
+        lambda config=config: build_model(config, rngs=nnx.Rngs(0)))
     assert type(model).__name__.lower() == name

@@ -51,4 +51,6 @@ def test_ci_runs_the_readme_test_command():
   assert command in block.splitlines()  # The first code block: the start.
   ci = (REPO / ".ci/run").read_text().splitlines()
   steps = [line for line in ci if line and not line.startswith(("#", " "))]
-  assert steps[2] == command, steps  # After `set` and `cd`, CI's first step.
+  # After `set` and `cd`: the style first (seconds), then the tests.
+  assert steps[2].endswith("&& ruff check && ruff format --check"), steps
+  assert steps[3] == command, steps

@@ -64,10 +64,10 @@ class _IteratorStateHandler(ocp.CheckpointHandler):
   dict it is given (e.g. `DevicePrefetcher.get_state()` in `vidjax.data`).
   """
 
-  def save(self, directory: epath.Path, args: "IteratorStateSave"):
+  def save(self, directory: epath.Path, args: IteratorStateSave):
     _process_file(directory).write_text(json.dumps(args.state))
 
-  def restore(self, directory: epath.Path, args: "IteratorStateRestore" = None):
+  def restore(self, directory: epath.Path, args: IteratorStateRestore = None):
     path = _process_file(directory)
     if not path.exists():
       found = sorted(p.name for p in directory.iterdir())
@@ -274,7 +274,7 @@ class Checkpointer:
     self._quiet.enter_context(failed_saves.quiet())
 
   @classmethod
-  def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
+  def from_config(cls, workdir, config, **kwargs) -> Checkpointer:
     """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
     `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
@@ -473,7 +473,7 @@ class _KeepBest:
   evaluated step, and runs saved before would still need best.json read.
   """
 
-  def __init__(self, checkpointer: "Checkpointer"):
+  def __init__(self, checkpointer: Checkpointer):
     self._checkpointer = checkpointer
 
   def should_preserve(self, checkpoints, *, context=None):

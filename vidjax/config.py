@@ -32,8 +32,7 @@ import os
 import re
 import traceback
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 

@@ -36,8 +36,8 @@ to `make_optimizer` for another convention.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
+import re
 
 import jax
 import jax.numpy as jnp

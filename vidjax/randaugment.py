@@ -39,8 +39,8 @@ normalisation turns it into N(0, 1) exactly as AVION's.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
+import math
 
 import jax
 import jax.numpy as jnp

@@ -25,8 +25,14 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-from vidjax import checkpoint, checksums, config as config_lib, errors
-from vidjax import keypaths, rundir
+from vidjax import (
+  checkpoint,
+  checksums,
+  config as config_lib,
+  errors,
+  keypaths,
+  rundir,
+)
 from vidjax.models import facts, init_from, sources
 
 

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import optax
 
 from vidjax import augment, keypaths, models, optim, sharding
-from vidjax.tasks import Task
 from vidjax.models import clip as clip_lib, vit
+from vidjax.tasks import Task
 
 # The batch keys every evaluation keeps beside the task's outputs: the record
 # and view of each row, and whether it is padding.

@@ -21,14 +21,32 @@ from pathlib import Path
 from absl import logging
 from flax import nnx
 import jax
-import ml_collections
 from jax.experimental import multihost_utils
+import ml_collections
 
-from vidjax import checkpoint, config as config_lib, console, defaults, errors
-from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
-from vidjax import steps as steps_lib, stopping, tasks
-from vidjax.data import batches, checks, pipeline, synthetic
-from vidjax.data import tokenizer as tokenizer_lib
+from vidjax import (
+  checkpoint,
+  config as config_lib,
+  console,
+  defaults,
+  errors,
+  eval_sets,
+  memory,
+  monitor,
+  resume,
+  rundir,
+  sharding,
+  steps as steps_lib,
+  stopping,
+  tasks,
+)
+from vidjax.data import (
+  batches,
+  checks,
+  pipeline,
+  synthetic,
+  tokenizer as tokenizer_lib,
+)
 from vidjax.models import facts, flops as flops_lib, init_from, shapes
 
 # Steps after the start before the time estimate.

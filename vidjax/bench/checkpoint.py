@@ -29,8 +29,14 @@ import time
 import jax
 import numpy as np
 
-from vidjax import checkpoint, checksums, config as config_lib, sharding
-from vidjax import steps as steps_lib, tasks
+from vidjax import (
+  checkpoint,
+  checksums,
+  config as config_lib,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 
 
 def _evict(directory: str) -> None:

@@ -18,8 +18,14 @@ import traceback
 import jax
 import jax.numpy as jnp
 
-from vidjax import config as config_lib, memory, monitor, sharding
-from vidjax import steps as steps_lib, tasks
+from vidjax import (
+  config as config_lib,
+  memory,
+  monitor,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 from vidjax.bench import cuda_trace, random_batches
 from vidjax.data import batches
 from vidjax.models import attention, flops as flops_lib, shapes

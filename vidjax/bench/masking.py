@@ -38,8 +38,13 @@ import time
 
 import jax
 
-from vidjax import config as config_lib, errors, sharding, steps as steps_lib
-from vidjax import tasks
+from vidjax import (
+  config as config_lib,
+  errors,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 from vidjax.bench import memory as memory_bench, random_batches
 from vidjax.data import batches
 from vidjax.models import flops as flops_lib, shapes

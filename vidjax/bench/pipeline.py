@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 import tempfile
 import time
-from pathlib import Path
 
 import jax
 import ml_collections

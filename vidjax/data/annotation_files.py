@@ -13,8 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, ek100
-from vidjax.data import records as records_lib
+from vidjax.data import annotations, ek100, records as records_lib
 
 
 def split_paths(value: str) -> list[str]:

@@ -40,8 +40,12 @@ import jax
 import ml_collections
 
 from vidjax import errors, rundir
-from vidjax.data import annotation_files, annotations
-from vidjax.data import tokenizer as tokenizer_lib, video
+from vidjax.data import (
+  annotation_files,
+  annotations,
+  tokenizer as tokenizer_lib,
+  video,
+)
 
 # A span may end a little past the video (rounding, a shorter download): its
 # frames are clamped to the video. Past this many times its length it is not

@@ -33,8 +33,8 @@ lists), else its narration. Evaluation always uses the narration.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+import dataclasses
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class ClipSpec:
     return self.eval_clips * self.eval_crops
 
   @classmethod
-  def from_config(cls, data) -> "ClipSpec":
+  def from_config(cls, data) -> ClipSpec:
     """From `config.data` (its `size` an int side or (H, W))."""
     size = data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
     return cls(num_frames=data.num_frames, sampling=data.sampling,

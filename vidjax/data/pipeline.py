@@ -78,8 +78,14 @@ import jax
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotation_files, batches, loader, prefetch, reads
-from vidjax.data import workers as workers_lib
+from vidjax.data import (
+  annotation_files,
+  batches,
+  loader,
+  prefetch,
+  reads,
+  workers as workers_lib,
+)
 
 SHM_DIR = workers_lib.SHM_DIR
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:

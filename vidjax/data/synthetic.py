@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
+import shutil
 
 from absl import logging
 import av

@@ -21,12 +21,12 @@ CLIP. `fix_text=False` skips it (faster, and the same on any machine).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import functools
 import gzip
 import html
 import importlib.util
 import os
-from collections.abc import Sequence
 
 import numpy as np
 import regex

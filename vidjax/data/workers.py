@@ -31,13 +31,13 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from multiprocessing import shared_memory
 import os
 import re
 import secrets
 import signal
 import threading
 import time
-from multiprocessing import shared_memory
 
 from absl import flags
 import grain.multiprocessing

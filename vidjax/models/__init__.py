@@ -76,10 +76,10 @@ construction, or from `rngs=` given at call time (nnx.Rngs or a key).
 """
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
-from flax import nnx
 
 from vidjax import defaults
 from vidjax.models.clip import CLIP

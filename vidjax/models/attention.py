@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import logging
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
+import jax
 from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
+import jax.numpy as jnp
 
 from vidjax import defaults
 

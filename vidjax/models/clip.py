@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from vidjax.defaults import CONTEXT_LENGTH, INIT_LOGIT_SCALE, VOCAB_SIZE
 from vidjax.models.text import TextTransformer

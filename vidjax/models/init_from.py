@@ -26,19 +26,22 @@ loaded, resized, dropped and left at its initial value.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
 import re
-from typing import Callable
 
 from absl import logging
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from vidjax import errors, keypaths, rundir
-from vidjax.models.tensor_io import (inflate_kernel, interpolate_pos_embed,
-                                     interpolate_temporal)
+from vidjax.models.tensor_io import (
+  inflate_kernel,
+  interpolate_pos_embed,
+  interpolate_temporal,
+)
 
 InitFromError = errors.InitFromError  # Weights that do not fit the model.
 

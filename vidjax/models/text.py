@@ -1,9 +1,9 @@
 """CLIP's text transformer: causal attention, pooled at end-of-text."""
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from vidjax.defaults import CONTEXT_LENGTH, VOCAB_SIZE
 from vidjax.models.transformer import Transformer

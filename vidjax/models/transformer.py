@@ -8,12 +8,12 @@ video ViT (`vit.py`), the text tower (`text.py`) and VideoMAE's decoder
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from vidjax import defaults
 from vidjax.models.attention import MultiHeadAttention

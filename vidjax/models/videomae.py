@@ -8,9 +8,9 @@ learned positions, token pooling).
 """
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from vidjax.models.transformer import Transformer, dropout_stream
 from vidjax.models.vit import VisionTransformer, patchify, sincos_table

@@ -25,10 +25,10 @@ from __future__ import annotations
 import contextlib
 import math
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from vidjax import defaults
 from vidjax.models.transformer import Transformer

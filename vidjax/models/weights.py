@@ -25,14 +25,18 @@ import math
 import os
 import re
 
-import numpy as np
 from flax import nnx
+import numpy as np
 
 from vidjax import errors
 from vidjax.models import facts as facts_lib, init_from
 from vidjax.models.clip import CLIP
-from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
-                                     conv_to_kernel, to_numpy)
+from vidjax.models.tensor_io import (
+  canonical_clip,
+  canonical_videomae,
+  conv_to_kernel,
+  to_numpy,
+)
 from vidjax.models.videomae import Classifier, VideoMAE
 
 __all__ = ['classifier_from_state_dict', 'clip_from_state_dict', 'convert',
