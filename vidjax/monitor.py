@@ -43,13 +43,20 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 }
 
 
+def by_device_kind(table: dict[str, float],
+                   device_kind: str | None = None) -> float | None:
+  """`table`'s value for a device kind (default: the first device's): the
+  longest key found in the kind, lower case; None if none is."""
+  kind = (device_kind or jax.devices()[0].device_kind).lower()
+  for name in sorted(table, key=len, reverse=True):
+    if name in kind:
+      return table[name]
+  return None
+
+
 def peak_flops_per_device(device_kind: str | None = None) -> float | None:
   """Known dense bf16 peak FLOP/s for a device kind; None if unknown (CPU)."""
-  kind = (device_kind or jax.devices()[0].device_kind).lower()
-  for name in sorted(PEAK_FLOPS_BY_DEVICE_KIND, key=len, reverse=True):
-    if name in kind:
-      return PEAK_FLOPS_BY_DEVICE_KIND[name]
-  return None
+  return by_device_kind(PEAK_FLOPS_BY_DEVICE_KIND, device_kind)
 
 
 # ---------------------------------------------------------------------------
