@@ -5,6 +5,7 @@ The import graph is read from the source files (`ast`), every import
 counted, also those inside functions.
 """
 import ast
+import functools
 from pathlib import Path
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def _imports(path: Path) -> set[str]:
   return found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+  """{module: the vidjax modules it imports}, for every module of vidjax."""
   return {_module(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -85,7 +88,7 @@ def test_imports_point_down_the_layers():
 
 
 def test_imports_form_no_cycle():
-  graph, done, path = _graph(), set(), []
+  graph, done, path = _graph(), set(), []  # DFS: `path` is the chain walked.
 
   def visit(module):
     if module in path:
