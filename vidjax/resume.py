@@ -6,9 +6,11 @@ Where a run starts (`resolve_start`): its own latest checkpoint; else
 else scratch. `read_start` reads what that start brings before the model
 is built: every tensor of `init_from` (`read_init_from`: a vidjax run's
 checkpoint, or what `vidjax.models.sources` reads), or the config a
-checkpoint to resume was saved with (what the run computed with). A checkpoint's files are verified against the checksums saved
-with it (`vidjax.checksums`): a damaged step is named with what is wrong and
-the newest intact one is taken instead (`set_aside_damaged` then moves the
+checkpoint to resume was saved with (what the run computed with).
+
+A checkpoint's files are verified against the checksums saved with it
+(`vidjax.checksums`): a damaged step is named with what is wrong and the
+newest intact one is taken instead (`set_aside_damaged` then moves the
 run's own damaged steps out of the way). Before a checkpoint is restored,
 `check_fits` compares its array shapes with the new run's (from the files'
 metadata, reading no array) and names the config keys that changed.
@@ -97,8 +99,8 @@ def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None
     errors.WorkdirError: the step named, or every step there, is damaged.
   """
   p = epath.Path(path)
-  if rundir.checkpoints(p).is_dir():
-    p = epath.Path(rundir.checkpoints(p))
+  if (p / rundir.CHECKPOINTS).is_dir():  # (epath: URLs too.)
+    p = p / rundir.CHECKPOINTS
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
     problem = checksums.verify(p)
     if problem:

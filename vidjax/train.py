@@ -95,15 +95,17 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   Everything a user can get wrong is checked before the workdir is touched:
   the config (its paths made absolute), whether the attention configured
   can run and the training step fits the device's memory (`vidjax.memory`;
-  a GPU whose attention falls back to XLA is warned about), the data paths, the vocabulary, the annotation files of
-  `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
-  checkpoint to resume fits the model, the checkpoint or `init_from`
-  weights the run starts from are read, and with 'train' the training
-  batches are set up at their saved position (`run.train_batches`, to
-  close). (Only a synthetic corpus, which these checks read, is written
-  before: WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt
-  are written, half-written checkpoints removed, and the config keys
-  changed since the checkpoint listed.
+  a GPU whose attention falls back to XLA is warned about), the data
+  paths, the vocabulary, the annotation files of `splits` ('train',
+  'eval'; none for tools on synthetic batches), whether a checkpoint to
+  resume fits the model, the checkpoint or `init_from` weights the run
+  starts from are read, and with 'train' the training batches are set up
+  at their saved position (`run.train_batches`, to close). (Only a
+  synthetic corpus, which these checks read, is written before:
+  WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt are
+  written, damaged checkpoints set aside, and the config keys changed
+  since the checkpoint listed. (Half-written checkpoints go when the
+  training's `Checkpointer` opens.)
   """
   config_lib.make_paths_absolute(config)
   config_lib.validate(config, jax.device_count())
