@@ -87,6 +87,11 @@ def test_imports_point_down_the_layers():
   assert not into_bench, into_bench
 
 
+def test_recipes_import_only_defaults_and_recipe():
+  for path in sorted((PACKAGE.parent / "configs").glob("*.py")):
+    assert _imports(path) <= {"vidjax.defaults", "vidjax.recipe"}, path
+
+
 def test_imports_form_no_cycle():
   graph, done, path = _graph(), set(), []  # DFS: `path` is the chain walked.
 
