@@ -21,8 +21,8 @@ Everything a run writes is in its workdir, where this module says:
 
 The modules that write these files ask this one where they go (`path`,
 `checkpoints`, `bad_rows`, `embeddings`), and write JSON through it
-(`write_json`: whole files, by process 0). Only errors, stopping and
-whole_files are imported here, so every layer above can ask.
+(`write_json`: whole files, by process 0). Of vidjax, only errors,
+stopping and whole_files are imported here, so every layer above can ask.
 
 `claim(workdir)` opens a workdir for one run, first thing at start-up,
 before any data is checked: the path made absolute (a relative one would
