@@ -150,12 +150,12 @@ both evaluation sets, tiny, for 2 steps on the synthetic corpus (CPU, tests);
 """
 import ml_collections
 
-from vidjax import recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug", "lavila", "flip"))
-  c = recipe.base_config("contrastive")
+  c = defaults.base_config("contrastive")
   # init_from: OpenAI CLIP ViT-B-16.pt (AVION: --pretrain-zoo openai).
   # Fresh 256-d projections (OpenAI's 512-d ones do not fit) and the fixed
   # 1/0.07 temperature (an image CLIP's is not carried over), as AVION.
@@ -199,7 +199,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
   # EPIC_100_retrieval_test.csv with its sentences and test relevancy:
   # 4-frame centre-cropped clips of the EK-100 chunks.
-  c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir", allow_pickle=False)
+  c.eval.sets.ek100_mir = defaults.eval_set("ek100_mir", allow_pickle=False)
   # AVION keeps checkpoint_best by zero-shot EK-100 MIR average mAP.
   c.checkpoint.best_metric = "eval/ek100_mir/mAP_avg"
 

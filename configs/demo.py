@@ -22,12 +22,12 @@ videos (`configs/own_videos.py` is made for that; see the README).
 """
 import ml_collections
 
-from vidjax import recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
-  c = recipe.base_config("contrastive")
+  c = defaults.base_config("contrastive")
   c.total_steps = 300
   c.batch_size = 32
 

@@ -72,14 +72,14 @@ tiny, 2 steps on the synthetic corpus (CPU).
 """
 import ml_collections
 
-from vidjax import recipe
+from vidjax import defaults, recipe
 
 EK100_ACTIONS = 3_806  # verb:noun pairs in EPIC_100_{train,validation}.csv.
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
-  c = recipe.base_config("classification")
+  c = defaults.base_config("classification")
   # init_from: the contrastive checkpoint (AVION: --pretrain-model).
 
   c.data.update(

@@ -89,12 +89,12 @@ corpus (CPU).
 """
 import ml_collections
 
-from vidjax import recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
-  c = recipe.base_config("retrieval")
+  c = defaults.base_config("retrieval")
   # init_from: the contrastive checkpoint (AVION: --pretrain-model).
   # MaxMarginRankingLoss: loss.margin 0.2.
 

@@ -53,12 +53,12 @@ tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
 """
 import ml_collections
 
-from vidjax import augment, recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
-  c = recipe.base_config("classification")
+  c = defaults.base_config("classification")
   # init_from: the VideoMAE pretraining checkpoint (AVION: --finetune).
 
   c.data.update(
@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.augment.update(
       # Flipped at decode time (data.hflip), not here.
-      mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+      mean=defaults.IMAGENET_MEAN, std=defaults.IMAGENET_STD,
       mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
       # pytorchvideo's RandAugment(magnitude=7, num_layers=4) (prob 0.5,
       # level std 0.5) and RandomErasing(--reprob 0.25, mode='pixel',

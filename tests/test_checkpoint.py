@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vidjax import checkpoint, checksums, errors, resume, sharding
+from vidjax import checkpoint, checksums, errors, resume, rundir, sharding
 
 
 def _state(mesh, scale=1.0):
@@ -104,7 +104,7 @@ def test_keeps_last_k_and_restores_latest(tmp_path):
 
 def test_half_written_checkpoint_is_ignored(tmp_path):
   mesh = sharding.make_mesh()
-  ckpt_dir = checkpoint.checkpoint_dir(tmp_path)
+  ckpt_dir = str(rundir.checkpoints(tmp_path))
   with checkpoint.Checkpointer(ckpt_dir, every_steps=1) as ckpt:
     ckpt.save(3, _state(mesh))
   # A crash mid-save leaves Orbax's temporary directory behind.
@@ -125,9 +125,9 @@ def test_resolve_start_order(tmp_path):
   assert resume.resolve_start(run_b, _config(init_from=str(weights))) == (
       resume.StartPoint("init_from", str(weights)))
 
-  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_a), every_steps=5) as ckpt:
+  with checkpoint.Checkpointer(str(rundir.checkpoints(run_a)), every_steps=5) as ckpt:
     ckpt.save(5, _state(mesh))
-  a_dir = checkpoint.checkpoint_dir(run_a)
+  a_dir = str(rundir.checkpoints(run_a))
   for spec in (run_a, a_dir):  # a workdir or its checkpoints dir
     start = resume.resolve_start(run_b, _config(resume=str(spec),
                                                     init_from=str(weights)))
@@ -136,10 +136,10 @@ def test_resolve_start_order(tmp_path):
   assert start == resume.StartPoint("resume", a_dir, 5)
 
   # Once run b has its own checkpoint, it wins over resume.
-  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(run_b), every_steps=5) as ckpt:
+  with checkpoint.Checkpointer(str(rundir.checkpoints(run_b)), every_steps=5) as ckpt:
     ckpt.save(10, _state(mesh))
   start = resume.resolve_start(run_b, _config(resume=str(run_a)))
-  assert start == resume.StartPoint("workdir", checkpoint.checkpoint_dir(run_b), 10)
+  assert start == resume.StartPoint("workdir", str(rundir.checkpoints(run_b)), 10)
 
   with pytest.raises(FileNotFoundError, match="config.resume"):
     resume.resolve_start(tmp_path / "c", _config(resume=str(tmp_path / "nope")))
@@ -154,12 +154,12 @@ def test_from_config_reads_checkpoint_keys(tmp_path):
   with checkpoint.Checkpointer.from_config(tmp_path, config) as ckpt:
     assert ckpt.every_steps == 7 and ckpt.should_save(14) and not ckpt.should_save(0)
     assert (ckpt.best_metric, ckpt.best_mode) == ("eval/loss", "min")
-    assert str(ckpt.directory) == checkpoint.checkpoint_dir(tmp_path)
+    assert str(ckpt.directory) == str(rundir.checkpoints(tmp_path))
 
 
 def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
   mesh = sharding.make_mesh()
-  directory = checkpoint.checkpoint_dir(tmp_path)
+  directory = str(rundir.checkpoints(tmp_path))
   scores = {2: 0.1, 4: 0.5, 6: 0.3, 8: 0.2, 10: 0.4, 12: 0.5}  # 12: a tie
   with checkpoint.Checkpointer(directory, every_steps=2, keep=2,
                                best_metric="eval/mAP_avg") as ckpt:
@@ -205,7 +205,7 @@ def test_best_mode_min_nan_and_a_metric_the_eval_lacks(tmp_path):
 
 def test_partial_save_is_ignored_then_removed(tmp_path):
   mesh = sharding.make_mesh()
-  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(tmp_path),
+  with checkpoint.Checkpointer(str(rundir.checkpoints(tmp_path)),
                                every_steps=1) as ckpt:
     ckpt.save(1, _state(mesh))
   ckpts = tmp_path / "checkpoints"
@@ -213,8 +213,9 @@ def test_partial_save_is_ignored_then_removed(tmp_path):
   partial = ckpts / f"2{checkpoint.TMP_SUFFIX}"
   shutil.copytree(ckpts / "1", partial)
   assert checkpoint.latest_complete_step(ckpts) == 1
-  assert resume.remove_partial_saves(tmp_path) == [str(partial)]
-  assert sorted(p.name for p in ckpts.iterdir()) == ["1"]
+  with checkpoint.Checkpointer(ckpts, every_steps=1) as ckpt:  # Orbax's
+    ckpt.save(3, _state(mesh))  # clean-up ends before the first save.
+  assert sorted(p.name for p in ckpts.iterdir()) == ["1", "3"]
 
 
 def _replicated(mesh, shapes: dict) -> dict:
@@ -314,7 +315,7 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
     tmp_path, caplog):
   mesh = sharding.make_mesh(fsdp=2)
   saved = tmp_path / "saved"
-  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(saved),
+  with checkpoint.Checkpointer(str(rundir.checkpoints(saved)),
                                every_steps=1) as ckpt:
     for step in (1, 2):
       ckpt.save(step, _state(mesh, scale=step), data_state={"seen": step})
@@ -337,7 +338,7 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
     assert restored.data_state == {"seen": 1}
 
   # `init_from`/`resume` naming a run: its best step is skipped if damaged.
-  (saved / "checkpoints" / checkpoint.BEST_FILE).write_text(json.dumps(
+  (saved / "checkpoints" / rundir.BEST_JSON).write_text(json.dumps(
       {"metric": "eval/top1", "mode": "max", "step": 1, "value": 0.5}))
   _delete_metadata(saved / "checkpoints" / "1")
   assert resume.find_checkpoint(saved, prefer_best=True) == (

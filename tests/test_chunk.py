@@ -135,8 +135,9 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
   # short, one chunk is finished, one is half-written under its temporary
   # name. Readers meanwhile skip the torn line.
   lines = (out / "manifest.jsonl").read_text().splitlines()
-  kept = [l for l in lines if json.loads(l)["video_id"] != "c"]
-  torn = next(l for l in lines if json.loads(l)["video_id"] == "c")[:30]
+  kept = [line for line in lines if json.loads(line)["video_id"] != "c"]
+  torn = next(line for line in lines
+              if json.loads(line)["video_id"] == "c")[:30]
   (out / "manifest.jsonl").write_text("\n".join(kept) + "\n" + torn)
   assert sorted(chunk.read_manifest(out)) == ["a", "b"]
   (out / "c" / "2.mp4").unlink()

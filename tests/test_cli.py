@@ -378,11 +378,11 @@ def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():
 @pytest.mark.parametrize("variant", ["captions", "labels", "labels,cpu"])
 def test_own_videos_variants_build(variant):
   from flax import nnx
-  from vidjax import config as config_lib, models, tasks
+  from vidjax import config as config_lib, defaults, models
   config = config_lib.load_config(str(REPO / f"configs/own_videos.py:{variant}"))
   config_lib.validate(config, num_devices=8)
   labels = "labels" in variant
-  assert tasks.get_task(config.task).NEEDS_TEXT is not labels
+  assert defaults.needs_text(config.task) is not labels
   if labels:
     assert config.model.num_classes == 0  # From the labels, at start-up.
     config.model.num_classes = 5

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import types
 
-from vidjax import console
+from vidjax import console, rundir
 
 
 def test_eval_table_short_and_ordered():
@@ -50,11 +50,11 @@ def test_lines_before_the_log_file_are_kept(tmp_path, monkeypatch):
   logger.addHandler(handler)
   try:
     logger.warning("before")
-    handler.open(str(tmp_path / console.LOG_FILE))
+    handler.open(str(tmp_path / rundir.LOG_FILE))
     logger.warning("after")
   finally:
     logger.removeHandler(handler)
-  lines = (tmp_path / console.LOG_FILE).read_text().splitlines()
+  lines = (tmp_path / rundir.LOG_FILE).read_text().splitlines()
   assert [line.split("] ")[-1] for line in lines] == ["before", "after"]
   assert " WARNING test_console.py:" in lines[0]
 
@@ -122,7 +122,7 @@ def test_classification_table_has_the_chance_level_and_top5_past_5_classes():
 
 
 def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
-  log_txt = tmp_path / console.LOG_FILE
+  log_txt = tmp_path / rundir.LOG_FILE
   log_txt.write_text("12:00 first run\n12:01 the line being writ")
   handler = console._LogFile()
   logger = logging.getLogger("vidjax-test-torn-log")

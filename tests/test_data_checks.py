@@ -10,8 +10,8 @@ import pytest
 
 from video_fixtures import write_video
 
-from vidjax import errors
-from vidjax.data import checks, loader, pipeline, synthetic, tokenizer
+from vidjax import defaults, errors
+from vidjax.data import checks, loader, synthetic, tokenizer
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
 MANIFEST = [
@@ -31,8 +31,9 @@ def _config(tmp_path, train_rows, eval_rows=None, **data):
     (tmp_path / f"{name}.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))
   config = ml_collections.ConfigDict({
-      "data": pipeline.default_data_config(),
-      "model": {"num_classes": 0, "text": {"vocab_size": 0}}})
+      "data": defaults.data_config(),
+      "model": {"num_classes": 0,
+                "text": {"vocab_size": 0, "context_length": 77}}})
   config.data.update(root=str(tmp_path / "chunks"),
                      train_annotations=str(tmp_path / "train.jsonl"),
                      eval_annotations=str(tmp_path / "val.jsonl"), **data)
@@ -300,6 +301,9 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
   tok = checks.load_tokenizer(config)
   assert config.data.vocab == str(path)
   assert config.model.text.vocab_size == tok.vocab_size == 560
+  assert tok("two bikes").shape == (1, 77)
+  config.model.text.context_length = 16  # The text tower's: any length.
+  assert checks.load_tokenizer(config)("two bikes").shape == (1, 16)
   config.model.text.vocab_size = 100
   with pytest.raises(errors.ConfigError, match="has 560 tokens but "
                      "model.text.vocab_size is 100") as e:

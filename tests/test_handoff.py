@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, train
+from vidjax import checkpoint, rundir, train
 from vidjax import monitor
-from vidjax.models import init_from
 from vidjax.models.tensor_io import interpolate_temporal
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -30,7 +29,7 @@ def first_loss(workdir) -> float:
 
 
 def init_report(workdir) -> dict:
-  return json.loads((workdir / init_from.REPORT_FILE).read_text())
+  return json.loads((workdir / rundir.INIT_FROM_JSON).read_text())
 
 
 def test_eval_mode_reproduces_the_pretraining_final_metrics(tmp_path_factory):

@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 from test_models_weights import (random_clip_state_dict,
                                  random_videomae_state_dict)
-from vidjax import checkpoint, keypaths, sharding
-from vidjax.models import CLIP, Classifier, init_from, sources, weights
+from vidjax import checkpoint, keypaths, resume, rundir, sharding
+from vidjax.models import CLIP, Classifier, init_from, weights
 
 
 def shapes(make):
@@ -146,13 +146,13 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
       lambda x: rng.standard_normal(x.shape).astype(np.float32),
       nnx.state(model, nnx.Param))
   config = {'model': {'name': 'clip', 'tubelet': 1}}
-  with checkpoint.Checkpointer(checkpoint.checkpoint_dir(tmp_path),
+  with checkpoint.Checkpointer(str(rundir.checkpoints(tmp_path)),
                                every_steps=1, metadata={'config': config},
                                best_metric='eval/r1') as ckpt:
     ckpt.save(3, {'step': 3, 'params': params, 'opt': {}})
     ckpt.save(4, {'step': 4, 'params': params, 'opt': {}})
     ckpt.record_eval(3, {'eval/r1': 0.5}, None)  # Step 3 is saved.
-  source = sources.read_source(str(tmp_path))
+  source = resume.read_init_from(str(tmp_path))
   assert source.description == f'{tmp_path}/checkpoints/3 (vidjax clip)'
   live = nnx.state(nnx.eval_shape(clip_classifier(num_frames=2)), nnx.Param)
   model_config = ml_collections.ConfigDict(dict(name='classifier', tubelet=1,
@@ -163,7 +163,7 @@ def test_a_vidjax_run_loads_across_scan_and_task(tmp_path):
       params['visual']['blocks']['layers']['attn']['qkv']['kernel'][...][1])
   assert set(report.fresh) == {'head.kernel', 'head.bias'}
   report.log(tmp_path)
-  written = json.loads((tmp_path / init_from.REPORT_FILE).read_text())
+  written = json.loads((tmp_path / rundir.INIT_FROM_JSON).read_text())
   assert written['change'] == 'clip -> classifier'
   assert written['dropped']['text.pos_embed'] == (
       'the classifier has no text tower')
@@ -173,4 +173,4 @@ def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
   (tmp_path / 'model.safetensors').write_bytes(b'')
   with pytest.raises(FileNotFoundError, match=r"neither a complete vidjax "
                      r"checkpoint.*name it: \['model.safetensors'\]"):
-    sources.read_source(str(tmp_path))
+    resume.read_init_from(str(tmp_path))

@@ -1,5 +1,7 @@
-"""The start-up memory check and the warning when attention falls back to XLA."""
+"""The start-up memory check, and the attention check: 'cudnn' that cannot
+run refused, 'auto' that falls back to XLA warned about."""
 from pathlib import Path
+import re
 
 from absl import logging
 import jax
@@ -37,14 +39,14 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
 def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
     monkeypatch):
   config = config_lib.load_config(RECIPE, ["--config.model.dtype=bfloat16"])
-  assert memory.warn_if_attention_falls_back(config) is None  # A CPU.
+  assert memory.check_attention(config) is None  # A CPU.
   # A Hopper GPU where JAX finds no cuDNN library.
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(attention, "_gpu_compute_capability", lambda: (9, 0))
   monkeypatch.setattr(attention, "cudnn_version", lambda: None)
   warned = []
   monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
-  message = memory.warn_if_attention_falls_back(config)
+  message = memory.check_attention(config)
   assert warned == [message]
   assert message.startswith(
       "attention='auto' runs XLA attention, not cuDNN flash attention, in the "
@@ -53,7 +55,17 @@ def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
   assert "(heads x tokens x tokens: 170 MiB per clip" in message
   assert "'save_dots_and_attention' keeps them for the backward pass" in message
   config.model.attention = "xla"  # Chosen knowingly: nothing to say.
-  assert memory.warn_if_attention_falls_back(config) is None
+  assert memory.check_attention(config) is None
+
+
+def test_cudnn_attention_that_cannot_run_is_refused():
+  config = config_lib.load_config(RECIPE, ["--config.model.attention=cudnn",
+                                           "--config.model.dtype=bfloat16"])
+  with pytest.raises(errors.ConfigError, match=re.escape(
+      "'model.attention' = 'cudnn' cannot run in the vision tower: the "
+      "default JAX backend is 'cpu'; cuDNN attention needs an NVIDIA GPU; "
+      "'auto' uses cuDNN where it can, else XLA")):
+    memory.check_attention(config)
 
 
 def test_a_masked_run_is_sized_by_its_unmasked_tuning():

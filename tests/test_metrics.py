@@ -110,14 +110,6 @@ def test_average_views():
   np.testing.assert_allclose(means[:, 0], logits.mean(0))
 
 
-def test_evaluate_module_is_a_deprecated_alias():
-  import importlib
-  with pytest.warns(DeprecationWarning, match='vidjax.metrics'):
-    from vidjax import evaluate  # pylint: disable=import-outside-toplevel
-    importlib.reload(evaluate)  # Warns again if it was imported before.
-  assert evaluate.ek100_mir_metrics is metrics.ek100_mir_metrics
-
-
 def test_marginalize_action_scores():
   mapping = np.array([[0, 0], [0, 1], [1, 1], [2, 0]])  # 4 actions over 3 verbs, 2 nouns.
   probs = np.array([[0.1, 0.2, 0.3, 0.4]])

@@ -27,7 +27,7 @@ from flax import nnx
 import numpy as np
 import pytest
 
-from vidjax import models
+from vidjax import defaults, models
 from vidjax.models import init_from, sources, torchscript
 
 if not all(importlib.util.find_spec(m) for m in ('open_clip', 'torch')):
@@ -105,7 +105,7 @@ def avion_checkpoint(state_dict: dict, num_frames: int = 4) -> dict:
 def embed(reference):
   """source -> (image, text) embeddings of a vidjax CLIP loaded from it."""
   _, images, tokens, _, _ = reference
-  config = models.default_model_config('clip')
+  config = defaults.model_config('clip')
   config.update(num_frames=1, dtype='float32', attention='xla', scan=True,
                 drop_path=0.0)
   video = images.transpose(0, 2, 3, 1)[:, None]  # one frame

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from vidjax import config as config_lib
-from vidjax.models import build_model, default_model_config
+from vidjax.defaults import model_config
+from vidjax.models import build_model
 from vidjax.models.flops import flops_per_example
 from vidjax.models.shapes import unmasked
 from vidjax.models.vit import every_token
@@ -16,7 +17,7 @@ BATCH = 2
 
 
 def small_config(name):
-  config = default_model_config(name)
+  config = model_config(name)
   config.update(variant='Ti/16', width=256, heads=4, depth=2, num_frames=4,
                 image_size=64, dtype='float32', attention='xla')
   if name == 'clip':
@@ -68,7 +69,7 @@ def test_vit_b16_clip_figure():
   """ViT-B/16 on 16 frames: 3137 tokens, 12 blocks of 24 L D^2 + 4 L^2 D."""
   tokens, width = 16 * 14 * 14 + 1, 768
   blocks = 12 * (24 * tokens * width**2 + 4 * tokens**2 * width)
-  flops = flops_per_example(default_model_config('clip'))
+  flops = flops_per_example(model_config('clip'))
   assert flops['vision'] == pytest.approx(blocks, rel=0.01)  # ~0.9 TFLOP
   assert flops['forward'] == flops['vision'] + flops['text']
 

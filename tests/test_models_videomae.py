@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vidjax.models import build_model, default_model_config
+from vidjax.defaults import model_config
+from vidjax.models import build_model
 from vidjax.models.videomae import (Classifier, VideoMAE, normalize_patches,
                                     patchify)
 from vidjax.tasks import losses
@@ -87,9 +88,10 @@ def test_classifier_backbones_and_build_model():
     assert logits.shape == (2, 5) and logits.dtype == jnp.float32
     assert not np.allclose(dropped, logits)
   for name in ('clip', 'videomae', 'classifier'):
-    config = default_model_config(name)
+    config = model_config(name)
     config.update(variant='Ti/16', depth=1, num_frames=4, image_size=32)
     if name == 'clip':
       config.text.update(layers=1, width=64, heads=1)
-    model = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(
+        lambda config=config: build_model(config, rngs=nnx.Rngs(0)))
     assert type(model).__name__.lower() == name

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vidjax.models import build_model, default_model_config
+from vidjax.defaults import model_config, parse_variant
+from vidjax.models import build_model
 from vidjax.models.transformer import Transformer
-from vidjax.models.vit import (VisionTransformer, num_kept_tokens,
-                               parse_variant, patchify)
+from vidjax.models.vit import VisionTransformer, num_kept_tokens, patchify
 
 from vidjax.bench.cuda_trace import cudnn_attention_calls, forced_cudnn, lower_for_cuda
 
@@ -162,7 +162,7 @@ def test_split_merge_inside_jit_trains_with_dropout_state_threaded():
 
 def test_vit_b16_four_frames_forward_and_backward_on_cpu():
   """The real ViT-B/16 width and token count (4 frames, 785 tokens)."""
-  config = default_model_config('clip')
+  config = model_config('clip')
   config.update(variant='B/16', depth=1, num_frames=4, dtype='float32',
                 remat='full', attention='auto')
   config.text.update(layers=1, width=64, heads=1, vocab_size=100)
@@ -183,7 +183,7 @@ def test_vit_b16_four_frames_forward_and_backward_on_cpu():
 
 
 def test_drop_path_schedule_linear_or_uniform_per_block():
-  config = default_model_config('classifier')
+  config = model_config('classifier')
   config.update(width=32, depth=4, heads=2, image_size=32, num_frames=2,
                 drop_path=0.3)
   for schedule, rates in (('linear', (0.0, 0.1, 0.2, 0.3)),
@@ -208,7 +208,7 @@ def test_bfloat16_residual_stream_stays_bfloat16_and_close(scan):
   assert wide.dtype == jnp.float32 and narrow.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(narrow, np.float32), wide, rtol=0.05,
                              atol=0.05)
-  config = default_model_config('videomae')
+  config = model_config('videomae')
   config.update(variant='Ti/16', depth=1, image_size=32, num_frames=2,
                 mask_ratio=0.5, residual_dtype='bfloat16')
   model = build_model(config, rngs=nnx.Rngs(0))

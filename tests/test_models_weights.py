@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from vidjax import errors
-from vidjax.models import weights
+from vidjax.models import tensor_io, weights
 from vidjax.models.vit import patchify
 
 WIDTH, PATCH, GRID, TEXT_WIDTH, CONTEXT, VOCAB, EMBED = 64, 8, 2, 64, 12, 50, 16
@@ -203,19 +203,33 @@ def write_safetensors(path, tensors, metadata=None):
   )
 
 
+def test_bfloat16_safetensors_read_as_torch_wrote_them(tmp_path):
+  """A bf16 file as save_pretrained writes it (safetensors.torch), read
+  without torch: each value equal to torch's own float32 of it."""
+  torch = pytest.importorskip('torch')
+  from safetensors.torch import save_file
+  tensors = {'visual.proj': torch.randn(3, 5).bfloat16(),
+             'visual.class_embedding': torch.randn(5).bfloat16()}
+  save_file(tensors, tmp_path / 'bf16.safetensors', metadata={'format': 'pt'})
+  loaded = tensor_io.load_state_dict(str(tmp_path / 'bf16.safetensors'))
+  for name, value in tensors.items():
+    assert loaded[name].dtype == np.float32
+    np.testing.assert_array_equal(loaded[name], value.float().numpy())
+
+
 def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
   sd = random_clip_state_dict(layers=1)
   np.savez(tmp_path / 'clip.npz', **sd)
   write_safetensors(tmp_path / 'clip.safetensors', sd)
   for name in ('clip.npz', 'clip.safetensors'):
-    loaded = weights.load_state_dict(str(tmp_path / name))
+    loaded = tensor_io.load_state_dict(str(tmp_path / name))
     assert loaded.keys() == sd.keys()
     np.testing.assert_array_equal(loaded['visual.proj'], sd['visual.proj'])
   (tmp_path / 'clip.h5').write_bytes(b'x')
   with pytest.raises(ValueError, match='clip.h5: unknown checkpoint format'):
-    weights.load_state_dict(str(tmp_path / 'clip.h5'))
+    tensor_io.load_state_dict(str(tmp_path / 'clip.h5'))
   with pytest.raises(FileNotFoundError, match='nope.pt'):
-    weights.load_state_dict(str(tmp_path / 'nope.pt'))
+    tensor_io.load_state_dict(str(tmp_path / 'nope.pt'))
   torch = pytest.importorskip('torch')
   torch.save(
     {
@@ -226,7 +240,7 @@ def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
     },
     tmp_path / 'clip.pt',
   )
-  loaded = weights.load_state_dict(str(tmp_path / 'clip.pt'))
+  loaded = tensor_io.load_state_dict(str(tmp_path / 'clip.pt'))
   assert loaded['visual.proj'].dtype == np.float32
   np.testing.assert_allclose(
     loaded['visual.proj'], sd['visual.proj'], atol=1e-3
@@ -241,10 +255,10 @@ def test_resolution_change_and_tubelet_inflation():
   np.testing.assert_array_equal(table[0], sd['visual.positional_embedding'][0])
   constant = np.ones((5, 3), np.float32)
   np.testing.assert_allclose(
-    weights.interpolate_pos_embed(constant, 17), 1, atol=1e-5
+    tensor_io.interpolate_pos_embed(constant, 17), 1, atol=1e-5
   )
   # A static clip through an inflated tubelet embeds like the image does.
-  image_tokens = patchify(IMAGES[:, None], 1, PATCH) @ weights.conv_to_kernel(
+  image_tokens = patchify(IMAGES[:, None], 1, PATCH) @ tensor_io.conv_to_kernel(
     sd['visual.conv1.weight'][:, :, None]
   )
   for mode in ('center', 'average'):
@@ -500,9 +514,9 @@ def test_pickles_run_no_code_unless_allowed(tmp_path):
   path = tmp_path / 'trainer_state.pt'
   torch.save({'state_dict': sd, 'trainer': NotATensor()}, path)
   with pytest.raises(ValueError, match='init_allow_pickle=True') as error:
-    weights.load_state_dict(str(path))
+    tensor_io.load_state_dict(str(path))
   assert str(path) in str(error.value) and 'NotATensor' in str(error.value)
-  loaded = weights.load_state_dict(str(path), allow_pickle=True)
+  loaded = tensor_io.load_state_dict(str(path), allow_pickle=True)
   assert list(loaded) == ['visual.proj']
 
 
@@ -521,7 +535,7 @@ def test_damaged_files_are_named_without_a_traceback(tmp_path):
   for name in ('cut.safetensors', 'cut.npz', 'cut.pt', 'page.pt'):
     path = str(tmp_path / name)
     with pytest.raises(errors.InitFromError) as error:
-      weights.load_state_dict(path)
+      tensor_io.load_state_dict(path)
     message = str(error.value)
     assert message.startswith(f'{path}: cannot be read as .'), message
     assert len(message.splitlines()) == 1 and error.value.__cause__ is None
@@ -535,6 +549,6 @@ def test_temporal_table_resized_as_avion():
     torch.from_numpy(table)[None, None], (16, 6), mode='bilinear'
   )[0, 0].numpy()
   np.testing.assert_allclose(
-    weights.interpolate_temporal(table, 16), expected, atol=1e-6
+    tensor_io.interpolate_temporal(table, 16), expected, atol=1e-6
   )
-  np.testing.assert_array_equal(weights.interpolate_temporal(table, 2), table[:2])
+  np.testing.assert_array_equal(tensor_io.interpolate_temporal(table, 2), table[:2])

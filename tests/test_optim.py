@@ -6,7 +6,7 @@ import optax
 import pytest
 from flax import nnx
 
-from vidjax import keypaths, optim
+from vidjax import defaults, keypaths, optim
 
 
 def _params():
@@ -25,7 +25,7 @@ def _by_path(tree):
 
 
 def test_default_config_has_documented_keys():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   for key in ('name', 'lr', 'min_lr', 'warmup_steps', 'schedule', 'weight_decay', 'b1', 'b2',
               'eps', 'momentum', 'nesterov', 'clip_grad_norm', 'layer_decay', 'num_layers',
               'mu_dtype'):
@@ -33,10 +33,16 @@ def test_default_config_has_documented_keys():
 
 
 def test_decay_mask_excludes_biases_norms_embeddings():
-  mask = _by_path(optim.decay_mask(_params(), optim.default_optim_config().no_decay_names))
+  mask = _by_path(optim.decay_mask(_params(), defaults.optim_config().no_decay_names))
   decayed = {k for k, v in mask.items() if v}
   assert decayed == {'patch_embed/kernel', 'blocks/0/attn/qkv/kernel',
                      'blocks/1/attn/qkv/kernel', 'head/kernel'}
+
+
+def test_parameter_names_are_keystr_less_a_final_value():
+  tree = {'value': {'a': [1, {'value': 2}]}, 'b': nnx.Param(jnp.ones(()))}
+  names = [keypaths.name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  assert names == ['b', 'value.a.0', 'value.a.1']
 
 
 def test_decay_mask_on_nnx_state():
@@ -46,7 +52,7 @@ def test_decay_mask_on_nnx_state():
   assert mask == {'layers/0/kernel': True, 'layers/0/bias': False,
                   'layers/1/scale': False, 'layers/1/bias': False}
   # The whole optimizer steps an nnx.State (weight decay mask included).
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.layer_decay = 0.5
   tx, _ = optim.make_optimizer(config, 10)
   grads = jax.tree.map(jnp.ones_like, state)
@@ -55,7 +61,7 @@ def test_decay_mask_on_nnx_state():
 
 
 def test_schedule_warmup_then_cosine_or_constant():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(lr=1.0, min_lr=0.1, warmup_steps=10)
   sched = optim.make_schedule(config, total_steps=110)
   np.testing.assert_allclose([sched(0), sched(5), sched(10)], [0.0, 0.5, 1.0], atol=1e-6)
@@ -69,13 +75,39 @@ def test_schedule_warmup_then_cosine_or_constant():
     optim.make_schedule(config, 110)
 
 
+def _schedule_as_written(lr, min_lr, warmup, total, cosine, step):
+  """vidjax's schedule as it was written before optax's replaced it."""
+  step = np.float32(step)
+  if step < warmup:
+    return lr * step / max(warmup, 1)
+  if not cosine:
+    return lr
+  progress = np.clip((step - warmup) / max(total - warmup, 1), 0.0, 1.0)
+  return min_lr + 0.5 * (lr - min_lr) * (1 + np.cos(np.pi * progress))
+
+
+def test_optax_schedules_equal_the_ones_written_before():
+  config = defaults.optim_config()
+  for warmup, total, schedule in [(0, 50, 'cosine'), (10, 110, 'cosine'),
+                                  (7, 8, 'cosine'), (20, 20, 'cosine'),
+                                  (30, 20, 'cosine'), (0, 5, 'constant'),
+                                  (10, 110, 'constant')]:
+    config.update(lr=3e-4, min_lr=1e-6, warmup_steps=warmup, schedule=schedule)
+    sched = optim.make_schedule(config, total_steps=total)
+    steps = np.arange(total + 1)
+    expected = [_schedule_as_written(3e-4, 1e-6, warmup, total,
+                                     schedule == 'cosine', s) for s in steps]
+    np.testing.assert_allclose(np.asarray(sched(steps)), expected, rtol=1e-5,
+                               atol=1e-12, err_msg=f'{warmup} {total} {schedule}')
+
+
 def test_layer_ids_and_scales():
   scales = _by_path(optim.layer_scales(_params(), 0.5))  # L = 2 inferred from 'blocks/<i>'.
   assert scales['patch_embed/kernel'] == scales['pos_embed'] == scales['cls_token'] == 0.5**3
   assert scales['blocks/0/attn/qkv/kernel'] == scales['blocks/0/norm1/bias'] == 0.5**2
   assert scales['blocks/1/attn/qkv/kernel'] == 0.5
   assert scales['head/kernel'] == scales['norm/scale'] == 1.0
-  layer_id = optim.regex_layer_id(optim.default_optim_config().layer_regex, 'embed')
+  layer_id = optim.regex_layer_id(defaults.optim_config().layer_regex, 'embed')
   assert layer_id('encoder/layers_11/mlp/kernel', 12) == 12
   assert layer_id('visual.transformer.resblocks.3.attn.in_proj_weight', 12) == 4
   with pytest.raises(ValueError, match='layer_regex'):
@@ -84,7 +116,7 @@ def test_layer_ids_and_scales():
 
 def test_layer_decay_scales_updates_per_layer():
   """With SGD the update is -lr * scale * grad, so the ratios are the layer scales."""
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(name='sgd', momentum=0.0, weight_decay=0.0, lr=1.0, schedule='constant',
                 layer_decay=0.75)
   params = _params()
@@ -105,7 +137,7 @@ def _loss(params, x, y):
 
 @pytest.mark.parametrize('name', ['adamw', 'sgd', 'lion'])
 def test_optimizers_step_a_tiny_pytree(name):
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.update(name=name, lr=0.05, warmup_steps=2, mu_dtype='bfloat16', weight_decay=0.1)
   tx, schedule = optim.make_optimizer(config, total_steps=50)
   assert float(schedule(1)) == pytest.approx(0.025)  # Halfway through warmup.
@@ -128,7 +160,7 @@ def test_optimizers_step_a_tiny_pytree(name):
 
 
 def test_bad_optimizer_name():
-  config = optim.default_optim_config()
+  config = defaults.optim_config()
   config.name = 'adam'
   with pytest.raises(ValueError, match="config.name"):
     optim.make_optimizer(config, 10)

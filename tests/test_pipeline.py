@@ -12,9 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from vidjax import augment, errors, recipe, sharding
-from vidjax.data import annotations, batches as batches_lib, ek100, pipeline
+from vidjax import augment, defaults, errors, sharding
+from vidjax.data import annotation_files, annotations, batches as batches_lib
+from vidjax.data import ek100, pipeline
 from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
+from vidjax.data import workers as workers_lib
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ SIZE = 36
 
 
 def config_for(root, **data):
-  config = recipe.base_config("contrastive")
+  config = defaults.base_config("contrastive")
   config.seed = 3
   config.data.update(root=str(root / "chunks"),
                      train_annotations=str(root / "train.jsonl"),
@@ -37,7 +39,6 @@ def config_for(root, **data):
   return config
 
 
-# An output size no other test uses: /dev/shm blocks of this size are ours.
 CLIP_BYTES = 4 * SIZE * SIZE * 3  # config_for's uint8 clips.
 
 
@@ -58,15 +59,19 @@ def assert_same(a, b):
 
 
 def _shm_bytes(block_size, before):
-  """Bytes of the /dev/shm blocks of `block_size` bytes made since `before`
-  (other tests running beside this one make blocks of other sizes)."""
-  total = 0
+  """Bytes of this process's /dev/shm blocks of `block_size` bytes made
+  since `before`: the pipelines' blocks are named after their trainer (this
+  process), so other tests, and other vidjax runs on the machine, do not
+  count."""
+  ours, total = f"{workers_lib.PREFIX}{os.getpid()}_", 0
   for entry in os.scandir(pipeline.SHM_DIR):
+    if not entry.name.startswith(ours) or entry.name in before:
+      continue
     try:
       size = entry.stat().st_size
     except FileNotFoundError:  # Freed while we looked.
       continue
-    if entry.name not in before and size == block_size:
+    if size == block_size:
       total += size
   return total
 
@@ -101,7 +106,7 @@ def two_workers(corpus, mesh):
   return {"batches": batches, "peak_shm": peak[0], "config": config}
 
 
-# One process makes `two_workers`: the watcher sees every block of its size.
+# One process makes `two_workers` (a module fixture) for both tests.
 @pytest.mark.xdist_group("two_workers")
 def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   runs = {(2, 0): two_workers["batches"]}
@@ -121,7 +126,7 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   pipe.close()
 
 
-# One process makes `two_workers`: the watcher sees every block of its size.
+# One process makes `two_workers` (a module fixture) for both tests.
 @pytest.mark.xdist_group("two_workers")
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
@@ -298,11 +303,11 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
     corpus, mesh, tok):
   config = corpus_config(corpus, "ek100_mir")
   data = config.data
-  records = pipeline.load_annotations(data, data.train_annotations)
+  records = annotation_files.load_annotations(data, data.train_annotations)
   captions = [t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)]
   relevancy = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
   assert len(captions) < len(records) == relevancy.shape[0]  # Captions repeat.
-  positives = pipeline.caption_positives(data, records)
+  positives = annotation_files.caption_positives(data, records)
   rng = np.random.default_rng(0)
   drawn = [[captions.index(positives.draw(i, rng)) for _ in range(40)]
            for i in range(len(records))]
@@ -329,7 +334,7 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
 def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
     corpus, mesh, tok):
   config = corpus_config(corpus, "ego4d", threads=2)
-  records = pipeline.load_annotations(config.data, config.data.train_annotations)
+  records = annotation_files.load_annotations(config.data, config.data.train_annotations)
   segments = annotations.load_jsonl(corpus / "train.jsonl")
   assert len(records) == 2 * len(segments)  # Rephraser's, then narrator's.
   assert all(len(r.extra["texts"]) == 3 for r in records)
@@ -356,7 +361,7 @@ def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
   config = config_for(corpus, format="kinetics_list", sampling="stride",
                       stride=2, eval_clips=2)
-  records = pipeline.load_annotations(config.data, str(listing))
+  records = annotation_files.load_annotations(config.data, str(listing))
   loader = loader_lib.ClipLoader(records, config.data.root,
                                  loader_lib.ClipSpec.from_config(config.data))
   last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
@@ -440,20 +445,20 @@ def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
         for i, label in enumerate(labels)))
     return str(tmp_path / name)
 
-  data = pipeline.default_data_config()
+  data = defaults.data_config()
   data.update(format="kinetics", train_annotations=write(
       "train.csv", ["zumba", "abseiling", "bowling", "zumba"]),
               eval_annotations=write("val.csv", ["zumba", "bowling"]))
-  labels = {s: [r.label for r in pipeline.load_annotations(data, data[k])]
+  labels = {s: [r.label for r in annotation_files.load_annotations(data, data[k])]
             for s, k in (("train", "train_annotations"),
                          ("eval", "eval_annotations"))}
   assert labels == {"train": [2, 0, 1, 2], "eval": [2, 1]}
   write("val.csv", ["zumba", "yoga", "kayaking"])
   with pytest.raises(errors.DataFileError, match=r"val.csv: 2 classes not in "
                      r"the training classes of \S+train.csv: 'kayaking', 'yoga'"):
-    pipeline.load_annotations(data, data.eval_annotations)
+    annotation_files.load_annotations(data, data.eval_annotations)
   data.train_annotations = ""  # Evaluating released weights: its own names.
-  assert [r.label for r in pipeline.load_annotations(
+  assert [r.label for r in annotation_files.load_annotations(
       data, data.eval_annotations)] == [2, 1, 0]
 
 

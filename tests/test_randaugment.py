@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import augment, randaugment as ra
+from vidjax import augment, defaults, randaugment as ra
 
 B, T, H, W = 6, 3, 24, 32
 REPO = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_op_levels_follow_pytorchvideo():
 @pytest.fixture(scope="module")
 def jitted():
   return (jax.jit(lambda v, k: ra.rand_augment(v, k)),
-          jax.jit(lambda v, k: ra.random_erase(v, k, prob=0.5, mean=augment.IMAGENET_MEAN,
-                                               std=augment.IMAGENET_STD)))
+          jax.jit(lambda v, k: ra.random_erase(v, k, prob=0.5, mean=defaults.IMAGENET_MEAN,
+                                               std=defaults.IMAGENET_STD)))
 
 
 def test_rand_augment_one_draw_per_clip(jitted):
@@ -137,16 +137,16 @@ def test_random_erase_one_box_per_clip(jitted):
     assert box[ys.min():ys.max() + 1, xs.min():xs.max() + 1].all()
     assert 0.02 * H * W - W <= box.sum() <= H * W / 3 + W
     inside = out[i][:, box]  # [T, pixels, C]
-    noise.append((inside / 255 - np.array(augment.IMAGENET_MEAN))
-                 / np.array(augment.IMAGENET_STD))
+    noise.append((inside / 255 - np.array(defaults.IMAGENET_MEAN))
+                 / np.array(defaults.IMAGENET_STD))
     assert not np.array_equal(inside[0], inside[1])  # Per-pixel, per-frame noise.
   noise = np.concatenate([n.reshape(-1) for n in noise])
   assert abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05  # N(0, 1) once normalised.
 
 
 def test_config_keys_turn_them_on():
-  assert ra.make_clip_augment(augment.default_augment_config(), augment.CLIP_MEAN,
-                              augment.CLIP_STD) is None
+  assert ra.make_clip_augment(defaults.augment_config(), defaults.CLIP_MEAN,
+                              defaults.CLIP_STD) is None
   with pytest.raises(ValueError, match="erase_mode"):
     augment.make_augment({"erase_prob": 0.5, "erase_mode": "blur"})
   # The recipe's values; `k400_ft.py:debug` trains with them (test_configs).

@@ -36,6 +36,14 @@ def test_layout_names_every_module():
   assert not missing, f"README's layout section lacks {missing}"
 
 
+def test_readme_lists_the_exit_codes_errors_defines():
+  from vidjax import errors  # pylint: disable=import-outside-toplevel
+  readme = (REPO / "README.md").read_text()
+  listed = re.search(r"\n- Exit codes .*?(?=\n- )", readme, re.S).group(0)
+  defined = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+  assert {int(c) for c in re.findall(r"`(\d+)`", listed)} == defined
+
+
 def test_ci_runs_the_readme_test_command():
   command = 'pip install -e ".[dev]" && python -m pytest -q'
   readme = (REPO / "README.md").read_text()
@@ -43,4 +51,6 @@ def test_ci_runs_the_readme_test_command():
   assert command in block.splitlines()  # The first code block: the start.
   ci = (REPO / ".ci/run").read_text().splitlines()
   steps = [line for line in ci if line and not line.startswith(("#", " "))]
-  assert steps[2] == command, steps  # After `set` and `cd`, CI's first step.
+  # After `set` and `cd`: the style first (seconds), then the tests.
+  assert steps[2].endswith("&& ruff check && ruff format --check"), steps
+  assert steps[3] == command, steps

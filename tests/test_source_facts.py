@@ -180,7 +180,7 @@ def load_through(recipe, path, *sizes):
   optimizer state. -> (model, config, init_from report)."""
   config = config_lib.load_config(f'{CONFIGS / recipe}.py',
                                   [f'--config.init_from={path}', *sizes])
-  source = sources.read_start(resume.StartPoint('init_from', str(path)))
+  source = resume.read_start(resume.StartPoint('init_from', str(path)))
   settled = facts.settle(config, source)
   make = lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
   graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)

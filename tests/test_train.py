@@ -102,7 +102,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(tmp_path,
   assert ("received SIGTERM: the final evaluation and the checkpoint of step "
           f"{STEPS} finish first, then the run ends") in log()
   assert checkpoint.latest_complete_step(ckpts) == STEPS
-  assert not partial.exists() and f"removed {partial}" in log()
+  assert not partial.exists()
   assert re.search(r"changed since the checkpoint of step \d+:\n  "
                    r"checkpoint.keep: 2 -> 3\n", log())
   assert re.search(rf"resuming at step \d+\n.*\n  steps \d+ -> {STEPS}", log())

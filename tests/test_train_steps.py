@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
+from vidjax.bench import random_batches
 from vidjax.data import batches
 
 
@@ -33,7 +34,7 @@ def test_train_step_compiles_once_over_three_steps(fsdp):
   if fsdp > 1:
     specs = {s.spec for s in jax.tree.leaves(first_shardings)}
     assert sharding.P() in specs and len(specs) > 1  # Split and replicated.
-  batch = batches.random_batch(config, 16, mesh)
+  batch = random_batches.random_batch(config, 16, mesh)
   key = jax.random.key(config.seed)
   for _ in range(3):
     state, metrics = steps.train(state, rest, batch, key)

@@ -20,38 +20,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
+import optax
 
-from vidjax import randaugment
+from vidjax import defaults, randaugment
 
 Array = jax.Array
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-# VideoMAE and most Kinetics recipes use the ImageNet statistics.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def default_augment_config() -> ml_collections.ConfigDict:
-  """`config.augment`: every key `make_augment` takes from a config, with
-  its default (the task adds num_classes, mask_ratio, tubelet, patch and
-  the model's dtype)."""
-  return ml_collections.ConfigDict(dict(
-      mean=CLIP_MEAN, std=CLIP_STD, mixup_alpha=0.0,
-      cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0,
-      mix_groups=1, randaugment_layers=0, randaugment_magnitude=7.0,
-      randaugment_prob=0.5, randaugment_std=0.5, erase_prob=0.0,
-      erase_mode='pixel'))
-
 
 # The keys a task gives `make_augment` (from the model), with their defaults.
 _TASK_KEYS = dict(dtype='float32', num_classes=None, mask_ratio=0.0, tubelet=2,
                   patch=16)
 
 
-def normalize(video: Array, mean: Sequence[float] = CLIP_MEAN,
-              std: Sequence[float] = CLIP_STD, dtype=jnp.float32) -> Array:
+def normalize(video: Array, mean: Sequence[float] = defaults.CLIP_MEAN,
+              std: Sequence[float] = defaults.CLIP_STD,
+              dtype=jnp.float32) -> Array:
   """Maps pixels on the 0-255 scale to `(x / 255 - mean) / std`.
 
   Args:
@@ -82,9 +64,8 @@ def smooth_one_hot(labels: Array, num_classes: int, smoothing: float = 0.0) -> A
   Returns:
     float32[B, C], rows sum to 1.
   """
-  off = smoothing / num_classes
-  on = 1.0 - smoothing + off
-  return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * (on - off) + off
+  return optax.smooth_labels(
+      jax.nn.one_hot(labels, num_classes, dtype=jnp.float32), smoothing)
 
 
 def mix_partner(x: Array, groups: int = 1) -> Array:
@@ -251,7 +232,7 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
   """Builds `fn(batch, key) -> batch` composing the augmentations for a task.
 
   Config keys (a ConfigDict or dict; missing keys take the defaults of
-  `default_augment_config` and, for the task's keys, those below):
+  `vidjax.defaults.augment_config` and, for the task's keys, those below):
     mean, std: normalisation on the 0-1 scale (default CLIP's).
     dtype: output video dtype, 'float32' (default) or 'bfloat16'.
     mixup_alpha, cutmix_alpha: Beta parameters (default 0 = no mixing; timm's
@@ -274,7 +255,7 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
     'mask': bool[B, N] when mask_ratio > 0.
   Pure and jit-compatible; works on batches sharded over a mesh.
   """
-  config = {**default_augment_config(), **_TASK_KEYS, **dict(config)}
+  config = {**defaults.augment_config(), **_TASK_KEYS, **dict(config)}
   mean, std = tuple(config['mean']), tuple(config['std'])
   dtype = jnp.dtype(config['dtype'])
   mixup_alpha = float(config['mixup_alpha'])

@@ -11,7 +11,9 @@ Layout: `WORKDIR/checkpoints/<step>/` with three items:
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and the files are written in the background. Orbax writes into
 `<step>.orbax-checkpoint-tmp*` and renames when complete, so a run killed
-mid-save leaves a temporary directory that is never picked up. Just before
+mid-save leaves a temporary directory that is never picked up; the next
+`Checkpointer` on the directory deletes it (Orbax's
+`cleanup_tmp_directories`). Just before
 the rename, process 0 lists every file of the step with its checksum
 (`vidjax.checksums`), which `vidjax.resume` verifies before a restore. A
 save that fails (a full disk, no permission) raises `errors.WriteError` at
@@ -42,16 +44,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import checksums, errors, failed_saves, keypaths
-from vidjax.rundir import CHECKPOINT_SUBDIR
+from vidjax import checksums, defaults, errors, failed_saves, keypaths, rundir
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
-BEST_MODES = ("max", "min")  # `checkpoint.best_mode`
-
-
-def checkpoint_dir(workdir) -> str:
-  """WORKDIR/checkpoints."""
-  return os.path.join(os.fspath(workdir), CHECKPOINT_SUBDIR)
 
 
 # ---------------------------------------------------------------------------
@@ -69,10 +64,10 @@ class _IteratorStateHandler(ocp.CheckpointHandler):
   dict it is given (e.g. `DevicePrefetcher.get_state()` in `vidjax.data`).
   """
 
-  def save(self, directory: epath.Path, args: "IteratorStateSave"):
+  def save(self, directory: epath.Path, args: IteratorStateSave):
     _process_file(directory).write_text(json.dumps(args.state))
 
-  def restore(self, directory: epath.Path, args: "IteratorStateRestore" = None):
+  def restore(self, directory: epath.Path, args: IteratorStateRestore = None):
     path = _process_file(directory)
     if not path.exists():
       found = sorted(p.name for p in directory.iterdir())
@@ -147,8 +142,8 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
       use_replica_parallel=False,
-      # The default handler's per-array metadata store (no public accessor):
-      # the same `array_metadatas` files as before.
+      # The default handler's per-array metadata store (no public accessor;
+      # tests/test_layers.py pins it): the same `array_metadatas` files.
       array_metadata_store=getattr(default, "_array_metadata_store", None))
   handlers = [(ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
               for ty in ocp.type_handlers.supported_types()]
@@ -225,7 +220,7 @@ class Checkpointer:
   """Saves every `every_steps` (and on demand), keeps the last `keep`.
 
   Usage:
-    ckpt = Checkpointer(checkpoint_dir(workdir), every_steps=1000, keep=3,
+    ckpt = Checkpointer(rundir.checkpoints(workdir), every_steps=1000, keep=3,
                         metadata={"config": config.to_dict()})
     ...
     ckpt.save(step, state, data_state=batches.get_state(), rng=rng)
@@ -239,9 +234,9 @@ class Checkpointer:
                best_metric: str = "", best_mode: str = "max"):
     if every_steps <= 0:
       raise errors.ConfigError(f"checkpoint.every_steps must be > 0, got {every_steps}")
-    if best_mode not in BEST_MODES:
+    if best_mode not in defaults.BEST_MODES:
       raise errors.ConfigError(f"checkpoint.best_mode must be one of "
-                               f"{BEST_MODES}, got {best_mode!r}")
+                               f"{defaults.BEST_MODES}, got {best_mode!r}")
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
@@ -269,7 +264,8 @@ class Checkpointer:
     # are made before `save` returns: one that cannot be made (no
     # permission) fails that save, without threads left waiting for it.
     self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=True,
+        create=True, cleanup_tmp_directories=True,
+        enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(
             post_finalization_callback=self._before_commit,
             create_directories_asynchronously=False), **keeping),
@@ -278,11 +274,11 @@ class Checkpointer:
     self._quiet.enter_context(failed_saves.quiet())
 
   @classmethod
-  def from_config(cls, workdir, config, **kwargs) -> "Checkpointer":
+  def from_config(cls, workdir, config, **kwargs) -> Checkpointer:
     """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
     `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
-    return cls(checkpoint_dir(workdir), every_steps=ck.every_steps,
+    return cls(rundir.checkpoints(workdir), every_steps=ck.every_steps,
                keep=ck.keep, async_save=ck.async_save,
                best_metric=ck.best_metric, best_mode=ck.best_mode, **kwargs)
 
@@ -402,13 +398,12 @@ class Checkpointer:
     self.best = {"metric": self.best_metric, "mode": self.best_mode,
                  "step": step, "value": value}
     self.save(step, state, force=True, **save_kwargs)
-    if jax.process_index() == 0:
-      path = self.directory / BEST_FILE
-      try:
-        _write_json_atomic(path, self.best)
-      except OSError as e:
-        raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
-                                hint=errors.WRITE_HINT) from None
+    path = self.directory / rundir.BEST_JSON
+    try:
+      rundir.write_json(path, self.best)
+    except OSError as e:
+      raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
+                              hint=errors.WRITE_HINT) from None
     logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
                  self.best_metric, value)
     return True
@@ -447,15 +442,6 @@ class Checkpointer:
 # ---------------------------------------------------------------------------
 # The best checkpoint, and the parameters of a run.
 # ---------------------------------------------------------------------------
-BEST_FILE = "best.json"
-
-
-def _write_json_atomic(path: epath.Path, blob: dict):
-  tmp = path.parent / f".{path.name}.tmp"
-  tmp.write_text(json.dumps(blob))
-  os.replace(os.fspath(tmp), os.fspath(path))  # Readers see old or new.
-
-
 def read_best(directory) -> dict | None:
   """The best-checkpoint record of a checkpoints directory, or None.
 
@@ -463,7 +449,7 @@ def read_best(directory) -> dict | None:
     {"metric", "mode", "step", "value"} if `best.json` names a complete
     checkpoint, else None.
   """
-  path = epath.Path(directory) / BEST_FILE
+  path = epath.Path(directory) / rundir.BEST_JSON
   if not path.exists():
     return None
   try:
@@ -477,9 +463,17 @@ def read_best(directory) -> dict | None:
 
 
 class _KeepBest:
-  """Orbax preservation policy: keeps the checkpointer's best step."""
+  """Orbax preservation policy: keeps the checkpointer's best step.
 
-  def __init__(self, checkpointer: "Checkpointer"):
+  Not Orbax's `BestN` with `save(metrics=)`: Orbax takes a step's metrics
+  when it saves the step, but a run saves a step (on schedule, or as a
+  stop point) before it evaluates it, and saves an evaluated step only if
+  it is the best. BestN would need an evaluation before every save of an
+  evaluated step (a kill during it losing the step) and a save of every
+  evaluated step, and runs saved before would still need best.json read.
+  """
+
+  def __init__(self, checkpointer: Checkpointer):
     self._checkpointer = checkpointer
 
   def should_preserve(self, checkpoints, *, context=None):

@@ -25,6 +25,8 @@ import zlib
 
 from absl import logging
 
+from vidjax import whole_files
+
 MANIFEST = "checksums.json"
 # Rewritten by Orbax while it commits the step: only its presence is checked.
 PRESENCE_ONLY = ("_CHECKPOINT_METADATA",)
@@ -73,10 +75,9 @@ def write(step_dir) -> dict:
               else _crc32(p), paths)
   manifest = {"algorithm": "crc32", "files": {
       f: [os.path.getsize(p), crc] for f, p, crc in zip(files, paths, crcs)}}
-  with open(os.path.join(step_dir, MANIFEST), "w", encoding="utf-8") as f:
+  # Whole, and on disk before Orbax commits the step.
+  with whole_files.replaced(os.path.join(step_dir, MANIFEST), sync=True) as f:
     json.dump(manifest, f, indent=0)
-    f.flush()
-    os.fsync(f.fileno())  # On disk before Orbax commits the step.
   return manifest
 
 

@@ -1,7 +1,7 @@
-"""Config helpers: load "file.py[:arg]" with overrides, validate, config.json.
+"""Configs: load "file.py[:arg]" with overrides, validate, compare, paths.
 
 Configs are Python files with `get_config(arg=None) -> ConfigDict` (big_vision
-style) built on `vidjax.recipe.base_config`: `configs/demo.py:debug` calls
+style) built on `vidjax.defaults.base_config`: `configs/demo.py:debug` calls
 `get_config("debug")`. `load_config` loads one with `--config.KEY=VALUE`
 overrides, for `main.py`, notebooks and tests alike; mistakes raise
 `vidjax.errors.ConfigError`s that name the key (with the known ones and close
@@ -12,10 +12,14 @@ base config, `seed`, `total_steps` (or `total_epochs`), `batch_size` (global,
 all processes) against the devices and `accum_steps`, `eval.batch_size`, the
 keys that must agree (the model's frames and image size with the data's,
 `model.tubelet` and the patch size, the model with the task), every key
-that names a choice (task, annotation format, sampling, crop, the model's
-dtypes, attention, remat, activation, the optimizer, its schedule, ...),
-cuDNN attention on a machine that cannot run it, and the fractions.
+that names a choice (`vidjax.defaults.choices`: task, annotation format,
+sampling, crop, the model's dtypes, attention, remat, activation, the
+optimizer, its schedule, ...) and the fractions. (What needs the machine's
+GPU, cuDNN attention and memory, `vidjax.memory` checks.)
 `epochs_to_steps` turns the `*_epochs` keys into steps at start-up.
+
+Like `vidjax.defaults`, this module imports no runtime (no jax, flax, grain,
+orbax or PyAV): loading a recipe stays light.
 """
 
 from __future__ import annotations
@@ -24,19 +28,15 @@ from collections.abc import Sequence
 import contextlib
 import difflib
 import importlib.util
-import json
 import os
 import re
 import traceback
 
-from absl import flags
-from absl import logging
-import jax
+from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from vidjax import errors
-from vidjax.rundir import CONFIG_JSON
+from vidjax import defaults, errors
 
 REQUIRED_KEYS = ("seed", "total_steps", "checkpoint.every_steps", "log.every_steps")
 BATCH_KEY = "batch_size"
@@ -228,53 +228,11 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   return config
 
 
-def _choices(config) -> dict[str, tuple]:
-  """Keys naming one of a few choices: the allowed values, from their homes."""
-  # Imported here: the config module stays light for `load_config`.
-  # pylint: disable=import-outside-toplevel
-  from vidjax import checkpoint, models, optim, randaugment, tasks
-  from vidjax.data import annotations, loader
-  from vidjax.models import attention, transformer, videomae, vit
-  # pylint: enable=import-outside-toplevel
-  classifier = _get(config, "model.name", None) == "classifier"
-  return {
-      "task": tasks.TASKS, "data.format": tuple(annotations.LOADERS),
-      "data.sampling": loader.SAMPLINGS, "data.crop": loader.CROPS,
-      "model.dtype": models.DTYPES, "model.residual_dtype": models.DTYPES,
-      "model.norm_dtype": models.DTYPES,
-      "model.attention": attention.IMPLEMENTATIONS,
-      "model.remat": tuple(transformer.REMAT_POLICIES),
-      "model.drop_path_schedule": transformer.DROP_PATH_SCHEDULES,
-      # A classifier's '' is its backbone's own activation.
-      "model.act": tuple(transformer.ACTIVATIONS) + (("",) if classifier else ()),
-      "model.backbone": tuple(videomae.BACKBONE_STYLES),
-      "model.mask_kind": vit.MASK_KINDS,
-      "optim.name": optim.OPTIMIZERS, "optim.schedule": optim.SCHEDULES,
-      "augment.erase_mode": randaugment.ERASE_MODES,
-      "checkpoint.best_mode": checkpoint.BEST_MODES}
-
-
-def _cudnn_problem(config) -> str | None:
-  """Why `model.attention='cudnn'` cannot run here (the vision tower's heads)."""
-  # pylint: disable-next=import-outside-toplevel
-  from vidjax.models import attention, resolve_dtype, vit
-  try:
-    sizes = vit.parse_variant(_get(config, "model.variant"))
-    dtype = resolve_dtype(_get(config, "model.dtype"))
-  except (KeyError, ValueError):
-    return None  # Named as a problem of its own.
-  width = _get(config, "model.width", None) or sizes["width"]
-  reason = attention.cudnn_unsupported_reason(
-      width // (_get(config, "model.heads", None) or sizes["heads"]), dtype)
-  return reason and (f"'model.attention' = 'cudnn' cannot run: {reason}; "
-                     "'auto' uses cuDNN where it can, else XLA")
-
-
 def _choice_problems(config) -> list[str]:
-  """Names the unknown choices (task, format, model, optimizer, ...), the
-  fractions out of [0, 1], and cuDNN attention where it cannot run."""
+  """Names the unknown choices (task, format, model, optimizer, ...) and
+  the fractions out of [0, 1]."""
   problems = []
-  for key, allowed in _choices(config).items():
+  for key, allowed in defaults.choices(config).items():
     value = _get(config, key, None)
     if value is not None and value not in allowed:
       close = difflib.get_close_matches(str(value), allowed, n=1)
@@ -291,42 +249,31 @@ def _choice_problems(config) -> list[str]:
   stall = _get(config, "data.stall_warn_s", None)
   if stall is not None and not stall > 0:
     problems.append(f"'data.stall_warn_s' = {stall!r} must be > 0 seconds")
-  if _get(config, "model.attention", None) == "cudnn" and (
-      reason := _cudnn_problem(config)):
-    problems.append(reason)
   return problems
 
 
 def _disagreements(config) -> list[str]:
   """Keys whose values must fit each other but do not, naming both."""
-  # Imported here: the config module stays light for `load_config`.
-  from vidjax import recipe  # pylint: disable=import-outside-toplevel
-  from vidjax.data import loader  # pylint: disable=import-outside-toplevel
-  from vidjax.models import vit  # pylint: disable=import-outside-toplevel
   problems = []
-  for key, ref in recipe.REFERENCES.items():
+  for key, ref in defaults.REFERENCES.items():
     value, expected = _get(config, key, None), _get(config, ref, None)
     if None not in (value, expected) and value != expected:
       problems.append(f"'{key}' = {value!r} but '{ref}' = {expected!r}: the "
                       f"model's is the data's; set '{ref}' alone")
   task, name = _get(config, "task", None), _get(config, "model.name", None)
-  if name and recipe.TASK_MODELS.get(task, name) != name:
+  if name and defaults.TASK_MODELS.get(task, name) != name:
     problems.append(f"'model.name' = {name!r} but 'task' = {task!r} trains "
-                    f"a {recipe.TASK_MODELS[task]!r} model")
+                    f"a {defaults.TASK_MODELS[task]!r} model")
   size, variant = _get(config, "data.size", None), _get(config, "model.variant", None)
   if isinstance(size, int) and variant:
     try:
-      patch = vit.parse_variant(variant)["patch_size"]
+      patch = defaults.parse_variant(variant)["patch_size"]
     except ValueError as e:
       problems.append(f"'model.variant': {e}")
     else:
       if size % patch:
         problems.append(f"'data.size' = {size} is not divisible by the patch "
                         f"size {patch} of 'model.variant' = {variant!r}")
-  length = _get(config, "model.text.context_length", None)
-  if length is not None and length != loader.CONTEXT_LENGTH:
-    problems.append(f"'model.text.context_length' = {length} but the tokenizer "
-                    f"makes {loader.CONTEXT_LENGTH} tokens per text")
   for set_name, spec in _get(config, "eval.sets", {}).items():
     for key in ("num_frames", "size"):  # The model is built for the run's.
       value = _get(spec, f"data.{key}", None)
@@ -339,7 +286,6 @@ def _disagreements(config) -> list[str]:
 
 def _missing_keys(config) -> list[str]:
   """Keys of the base config (and of `eval_set`) that `config` lacks."""
-  from vidjax import recipe  # pylint: disable=import-outside-toplevel
 
   def missing(node, base, prefix):
     out = []
@@ -352,17 +298,17 @@ def _missing_keys(config) -> list[str]:
     return out
 
   task = _get(config, "task", None)
-  if task not in recipe.TASK_MODELS:
+  if task not in defaults.TASK_MODELS:
     return []  # Named by `_choice_problems`.
-  keys = missing(config, recipe.base_config(task), "")
+  keys = missing(config, defaults.base_config(task), "")
   for name, spec in _get(config, "eval.sets", {}).items():
-    keys += missing(spec, recipe.eval_set(""), f"eval.sets.{name}.")
+    keys += missing(spec, defaults.eval_set(""), f"eval.sets.{name}.")
   if not keys:
     return []
   more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
   return [f"missing keys: {', '.join(keys[:8])}{more}; build the config on "
-          f"vidjax.recipe.base_config({task!r}) (eval.sets on "
-          "vidjax.recipe.eval_set)"]
+          f"vidjax.defaults.base_config({task!r}) (eval.sets on "
+          "vidjax.defaults.eval_set)"]
 
 
 def epochs_to_steps(config: ml_collections.ConfigDict, train_clips: int) -> None:
@@ -386,17 +332,16 @@ def epochs_to_steps(config: ml_collections.ConfigDict, train_clips: int) -> None
                    node[name], epochs_key, epochs, steps_per_epoch)
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
+def validate(config: ml_collections.ConfigDict, num_devices: int):
   """Checks a config before any work starts; raises one error listing all.
 
   Args:
     config: the run's config.
-    num_devices: devices the batch is split over (default: all of them).
+    num_devices: devices the batch is split over (`jax.device_count()`).
 
   Raises:
     errors.ConfigError: naming each problem and what to change.
   """
-  num_devices = num_devices or jax.device_count()
   problems = []
   by_epochs = _get(config, "total_epochs", 0) > 0  # Sets total_steps.
   for key in REQUIRED_KEYS:
@@ -486,21 +431,3 @@ def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
     for key in keys:
       if key in node and node[key]:
         node[key] = _absolute(node[key], several)
-
-
-def save_config_json(config: ml_collections.ConfigDict, workdir) -> str | None:
-  """Writes WORKDIR/config.json (process 0 only); returns its path.
-
-  Values JSON cannot hold (functions, classes) are written as strings.
-  """
-  if jax.process_index() != 0:
-    return None
-  os.makedirs(os.fspath(workdir), exist_ok=True)
-  path = os.path.join(os.fspath(workdir), CONFIG_JSON)
-  text = config.to_json_best_effort(indent=2, sort_keys=True)
-  json.loads(text)  # fail here, not in a reader, if it is not valid JSON
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text + "\n")
-  os.replace(tmp, path)  # Readers, and a run stopped here, see old or new.
-  return path

@@ -27,8 +27,7 @@ from absl import logging as absl_logging
 import jax
 import tqdm
 
-from vidjax import linefile
-from vidjax.rundir import LOG_FILE
+from vidjax import rundir, whole_files
 
 _MAX_BUFFERED_LINES = 10_000
 
@@ -103,7 +102,13 @@ class _OnlyOurInfo(logging.Filter):
 
 
 class _ConsoleHandler(logging.Handler):
-  """Writes through `tqdm.write`, which lifts a progress bar out of the way."""
+  """Writes through `tqdm.write`, which lifts a progress bar out of the way.
+
+  (`tqdm.contrib.logging.logging_redirect_tqdm` routes lines the same way,
+  but only inside a `with` block, swapping the root's console handlers for
+  its duration and dropping their level; this handler is installed once
+  for the whole process, lines before and after the bar included.)
+  """
 
   def __init__(self, stream):
     super().__init__(logging.INFO)
@@ -120,7 +125,7 @@ class _ConsoleHandler(logging.Handler):
 class _LogFile(logging.Handler):
   """WORKDIR/log.txt: keeps the lines until the file is opened, then appends.
 
-  Whole lines only (`vidjax.linefile`): a torn last line left by an earlier
+  Whole lines only (`vidjax.whole_files`): a torn last line left by an earlier
   run is dropped, saying so. If the file cannot be written (a full disk), one
   warning says so on the console and the file is left as it is.
   """
@@ -140,7 +145,7 @@ class _LogFile(logging.Handler):
   def open(self, path: str) -> None:
     if self._file is not None:
       self._file.close()
-    self._file, self._failed = linefile.LineFile(path), False
+    self._file, self._failed = whole_files.LineFile(path), False
     pending, self._pending = "".join(self._pending), []
     self._write(pending)
     if self._file is not None and self._file.dropped:
@@ -176,6 +181,12 @@ _log_file: _LogFile | None = None
 def setup_console(verbose: bool = False) -> None:
   """Console through the progress bar, a log file to come, safe std streams.
 
+  Changes the whole process, once (the command line calls it; library use
+  and notebooks do not): `sys.stdout` and `sys.stderr` are wrapped in
+  streams that survive a closed reader, the root logger's handlers are
+  swapped (absl's removed; the console's and the log file's added), and
+  `warnings.warn` is routed through logging.
+
   Args:
     verbose: keep every library's INFO lines (`--verbosity` given).
   """
@@ -201,7 +212,7 @@ def attach_log_file(workdir) -> str | None:
   """
   if _log_file is None:
     return None
-  path = os.path.join(os.fspath(workdir), LOG_FILE)
+  path = os.fspath(rundir.path(workdir, rundir.LOG_FILE))
   _log_file.open(path)
   return path
 
@@ -358,5 +369,5 @@ def end_message(workdir, step: int, total_steps: int, plots: Sequence,
     lines.append(f"checkpoints  checkpoints/{max(checkpoints)} (steps kept: "
                  f"{', '.join(map(str, sorted(checkpoints)))})")
   if _log_file is not None and _log_file.is_open:
-    lines.append(f"log          {LOG_FILE}")
+    lines.append(f"log          {rundir.LOG_FILE}")
   return "\n  ".join(lines)

@@ -9,7 +9,7 @@ set is a ConfigDict of `data` (the `config.data` keys it changes: format,
 root, eval_annotations, ...; an empty value keeps the run's) and `eval`
 keys; the rest is the run's:
 
-    c.eval.sets.ek100_mir = recipe.eval_set("ek100_mir")  # vidjax.recipe
+    c.eval.sets.ek100_mir = defaults.eval_set("ek100_mir")  # vidjax.defaults
 
 A named set whose `data.eval_annotations` is unset is skipped (said at
 start-up); the main set is skipped when `data.eval_annotations` is unset and
@@ -23,7 +23,6 @@ the format has none) in the order of the annotation and sentence files.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 from absl import logging
@@ -32,8 +31,8 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from vidjax import errors, sharding
-from vidjax.data import ek100, pipeline
+from vidjax import errors, rundir, sharding, tasks, whole_files
+from vidjax.data import annotation_files, ek100, pipeline
 
 # `eval` keys that a named set may not change: they belong to the run.
 _RUN_KEYS = ("sets", "every_steps")
@@ -112,7 +111,7 @@ def check_files(config: ml_collections.ConfigDict) -> None:
       continue
     matrix = ek100.load_relevancy(c.eval.relevancy,
                                   allow_pickle=c.data.allow_pickle, mmap=True)
-    clips = len(pipeline.load_annotations(c.data, c.data.eval_annotations))
+    clips = len(annotation_files.load_annotations(c.data, c.data.eval_annotations))
     sentences = c.eval.sentences or None
     captions = len(ek100.load_ek100_mir_sentences(sentences)) if sentences \
         else clips
@@ -145,21 +144,19 @@ def _record_ids(records) -> np.ndarray:
 
 def save_embeddings(path: Path, emb: dict, video_ids: np.ndarray,
                     text_ids: np.ndarray) -> None:
-  """Writes the npz of the module docstring (atomically, process 0)."""
+  """Writes the npz of the module docstring (whole, process 0)."""
   if jax.process_index() != 0:
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:  # np.savez(name) would append '.npz'.
+  with whole_files.replaced(path, "wb") as f:  # savez(name) appends '.npz'.
     np.savez(f, video=emb["video"], text=emb["text"], video_ids=video_ids,
              text_ids=text_ids)
-  os.replace(tmp, path)
 
 
 def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   """Evaluates one set with the run's current parameters; prefixed metrics."""
   config = es.config
-  records = pipeline.load_annotations(config.data, config.data.eval_annotations)
+  records = annotation_files.load_annotations(config.data, config.data.eval_annotations)
   batches = pipeline.make_pipeline(
       config, run.mesh, train=False, batch_size=config.eval.batch_size,
       tokenizer=run.tokenizer, records=records)
@@ -171,18 +168,18 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   skipped = batches.skipped
   batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-  captions = getattr(run.task, "eval_captions", lambda c: None)(config)
+  retrieval = isinstance(run.task, tasks.RetrievalTask)
+  captions = run.task.eval_captions(config) if retrieval else None
   if captions:
     merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
                                         config.eval.batch_size)
   metrics = run.task.eval_metrics(merged, config)
-  if (config.eval.save_embeddings and run.workdir
-      and hasattr(run.task, "embeddings")):  # Retrieval tasks have them.
+  if config.eval.save_embeddings and run.workdir and retrieval:
     emb = run.task.embeddings(merged, config)
     video_ids = _record_ids(records)[emb["index"]]
     text_ids = np.array([i for i, _ in captions]) if captions else video_ids
-    folder = Path(run.workdir, "embeddings", es.name)
-    save_embeddings(folder / f"step_{step}.npz", emb, video_ids, text_ids)
+    save_embeddings(rundir.embeddings(run.workdir, es.name, step), emb,
+                    video_ids, text_ids)
   return {**{f"{es.prefix}{k}": v for k, v in metrics.items()},
           f"{es.prefix}skipped": skipped}
 

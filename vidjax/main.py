@@ -7,11 +7,8 @@
                          `--config.init_from`)
 
 Mistakes in the command, the config or the data are printed as one message
-and a hint, without a traceback. Exit codes: 0 finished, 1 failed, 2 refused
-at start-up, 74 a checkpoint or metrics.jsonl could not be written (a full
-disk), 75 stopped by SIGTERM/SIGINT with nothing lost (run the same command
-to continue), 130 stopped at once by a second Ctrl-C; see
-`vidjax.errors`.
+and a hint, without a traceback. The exit codes are `vidjax.errors`'s
+(`EXIT_*`, listed in its docstring and the README).
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
 the environment describes one (SLURM, or JAX_COORDINATOR_ADDRESS /
@@ -25,14 +22,14 @@ import sys
 from absl import app, flags, logging
 
 # Light imports only, up to the signal handler (`main`); JAX loads after.
-from vidjax import errors, stopping
+from vidjax import defaults, errors, stopping
 from vidjax.data import reads  # Standard library only.
 
 _CONFIG = flags.DEFINE_string("config", None, "Config file: configs/NAME.py[:ARG]; "
                               "--config.KEY=VALUE overrides its keys.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, "
                                "metrics.jsonl, config.json, log.txt, plots/.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval"],
+_MODE = flags.DEFINE_enum("mode", "train", list(defaults.MODES),
                           "train (and evaluate), or evaluate only.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -150,6 +147,7 @@ def main(parsed) -> int:
     with stopping.handling("during start-up; nothing was written: run the "
                            "same command again"):
       from vidjax import console  # pylint: disable=import-outside-toplevel
+      # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped.
       console.setup_console(verbose=flags.FLAGS["verbosity"].present)
       run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
   except errors.UserError as e:

@@ -2,7 +2,8 @@
 
     estimate = step_memory(config)        # StepMemory: fixed + kept per clip
     check_step_fits(config)               # start-up: refuse what cannot fit
-    warn_if_attention_falls_back(config)  # start-up: 'auto' without cuDNN
+    check_attention(config)               # start-up: 'cudnn' that cannot run;
+                                          # a warning for 'auto' without it
 
 `step_memory` traces the run's own training loss (`vidjax.steps`) on
 abstract arrays: nothing is allocated or compiled. What it counts:
@@ -79,6 +80,8 @@ def _per_device_bytes(tree) -> int:
 def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   """Bytes of the residuals the training loss keeps for its backward pass
   at global batch `batch_size` (residuals that are its inputs not counted)."""
+  # `jax.ad_checkpoint.print_saved_residuals` only prints them: the list
+  # is private (tests/test_layers.py pins it).
   from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
   batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
@@ -230,19 +233,25 @@ def _what_fits(config, estimate: StepMemory, fitting: StepMemory | None,
       "(-1: no check)")
 
 
-def warn_if_attention_falls_back(config: ml_collections.ConfigDict
-                                 ) -> str | None:
-  """On a GPU, says loudly when attention='auto' cannot use cuDNN.
+def check_attention(config: ml_collections.ConfigDict) -> str | None:
+  """Checks at start-up that the configured attention can run here.
 
-  XLA attention materialises each layer's softmax weights (heads x T x T
-  per clip); the policies that keep matmul outputs for the backward pass
-  keep them, which multiplies the memory per clip.
+  `model.attention='cudnn'` where a tower cannot use cuDNN (no NVIDIA GPU,
+  no cuDNN library, a float32 model, a head size it does not take) is
+  refused. On a GPU, `'auto'` that falls back to XLA is warned about
+  loudly: XLA attention materialises each layer's softmax weights (heads x
+  T x T per clip); the policies that keep matmul outputs for the backward
+  pass keep them, which multiplies the memory per clip.
 
   Returns:
     The warning logged, or None.
+
+  Raises:
+    errors.ConfigError: 'cudnn' cannot run, with the reason.
   """
   model = config.model
-  if jax.default_backend() != "gpu" or model.attention != "auto":
+  if model.attention == "xla" or (model.attention == "auto"
+                                  and jax.default_backend() != "gpu"):
     return None
   dtype = models.resolve_dtype(model.dtype)
   towers = shapes.attention_shapes(model)
@@ -251,6 +260,11 @@ def warn_if_attention_falls_back(config: ml_collections.ConfigDict
   fallen = [name for name, reason in reasons.items() if reason]
   if not fallen:
     return None
+  if model.attention == "cudnn":
+    raise errors.ConfigError(
+        f"'model.attention' = 'cudnn' cannot run in the {fallen[0]} tower: "
+        f"{reasons[fallen[0]]}; 'auto' uses cuDNN where it can, else XLA",
+        hint="change it with --config.model.attention=auto")
   weights = sum(s.layers * s.heads * s.tokens**2 * np.dtype(dtype).itemsize
                 for name, s in towers.items() if name in fallen)
   consequence = (

@@ -30,8 +30,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from vidjax import errors, linefile, tfevents
-from vidjax.rundir import METRICS_FILE
+from vidjax import errors, rundir, tfevents, whole_files
 
 # Dense bf16 peak FLOP/s per chip, for MFU when the config gives none.
 # Keys are looked for in `device.device_kind` (lower case), longest first:
@@ -44,13 +43,20 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 }
 
 
+def by_device_kind(table: dict[str, float],
+                   device_kind: str | None = None) -> float | None:
+  """`table`'s value for a device kind (default: the first device's): the
+  longest key found in the kind, lower case; None if none is."""
+  kind = (device_kind or jax.devices()[0].device_kind).lower()
+  for name in sorted(table, key=len, reverse=True):
+    if name in kind:
+      return table[name]
+  return None
+
+
 def peak_flops_per_device(device_kind: str | None = None) -> float | None:
   """Known dense bf16 peak FLOP/s for a device kind; None if unknown (CPU)."""
-  kind = (device_kind or jax.devices()[0].device_kind).lower()
-  for name in sorted(PEAK_FLOPS_BY_DEVICE_KIND, key=len, reverse=True):
-    if name in kind:
-      return PEAK_FLOPS_BY_DEVICE_KIND[name]
-  return None
+  return by_device_kind(PEAK_FLOPS_BY_DEVICE_KIND, device_kind)
 
 
 # ---------------------------------------------------------------------------
@@ -99,12 +105,12 @@ class MetricWriter:
   def __init__(self, workdir, *, tensorboard: bool = True,
                enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self.path = os.path.join(os.fspath(workdir), METRICS_FILE)
+    self.path = os.fspath(rundir.path(workdir, rundir.METRICS_FILE))
     self._file = None
     self._tb = None
     if self.enabled:
       os.makedirs(os.fspath(workdir), exist_ok=True)
-      self._file = linefile.LineFile(self.path)
+      self._file = whole_files.LineFile(self.path)
       if self._file.dropped:
         logging.warning("%s ended in a torn line, left by a run stopped while "
                         "writing it: dropped %r", self.path,
@@ -158,8 +164,8 @@ def read_metrics(workdir) -> list[dict]:
   Raises:
     FileNotFoundError: no metrics.jsonl in `workdir`.
   """
-  path = os.path.join(os.fspath(workdir), METRICS_FILE)
-  if not os.path.exists(path):
+  path = rundir.path(workdir, rundir.METRICS_FILE)
+  if not path.exists():
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a run's "
                             "workdir (python -m vidjax.main --workdir ...)?")
   rows = []

@@ -5,7 +5,7 @@
   -> layer-wise lr decay. (Gradient accumulation lives in the train step:
   `config.accum_steps`, see `vidjax.steps`.)
 
-Config keys (`default_optim_config()` has them all):
+Config keys (`vidjax.defaults.optim_config()` has them all):
   name: 'adamw', 'sgd' (heavy-ball momentum, torch-style coupled weight
     decay) or 'lion'.
   lr: peak learning rate, reached after warmup.
@@ -36,32 +36,17 @@ to `make_optimizer` for another convention.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
+import re
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vidjax import keypaths
+from vidjax import defaults, keypaths
 
 LayerIdFn = Callable[[str, int], int]
-OPTIMIZERS = ('adamw', 'sgd', 'lion')  # `optim.name`
-SCHEDULES = ('cosine', 'constant')  # `optim.schedule`
-
-
-def default_optim_config() -> ml_collections.ConfigDict:
-  """The optimizer config with every key documented in the module docstring."""
-  return ml_collections.ConfigDict(dict(
-      name='adamw', lr=1e-4, min_lr=1e-6, warmup_steps=0, schedule='cosine',
-      weight_decay=0.05,
-      no_decay_names=('pos_embed', 'spatial_pos', 'temporal_pos', 'class_token', 'cls_token',
-                      'mask_token', 'embedding', 'logit_scale'),
-      b1=0.9, b2=0.98, eps=1e-6, momentum=0.9, nesterov=False, clip_grad_norm=0.0,
-      layer_decay=1.0, num_layers=0,
-      layer_regex=r'(?:^|[/.])(?:blocks|layers|resblocks)[/_.]?(\d+)(?:[/.]|$)',
-      embed_regex=r'embed|_pos\b|class_token|cls_token|mask_token', mu_dtype=''))
 
 
 def decay_mask(params, no_decay_names: Sequence[str]):
@@ -98,9 +83,9 @@ def layer_scales(params, layer_decay: float, num_layers: int = 0,
     layer_id_fn: maps (path, L) to a layer id in [0, L + 1].
     layer_regex: used for inferring L (and by the default layer_id_fn).
   """
-  defaults = default_optim_config()
-  layer_regex = layer_regex or defaults.layer_regex
-  layer_id_fn = layer_id_fn or regex_layer_id(layer_regex, defaults.embed_regex)
+  default = defaults.optim_config()
+  layer_regex = layer_regex or default.layer_regex
+  layer_id_fn = layer_id_fn or regex_layer_id(layer_regex, default.embed_regex)
   paths = [keypaths.name(p, '/') for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if num_layers <= 0:
     blocks = [int(m.group(1)) for m in map(re.compile(layer_regex).search, paths) if m]
@@ -124,22 +109,18 @@ def scale_by_layer(layer_decay: float, num_layers: int, layer_id_fn: LayerIdFn |
 
 
 def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
-  """Learning rate per optimizer step: linear warmup, then cosine or constant."""
+  """Learning rate per optimizer step: linear warmup from 0 to `lr` over
+  `warmup_steps`, then cosine to `min_lr` at `total_steps` (optax's
+  `warmup_cosine_decay_schedule`) or constant. A warmup as long as the run
+  ends at `lr`."""
   lr, min_lr, warmup = float(config.lr), float(config.min_lr), int(config.warmup_steps)
-  if config.schedule not in SCHEDULES:
-    raise ValueError(f'optim: config.schedule must be one of {SCHEDULES}, '
+  if config.schedule not in defaults.SCHEDULES:
+    raise ValueError(f'optim: config.schedule must be one of {defaults.SCHEDULES}, '
                      f'got {config.schedule!r}')
-  cosine = config.schedule == 'cosine'
-
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    warm = lr * step / max(warmup, 1)
-    after = lr  # Constant: the step program does not depend on total_steps.
-    if cosine:
-      progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
-      after = min_lr + 0.5 * (lr - min_lr) * (1 + jnp.cos(jnp.pi * progress))
-    return jnp.where(step < warmup, warm, after)
-  return schedule
+  if config.schedule == 'cosine' and warmup < total_steps:
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, min_lr)
+  # Constant after the warmup: the step program does not depend on total_steps.
+  return optax.linear_schedule(0.0, lr, warmup) if warmup else optax.constant_schedule(lr)
 
 
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
@@ -148,7 +129,7 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
   """Builds the optimizer described in the module docstring.
 
   Args:
-    config: optimizer config (see `default_optim_config`).
+    config: optimizer config (`config.optim`).
     total_steps: number of optimizer updates of the run (for the schedule).
     layer_id_fn: overrides the regex layer ids for layer decay.
 
@@ -177,7 +158,7 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
     if wd:  # torch.optim.SGD's weight decay: added to the gradient before momentum.
       opt = optax.chain(optax.add_decayed_weights(wd, mask), opt)
   else:
-    raise ValueError(f'optim: config.name must be one of {OPTIMIZERS}, got {name!r}')
+    raise ValueError(f'optim: config.name must be one of {defaults.OPTIMIZERS}, got {name!r}')
 
   parts = []
   if config.clip_grad_norm > 0:

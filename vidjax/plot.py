@@ -31,8 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from vidjax import console, monitor
-from vidjax.rundir import PLOTS_SUBDIR
+from vidjax import console, monitor, rundir
 
 # Noisy curves (loss, throughput) with at least this many points also get
 # a trailing mean.
@@ -160,7 +159,7 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
     logged are skipped).
   """
   metrics = load_metrics(workdir)
-  out = Path(workdir) / PLOTS_SUBDIR
+  out = rundir.path(workdir, rundir.PLOTS)
   out.mkdir(parents=True, exist_ok=True)
   written = []
   for name, file, smooth in (("train/loss", "loss.png", True),

@@ -39,11 +39,13 @@ normalisation turns it into N(0, 1) exactly as AVION's.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
+import math
 
 import jax
 import jax.numpy as jnp
+
+from vidjax import defaults
 
 Array = jax.Array
 
@@ -52,7 +54,6 @@ OPS = ("brightness", "contrast", "saturation", "sharpness", "autocontrast",
        "shear_y", "translate_x", "translate_y")
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 FILL = 127.5  # pytorchvideo's fill 0.5 on the 0-1 scale.
-ERASE_MODES = ("pixel", "rand", "const")  # `augment.erase_mode`
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights.
 
 
@@ -277,8 +278,8 @@ def random_erase(video: Array, key: Array, *, prob: float = 0.25,
   Returns:
     float32[B, T, H, W, C]: erased boxes hold noise on the 0-255 scale.
   """
-  if mode not in ERASE_MODES:
-    raise ValueError(f"random erasing: mode must be one of {ERASE_MODES}, "
+  if mode not in defaults.ERASE_MODES:
+    raise ValueError(f"random erasing: mode must be one of {defaults.ERASE_MODES}, "
                      f"got {mode!r}")
   b, t, h, w, c = video.shape
   k_apply, k_area, k_aspect, k_top, k_left, k_fill = jax.random.split(key, 6)
@@ -313,7 +314,7 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
   """`fn(video, key)` applying RandAugment then random erasing, or None.
 
   Config keys (a full `config.augment`, see
-  `vidjax.augment.default_augment_config`): randaugment_layers (0 = off;
+  `vidjax.defaults.augment_config`): randaugment_layers (0 = off;
   AVION 4), randaugment_magnitude (7), randaugment_prob (0.5),
   randaugment_std (0.5), erase_prob (0 = off; AVION 0.25), erase_mode
   ('pixel').
@@ -326,8 +327,8 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
   prob, std_level = float(config["randaugment_prob"]), float(
       config["randaugment_std"])
   mode = str(config["erase_mode"])
-  if mode not in ERASE_MODES:
-    raise ValueError(f"augment: erase_mode must be one of {ERASE_MODES}, "
+  if mode not in defaults.ERASE_MODES:
+    raise ValueError(f"augment: erase_mode must be one of {defaults.ERASE_MODES}, "
                      f"got {mode!r}")
 
   def clip_augment(video: Array, key: Array) -> Array:

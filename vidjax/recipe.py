@@ -1,12 +1,14 @@
-"""What every recipe builds on: the base config, `:arg` variants, `:debug`.
+"""What recipes share: published schedules, `:arg` variants, `:debug`.
 
 A recipe (configs/NAME.py) is `get_config(arg=None) -> ConfigDict`. It
-starts from `base_config(task)`, which holds every key a run reads with its
-default, and states only what differs:
+starts from `vidjax.defaults.base_config(task)`, which holds every key a run
+reads with its default, and states only what differs:
+
+    from vidjax import defaults, recipe
 
     def get_config(arg=None):
       variants = recipe.variants(arg, ("debug",))
-      c = recipe.base_config("classification")
+      c = defaults.base_config("classification")
       c.data.update(format="kinetics", sampling="stride", workers=16)
       c.model.num_classes = 400
       recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
@@ -48,16 +50,16 @@ read):
   device_memory_gib  per device, for the start-up memory check
                   (`vidjax.memory`): 0 takes what a GPU reports (no check
                   on CPUs), N plans for N GiB, -1 checks nothing
-  data            `vidjax.data.pipeline.default_data_config`
-  model           `vidjax.models.default_model_config` of the task's model;
-                  `model.num_frames` and `model.image_size` are references
-                  to `data.num_frames` and `data.size`: set the data's
-  optim           `vidjax.optim.default_optim_config`
-  augment         `vidjax.augment.default_augment_config`
+  data            `vidjax.data.pipeline`
+  model           `vidjax.models`, the task's model; `model.num_frames` and
+                  `model.image_size` are references to `data.num_frames`
+                  and `data.size`: set the data's
+  optim           `vidjax.optim`
+  augment         `vidjax.augment`
   loss.margin     the retrieval task's max-margin ranking loss
   eval            every_steps (0: only at the end), every_epochs,
                   batch_size, relevancy, sentences, save_embeddings and
-                  named `sets` (`eval_set`; see `vidjax.eval_sets`)
+                  named `sets` (`defaults.eval_set`; `vidjax.eval_sets`)
   checkpoint      every_steps, every_epochs, keep (the last N), async_save,
                   best_metric ('' for none) and best_mode ('max' | 'min')
   log.every_steps metrics written every N steps
@@ -68,18 +70,6 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from vidjax import augment, models, optim
-from vidjax.data import pipeline
-
-# The model each task trains (`model.name`).
-TASK_MODELS = {"contrastive": "clip", "retrieval": "clip", "mae": "videomae",
-               "classification": "classifier"}
-
-# One fact, one key: these keys are references to the data's, so that a
-# change of the data's frames or size (on the command line too) moves them.
-REFERENCES = {"model.num_frames": "data.num_frames",
-              "model.image_size": "data.size"}
-
 # Training clips of the published data sets, as AVION counts them: the
 # recipes' schedules assume these (`total_epochs` counts your own instead).
 TRAIN_CLIPS = {
@@ -87,33 +77,6 @@ TRAIN_CLIPS = {
     "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
     "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
 }
-
-
-def base_config(task: str) -> ml_collections.ConfigDict:
-  """Every key a run of `task` reads, with its default (module docstring)."""
-  if task not in TASK_MODELS:
-    raise ValueError(f"task must be one of {list(TASK_MODELS)}, got {task!r}")
-  c = ml_collections.ConfigDict(dict(
-      seed=0, task=task, total_steps=0, total_epochs=0.0, unmask_fraction=0.0,
-      batch_size=64, accum_steps=1, fsdp=1, resume="", init_from="",
-      init_allow_pickle=False, init_keep=(), init_allow_mismatch=False,
-      overrides=(), peak_tflops=0.0, device_memory_gib=0.0))
-  c.data = pipeline.default_data_config()
-  c.model = models.default_model_config(TASK_MODELS[task])
-  for key, ref in REFERENCES.items():
-    (section, name), (ref_section, ref_name) = key.split("."), ref.split(".")
-    c[section][name] = c[ref_section].get_ref(ref_name)
-  c.optim = optim.default_optim_config()
-  c.augment = augment.default_augment_config()
-  c.loss = ml_collections.ConfigDict(dict(margin=0.2))
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=0, every_epochs=0.0, batch_size=64, relevancy="",
-      sentences="", save_embeddings=False, sets=ml_collections.ConfigDict()))
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=1000, every_epochs=0.0, keep=2, async_save=True,
-      best_metric="", best_mode="max"))
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
-  return c
 
 
 def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
@@ -132,24 +95,6 @@ def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
   config.total_steps = epochs * steps_per_epoch
   config.optim.warmup_steps = warmup_epochs * steps_per_epoch
   return steps_per_epoch
-
-
-def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
-  """A named evaluation set for `eval.sets` (see `vidjax.eval_sets`).
-
-  Args:
-    data_format: its annotation format (`data.format`).
-    **data: other `config.data` keys it changes.
-
-  Returns:
-    The set: its `data` keys (the format, the other keys given, `root`: ''
-    for the run's `data.root`, and `eval_annotations`, the user's to give:
-    '' skips the set) and its own `relevancy` and `sentences` ('' for none).
-  """
-  return ml_collections.ConfigDict(dict(
-      data=ml_collections.ConfigDict(dict(
-          format=data_format, root="", eval_annotations="", **data)),
-      relevancy="", sentences=""))
 
 
 def variants(arg: str | None, known: Sequence[str], *,

@@ -1,22 +1,25 @@
-"""Where a run starts, and whether its checkpoint fits.
+"""Where a run starts, what it starts from, and whether its checkpoint fits.
 
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
 `config.init_from` (parameters only, filled by `vidjax.models.init_from`);
-else scratch. A checkpoint's files are verified against the checksums saved
-with it (`vidjax.checksums`): a damaged step is named with what is wrong and
-the newest intact one is taken instead (`set_aside_damaged` then moves the
+else scratch. `read_start` reads what that start brings before the model
+is built: every tensor of `init_from` (`read_init_from`: a vidjax run's
+checkpoint, or what `vidjax.models.sources` reads), or the config a
+checkpoint to resume was saved with (what the run computed with).
+
+A checkpoint's files are verified against the checksums saved with it
+(`vidjax.checksums`): a damaged step is named with what is wrong and the
+newest intact one is taken instead (`set_aside_damaged` then moves the
 run's own damaged steps out of the way). Before a checkpoint is restored,
 `check_fits` compares its array shapes with the new run's (from the files'
 metadata, reading no array) and names the config keys that changed.
-`remove_partial_saves` deletes the temporary directories a killed save left.
 How SIGTERM and Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from typing import Any
 
 from absl import logging
@@ -24,8 +27,15 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-from vidjax import checkpoint, checksums, config as config_lib, errors
-from vidjax import keypaths
+from vidjax import (
+  checkpoint,
+  checksums,
+  config as config_lib,
+  errors,
+  keypaths,
+  rundir,
+)
+from vidjax.models import facts, init_from, sources
 
 
 # ---------------------------------------------------------------------------
@@ -89,8 +99,8 @@ def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None
     errors.WorkdirError: the step named, or every step there, is damaged.
   """
   p = epath.Path(path)
-  if (p / checkpoint.CHECKPOINT_SUBDIR).is_dir():
-    p = p / checkpoint.CHECKPOINT_SUBDIR
+  if (p / rundir.CHECKPOINTS).is_dir():  # (epath: URLs too.)
+    p = p / rundir.CHECKPOINTS
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
     problem = checksums.verify(p)
     if problem:
@@ -125,7 +135,7 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
       load (a FileNotFoundError).
     errors.WorkdirError: every checkpoint there is damaged.
   """
-  own = checkpoint.checkpoint_dir(workdir)
+  own = os.fspath(rundir.checkpoints(workdir))
   steps = checkpoint.complete_steps(own)
   if steps:
     step, damaged = _newest_intact(own, steps) if verify else (steps[0], [])
@@ -146,8 +156,48 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
   return StartPoint("scratch")
 
 
+def read_init_from(path: str, *, allow_pickle: bool = False
+                   ) -> init_from.Source:
+  """What `config.init_from` names, as a `Source`.
+
+  Args:
+    path: a vidjax run: its workdir or checkpoints directory (the best
+      checkpoint if recorded, else the newest intact one) or one step
+      directory, read as its parameters and the config saved with them;
+      else what `sources.read_source` reads (a weights file, a Hugging
+      Face directory).
+    allow_pickle: see `tensor_io.load_state_dict`.
+  """
+  if os.path.isdir(path) and not sources.is_hugging_face(path):
+    directory, step = find_checkpoint(path, prefer_best=True)
+    if step is not None:
+      params, config = checkpoint.read_params(directory, step)
+      return sources.vidjax_source(params, config,
+                                   os.path.join(directory, str(step)))
+  return sources.read_source(path, allow_pickle=allow_pickle)
+
+
+def read_start(start: StartPoint, *, allow_pickle: bool = False
+               ) -> init_from.Source | None:
+  """The source of a run's weights, read before its model is built.
+
+  'init_from': `read_init_from` (every tensor). 'workdir' and 'resume': the
+  checkpoint's saved config only, for its facts (what the run trained
+  with); its state is restored later. 'scratch': None.
+  """
+  if start.kind == "init_from":
+    return read_init_from(start.path, allow_pickle=allow_pickle)
+  if start.kind not in ("workdir", "resume"):
+    return None
+  config = checkpoint.read_config(start.path, start.step)
+  kind = (config.get("model") or {}).get("name") or "run"
+  return init_from.Source(kind, {}, {},
+                          f"{start.path}/{start.step} (vidjax {kind})",
+                          facts=facts.run_facts(config))
+
+
 # ---------------------------------------------------------------------------
-# Before restoring: does the checkpoint fit? Left-overs of a killed save.
+# Before restoring: does the checkpoint fit? Damaged steps set aside.
 # ---------------------------------------------------------------------------
 def _shapes(tree) -> dict[str, tuple]:
   return {keypaths.name(p): tuple(x.shape)
@@ -222,25 +272,3 @@ def set_aside_damaged(start: StartPoint) -> list[str]:
     logging.warning("moved the damaged checkpoint to %s (delete it when you "
                     "no longer need it)", target)
   return moved
-
-
-def remove_partial_saves(workdir) -> list[str]:
-  """Deletes WORKDIR/checkpoints/*.orbax-checkpoint-tmp* (process 0 only).
-
-  A run killed while saving leaves such a directory; it is never restored,
-  only takes disk space. Call at start-up, before any save.
-
-  Returns:
-    The directories removed.
-  """
-  directory = epath.Path(checkpoint.checkpoint_dir(workdir))
-  if jax.process_index() != 0 or not directory.is_dir():
-    return []
-  removed = []
-  for path in sorted(directory.iterdir()):
-    if checkpoint.TMP_SUFFIX in path.name:
-      shutil.rmtree(os.fspath(path), ignore_errors=True)
-      removed.append(os.fspath(path))
-      logging.info("removed %s, the left-over of a save that did not finish",
-                   path)
-  return removed

@@ -1,22 +1,28 @@
 """The run directory (WORKDIR): what a run keeps there, and one run at a time.
 
-Everything a run writes is in its workdir:
+Everything a run writes is in its workdir, where this module says:
 
-    config.json            the config of the run's latest start (vidjax.config)
+    config.json            the config of the run's latest start
+                           (`write_config`)
     log.txt                the console's lines (vidjax.console)
     metrics.jsonl          one JSON object per logged step (vidjax.monitor),
     events.out.tfevents.*  and the same numbers for TensorBoard
-    checkpoints/           Orbax checkpoints and best.json (vidjax.checkpoint)
+    checkpoints/           Orbax checkpoints (vidjax.checkpoint), and
+      best.json            the best evaluated step
     plots/                 training curves (vidjax.plot)
-    embeddings/            evaluation embeddings, when asked for
-    init_from.json         what `init_from` loaded
+    embeddings/<set>/step_<N>.npz  evaluation embeddings, when asked for
+                           (vidjax.eval_sets)
+    init_from.json         what `init_from` loaded (vidjax.models.init_from)
     bad_rows_<split>.jsonl annotation rows left out at start-up
+                           (vidjax.data.checks)
     synthetic/             the demo's corpus, when no data is given
-    vidjax.lock            the run working here now (this module)
+                           (vidjax.data.synthetic)
+    vidjax.lock            the run working here now (`claim`)
 
-This module is the home of that layout: the names are defined here and the
-modules that write the files import them; what else a run directory is
-(where each file lives, what is whole) is meant to move here too.
+The modules that write these files ask this one where they go (`path`,
+`checkpoints`, `bad_rows`, `embeddings`), and write JSON through it
+(`write_json`: whole files, by process 0). Of vidjax, only errors,
+stopping and whole_files are imported here, so every layer above can ask.
 
 `claim(workdir)` opens a workdir for one run, first thing at start-up,
 before any data is checked: the path made absolute (a relative one would
@@ -51,13 +57,17 @@ from absl import logging
 import jax
 import numpy as np
 
-from vidjax import errors, stopping
+from vidjax import errors, stopping, whole_files
 
 CONFIG_JSON = "config.json"
 LOG_FILE = "log.txt"
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_SUBDIR = "checkpoints"
-PLOTS_SUBDIR = "plots"
+CHECKPOINTS = "checkpoints"
+BEST_JSON = "best.json"  # In checkpoints/.
+PLOTS = "plots"
+EMBEDDINGS = "embeddings"
+INIT_FROM_JSON = "init_from.json"
+SYNTHETIC = "synthetic"
 LOCK_FILE = "vidjax.lock"
 
 HEARTBEAT_S = 30.0  # The lock's holder touches it this often.
@@ -67,6 +77,54 @@ STALE_AFTER_S = 300.0  # Untouched this long, from another host: taken over.
 def absolute(workdir: str | os.PathLike) -> Path:
   """WORKDIR as an absolute path, `~` expanded (symbolic links are kept)."""
   return Path(os.path.abspath(os.path.expanduser(os.fspath(workdir))))
+
+
+def path(workdir: str | os.PathLike, name: str) -> Path:
+  """WORKDIR/name, for one of the names above (e.g. `METRICS_FILE`)."""
+  return Path(os.fspath(workdir)) / name
+
+
+def checkpoints(workdir: str | os.PathLike) -> Path:
+  """WORKDIR/checkpoints: Orbax's step directories and best.json."""
+  return path(workdir, CHECKPOINTS)
+
+
+def bad_rows(workdir: str | os.PathLike, split: str) -> Path:
+  """WORKDIR/bad_rows_<split>.jsonl."""
+  return path(workdir, f"bad_rows_{split}.jsonl")
+
+
+def embeddings(workdir: str | os.PathLike, set_name: str, step: int) -> Path:
+  """WORKDIR/embeddings/<set>/step_<step>.npz."""
+  return path(workdir, EMBEDDINGS) / set_name / f"step_{step}.npz"
+
+
+def write_json(file: str | os.PathLike, blob, **json_kwargs) -> Path | None:
+  """Writes `blob` as JSON, whole (`whole_files.replaced`), on process 0.
+
+  Returns:
+    The file, or None on the other processes.
+
+  Raises:
+    TypeError, ValueError: `blob` is not JSON, before anything is written.
+  """
+  if jax.process_index() != 0:
+    return None
+  text = json.dumps(blob, **json_kwargs)
+  os.makedirs(os.path.dirname(os.fspath(file)), exist_ok=True)
+  with whole_files.replaced(file) as f:
+    f.write(text + "\n")
+  return Path(file)
+
+
+def write_config(config, workdir: str | os.PathLike) -> Path | None:
+  """Writes WORKDIR/config.json (process 0 only); returns its path.
+
+  Values JSON cannot hold (functions, classes) are written as strings.
+  """
+  return write_json(path(workdir, CONFIG_JSON),
+                    json.loads(config.to_json_best_effort()), indent=2,
+                    sort_keys=True)
 
 
 @contextlib.contextmanager

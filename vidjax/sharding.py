@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
 
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"

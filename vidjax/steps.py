@@ -18,7 +18,9 @@ device (`vidjax.augment`, with the task's training or evaluation keys).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
+from typing import Any
 
 import flax.nnx as nnx
 import jax
@@ -27,6 +29,7 @@ import optax
 
 from vidjax import augment, keypaths, models, optim, sharding
 from vidjax.models import clip as clip_lib, vit
+from vidjax.tasks import Task
 
 # The batch keys every evaluation keeps beside the task's outputs: the record
 # and view of each row, and whether it is padding.
@@ -82,6 +85,11 @@ def unmask_start(config) -> int | None:
   return config.total_steps - max(1, round(tuning))
 
 
+Batch = dict[str, jax.Array]
+TrainStep = Callable[[dict, Any, Batch, jax.Array],
+                     tuple[dict, dict[str, jax.Array]]]
+
+
 @dataclasses.dataclass
 class Steps:
   """The jitted functions of a run, closed over the model structure.
@@ -92,21 +100,26 @@ class Steps:
   tuning (module docstring), `unmasked_train` is the tuning's step and
   `unmask_start` its first step.
   """
-  train: callable
-  eval: callable
-  loss: callable
-  text: callable = None  # tokens -> text embeddings (captions, `eval_sets`)
-  unmasked_train: callable = None
+  # (state, rest, batch, base_key) -> (state, metrics): the new train state
+  # ({step, params, opt}, the old one donated) and the step's metrics.
+  train: TrainStep
+  # (params, rest, batch) -> per-example outputs and the batch's keys.
+  eval: Callable[[Any, Any, Batch], dict[str, jax.Array]]
+  loss: Callable[[Any, Any, Batch, jax.Array],
+                 tuple[jax.Array, dict[str, jax.Array]]]
+  # (params, rest, tokens) -> text embeddings (captions, `eval_sets`).
+  text: Callable[[Any, Any, jax.Array], jax.Array] | None = None
+  unmasked_train: TrainStep | None = None
   unmask_start: int | None = None
 
-  def train_at(self, step: int) -> callable:
+  def train_at(self, step: int) -> TrainStep:
     """The training step to run from a state at `step`."""
     if self.unmask_start is not None and step >= self.unmask_start:
       return self.unmasked_train
     return self.train
 
 
-def make_steps(config, task, graphdef, tx, schedule, mesh,
+def make_steps(config, task: Task, graphdef, tx, schedule, mesh,
                shardings, unmasked_graphdef=None) -> Steps:
   """The jitted train and eval steps, pinned to the state's shardings.
 
@@ -187,8 +200,9 @@ def make_steps(config, task, graphdef, tx, schedule, mesh,
       text=jax.jit(text_step))
 
 
-def build_state_and_steps(config, task, mesh, *, abstract: bool = False,
-                          model=None):
+def build_state_and_steps(config, task: Task, mesh: jax.sharding.Mesh, *,
+                          abstract: bool = False, model=None
+                          ) -> tuple[dict, Any, Steps]:
   """The train state (created sharded), model buffers and jitted steps.
 
   Args:

@@ -101,8 +101,8 @@ class Signals:
     import jax  # pylint: disable=import-outside-toplevel
     if jax.process_count() == 1:
       return self.requested
-    import numpy as np  # pylint: disable=import-outside-toplevel
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
     return bool(np.any(multihost_utils.process_allgather(
         np.int32(self.requested))))
 
@@ -129,7 +129,7 @@ class Signals:
       return self.requested
     return step % self.sync_every == 0 and self._agreed()
 
-  def install(self) -> "Signals":
+  def install(self) -> Signals:
     for s in SIGNALS:
       self._previous[s] = signal.signal(s, self._handle)
     return self

@@ -19,16 +19,35 @@ import os
 from pathlib import Path
 
 from absl import logging
+from flax import nnx
 import jax
-import ml_collections
 from jax.experimental import multihost_utils
+import ml_collections
 
-from vidjax import checkpoint, config as config_lib, console, errors
-from vidjax import eval_sets, memory, monitor, resume, rundir, sharding
-from vidjax import steps as steps_lib, stopping, tasks
-from vidjax.data import batches, checks, pipeline, synthetic
+from vidjax import (
+  checkpoint,
+  config as config_lib,
+  console,
+  defaults,
+  errors,
+  eval_sets,
+  memory,
+  monitor,
+  resume,
+  rundir,
+  sharding,
+  steps as steps_lib,
+  stopping,
+  tasks,
+)
+from vidjax.data import (
+  batches,
+  checks,
+  pipeline,
+  synthetic,
+  tokenizer as tokenizer_lib,
+)
 from vidjax.models import facts, flops as flops_lib, init_from, shapes
-from vidjax.models import sources
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -45,16 +64,17 @@ class Run:
   """What a run is built from: devices, task, jitted steps, and its state.
 
   `state` is the train state {step, params, opt}: its one copy, which the
-  loop replaces at each step and evaluations read.
+  loop replaces at each step and evaluations read. `rest` is the model's
+  state that is not trained (nnx buffers).
   """
   mesh: jax.sharding.Mesh
-  task: object
-  tokenizer: object
+  task: tasks.Task
+  tokenizer: tokenizer_lib.Tokenizer | None  # Video-text tasks only.
   state: dict
-  rest: object
+  rest: nnx.State
   steps: steps_lib.Steps
-  data_state: object = None  # Where the training batches resume.
-  rng: object = None  # The checkpoint's base key; None: from `seed`.
+  data_state: dict | None = None  # Where the training batches resume.
+  rng: jax.Array | None = None  # The checkpoint's base key; None: `seed`.
   workdir: Path | None = None  # Where evaluations save embeddings.
   train_records: list | None = None  # Checked rows; None: from the file.
   start: resume.StartPoint = resume.StartPoint("scratch")
@@ -73,21 +93,23 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   """Config, data, model and optimizer state (sharded), resume point.
 
   Everything a user can get wrong is checked before the workdir is touched:
-  the config (its paths made absolute), whether the training step fits the
-  device's memory (`vidjax.memory`; a GPU whose attention falls back to XLA
-  is warned about), the data paths, the vocabulary, the annotation files of
-  `splits` ('train', 'eval'; none for tools on synthetic batches), whether a
-  checkpoint to resume fits the model, the checkpoint or `init_from`
-  weights the run starts from are read, and with 'train' the training
-  batches are set up at their saved position (`run.train_batches`, to
-  close). (Only a synthetic corpus, which these checks read, is written
-  before: WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt
-  are written, half-written checkpoints removed, and the config keys
-  changed since the checkpoint listed.
+  the config (its paths made absolute), whether the attention configured
+  can run and the training step fits the device's memory (`vidjax.memory`;
+  a GPU whose attention falls back to XLA is warned about), the data
+  paths, the vocabulary, the annotation files of `splits` ('train',
+  'eval'; none for tools on synthetic batches), whether a checkpoint to
+  resume fits the model, the checkpoint or `init_from` weights the run
+  starts from are read, and with 'train' the training batches are set up
+  at their saved position (`run.train_batches`, to close). (Only a
+  synthetic corpus, which these checks read, is written before:
+  WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt are
+  written, damaged checkpoints set aside, and the config keys changed
+  since the checkpoint listed. (Half-written checkpoints go when the
+  training's `Checkpointer` opens.)
   """
   config_lib.make_paths_absolute(config)
   config_lib.validate(config, jax.device_count())
-  memory.warn_if_attention_falls_back(config)
+  memory.check_attention(config)
   if "train" in splits:  # Before compiling: a step that cannot fit.
     memory.check_step_fits(config)
   mesh = sharding.make_mesh(fsdp=config.fsdp)
@@ -96,9 +118,10 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   stopping.check()  # Between the phases: a SIGTERM/Ctrl-C stops here.
   if splits:
     _check_files(config, splits)
-  tokenizer = checks.load_tokenizer(config) if task.NEEDS_TEXT else None
+  needs_text = defaults.needs_text(config.task)
+  tokenizer = checks.load_tokenizer(config) if needs_text else None
   reports = checks.check_annotations(
-      config, splits, needs_text=task.NEEDS_TEXT,
+      config, splits, needs_text=needs_text,
       needs_label=config.task == "classification") if splits else {}
   if reports:
     checks.check_chunk_files(config, reports)
@@ -110,7 +133,7 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   start = resume.resolve_start(workdir, config)
   # What the weights were trained with (activation, LayerNorm eps, pooling,
   # temperature) decides the model where the command line does not.
-  source = sources.read_start(start, allow_pickle=config.init_allow_pickle)
+  source = resume.read_start(start, allow_pickle=config.init_allow_pickle)
   settled = facts.settle(config, source)
   changed = []
   if start.kind in ("workdir", "resume"):
@@ -145,10 +168,9 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     # --- The run is accepted: from here on the workdir is written.
     if reports:
       checks.report(reports, config, workdir)
-    resume.remove_partial_saves(workdir)
     resume.set_aside_damaged(start)
     if "train" in splits or not splits:  # An evaluation keeps the run's own.
-      config_lib.save_config_json(config, workdir)
+      rundir.write_config(config, workdir)
     if jax.process_index() == 0:
       console.attach_log_file(workdir)
     if start.kind in ("workdir", "resume"):
@@ -276,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     The last evaluation's metrics.
   """
   workdir = rundir.absolute(workdir)
-  directory = checkpoint.checkpoint_dir(workdir)
+  directory = rundir.checkpoints(workdir)
   with stopping.handling("before the first step",
                          abort_note=lambda: _newest_checkpoint(directory)
                          ) as preemption:
@@ -449,7 +471,7 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
   if preempted:
     if jax.process_count() > 1:  # Nobody exits (75) before every save is done.
       multihost_utils.sync_global_devices("vidjax:preempted")
-    raise errors.Preempted(step, checkpoint.checkpoint_dir(workdir))
+    raise errors.Preempted(step, os.fspath(rundir.checkpoints(workdir)))
   return last_eval
 
 

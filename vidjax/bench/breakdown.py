@@ -28,7 +28,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from vidjax import models
+from vidjax import models, monitor
 from vidjax.models import shapes
 
 # HBM bandwidth per chip (bytes/s), looked up in `device_kind` as
@@ -41,14 +41,11 @@ BF16 = 2  # Bytes per element.
 
 
 def hbm_bytes_per_s(device_kind: str | None = None) -> float | None:
-  kind = (device_kind or jax.devices()[0].device_kind).lower()
-  for name in sorted(HBM_BYTES_PER_S, key=len, reverse=True):
-    if name in kind:
-      return HBM_BYTES_PER_S[name]
-  return None
+  return monitor.by_device_kind(HBM_BYTES_PER_S, device_kind)
 
 
-def _median_ms(fn, *args, repeats: int) -> float:
+def median_ms(fn, *args, repeats: int) -> float:
+  """Milliseconds of `fn(*args)` (compiled first), the median of `repeats`."""
   jax.block_until_ready(fn(*args))  # Compiles.
   times = []
   for _ in range(repeats):
@@ -100,7 +97,7 @@ def check_breakdown(results: dict, measured, repeats: int) -> dict:
     x = jax.random.normal(key, (rows, fan_in), jnp.bfloat16)
     w = jax.random.normal(key, (fan_in, fan_out), jnp.bfloat16)
     dy = jax.random.normal(key, (rows, fan_out), jnp.bfloat16)
-    ms = _median_ms(products, x, w, dy, repeats=repeats)
+    ms = median_ms(products, x, w, dy, repeats=repeats)
     matmul_ms += depth * ms
     flops += depth * 3 * 2 * rows * fan_in * fan_out
     # Each product reads two of x, w, dy and writes the third's shape.

@@ -21,6 +21,7 @@ turns `--rounds` times; medians are printed.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import time
@@ -28,8 +29,14 @@ import time
 import jax
 import numpy as np
 
-from vidjax import checkpoint, checksums, config as config_lib, sharding
-from vidjax import steps as steps_lib, tasks
+from vidjax import (
+  checkpoint,
+  checksums,
+  config as config_lib,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 
 
 def _evict(directory: str) -> None:
@@ -69,7 +76,7 @@ def main():
   shutil.rmtree(args.dir, ignore_errors=True)
   with checkpoint.Checkpointer(args.dir, every_steps=1,
                                async_save=False) as ckpt:
-    save_s, _ = _timed(lambda: ckpt.save(1, state))
+    save_s, _ = _timed(functools.partial(ckpt.save, 1, state))
   step_dir = os.path.join(args.dir, "1")
   on_disk = sum(os.path.getsize(os.path.join(r, n))
                 for r, _, names in os.walk(step_dir) for n in names)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import fractions
 import importlib.util
 import os
+from pathlib import Path
 import shutil
 import statistics
-from pathlib import Path
 
 import av
 import numpy as np

@@ -11,16 +11,21 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-import statistics
 import time
 import traceback
 
 import jax
 import jax.numpy as jnp
 
-from vidjax import config as config_lib, memory, monitor, sharding
-from vidjax import steps as steps_lib, tasks
-from vidjax.bench import cuda_trace
+from vidjax import (
+  config as config_lib,
+  memory,
+  monitor,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
+from vidjax.bench import breakdown, cuda_trace, random_batches
 from vidjax.data import batches
 from vidjax.models import attention, flops as flops_lib, shapes
 
@@ -107,16 +112,6 @@ def _is_oom(error: BaseException) -> bool:
 
 def error_text(error: BaseException) -> str:
   return f"{type(error).__name__}: {error}"[:1500]
-
-
-def _median_ms(fn, *args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))  # Compiles.
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times)
 
 
 def _peak_memory_gib() -> float | None:
@@ -279,9 +274,9 @@ def check_attention(plan: Plan) -> dict:
         forward, with_grads = _attention_fns(impl, shape.causal)
         measured["errors"] = _relative_errors(with_grads(q, k, v, g), want)
         measured["passed"] = max(measured["errors"].values()) < REL_TOLERANCE
-        measured["forward_ms"] = _median_ms(forward, q, k, v,
+        measured["forward_ms"] = breakdown.median_ms(forward, q, k, v,
                                             repeats=plan.repeats)
-        measured["forward_backward_ms"] = _median_ms(with_grads, q, k, v, g,
+        measured["forward_backward_ms"] = breakdown.median_ms(with_grads, q, k, v, g,
                                                      repeats=plan.repeats)
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()  # Recorded; the other cases still run.
@@ -364,7 +359,7 @@ def measure_step(plan: Plan, remat: str, deadline=None, *,
                              required=True)
       task = tasks.get_task(config.task)
       state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-      batch = batches.random_batch(config, config.batch_size, mesh)
+      batch = random_batches.random_batch(config, config.batch_size, mesh)
       key = jax.random.key(config.seed)
       start = time.perf_counter()
       lowered = steps.train.lower(state, rest, batch, key)

@@ -44,11 +44,11 @@ import importlib.util
 import json
 import multiprocessing
 import os
+from pathlib import Path
 import resource
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import av
 import numpy as np

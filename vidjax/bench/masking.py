@@ -38,9 +38,14 @@ import time
 
 import jax
 
-from vidjax import config as config_lib, errors, sharding, steps as steps_lib
-from vidjax import tasks
-from vidjax.bench import memory as memory_bench
+from vidjax import (
+  config as config_lib,
+  errors,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
+from vidjax.bench import memory as memory_bench, random_batches
 from vidjax.data import batches
 from vidjax.models import flops as flops_lib, shapes
 
@@ -70,7 +75,7 @@ def cpu_seconds_per_step(config, batch_size: int,
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
       config, tasks.get_task(config.task), mesh)
-  batch = batches.random_batch(config, batch_size, mesh)
+  batch = random_batches.random_batch(config, batch_size, mesh)
   key = jax.random.key(0)
   out = {}
   for name, step in (("masked", steps.train),
@@ -113,7 +118,7 @@ def main(argv=None) -> dict:
         f"{args.config}: needs a CLIP with model.mask_ratio > 0",
         hint="e.g. configs/clip_vitb16_ego4d.py:flip, or --mask-ratio 0.5")
   config.unmask_fraction = config.unmask_fraction or 0.5  # Both steps built.
-  config_lib.validate(config)
+  config_lib.validate(config, jax.device_count())
   both = {"masked": model, "unmasked": shapes.unmasked(model)}
   print(f"{args.config}: {model.variant} CLIP, {model.num_frames} frames of "
         f"{model.image_size}px, mask_ratio {model.mask_ratio:g} "

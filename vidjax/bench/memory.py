@@ -34,8 +34,13 @@ import time
 
 import jax
 
-from vidjax import config as config_lib, memory, sharding, steps as steps_lib
-from vidjax import tasks
+from vidjax import (
+  config as config_lib,
+  memory,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 from vidjax.bench import cuda_trace
 from vidjax.data import batches
 

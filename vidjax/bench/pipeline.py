@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 import tempfile
 import time
-from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
 import psutil
 
-from vidjax import sharding
+from vidjax import defaults, sharding
 from vidjax.bench import footage
 from vidjax.data import annotations, chunk, pipeline, video
 
@@ -48,7 +48,7 @@ def write_records(store: Path, video_id: str, path: Path,
 def data_config(store: Path, records: Path, frames: int, stride: int,
                 size: int) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict({"seed": 0,
-                                      "data": pipeline.default_data_config()})
+                                      "data": defaults.data_config()})
   config.data.update(root=str(store), train_annotations=str(records),
                      num_frames=frames, sampling="stride", stride=stride,
                      size=size)

@@ -17,8 +17,8 @@ On the chunk files and decoded frames of one store, one thread:
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
+import time
 
 import av
 import numpy as np

@@ -23,22 +23,37 @@ formats as released and report bad rows as `ValueError: FILE:LINE: problem`:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 import json
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 import numpy as np
 
 from vidjax import errors
-from vidjax.data.ek100 import (check_relevancy_shape, ek100_action_map,
-                               load_ek100_cls, load_ek100_mir,
-                               load_ek100_mir_sentences, load_relevancy)
-from vidjax.data.records import (FIELDS, ClipRecord, PathLike, error, jsonable,
-                                 load_pickle, parse_timestamp, read_csv,
-                                 read_lines, span, to_int)
+from vidjax.data.ek100 import (
+  check_relevancy_shape,
+  ek100_action_map,
+  load_ek100_cls,
+  load_ek100_mir,
+  load_ek100_mir_sentences,
+  load_relevancy,
+)
+from vidjax.data.records import (
+  FIELDS,
+  ClipRecord,
+  PathLike,
+  error,
+  jsonable,
+  load_pickle,
+  parse_timestamp,
+  read_csv,
+  read_lines,
+  span,
+  to_int,
+)
 
 __all__ = [
     'ClipRecord', 'FORMATS', 'LOADERS', 'check_relevancy_shape',

@@ -2,22 +2,21 @@
 
 `HostBatches` turns Grain's stream of clip groups into this process's
 numeric batches, counting failed reads per file and padding a short final
-evaluation batch with invalid elements; `batch_spec` and `random_batch`
-describe the global batches the pipeline yields, for tools that trace,
-compile or time the steps without reading any video.
+evaluation batch with invalid elements; `batch_spec` describes the global
+batches the pipeline yields (the elements' `loader.element_spec` with a
+batch axis), for what traces or compiles the steps without reading any
+video (the memory check, the benchmarks).
 """
 from __future__ import annotations
 
 import collections
-import functools
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vidjax import errors, sharding, tasks
+from vidjax import defaults, errors
 from vidjax.data import loader
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
@@ -199,7 +198,7 @@ def target_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   for data.format 'ek100_cls'). The pipeline's batches carry these only,
   whatever else the annotation rows have.
   """
-  keys = ("tokens",) if tasks.get_task(config.task).NEEDS_TEXT else ()
+  keys = ("tokens",) if defaults.needs_text(config.task) else ()
   if config.task == "classification":
     keys += ("label",) + (("verb", "noun")
                           if config.data.format == "ek100_cls" else ())
@@ -219,48 +218,13 @@ def batch_spec(config: ml_collections.ConfigDict,
 
   Returns:
     dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
-    int32[B, 77] for video-text tasks; label int32[B] for classification
-    (and verb, noun for data.format 'ek100_cls'); index, view, skipped
-    int32[B]; valid bool[B].
+    int32[B, L] for video-text tasks (L: `model.text.context_length`);
+    label int32[B] for classification (and verb, noun for data.format
+    'ek100_cls'); index, view, skipped int32[B]; valid bool[B].
   """
-  data = config.data
-  height, width = loader.ClipSpec.from_config(data).size
-  spec = {"video": ((data.num_frames, height, width, 3), np.uint8)}
-  for key in target_keys(config):
-    spec[key] = ((loader.CONTEXT_LENGTH,) if key == "tokens" else (), np.int32)
-  spec.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
-              skipped=((), np.int32))
+  text = config.model.get("text")
+  spec = loader.element_spec(
+      loader.ClipSpec.from_config(config.data), target_keys(config),
+      text.context_length if text else defaults.CONTEXT_LENGTH)
   return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
           for k, (shape, dtype) in spec.items()}
-
-
-def random_batch(config: ml_collections.ConfigDict, batch_size: int,
-                 mesh: jax.sharding.Mesh, seed: int = 0) -> dict[str, jax.Array]:
-  """A device-resident random batch of `batch_spec`, sharded as the pipeline's.
-
-  Frames are uniform uint8, tokens uniform over the text tower's vocabulary,
-  labels over the classifier's classes; every element is valid. Made on the
-  devices, so that a benchmark times the step without the host in the way.
-  """
-  spec = batch_spec(config, batch_size)
-  high = {"tokens": config.model.text.vocab_size if "text" in config.model else 1,
-          **{name: config.model.num_classes if "num_classes" in config.model else 1
-             for name in ("label", "verb", "noun")}}
-
-  @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))
-  def make(key):
-    keys = dict(zip(spec, jax.random.split(key, len(spec))))
-    out = {}
-    for name, s in spec.items():
-      if name == "video":
-        out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
-      elif name in high:
-        out[name] = jax.random.randint(keys[name], s.shape, 0, high[name],
-                                       jnp.int32)
-      elif name == "index":
-        out[name] = jnp.arange(batch_size, dtype=jnp.int32)
-      else:  # view, skipped: 0; valid: True.
-        out[name] = jnp.full(s.shape, name == "valid", s.dtype)
-    return out
-
-  return make(jax.random.key(seed))

@@ -39,8 +39,13 @@ from absl import logging
 import jax
 import ml_collections
 
-from vidjax import errors
-from vidjax.data import annotations, pipeline, tokenizer as tokenizer_lib, video
+from vidjax import errors, rundir
+from vidjax.data import (
+  annotation_files,
+  annotations,
+  tokenizer as tokenizer_lib,
+  video,
+)
 
 # A span may end a little past the video (rounding, a shorter download): its
 # frames are clamped to the video. Past this many times its length it is not
@@ -72,7 +77,7 @@ def check_paths(config: ml_collections.ConfigDict, keys: list[str]) -> None:
   for key in keys:
     value = functools.reduce(lambda node, part: node[part], key.split("."),
                              config)
-    for path in pipeline.split_paths(value) or [value]:
+    for path in annotation_files.split_paths(value) or [value]:
       if not path or not os.path.exists(path):
         problems.append(f"{key} = {path!r} "
                         f"({'unset' if not path else 'not found'})")
@@ -82,7 +87,8 @@ def check_paths(config: ml_collections.ConfigDict, keys: list[str]) -> None:
 
 
 def load_tokenizer(config: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
-  """The CLIP tokenizer of `data.vocab`, found in open_clip when unset.
+  """The CLIP tokenizer of `data.vocab`, found in open_clip when unset,
+  making texts of `model.text.context_length` tokens.
 
   Sets `data.vocab` to the file found, and `model.text.vocab_size` to the
   file's size when it is 0.
@@ -99,7 +105,8 @@ def load_tokenizer(config: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer
     config.data.vocab = found
   check_paths(config, ["data.vocab"])
   try:
-    tokenizer = tokenizer_lib.Tokenizer(config.data.vocab)
+    tokenizer = tokenizer_lib.Tokenizer(
+        config.data.vocab, context_length=config.model.text.context_length)
   except ValueError as e:
     raise errors.ConfigError(f"data.vocab: {e}", hint="it should be a gzip "
                              f"BPE merges file like {tokenizer_lib.CLIP_VOCAB_FILE}") from e
@@ -296,7 +303,7 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
   records = {}
   for path in dict.fromkeys(files):  # In order: training first.
     try:
-      records[path] = pipeline.load_annotations(data, path)
+      records[path] = annotation_files.load_annotations(data, path)
     except (OSError, ValueError, KeyError) as e:
       # Ours name their file (maybe another: EK-100's action ids read both).
       named = isinstance(e, errors.DataFileError) or path in str(e)
@@ -334,7 +341,7 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
       reports[split].warnings = _untrained_labels(
           recs, trained, num_classes, ", ".join(
               map(os.path.basename,
-                  pipeline.split_paths(data.train_annotations))))
+                  annotation_files.split_paths(data.train_annotations))))
   return reports
 
 
@@ -360,7 +367,7 @@ def _write_bad_rows(r: Report, workdir) -> str | None:
   if not r.bad or jax.process_index() != 0:
     return None
   os.makedirs(os.fspath(workdir), exist_ok=True)
-  path = os.path.join(os.fspath(workdir), f"bad_rows_{r.split}.jsonl")
+  path = os.fspath(rundir.bad_rows(workdir, r.split))
   r.write_bad_rows(path)
   return path
 

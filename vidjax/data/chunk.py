@@ -40,18 +40,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Iterable, Iterator
 import concurrent.futures as futures
+from concurrent.futures.process import BrokenProcessPool
 import dataclasses
 import fractions
 import json
 import math
 import multiprocessing
 import os
+from pathlib import Path
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
-from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
 from absl import logging
 import av

@@ -21,9 +21,9 @@ Samplers:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
 import math
-from collections.abc import Sequence
 
 import numpy as np
 

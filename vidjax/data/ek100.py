@@ -20,16 +20,23 @@ LaViLa/AVION distribute):
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator, Mapping, Sequence
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from vidjax import errors
-from vidjax.data.records import (ClipRecord, PathLike, error, load_pickle,
-                                 parse_timestamp, read_csv, to_int)
+from vidjax.data.records import (
+  ClipRecord,
+  PathLike,
+  error,
+  load_pickle,
+  parse_timestamp,
+  read_csv,
+  to_int,
+)
 
 # Positives of a MIR training clip: captions of relevancy > 0.1 (AVION).
 POSITIVE_THRESHOLD = 0.1

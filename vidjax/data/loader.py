@@ -6,9 +6,10 @@ and flip come from the `np.random.Generator` that Grain derives from the seed
 and the element's index, so a run's batches do not depend on the number of
 workers. In evaluation it is a plain map over (record, clip view, crop view).
 
-Every element is a dict of numpy arrays:
+Every element is a dict of numpy arrays (`element_spec`):
   video    uint8[T, H, W, 3]   RGB frames
-  tokens   int32[77]           if the records have text and a tokenizer is set
+  tokens   int32[L]            if the records have text and a tokenizer is set
+                               (L: its context length, CLIP's 77)
   label    int32[]             if the records have labels (also verb / noun for
                                EPIC-Kitchens-100)
   (of these targets, only those named by `targets` when given: the task's)
@@ -32,18 +33,16 @@ lists), else its narration. Evaluation always uses the narration.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+import dataclasses
 
 import numpy as np
 
+from vidjax import defaults
 from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
 from vidjax.errors import DataFileError
 
-CONTEXT_LENGTH = 77
 TARGETS = ("tokens", "label", "verb", "noun")  # What an element may carry.
-SAMPLINGS = ("segment", "stride")  # `data.sampling`
-CROPS = ("random_resized", "multi_scale", "center")  # `data.crop`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,24 +73,40 @@ class ClipSpec:
   eval_crops: int = 1
 
   def __post_init__(self):
-    if self.sampling not in SAMPLINGS:
-      raise ValueError(f"sampling must be one of {SAMPLINGS}, got "
+    if self.sampling not in defaults.SAMPLINGS:
+      raise ValueError(f"sampling must be one of {defaults.SAMPLINGS}, got "
                        f"{self.sampling!r}")
-    if self.crop not in CROPS:
-      raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
+    if self.crop not in defaults.CROPS:
+      raise ValueError(f"crop must be one of {defaults.CROPS}, got "
+                       f"{self.crop!r}")
 
   @property
   def views(self) -> int:
     return self.eval_clips * self.eval_crops
 
   @classmethod
-  def from_config(cls, data) -> "ClipSpec":
+  def from_config(cls, data) -> ClipSpec:
     """From `config.data` (its `size` an int side or (H, W))."""
     size = data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
     return cls(num_frames=data.num_frames, sampling=data.sampling,
                stride=data.stride, size=tuple(size), crop=data.crop,
                crop_scale=tuple(data.crop_scale), hflip=data.hflip,
                eval_clips=data.eval_clips, eval_crops=data.eval_crops)
+
+
+def element_spec(spec: ClipSpec, targets: Sequence[str],
+                 context_length: int = defaults.CONTEXT_LENGTH
+                 ) -> dict[str, tuple[tuple[int, ...], type]]:
+  """(shape, dtype) of each array of an element carrying `targets` (of
+  `TARGETS`), as in the module docstring; the `errors` string aside."""
+  height, width = spec.size
+  out = {"video": ((spec.num_frames, height, width, 3), np.uint8)}
+  for key in TARGETS:
+    if key in targets:
+      out[key] = ((context_length,) if key == "tokens" else (), np.int32)
+  out.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
+             skipped=((), np.int32))
+  return out
 
 
 class ClipLoader:
@@ -110,11 +125,13 @@ class ClipLoader:
     # Only the targets the task reads (`batches.target_keys`): two sets of
     # one shape then make batches of one structure, and one compiled step.
     wanted = set(TARGETS if targets is None else targets)
-    self.has_text = (tokenizer is not None and first.text is not None
-                     and "tokens" in wanted)
-    self.has_label = first.label is not None and "label" in wanted
-    self.extra_labels = [k for k in ("verb_class", "noun_class")
-                         if k in first.extra and k.removesuffix("_class") in wanted]
+    carried = {"tokens": tokenizer is not None and first.text is not None,
+               "label": first.label is not None,
+               "verb": "verb_class" in first.extra,
+               "noun": "noun_class" in first.extra}
+    self.targets = tuple(k for k in TARGETS if k in wanted and carried[k])
+    self._spec = element_spec(spec, self.targets, getattr(
+        tokenizer, "context_length", defaults.CONTEXT_LENGTH))
 
   # Grain calls this with (element, rng) in training (`random_map`).
   def train_element(self, index: int, rng: np.random.Generator) -> dict:
@@ -202,25 +219,19 @@ class ClipLoader:
 
   def _targets(self, index: int, rng) -> dict:
     record, out = self.records[index], {}
-    if self.has_text:
-      out["tokens"] = self.tokenizer(self._text(index, rng))[0].astype(
-          np.int32)
-    if self.has_label:
-      out["label"] = np.int32(record.label)
-    for key in self.extra_labels:
-      out[key.removesuffix("_class")] = np.int32(record.extra[key])
+    for key in self.targets:
+      if key == "tokens":
+        out[key] = self.tokenizer(self._text(index, rng))[0].astype(np.int32)
+      elif key == "label":
+        out[key] = np.int32(record.label)
+      else:  # EPIC-Kitchens-100's verb and noun.
+        out[key] = np.int32(record.extra[f"{key}_class"])
     return out
 
   def _invalid(self, index: int, view: int, errors: list[str]) -> dict:
     """A zero clip marked invalid, same structure as a good element."""
-    h, w = self.spec.size
-    out = {"video": np.zeros((self.spec.num_frames, h, w, 3), np.uint8)}
-    if self.has_text:
-      out["tokens"] = np.zeros(CONTEXT_LENGTH, np.int32)
-    if self.has_label:
-      out["label"] = np.int32(0)
-    for key in self.extra_labels:
-      out[key.removesuffix("_class")] = np.int32(0)
-    out.update(index=np.int32(index), view=np.int32(view), valid=np.bool_(False),
+    out = {k: np.zeros(shape, dtype)[()]  # [()]: 0-d ones as numpy scalars.
+           for k, (shape, dtype) in self._spec.items()}
+    out.update(index=np.int32(index), view=np.int32(view),
                skipped=np.int32(len(errors)), errors="\n".join(errors))
     return out

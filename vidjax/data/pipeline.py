@@ -33,7 +33,7 @@ state: stopped, blocked on IO, ...) and the chunk files it reads. A worker
 that dies raises `errors.DataWorkerDied`, saying which and how
 (`vidjax.data.workers`).
 
-Config keys (`config.data`, see `default_data_config`):
+Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
   root            chunk store (written by `python -m vidjax.data.chunk`)
   train_annotations / eval_annotations   annotation files; several training
                   files separated by commas are concatenated (LaViLa's
@@ -41,6 +41,7 @@ Config keys (`config.data`, see `default_data_config`):
   format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics |
                   kinetics_list (see `vidjax.data.annotations`); the
                   `kinetics` class ids are the training classes, sorted
+                  (`vidjax.data.annotation_files`)
   label           for ek100_cls: action | verb | noun
   allow_pickle    let `ego4d` / relevancy loaders unpickle (runs code!)
   train_sentences, train_relevancy   EK-100 MIR training positives: each
@@ -73,14 +74,18 @@ import os
 import shutil
 
 import grain
-from grain._src.python.ipc import shared_memory_array
 import jax
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, batches, ek100, loader, prefetch, reads
-from vidjax.data import workers as workers_lib
-from vidjax.data import records as records_lib
+from vidjax.data import (
+  annotation_files,
+  batches,
+  loader,
+  prefetch,
+  reads,
+  workers as workers_lib,
+)
 
 SHM_DIR = workers_lib.SHM_DIR
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
@@ -91,99 +96,6 @@ MIN_SHM_BYTES = 4096
 PENDING_FREES = 2
 # The most frames a worker hands over at once (see the module docstring).
 TRANSFER_BYTES = 32 * 2**20
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      root="", train_annotations="", eval_annotations="", format="jsonl",
-      label="action", allow_pickle=False, vocab="",
-      train_sentences="", train_relevancy="", positive_threshold=0.1,
-      num_frames=16, sampling="segment", stride=4, size=224,
-      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
-      eval_clips=1, eval_crops=1,
-      workers=0, threads=0, worker_buffer=8, device_prefetch=2,
-      stall_warn_s=60.0,
-      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01,
-      synthetic=ml_collections.ConfigDict(dict(
-          enabled=False, num_videos=96, segments_per_video=2,
-          segment_seconds=3.0, height=96, width=128, seed=0,
-          relevancy=False))))
-
-
-def split_paths(value: str) -> list[str]:
-  """'a.jsonl,b.jsonl' -> ['a.jsonl', 'b.jsonl'] (several annotation files)."""
-  return [p.strip() for p in str(value).split(",") if p.strip()]
-
-
-def load_annotations(data: ml_collections.ConfigDict, path: str):
-  """Records of an annotation file (or of comma-separated files, in order)."""
-  kw = {}
-  if data.format == "ego4d":
-    kw["allow_pickle"] = data.allow_pickle
-  if data.format == "kinetics":
-    kw["label_map"] = kinetics_label_map(data, path)
-  if data.format == "ek100_cls":
-    kw["label"] = data.label
-    if data.label == "action":
-      kw["action_map"] = ek100_actions(data)
-  return annotations.load_records(data.format, split_paths(path), **kw)
-
-
-def ek100_actions(data: ml_collections.ConfigDict) -> dict[tuple[int, int], int]:
-  """EK-100 action ids, `{(verb, noun): action}`, numbered over the training
-  and validation CSVs together (as AVION's action heads are)."""
-  return annotations.ek100_action_map(
-      [p for value in (data.train_annotations, data.eval_annotations)
-       for p in split_paths(value)])
-
-
-def _kinetics_classes(path: str) -> set[str]:
-  """The class names in a Kinetics CSV's `label` column (none if it has none)."""
-  return {row["label"] for _, row in records_lib.read_csv(path, ())
-          if row.get("label") is not None}
-
-
-def kinetics_label_map(data: ml_collections.ConfigDict,
-                       path: str) -> dict[str, int]:
-  """Class ids for format 'kinetics': the training files' class names, sorted.
-
-  One map for every file, so that training, its evaluations and a later
-  `--mode eval` agree on the ids even when the files list different classes
-  (e.g. filtered to the videos that could be downloaded). Without training
-  files (evaluating released weights) the names of `path` itself.
-
-  Raises:
-    errors.DataFileError: a file of `path` has classes the training files
-      lack (no id of the trained model is theirs).
-  """
-  train = split_paths(data.train_annotations) or split_paths(path)
-  names = set().union(*map(_kinetics_classes, train))
-  for file in split_paths(path):
-    unknown = sorted(_kinetics_classes(file) - names)
-    if unknown:
-      shown = ", ".join(map(repr, unknown[:5])) + (
-          f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-      raise errors.DataFileError(
-          f"{file}: {len(unknown)} class{'es' if len(unknown) > 1 else ''} "
-          f"not in the training classes of {', '.join(train)}: {shown}. "
-          "Class ids come from the training classes (sorted); leave these "
-          "rows out of the file")
-  return {name: i for i, name in enumerate(sorted(names))}
-
-
-def caption_positives(data: ml_collections.ConfigDict, records):
-  """EK-100 MIR training positives (`data.train_relevancy`), or None."""
-  if not data.train_relevancy:
-    return None
-  files = split_paths(data.train_annotations)
-  if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:
-    raise errors.ConfigError(
-        "data.train_relevancy needs data.format='ek100_mir', one "
-        "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
-        "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)")
-  return ek100.mir_positives(
-      records, files[0], data.train_sentences, data.train_relevancy,
-      threshold=data.positive_threshold, allow_pickle=data.allow_pickle)
 
 
 def clip_bytes(data: ml_collections.ConfigDict) -> int:
@@ -292,10 +204,10 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
   ds = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
   if workers is not None:
-    workers_lib.mark_flags_parsed()
+    workers_lib.mark_flags_parsed()  # Process-wide: absl's FLAGS parsed.
     # Grain sets its queue of frees up on first use; setting it first keeps
     # it short (`shared_memory_bytes`).
-    shared_memory_array.SharedMemoryArray.enable_async_del(
+    grain.multiprocessing.SharedMemoryArray.enable_async_del(
         1, max_outstanding_requests=PENDING_FREES)
     ds = grain.experimental.WithOptionsIterDataset(
         ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
@@ -340,7 +252,7 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                      f"{jax.process_count()} processes")
   path = data.train_annotations if train else data.eval_annotations
   if records is None:
-    records = load_annotations(data, path)
+    records = annotation_files.load_annotations(data, path)
   if not records:
     raise errors.DataFileError(f"{path}: no annotation rows")
   local_batch = batch_size // jax.process_count()
@@ -349,7 +261,8 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   clip_loader = loader.ClipLoader(
       records, data.root, loader.ClipSpec.from_config(data), tokenizer,
       max_attempts=data.max_attempts,
-      positives=caption_positives(data, records) if train else None,
+      positives=(annotation_files.caption_positives(data, records)
+                 if train else None),
       targets=batches.target_keys(config))
   start = batches.resume_group(state, group) if state else 0
   workers = workers_lib.Workers(data.workers) if data.workers else None

@@ -16,8 +16,8 @@ import time
 
 from absl import logging
 import jax
-import numpy as np
 from jax.sharding import Mesh
+import numpy as np
 
 from vidjax import sharding
 

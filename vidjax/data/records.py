@@ -7,12 +7,12 @@ the file without a traceback to read.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 import csv
 import dataclasses
 import os
 import pickle
 import re
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
+import shutil
 
 from absl import logging
 import av
@@ -38,6 +38,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from vidjax import rundir
 from vidjax.data import annotations, chunk, synthetic_annotations
 
 DATA_PATH_KEYS = ("root", "train_annotations", "eval_annotations")
@@ -222,7 +223,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bo
     logging.info("data: %s given, so the synthetic corpus is not used",
                  ", ".join(given))
     return False
-  root = Path(workdir) / "synthetic"
+  root = rundir.path(workdir, rundir.SYNTHETIC)
 
   def make():
     make_corpus(root, num_videos=spec.num_videos,

@@ -30,11 +30,11 @@ corpus root:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import csv
 import os
-import pickle
-from collections.abc import Mapping, Sequence
 from pathlib import Path
+import pickle
 
 import ml_collections
 import numpy as np

@@ -21,17 +21,17 @@ CLIP. `fix_text=False` skips it (faster, and the same on any machine).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import functools
 import gzip
 import html
 import importlib.util
 import os
-from collections.abc import Sequence
 
 import numpy as np
 import regex
 
-from vidjax import errors
+from vidjax import defaults, errors
 
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2
@@ -138,12 +138,13 @@ class Tokenizer:
       installed; True: require it; False: never.
 
   Attributes:
-    vocab_size: number of ids (49408 for CLIP's vocabulary).
+    vocab_size: number of ids (`defaults.VOCAB_SIZE` for CLIP's vocabulary).
     start_id: id of the start-of-text token.
     end_id: id of the end-of-text token.
   """
 
-  def __init__(self, vocab_path: str | os.PathLike, context_length: int = 77,
+  def __init__(self, vocab_path: str | os.PathLike,
+               context_length: int = defaults.CONTEXT_LENGTH,
                fix_text: bool | None = None):
     if context_length < 2:
       raise ValueError(f'context_length must be >= 2, got {context_length}')

@@ -29,13 +29,13 @@ frame raises `VideoReadError` naming the file and the frame.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 import dataclasses
 import fractions
 import functools
 import math
 import os
 import threading
-from collections.abc import Sequence
 
 import av
 import numpy as np

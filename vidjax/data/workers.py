@@ -31,13 +31,13 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from multiprocessing import shared_memory
 import os
 import re
 import secrets
 import signal
 import threading
 import time
-from multiprocessing import shared_memory
 
 from absl import flags
 import grain.multiprocessing
@@ -62,7 +62,11 @@ _GRAIN_DEATH = re.compile(r"terminated unexpectedly with exit code (-?\d+)")
 def mark_flags_parsed() -> None:
   """Grain reads absl flags in the trainer and in its workers; outside an
   absl app (notebooks, tests) they were never parsed, which raises
-  UnparsedFlagAccessError. Their defaults are what we want."""
+  UnparsedFlagAccessError. Their defaults are what we want.
+
+  Process-wide: absl's global `flags.FLAGS` is marked parsed (flags
+  defined later keep their defaults).
+  """
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 

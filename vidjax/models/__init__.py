@@ -1,12 +1,13 @@
 """Models: video ViT, CLIP, VideoMAE, classifier; built from a config.
 
 `build_model(config, rngs=...)` reads these keys of `config` (a ConfigDict,
-usually `config.model`; `default_model_config(name)` has all of them):
+usually `config.model`; `vidjax.defaults.model_config(name)` has all of
+them, with their defaults):
 
 Every model
   name          'clip' | 'videomae' | 'classifier'.
   variant       vision size and patch, e.g. 'Ti/16', 'S/16', 'B/16', 'L/14'
-                (sizes in `vit.VARIANTS`; MLP width 4x).
+                (sizes in `defaults.VARIANTS`; MLP width 4x).
   width, depth, heads, mlp_dim
                 None, or an int that overrides the variant (tiny test models).
   image_size    input side in pixels (224).
@@ -43,7 +44,8 @@ Every model
   command line (`vidjax.models.facts`).
 'clip'
   embed_dim     joint embedding size (512 for B/16).
-  text.vocab_size 49408, text.context_length 77, text.width 512,
+  text.vocab_size 49408 and text.context_length 77 (CLIP's tokenizer
+                makes texts of this many tokens), text.width 512,
   text.heads 8, text.layers 12, text.ln_eps 1e-5.
   logit_scale_init  log(1/temperature) at init (log(1/0.07)).
   learn_logit_scale whether it is trained.
@@ -74,138 +76,94 @@ construction, or from `rngs=` given at call time (nnx.Rngs or a key).
 """
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
-from flax import nnx
-from ml_collections import config_dict
 
-from vidjax.models.clip import CLIP, INIT_LOGIT_SCALE
-from vidjax.models.videomae import Classifier, VideoMAE
+from vidjax import defaults
+from vidjax.models.clip import CLIP
 from vidjax.models.transformer import drop_path_rates
-from vidjax.models.vit import VARIANTS, VisionTransformer, parse_variant
+from vidjax.models.videomae import Classifier, VideoMAE
+from vidjax.models.vit import VisionTransformer
 
-__all__ = ['CLIP', 'Classifier', 'VARIANTS', 'VideoMAE', 'VisionTransformer',
-           'build_model', 'default_model_config', 'model_kwargs',
-           'resolve_dtype']
-
-MODEL_NAMES = ('clip', 'videomae', 'classifier')
-# `model.dtype` and `model.residual_dtype` ('auto': bfloat16 on GPU).
-DTYPES = ('auto', 'bfloat16', 'float32', 'float16')
-
-
-def default_model_config(name: str = 'clip') -> ml_collections.ConfigDict:
-  """Every key `build_model` reads for model `name`, with AVION's defaults."""
-  if name not in MODEL_NAMES:
-    raise ValueError(f'model name must be one of {MODEL_NAMES}, got {name!r}')
-  videomae_like = name != 'clip'
-  config = ml_collections.ConfigDict(dict(
-      name=name,
-      variant='B/16',
-      width=config_dict.placeholder(int),
-      depth=config_dict.placeholder(int),
-      heads=config_dict.placeholder(int),
-      mlp_dim=config_dict.placeholder(int),
-      image_size=224,
-      num_frames=16,
-      tubelet=2 if videomae_like else 1,
-      dtype='auto',
-      residual_dtype='float32',
-      norm_dtype='float32',
-      attention='auto',
-      remat='none',
-      scan=False,
-      drop_path=0.0 if name == 'videomae' else 0.1,
-      drop_path_schedule='linear',
-      act={'clip': 'quick_gelu', 'videomae': 'gelu', 'classifier': ''}[name],
-      ln_eps={'clip': 1e-5, 'videomae': 1e-6,
-              'classifier': config_dict.placeholder(float)}[name],
-  ))
-  if name == 'clip':
-    config.embed_dim = 512
-    config.text = ml_collections.ConfigDict(dict(
-        vocab_size=49408, context_length=77, width=512, heads=8, layers=12,
-        ln_eps=1e-5))
-    config.logit_scale_init = INIT_LOGIT_SCALE
-    config.learn_logit_scale = True
-    config.mask_ratio = 0.0
-    config.mask_kind = 'random'
-  elif name == 'videomae':
-    config.mask_ratio = 0.9
-    config.decoder = ml_collections.ConfigDict(dict(width=384, depth=4,
-                                                    heads=6))
-    config.norm_pix_loss = True
-  else:
-    config.num_classes = 400
-    config.backbone = 'videomae'
-    config.pool = ''
-    config.head_ln_eps = config_dict.placeholder(float)
-    config.head_dropout = 0.0
-    config.head_init_scale = 0.001
-  return config
+__all__ = ["CLIP", "Classifier", "VideoMAE", "VisionTransformer", "MODELS",
+           "build_model", "model_kwargs", "resolve_dtype"]
 
 
 def resolve_dtype(name: str):
   """'bfloat16' | 'float32' | 'float16' | 'auto' -> a jnp dtype."""
-  if name == 'auto':
-    return jnp.bfloat16 if jax.default_backend() == 'gpu' else jnp.float32
-  if name not in DTYPES:
-    raise ValueError(f'model dtype must be one of {DTYPES}, got {name!r}')
+  if name == "auto":
+    return jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+  if name not in defaults.DTYPES:
+    raise ValueError(f"model dtype must be one of {defaults.DTYPES}, "
+                     f"got {name!r}")
   return jnp.dtype(name).type
+
+
+def _clip_kwargs(config, vision: dict) -> dict:
+  text = config.text
+  return dict(
+      act=config.act, norm_eps=config.ln_eps, text_norm_eps=text.ln_eps,
+      embed_dim=config.embed_dim,
+      **{f"vision_{key}": value for key, value in vision.items()},
+      vocab_size=text.vocab_size, context_length=text.context_length,
+      text_width=text.width, text_heads=text.heads, text_depth=text.layers,
+      logit_scale_init=config.logit_scale_init,
+      learn_logit_scale=config.learn_logit_scale,
+      mask_ratio=config.mask_ratio, mask_kind=config.mask_kind)
+
+
+def _videomae_kwargs(config, vision: dict) -> dict:
+  return dict(
+      **vision, act=config.act, norm_eps=config.ln_eps,
+      decoder_width=config.decoder.width, decoder_depth=config.decoder.depth,
+      decoder_heads=config.decoder.heads, mask_ratio=config.mask_ratio,
+      norm_pix_loss=config.norm_pix_loss)
+
+
+def _classifier_kwargs(config, vision: dict) -> dict:
+  return dict(
+      **vision, num_classes=config.num_classes, act=config.act or None,
+      norm_eps=config.ln_eps, head_norm_eps=config.head_ln_eps,
+      backbone=config.backbone, pool=config.pool or None,
+      head_dropout=config.head_dropout,
+      head_init_scale=config.head_init_scale)
+
+
+# The model registry: `model.name` (the names of `defaults.MODELS`, whose
+# `model_config` has their keys) -> the class and its keyword arguments
+# beyond the vision tower's.
+MODELS = {"clip": (CLIP, _clip_kwargs),
+          "videomae": (VideoMAE, _videomae_kwargs),
+          "classifier": (Classifier, _classifier_kwargs)}
 
 
 def model_kwargs(config: ml_collections.ConfigDict) -> dict:
   """The constructor keyword arguments (without rngs) for `config.name`."""
-  sizes = parse_variant(config.variant)
-  for key in ('width', 'depth', 'heads', 'mlp_dim'):
+  if config.name not in MODELS:
+    raise ValueError(f"config.name must be one of {tuple(MODELS)}, "
+                     f"got {config.name!r}")
+  sizes = defaults.parse_variant(config.variant)
+  for key in ("width", "depth", "heads", "mlp_dim"):
     if config[key] is not None:
       sizes[key] = config[key]
   if config.mlp_dim is None:
-    sizes['mlp_dim'] = 4 * sizes['width']
+    sizes["mlp_dim"] = 4 * sizes["width"]
   common = dict(
-      patch_size=sizes['patch_size'], image_size=config.image_size,
+      patch_size=sizes["patch_size"], image_size=config.image_size,
       num_frames=config.num_frames, tubelet=config.tubelet,
-      drop_path=drop_path_rates(config.drop_path, sizes['depth'],
+      drop_path=drop_path_rates(config.drop_path, sizes["depth"],
                                 config.drop_path_schedule),
       attention=config.attention, remat=config.remat, scan=config.scan,
       dtype=resolve_dtype(config.dtype),
       residual_dtype=resolve_dtype(config.residual_dtype),
       norm_dtype=resolve_dtype(config.norm_dtype))
-  vision = dict(width=sizes['width'], depth=sizes['depth'],
-                heads=sizes['heads'], mlp_dim=sizes['mlp_dim'])
-  if config.name == 'clip':
-    text = config.text
-    return dict(
-        common, act=config.act, norm_eps=config.ln_eps,
-        text_norm_eps=config.text.ln_eps, embed_dim=config.embed_dim,
-        **{f'vision_{key}': value for key, value in vision.items()},
-        vocab_size=text.vocab_size, context_length=text.context_length,
-        text_width=text.width, text_heads=text.heads, text_depth=text.layers,
-        logit_scale_init=config.logit_scale_init,
-        learn_logit_scale=config.learn_logit_scale,
-        mask_ratio=config.mask_ratio, mask_kind=config.mask_kind)
-  if config.name == 'videomae':
-    return dict(
-        common, **vision, act=config.act, norm_eps=config.ln_eps,
-        decoder_width=config.decoder.width,
-        decoder_depth=config.decoder.depth,
-        decoder_heads=config.decoder.heads, mask_ratio=config.mask_ratio,
-        norm_pix_loss=config.norm_pix_loss)
-  if config.name == 'classifier':
-    return dict(
-        common, **vision, num_classes=config.num_classes,
-        act=config.act or None, norm_eps=config.ln_eps,
-        head_norm_eps=config.head_ln_eps, backbone=config.backbone,
-        pool=config.pool or None,
-        head_dropout=config.head_dropout,
-        head_init_scale=config.head_init_scale)
-  raise ValueError(f'config.name must be one of {MODEL_NAMES}, '
-                   f'got {config.name!r}')
+  vision = dict(width=sizes["width"], depth=sizes["depth"],
+                heads=sizes["heads"], mlp_dim=sizes["mlp_dim"])
+  return dict(common, **MODELS[config.name][1](config, vision))
 
 
 def build_model(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
   """Builds the model `config.name` ('clip', 'videomae' or 'classifier')."""
-  kwargs = model_kwargs(config)
-  model_class = {'clip': CLIP, 'videomae': VideoMAE,
-                 'classifier': Classifier}[config.name]
-  return model_class(**kwargs, rngs=rngs)
+  return MODELS[config.name][0](**model_kwargs(config), rngs=rngs)

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import logging
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
+import jax
 from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
+import jax.numpy as jnp
 
-IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
+from vidjax import defaults
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # Sequence lengths are padded to a multiple of this on the cuDNN path.
@@ -54,7 +54,8 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 
 def cudnn_version() -> int | None:
   """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
-  # JAX's cuDNN attention asks the same function while tracing.
+  # JAX's cuDNN attention asks the same function while tracing; no public
+  # API tells the version (tests/test_layers.py pins this private one).
   # pylint: disable-next=import-outside-toplevel
   from jax._src.cudnn import fused_attention_stablehlo
   try:
@@ -118,9 +119,9 @@ def resolve_implementation(implementation: str, head_dim: int, dtype) -> str:
     ValueError: for an unknown name, or for 'cudnn' when the device, dtype or
       head size cannot use it.
   """
-  if implementation not in IMPLEMENTATIONS:
+  if implementation not in defaults.ATTENTION:
     raise ValueError(f'attention implementation must be one of '
-                     f'{IMPLEMENTATIONS}, got {implementation!r}')
+                     f'{defaults.ATTENTION}, got {implementation!r}')
   if implementation == 'xla':
     return 'xla'
   reason = cudnn_unsupported_reason(head_dim, dtype)

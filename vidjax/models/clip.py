@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import math
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
+from vidjax.defaults import CONTEXT_LENGTH, INIT_LOGIT_SCALE, VOCAB_SIZE
 from vidjax.models.text import TextTransformer
 from vidjax.models.vit import VisionTransformer
 
-# CLIP's initial temperature 0.07, as a log-space logit scale (LaViLa/AVION).
-INIT_LOGIT_SCALE = math.log(1 / 0.07)
+# The initial temperature is CLIP's 0.07 (`INIT_LOGIT_SCALE`, log-space).
 # CLIP and AVION clamp the learned log-space scale to [0, ln 100] after each
 # update (the train step does), so that exp(logit_scale) <= 100.
 MAX_LOGIT_SCALE = math.log(100.0)
@@ -37,7 +37,8 @@ class CLIP(nnx.Module):
                patch_size: int = 16, num_frames: int = 16, tubelet: int = 1,
                vision_width: int = 768, vision_depth: int = 12,
                vision_heads: int = 12, vision_mlp_dim: int | None = None,
-               vocab_size: int = 49408, context_length: int = 77,
+               vocab_size: int = VOCAB_SIZE,
+               context_length: int = CONTEXT_LENGTH,
                text_width: int = 512, text_heads: int = 8,
                text_depth: int = 12, act: str = 'quick_gelu',
                norm_eps: float = 1e-5, text_norm_eps: float = 1e-5,

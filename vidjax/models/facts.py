@@ -5,7 +5,7 @@ LayerNorm eps, the pooling, whether there is a class token (the backbone)
 and, for a video-text model, its temperature. The same tensors under other
 values compute another function (AVION's CLIP under QuickGELU: embeddings
 1-2% off; under LayerNorm eps 1e-5 instead of its vision tower's 1e-6, up
-to 0.5%). Every source (`sources.read_source`, `sources.read_start`)
+to 0.5%). Every source (`sources`, `vidjax.resume.read_start`)
 records its facts as {key of `config.model`: (value, why)}; `settle` sets
 the run's `config.model` from them before the model is built:
 

@@ -2,8 +2,9 @@
 
 A `Source` holds tensors already named by our parameter paths, with layers
 unstacked (`visual.blocks.layers.3.attn.qkv.kernel`), in our layouts;
-`weights.py` makes one from any released format, `sources.py` from what a
-path names. `fill` matches it to the parameters of the model being trained:
+`weights.py` makes one from any released format, `sources.py` (and, for
+a vidjax run, `vidjax.resume.read_init_from`) from what a path names. `fill`
+matches it to the parameters of the model being trained:
 
 1. A task change (CLIP -> classifier, VideoMAE -> classifier, ...) renames
    and drops whole parts (the text tower, the decoder) and names the parts
@@ -25,24 +26,22 @@ loaded, resized, dropped and left at its initial value.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
-import json
-import os
 import re
-from typing import Callable
 
 from absl import logging
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from vidjax import errors, keypaths
-from vidjax.models.tensor_io import (inflate_kernel, interpolate_pos_embed,
-                                     interpolate_temporal)
-
-REPORT_FILE = 'init_from.json'
-
+from vidjax import errors, keypaths, rundir
+from vidjax.models.tensor_io import (
+  inflate_kernel,
+  interpolate_pos_embed,
+  interpolate_temporal,
+)
 
 InitFromError = errors.InitFromError  # Weights that do not fit the model.
 
@@ -157,10 +156,9 @@ class Report:
   def log(self, workdir=None):
     """Logs the summary; process 0 writes WORKDIR/init_from.json."""
     logging.info('init_from: %s', self.summary())
-    if workdir is not None and jax.process_index() == 0:
-      path = os.path.join(os.fspath(workdir), REPORT_FILE)
-      with open(path, 'w', encoding='utf-8') as f:
-        json.dump(dataclasses.asdict(self), f, indent=1)
+    if workdir is not None:
+      rundir.write_json(rundir.path(workdir, rundir.INIT_FROM_JSON),
+                        dataclasses.asdict(self), indent=1)
 
 
 def _match(name: str, rules) -> str | None:
@@ -323,7 +321,7 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     params: the model's parameters (an nnx.State of jax.Arrays, e.g. from
       the sharded train state, or of ShapeDtypeStructs).
     model_config: `config.model` (its `name` and `tubelet` are read).
-    source: from `sources.read_source`.
+    source: from `vidjax.resume.read_start`.
     keep_init: see `fill` (`config.init_keep`).
     patch_inflation: see `fill`.
 

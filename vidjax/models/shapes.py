@@ -65,7 +65,7 @@ def attention_shapes(config: ml_collections.ConfigDict
   """The towers' attention shapes in training (module docstring), by name.
 
   Args:
-    config: a model config (`vidjax.models.default_model_config`).
+    config: a model config (`vidjax.defaults.model_config`).
 
   Returns:
     dict of `AttentionShape`, vision tower first.

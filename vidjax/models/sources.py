@@ -1,31 +1,29 @@
-"""What `init_from` names, or a run restarts from, as an `init_from.Source`.
+"""What `init_from` names, as an `init_from.Source`.
 
 * a weights file: `tensor_io.load_state_dict`, then `weights.convert`;
 * a Hugging Face `save_pretrained` directory: its config.json (what the
   model computed with, `facts`) and its weights (`HF_WEIGHTS`, sharded or
   not);
-* a vidjax run: its workdir or checkpoints directory (the best checkpoint
-  if recorded, else the latest) or one step directory: its parameters and
-  the config saved with them.
-
-`read_start` is what `train.setup` reads before it builds the model: every
-tensor of `init_from`, or only the config a checkpoint to resume was saved
-with (its facts: what the run computed with).
+* a vidjax run's parameters and the config saved with them
+  (`vidjax_source`; `vidjax.resume.read_init_from` finds and reads the
+  checkpoint: the run's best if recorded, else its latest, or one step).
 """
 from __future__ import annotations
 
 import json
 import os
 
-from vidjax import checkpoint, errors, resume
+from vidjax import errors
 from vidjax.models import facts as facts_lib, init_from, tensor_io
 from vidjax.models.tensor_io import load_state_dict
 from vidjax.models.weights import convert
 
 
-def _vidjax_source(params: dict, config: dict, description: str
-                   ) -> init_from.Source:
-  """A vidjax run's parameters; scanned layers are unstacked."""
+def vidjax_source(params: dict, config: dict, description: str
+                  ) -> init_from.Source:
+  """A vidjax run's parameters, as `checkpoint.read_params` reads them
+  ({dotted path: array}, and the config dict saved with them); scanned
+  layers are unstacked."""
   tensors = {}
   for path, value in params.items():
     if init_from.is_stacked(path):
@@ -78,24 +76,29 @@ def _hugging_face_source(path: str, allow_pickle: bool) -> init_from.Source:
   return convert(state_dict, path, hf_config=config)
 
 
+def is_hugging_face(path: str) -> bool:
+  """Whether `path` is a `save_pretrained` directory (config.json and
+  weights)."""
+  listed = os.listdir(path) if os.path.isdir(path) else []
+  return 'config.json' in listed and bool(set(HF_WEIGHTS) & set(listed))
+
+
 def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
-  """What `config.init_from` names, as a `Source`.
+  """A weights file or a Hugging Face directory, as a `Source`.
 
   Args:
-    path: a weights file (see `load_state_dict`), a Hugging Face
-      `save_pretrained` directory (config.json and `HF_WEIGHTS`), or a
-      vidjax run: its workdir or checkpoints directory (the best checkpoint
-      if recorded, else the latest) or one checkpoint step directory.
+    path: a weights file (see `load_state_dict`) or a Hugging Face
+      `save_pretrained` directory (config.json and `HF_WEIGHTS`).
     allow_pickle: see `load_state_dict`.
+
+  Raises:
+    errors.PathError: a directory that is neither (nor a vidjax run, which
+      `vidjax.resume.read_init_from` reads).
   """
+  if is_hugging_face(path):
+    return _hugging_face_source(path, allow_pickle)
   if os.path.isdir(path):
     listed = os.listdir(path)
-    if 'config.json' in listed and set(HF_WEIGHTS) & set(listed):
-      return _hugging_face_source(path, allow_pickle)
-    directory, step = resume.find_checkpoint(path, prefer_best=True)
-    if step is not None:
-      params, config = checkpoint.read_params(directory, step)
-      return _vidjax_source(params, config, os.path.join(directory, str(step)))
     files = sorted(f for f in listed if f.endswith(
         ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
     raise errors.PathError(
@@ -104,22 +107,3 @@ def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
         f'save_pretrained directory (config.json and one of {HF_WEIGHTS})'
         + (f'; to load a weights file, name it: {files}' if files else ''))
   return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
-
-
-def read_start(start: resume.StartPoint, *, allow_pickle: bool = False
-               ) -> init_from.Source | None:
-  """The source of a run's weights, read before its model is built.
-
-  'init_from': `read_source` (every tensor). 'workdir' and 'resume': the
-  checkpoint's saved config only, for its facts (what the run trained
-  with); its state is restored later. 'scratch': None.
-  """
-  if start.kind == 'init_from':
-    return read_source(start.path, allow_pickle=allow_pickle)
-  if start.kind not in ('workdir', 'resume'):
-    return None
-  config = checkpoint.read_config(start.path, start.step)
-  kind = (config.get('model') or {}).get('name') or 'run'
-  return init_from.Source(kind, {}, {},
-                          f'{start.path}/{start.step} (vidjax {kind})',
-                          facts=facts_lib.run_facts(config))

@@ -1,7 +1,9 @@
 """Reading foreign checkpoints: files, names and tensor layouts.
 
 Files (.pt/.pth/.bin/.ckpt through torch, .safetensors and .npz without it)
-become {name: numpy array}. PyTorch pickles are read with
+become {name: numpy array}. Safetensors files are read by the format's own
+library, whose reader checks the header against the file (offsets inside
+the data, sizes that fit the shapes) before any tensor is read. PyTorch pickles are read with
 `weights_only=True` (no code runs; argparse.Namespace, which AVION and
 LaViLa store as `args`, is allowed); TorchScript archives, such as OpenAI's
 released CLIP `.pt` files, are read as data without running their code or
@@ -13,7 +15,6 @@ embeddings become tubelet kernels, and positional tables are resized.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pickle
@@ -24,6 +25,8 @@ import zlib
 import jax
 import ml_dtypes
 import numpy as np
+import safetensors
+
 from vidjax import errors
 from vidjax.models import torchscript
 
@@ -39,42 +42,6 @@ def to_numpy(value) -> np.ndarray:
   if array.dtype.kind == 'f' or array.dtype == ml_dtypes.bfloat16:
     array = array.astype(np.float32, copy=False)
   return array
-
-
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """Reads a .safetensors file (an 8-byte header size, a JSON header, data).
-
-  Raises:
-    errors.InitFromError: a dtype numpy cannot hold.
-    ValueError, KeyError, TypeError: the file is damaged or not one
-      (`load_state_dict` says so, naming the file).
-  """
-  dtypes = {'F64': np.float64, 'F32': np.float32, 'F16': np.float16,
-            'BF16': ml_dtypes.bfloat16, 'I64': np.int64, 'I32': np.int32,
-            'I16': np.int16, 'I8': np.int8, 'U8': np.uint8, 'BOOL': np.bool_}
-  with open(path, 'rb') as f:
-    raw = f.read()
-  header_size = int.from_bytes(raw[:8], 'little')
-  if len(raw) < 8 + header_size:
-    raise ValueError(f'a {header_size}-byte header in a {len(raw)}-byte file')
-  header = json.loads(raw[8:8 + header_size])
-  if not isinstance(header, dict):
-    raise ValueError('the header is not a JSON object')
-  data = memoryview(raw)[8 + header_size:]
-  tensors = {}
-  for name, info in header.items():
-    if name == '__metadata__':
-      continue
-    if info['dtype'] not in dtypes:
-      raise errors.InitFromError(f'{path}: tensor {name!r} has unsupported '
-                                 f"dtype {info['dtype']}")
-    start, end = info['data_offsets']
-    if end > len(data):
-      raise ValueError(f'tensor {name!r} ends at byte {end} of the data, which '
-                       f'has {len(data)}')
-    tensors[name] = np.frombuffer(data[start:end], dtypes[info['dtype']]
-                                  ).reshape(info['shape'])
-  return tensors
 
 
 def is_torchscript(path: str) -> bool:
@@ -131,7 +98,7 @@ def _read_torch(path: str, allow_pickle: bool):
 # AttributeError from BUILD on a plain value, ...).
 _DAMAGED = (ValueError, KeyError, IndexError, TypeError, AssertionError,
             AttributeError, EOFError, OSError, RuntimeError, pickle.UnpicklingError,
-            zipfile.BadZipFile, zlib.error)
+            zipfile.BadZipFile, zlib.error, safetensors.SafetensorError)
 
 
 def _reason(error: Exception) -> str:
@@ -171,8 +138,9 @@ def load_state_dict(path: str, *, allow_pickle: bool = False
     raise errors.InitFromError(f'{path}: unknown checkpoint format {suffix!r} (expected '
                      f"{', '.join(TORCH_SUFFIXES)}, .safetensors or .npz)")
   try:
-    if suffix == '.safetensors':
-      raw = read_safetensors(path)
+    if suffix == '.safetensors':  # bfloat16 as ml_dtypes.bfloat16.
+      with safetensors.safe_open(path, framework='numpy') as f:
+        raw = {name: f.get_tensor(name) for name in f.keys()}
     elif suffix == '.npz':
       with np.load(path) as npz:  # A .npy has no `with`: a TypeError.
         raw = dict(npz)

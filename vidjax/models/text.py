@@ -1,10 +1,11 @@
 """CLIP's text transformer: causal attention, pooled at end-of-text."""
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
+from vidjax.defaults import CONTEXT_LENGTH, VOCAB_SIZE
 from vidjax.models.transformer import Transformer
 
 
@@ -16,7 +17,8 @@ class TextTransformer(nnx.Module):
   (kernel [width, output_dim], CLIP's text_projection).
   """
 
-  def __init__(self, *, vocab_size: int = 49408, context_length: int = 77,
+  def __init__(self, *, vocab_size: int = VOCAB_SIZE,
+               context_length: int = CONTEXT_LENGTH,
                width: int = 512, heads: int = 8, depth: int = 12,
                output_dim: int = 512, act: str = 'quick_gelu',
                norm_eps: float = 1e-5, attention: str = 'auto',

@@ -8,15 +8,17 @@ video ViT (`vit.py`), the text tower (`text.py`) and VideoMAE's decoder
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from vidjax import defaults
 from vidjax.models.attention import MultiHeadAttention
 
+# `defaults.ACTIVATIONS`: the functions.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     # OpenAI CLIP's sigmoid approximation of GELU.
     'quick_gelu': lambda x: x * jax.nn.sigmoid(1.702 * x),
@@ -43,6 +45,7 @@ _attention_saveable = _policies.save_from_both_policies(
 # What a remat'd block keeps for the backward pass ('none' = no remat). The
 # more it keeps, the less the backward pass recomputes and the more memory
 # it holds; each recipe says which fits what GPU (vidjax.bench.memory).
+# The names are `defaults.REMAT_POLICIES`.
 REMAT_POLICIES = {
     'none': None,
     # Block inputs only: a whole second forward (AVION's checkpointing).
@@ -59,9 +62,6 @@ REMAT_POLICIES = {
 }
 
 
-DROP_PATH_SCHEDULES = ('linear', 'uniform')
-
-
 def drop_path_rates(rate: float, depth: int,
                     schedule: str = 'linear') -> tuple[float, ...]:
   """Per-block stochastic-depth rates.
@@ -69,9 +69,9 @@ def drop_path_rates(rate: float, depth: int,
   'linear': 0 at the first block to `rate` at the last (timm, VideoMAE).
   'uniform': `rate` at every block (AVION's CLIP classifier).
   """
-  if schedule not in DROP_PATH_SCHEDULES:
+  if schedule not in defaults.DROP_PATH_SCHEDULES:
     raise ValueError(f'drop_path_schedule must be one of '
-                     f'{DROP_PATH_SCHEDULES}, got {schedule!r}')
+                     f'{defaults.DROP_PATH_SCHEDULES}, got {schedule!r}')
   if schedule == 'uniform':
     return (float(rate),) * depth
   return tuple(float(r) for r in np.linspace(0, rate, depth))

@@ -8,9 +8,9 @@ learned positions, token pooling).
 """
 from __future__ import annotations
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from vidjax.models.transformer import Transformer, dropout_stream
 from vidjax.models.vit import VisionTransformer, patchify, sincos_table
@@ -18,7 +18,8 @@ from vidjax.models.vit import VisionTransformer, patchify, sincos_table
 __all__ = ['BACKBONE_STYLES', 'Classifier', 'VideoMAE', 'num_masked_tokens',
            'patchify']
 
-# Architecture switches that differ between the two pretrainings.
+# Architecture switches that differ between the two pretrainings (the
+# names are `defaults.BACKBONES`).
 BACKBONE_STYLES = {
     'videomae': dict(class_token=False, pos_embed='sincos', pre_norm=False,
                      patch_bias=True, act='gelu', norm_eps=1e-6),

@@ -24,26 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from vidjax import defaults
 from vidjax.models.transformer import Transformer
 
-# name -> (width, depth, heads). MLP width is 4x. 'Ti' is for tests and demos.
-VARIANTS = {
-    'Ti': (192, 12, 3),
-    'S': (384, 12, 6),
-    'B': (768, 12, 12),
-    'L': (1024, 24, 16),
-    'H': (1280, 32, 16),
-}
-
-
-MASK_KINDS = ('random', 'tube')
 # Folded into the call's drop-path key for the draw of the kept tokens, so
 # that drop path's own draws stay what they are without masking.
 _MASK_STREAM = 0x6D61736B  # 'mask'.
@@ -63,8 +52,8 @@ def num_kept_tokens(grid: tuple[int, int, int], mask_ratio: float,
   Returns:
     The kept patch tokens, the class token not counted.
   """
-  if mask_kind not in MASK_KINDS:
-    raise ValueError(f'mask_kind must be one of {MASK_KINDS}, '
+  if mask_kind not in defaults.MASK_KINDS:
+    raise ValueError(f'mask_kind must be one of {defaults.MASK_KINDS}, '
                      f'got {mask_kind!r}')
   if not 0 <= mask_ratio < 1:
     raise ValueError(f'mask_ratio must be in [0, 1), got {mask_ratio}')
@@ -99,20 +88,6 @@ def kept_token_ids(key: jax.Array, batch: int, grid: tuple[int, int, int],
     ids = (jnp.arange(time)[None, :, None] * spatial
            + ids[:, None, :]).reshape(batch, kept)
   return ids.astype(jnp.int32)
-
-
-def parse_variant(variant: str) -> dict:
-  """'B/16' -> dict(width=768, depth=12, heads=12, mlp_dim=3072, patch_size=16).
-
-  Sizes are looked up in `VARIANTS`; the number after '/' is the patch side.
-  """
-  match = re.fullmatch(r'(\w+)/(\d+)', variant)
-  if not match or match.group(1) not in VARIANTS:
-    raise ValueError(f"model variant must look like 'B/16' with a size in "
-                     f'{sorted(VARIANTS)}, got {variant!r}')
-  width, depth, heads = VARIANTS[match.group(1)]
-  return dict(width=width, depth=depth, heads=heads, mlp_dim=4 * width,
-              patch_size=int(match.group(2)))
 
 
 def patchify(video: jax.Array, tubelet: int, patch: int) -> jax.Array:

@@ -25,24 +25,21 @@ import math
 import os
 import re
 
-import numpy as np
 from flax import nnx
+import numpy as np
 
 from vidjax import errors
 from vidjax.models import facts as facts_lib, init_from
 from vidjax.models.clip import CLIP
-from vidjax.models.tensor_io import (canonical_clip, canonical_videomae,
-                                     conv_to_kernel, inflate_kernel,
-                                     interpolate_pos_embed,
-                                     interpolate_temporal, load_state_dict,
-                                     to_numpy)
+from vidjax.models.tensor_io import (
+  canonical_clip,
+  canonical_videomae,
+  conv_to_kernel,
+  to_numpy,
+)
 from vidjax.models.videomae import Classifier, VideoMAE
 
-__all__ = ['classifier_from_state_dict', 'clip_config_from_state_dict',
-           'clip_from_state_dict', 'conv_to_kernel', 'convert',
-           'inflate_kernel', 'interpolate_pos_embed', 'interpolate_temporal',
-           'load_classifier', 'load_clip', 'load_state_dict', 'load_videomae',
-           'videomae_config_from_state_dict',
+__all__ = ['classifier_from_state_dict', 'clip_from_state_dict', 'convert',
            'videomae_from_state_dict']
 
 # ------------------------------------------------ canonical names -> ours
@@ -255,11 +252,6 @@ def _clip_config(source: init_from.Source) -> dict:
   return config
 
 
-def clip_config_from_state_dict(state_dict: dict) -> dict:
-  """CLIP constructor sizes read off a CLIP state dict's shapes."""
-  return _clip_config(convert(state_dict))
-
-
 def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
                          patch_inflation: str = 'center',
                          rngs: nnx.Rngs | None = None,
@@ -291,11 +283,6 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
   return init_from.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'clip', tubelet=kwargs.get('tubelet', 1),
                       keep_init=keep_init, patch_inflation=patch_inflation)
-
-
-def videomae_config_from_state_dict(state_dict: dict) -> dict:
-  """Encoder (and decoder, if present) sizes of a VideoMAE state dict."""
-  return _videomae_config(convert(state_dict))
 
 
 def _videomae_config(source: init_from.Source) -> dict:
@@ -344,18 +331,3 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
   return init_from.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
                       source, 'classifier', tubelet=kwargs['tubelet'],
                       patch_inflation=patch_inflation)
-
-
-def load_clip(path: str, **kwargs) -> CLIP:
-  """`clip_from_state_dict(load_state_dict(path), **kwargs)`."""
-  return clip_from_state_dict(load_state_dict(path), **kwargs)
-
-
-def load_videomae(path: str, **kwargs) -> VideoMAE:
-  """`videomae_from_state_dict(load_state_dict(path), **kwargs)`."""
-  return videomae_from_state_dict(load_state_dict(path), **kwargs)
-
-
-def load_classifier(path: str, **kwargs) -> Classifier:
-  """`classifier_from_state_dict(load_state_dict(path), **kwargs)`."""
-  return classifier_from_state_dict(load_state_dict(path), **kwargs)

@@ -1,36 +1,69 @@
-"""Training objectives: one module per task, all with the same small API.
+"""Training objectives: one module per task, each a `Task`.
 
-A task module defines:
-  NEEDS_TEXT: bool                      whether batches carry `tokens`
-  augment_config(config, *, train) -> dict
-      `vidjax.augment.make_augment` keys for training, or for evaluation
-      (normalisation, and what the model needs, e.g. VideoMAE's mask)
-  loss(model, batch, key, config) -> (loss, metrics)
-      training loss on an augmented global batch; `key` feeds drop path;
-      elements with `batch['valid']` False must change neither
-  eval_outputs(model, batch) -> dict[str, Array]
-      per-example outputs [B, ...] of an evaluation batch, and the batch's
-      labels the metrics need
-  eval_metrics(outputs, config) -> dict[str, float]
-      metrics from the outputs of the whole evaluation set, concatenated on
-      the host together with the batch's `index`, `view` and `valid`
-and, for video-text retrieval (`vidjax.eval_sets` calls them when present):
-  eval_captions(config) -> [(id, text)] | None
-      texts embedded once each, apart from the clips (EK-100's captions);
-      their embeddings reach `eval_metrics` as `outputs['caption_emb']`
-      [M, D]
-  embeddings(outputs, config) -> dict
-      the vectors behind the metrics, for `eval.save_embeddings`
+`get_task(config.task)` returns the task's module (`contrastive`,
+`retrieval`, `mae`, `classification`); a module is a `Task` by having the
+functions below (a `typing.Protocol`, checked by type checkers and by
+`isinstance`). Retrieval tasks are also `RetrievalTask`s, which
+`vidjax.eval_sets` asks for the captions and the embeddings. Whether a
+task's batches carry text is `vidjax.defaults.needs_text(task)`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 import importlib
-import types
+from typing import Any, Protocol, runtime_checkable
 
-TASKS = ("contrastive", "mae", "classification", "retrieval")
+import jax
+import ml_collections
+import numpy as np
+
+from vidjax import defaults
+
+Batch = Mapping[str, jax.Array]
 
 
-def get_task(name: str) -> types.ModuleType:
-  if name not in TASKS:
-    raise ValueError(f"config.task={name!r} is not one of {TASKS}")
+@runtime_checkable
+class Task(Protocol):
+  """What the train and eval steps call (`vidjax.steps`, `vidjax.eval_sets`)."""
+
+  def augment_config(self, config: ml_collections.ConfigDict, *,
+                     train: bool) -> dict[str, Any]:
+    """`vidjax.augment.make_augment` keys for training, or for evaluation
+    (the normalisation, and what the model needs, e.g. VideoMAE's mask)."""
+
+  def loss(self, model: Any, batch: Batch, key: jax.Array,
+           config: ml_collections.ConfigDict
+           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(loss, metrics) on an augmented global batch; `key` feeds drop path.
+    Elements with `batch['valid']` False change neither."""
+
+  def eval_outputs(self, model: Any, batch: Batch) -> dict[str, jax.Array]:
+    """Per-example outputs [B, ...] of an evaluation batch, and the
+    batch's labels the metrics need."""
+
+  def eval_metrics(self, outputs: dict[str, np.ndarray],
+                   config: ml_collections.ConfigDict) -> dict[str, float]:
+    """Metrics from the outputs of the whole evaluation set, concatenated on
+    the host together with the batches' `index`, `view` and `valid`."""
+
+
+@runtime_checkable
+class RetrievalTask(Task, Protocol):
+  """A video-text task: texts embedded apart, and embeddings to save."""
+
+  def eval_captions(self, config: ml_collections.ConfigDict
+                    ) -> list[tuple[str, str]] | None:
+    """(id, text) of the texts embedded once each, apart from the clips
+    (EK-100's captions), or None; their embeddings reach `eval_metrics` as
+    `outputs['caption_emb']` [M, D]."""
+
+  def embeddings(self, outputs: dict[str, np.ndarray],
+                 config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+    """The vectors behind the metrics, for `eval.save_embeddings`."""
+
+
+def get_task(name: str) -> Task:
+  """The task module of `config.task` (one of `defaults.TASKS`)."""
+  if name not in defaults.TASKS:
+    raise ValueError(f"config.task={name!r} is not one of {defaults.TASKS}")
   return importlib.import_module(f"vidjax.tasks.{name}")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from vidjax import metrics as metrics_lib
+from vidjax.data import annotation_files
 from vidjax.tasks import common, losses
 
-NEEDS_TEXT = False
 # The labels an evaluation keeps: EK-100 actions also score verb and noun.
 LABELS = ("label", "verb", "noun")
 
@@ -53,9 +53,7 @@ def eval_metrics(outputs, config) -> dict[str, float]:
   metrics = _accuracy(probs, labels)
   if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
       and config.data.label == "action":
-    # Imported here: the pipeline imports the tasks.
-    from vidjax.data import pipeline  # pylint: disable=import-outside-toplevel
-    action_map = pipeline.ek100_actions(config.data)
+    action_map = annotation_files.ek100_actions(config.data)
     pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
     for pair, action in action_map.items():
       pairs[action] = pair

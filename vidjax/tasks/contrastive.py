@@ -21,8 +21,6 @@ from vidjax import errors, metrics as metrics_lib
 from vidjax.data import ek100
 from vidjax.tasks import common, losses
 
-NEEDS_TEXT = True
-
 
 def augment_config(config, *, train: bool) -> dict:
   augment = dict(config.augment)

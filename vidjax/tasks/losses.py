@@ -60,7 +60,7 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
     video_emb: float[B, D] video embeddings (global batch).
     text_emb: float[B, D] text embeddings, row i paired with video i.
     logit_scale: float[] log-space scale (the model's learnable parameter,
-      initialised to `models.clip.INIT_LOGIT_SCALE`); logits are multiplied
+      initialised to `defaults.INIT_LOGIT_SCALE`); logits are multiplied
       by its exp. AVION clamps it to [0, `models.clip.MAX_LOGIT_SCALE`]
       after each optimizer step; that is the train step's job, this
       function does not clip.
@@ -112,15 +112,14 @@ def reconstruction_error(predictions: jax.Array,
 
 
 def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
-                          label_smoothing: float = 0.0,
                           valid: jax.Array | None = None) -> jax.Array:
   """Mean cross-entropy against hard labels or soft (mixup/cutmix) targets.
+
+  Label smoothing is `vidjax.augment`'s: it makes soft targets.
 
   Args:
     logits: float[B, K].
     targets: int[B] class ids, or float[B, K] probabilities.
-    label_smoothing: moves this much mass uniformly over the K classes
-      (targets * (1 - s) + s / K), for hard and soft targets alike.
     valid: optional bool[B]; the mean runs over the valid examples.
 
   Returns:
@@ -130,8 +129,6 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
   if jnp.issubdtype(targets.dtype, jnp.integer):
     targets = jax.nn.one_hot(targets, num_classes, dtype=jnp.float32)
   targets = targets.astype(jnp.float32)
-  if label_smoothing:
-    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
   return masked_mean(
       optax.softmax_cross_entropy(logits.astype(jnp.float32), targets), valid)
 

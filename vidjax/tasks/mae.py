@@ -10,15 +10,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from vidjax.models import vit
+from vidjax import defaults
 from vidjax.tasks import common, losses
-
-NEEDS_TEXT = False
 
 
 def augment_config(config, *, train: bool) -> dict:
   augment = dict(config.augment)
-  patch = vit.parse_variant(config.model.variant)["patch_size"]
+  patch = defaults.parse_variant(config.model.variant)["patch_size"]
   # The tube mask in evaluation too: the model reconstructs masked tubes.
   return {**(augment if train else common.eval_augment(augment)),
           "mask_ratio": config.model.mask_ratio,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from vidjax.tasks import contrastive, losses
 
-NEEDS_TEXT = True
 augment_config = contrastive.augment_config
 eval_outputs = contrastive.eval_outputs
 eval_captions = contrastive.eval_captions

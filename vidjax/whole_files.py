@@ -1,14 +1,24 @@
-"""Text files appended one whole line at a time: metrics.jsonl and log.txt.
+"""Files a reader finds whole: lines appended whole, files replaced whole.
 
 A run killed, or a disk that filled, while a line was being written leaves
-that line torn (without its newline). `LineFile` drops such a line when it
-opens the file (`dropped` says what was dropped), and writes whole lines or
-nothing: a write that fails (a full disk) is undone before its `OSError` is
-raised, so a resumed run never appends onto half a line.
+that line torn (without its newline). `LineFile` (metrics.jsonl, log.txt)
+drops such a line when it opens the file (`dropped` says what was dropped),
+and writes whole lines or nothing: a write that fails (a full disk) is
+undone before its `OSError` is raised, so a resumed run never appends onto
+half a line.
+
+`replaced(path)` writes a file that replaces another at once (config.json,
+best.json, init_from.json, evaluation embeddings, a checkpoint's
+checksums.json): into a temporary file beside it, renamed over it when
+written whole, so that a reader, or a run stopped there, sees the old file
+or the new one.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import os
+from typing import IO
 
 _TAIL = 1 << 16  # Bytes read at a time, backwards, to find the last newline.
 
@@ -74,3 +84,28 @@ class LineFile:
     if self._fd >= 0:
       os.close(self._fd)
       self._fd = -1
+
+
+@contextlib.contextmanager
+def replaced(path, mode: str = "w", *, sync: bool = False) -> Iterator[IO]:
+  """An open file whose content replaces `path` whole, at the end of the
+  `with` block (nothing changes if the block raises).
+
+  Args:
+    path: the file.
+    mode: "w" (text, UTF-8) or "wb".
+    sync: on disk (fsync) before the rename, e.g. before a commit that
+      counts on it.
+  """
+  path = os.fspath(path)
+  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+  try:
+    with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+      yield f
+      if sync:
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
