@@ -15,16 +15,16 @@ from vidjax import config as config_lib, train
 from vidjax.data import synthetic
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-# The demo's :debug at a constant learning rate without warmup, logged every
-# step and evaluated every 4: its step program does not depend on
+# The demo's :debug (batch 16) at a constant learning rate without warmup,
+# logged every step and evaluated every 4: its step program does not depend on
 # total_steps, so a run of 4 steps is the first 4 steps of a run of 16. The
 # 16-step run in this process (`demo_reference`) is what the Ctrl-C/resume
 # test and the multi-process test compare with; both tests are in the
 # "demo_reference" xdist group.
 DEMO_REFERENCE = (
-    "--config.batch_size=32", "--config.optim.schedule=constant",
-    "--config.optim.warmup_steps=0", "--config.log.every_steps=1",
-    "--config.eval.every_steps=4", "--config.checkpoint.every_steps=1000")
+    "--config.optim.schedule=constant", "--config.optim.warmup_steps=0",
+    "--config.log.every_steps=1", "--config.eval.every_steps=4",
+    "--config.checkpoint.every_steps=1000")
 DEMO_REFERENCE_STEPS = 16
 _corpus: list[Path] = []
 _runs: dict[tuple, tuple[Path, dict]] = {}
