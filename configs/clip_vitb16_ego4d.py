@@ -148,6 +148,7 @@ scripts/main_lavila_pretrain.py (argparse defaults); see `get_config`.
 both evaluation sets, tiny, for 2 steps on the synthetic corpus (CPU, tests);
 `:flip,debug` the first of them masked, the second unmasked.
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -161,39 +162,47 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 1/0.07 temperature (an image CLIP's is not carried over), as AVION.
 
   c.data.update(
-      format="ego4d",
-      # --clip-length 4: one frame from each of 4 equal segments, jittered.
-      num_frames=4,
-      # Fused decode + RandomResizedCrop(224, scale=(0.5, 1.0)), no flip.
-      hflip=0.0,
-      # AVION: 8 loader processes per GPU; 16 x 4 threads decode as many.
-      workers=16, threads=4)
+    format="ego4d",
+    # --clip-length 4: one frame from each of 4 equal segments, jittered.
+    num_frames=4,
+    # Fused decode + RandomResizedCrop(224, scale=(0.5, 1.0)), no flip.
+    hflip=0.0,
+    # AVION: 8 loader processes per GPU; 16 x 4 threads decode as many.
+    workers=16,
+    threads=4,
+  )
 
   # ViT-B/16 towers; act and ln_eps from the weights (OpenAI's: QuickGELU,
   # 1e-5); CLIP mean/std.
   c.model.update(
-      embed_dim=256,  # --project-embed-dim 256 (fresh projections).
-      drop_path=0.0,  # --drop-path-rate 0
-      learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
-      # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
-      # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
-      # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
-      # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
-      # which recomputes only elementwise work, fits 80 GB GPUs; "none"
-      # does not fit even a 141 GB one (~113 GiB usable); on 24-48 GB use
-      # "save_attention". A run refuses at start-up what will not fit.
-      remat="save_dots_and_attention")
+    embed_dim=256,  # --project-embed-dim 256 (fresh projections).
+    drop_path=0.0,  # --drop-path-rate 0
+    learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
+    # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
+    # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
+    # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
+    # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
+    # which recomputes only elementwise work, fits 80 GB GPUs; "none"
+    # does not fit even a 141 GB one (~113 GiB usable); on 24-48 GB use
+    # "save_attention". A run refuses at start-up what will not fit.
+    remat="save_dots_and_attention",
+  )
 
   # 5 epochs of LaViLa's ego4d_train.pkl at 256 clips per GPU on 8 GPUs:
   # 9765 steps of 2048. If your narration file differs, set total_steps, or
   # count its epochs: --config.total_epochs=5 --config.eval.every_epochs=1.
-  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ego4d"], epochs=5,
-                                    batch_size=8 * 256)
+  steps_per_epoch = recipe.schedule(
+    c, recipe.TRAIN_CLIPS["ego4d"], epochs=5, batch_size=8 * 256
+  )
   c.optim.update(
-      lr=3e-5, schedule="constant",  # --fix-lr, no warmup
-      b2=0.999, eps=1e-8, weight_decay=0.01,
-      # AVION decays every >= 2-d weight except positional tables.
-      no_decay_names=("pos_embed", "spatial_pos"))
+    lr=3e-5,
+    schedule="constant",  # --fix-lr, no warmup
+    b2=0.999,
+    eps=1e-8,
+    weight_decay=0.01,
+    # AVION decays every >= 2-d weight except positional tables.
+    no_decay_names=("pos_embed", "spatial_pos"),
+  )
 
   c.eval.update(every_steps=steps_per_epoch, batch_size=1024)
   # Zero-shot EK-100 MIR (`eval/ek100_mir/...`), as AVION's --val-metadata
@@ -207,8 +216,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # AVION's LLM-augmented pretraining on LaViLa's two narration files: the
     # rephraser and narrator files each hold the ~4.0M clips (with lists of
     # narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
-    steps_per_epoch = recipe.schedule(c, 2 * recipe.TRAIN_CLIPS["ego4d"],
-                                      epochs=5, batch_size=c.batch_size)
+    steps_per_epoch = recipe.schedule(
+      c, 2 * recipe.TRAIN_CLIPS["ego4d"], epochs=5, batch_size=c.batch_size
+    )
     c.eval.every_steps = steps_per_epoch  # Still every epoch: 3906 steps.
   if "flip" in variants:
     # FLIP's masking at 50%: half the vision tower's tokens in training;

@@ -20,6 +20,7 @@ The synthetic corpus is only used when no data path is set: with
 `--config.data.root=...` and the annotation paths the demo trains on your own
 videos (`configs/own_videos.py` is made for that; see the README).
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -31,9 +32,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.total_steps = 300
   c.batch_size = 32
 
-  c.data.update(num_frames=4, size=64, crop_scale=(0.8, 1.0),
-                hflip=0.0,  # A flip would swap left/right.
-                threads=2)
+  c.data.update(
+    num_frames=4,
+    size=64,
+    crop_scale=(0.8, 1.0),
+    hflip=0.0,  # A flip would swap left/right.
+    threads=2,
+  )
   c.data.synthetic.enabled = True
 
   recipe.tiny_model(c, drop_path=0.0)

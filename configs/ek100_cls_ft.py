@@ -70,6 +70,7 @@ by batch / 128); see `get_config`.
 `configs/ek100_cls_ft.py:debug`: the same task, model and annotation format,
 tiny, 2 steps on the synthetic corpus (CPU).
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -83,42 +84,59 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # init_from: the contrastive checkpoint (AVION: --pretrain-model).
 
   c.data.update(
-      format="ek100_cls",  # Labels: the actions.
-      # --clip-length 16 segment frames, RandomResizedCrop(224, scale=(0.5,
-      # 1.0)), no flip; one centre view at eval (--num-clips 1 --num-crops 1).
-      num_frames=16, hflip=0.0, workers=16, threads=4)
+    format="ek100_cls",  # Labels: the actions.
+    # --clip-length 16 segment frames, RandomResizedCrop(224, scale=(0.5,
+    # 1.0)), no flip; one centre view at eval (--num-clips 1 --num-crops 1).
+    num_frames=16,
+    hflip=0.0,
+    workers=16,
+    threads=4,
+  )
 
   c.model.update(
-      backbone="clip",  # class token after the final LayerNorm (pool '')
-      tubelet=1, num_classes=EK100_ACTIONS,
-      drop_path=0.1,  # --drop-path-rate 0.1
-      head_dropout=0.5,  # --dropout-rate 0.5
-      head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
-      # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-      # `python -m vidjax.bench.memory --config configs/ek100_cls_ft.py`):
-      # none 134 GiB, save_dots_and_attention 41, save_attention 14, full 10
-      # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
-      # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
-      # pass, the costly part at 16 frames).
-      remat="save_dots_and_attention")
+    backbone="clip",  # class token after the final LayerNorm (pool '')
+    tubelet=1,
+    num_classes=EK100_ACTIONS,
+    drop_path=0.1,  # --drop-path-rate 0.1
+    head_dropout=0.5,  # --dropout-rate 0.5
+    head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
+    # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
+    # `python -m vidjax.bench.memory --config configs/ek100_cls_ft.py`):
+    # none 134 GiB, save_dots_and_attention 41, save_attention 14, full 10
+    # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
+    # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
+    # pass, the costly part at 16 frames).
+    remat="save_dots_and_attention",
+  )
 
   # 100 epochs (2 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
-  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
-                                    warmup_epochs=2, batch_size=8 * 64)
+  steps_per_epoch = recipe.schedule(
+    c,
+    recipe.TRAIN_CLIPS["ek100"],
+    epochs=100,
+    warmup_epochs=2,
+    batch_size=8 * 64,
+  )
   c.optim.update(
-      name="sgd", momentum=0.9,  # momentum = betas[0], no nesterov
-      # AVION scales lr and lr_end by batch / 128; cosine after the warmup.
-      lr=3e-3 * c.batch_size / 128,  # 0.012
-      min_lr=1e-5 * c.batch_size / 128,  # 4e-5
-      weight_decay=4e-5, no_decay_names=("spatial_pos",))
+    name="sgd",
+    momentum=0.9,  # momentum = betas[0], no nesterov
+    # AVION scales lr and lr_end by batch / 128; cosine after the warmup.
+    lr=3e-3 * c.batch_size / 128,  # 0.012
+    min_lr=1e-5 * c.batch_size / 128,  # 4e-5
+    weight_decay=4e-5,
+    no_decay_names=("spatial_pos",),
+  )
 
   c.augment.update(  # CLIP mean/std (--norm-style openai).
-      mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
+    mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1
+  )
   c.eval.update(
-      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
-      batch_size=512)
-  c.checkpoint.update(every_steps=5 * steps_per_epoch,
-                      best_metric="eval/top1")  # AVION: best action top-1
+    every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
+    batch_size=512,
+  )
+  c.checkpoint.update(
+    every_steps=5 * steps_per_epoch, best_metric="eval/top1"
+  )  # AVION: best action top-1
 
   if "debug" in variants:
     _debug(c)

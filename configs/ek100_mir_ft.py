@@ -87,6 +87,7 @@ released layouts (retrieval CSVs, sentence CSVs with fewer captions than
 clips, clips x captions relevancy pickles), tiny, 2 steps on the synthetic
 corpus (CPU).
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -99,41 +100,57 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # MaxMarginRankingLoss: loss.margin 0.2.
 
   c.data.update(
-      format="ek100_mir",
-      # Positives: captions of relevancy > 0.1 (AVION's `self.relevancy`,
-      # data.positive_threshold) in data.train_sentences and train_relevancy.
-      # --clip-length 16 segment frames (AVION's `get_frame_ids`),
-      # RandomResizedCrop(224, scale=(0.5, 1.0)), no flip; at eval a centre
-      # crop of the whole segment.
-      num_frames=16, hflip=0.0, workers=16, threads=4)
+    format="ek100_mir",
+    # Positives: captions of relevancy > 0.1 (AVION's `self.relevancy`,
+    # data.positive_threshold) in data.train_sentences and train_relevancy.
+    # --clip-length 16 segment frames (AVION's `get_frame_ids`),
+    # RandomResizedCrop(224, scale=(0.5, 1.0)), no flip; at eval a centre
+    # crop of the whole segment.
+    num_frames=16,
+    hflip=0.0,
+    workers=16,
+    threads=4,
+  )
 
   c.model.update(
-      embed_dim=256,  # The pretraining's --project-embed-dim.
-      drop_path=0.0,  # --drop-path-rate 0
-      learn_logit_scale=False,  # freeze_temperature=True
-      # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-      # `python -m vidjax.bench.memory --config configs/ek100_mir_ft.py`):
-      # none 127 GiB, save_dots_and_attention 43, save_attention 15, full 11
-      # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
-      # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
-      # pass, the costly part at 16 frames).
-      remat="save_dots_and_attention")
+    embed_dim=256,  # The pretraining's --project-embed-dim.
+    drop_path=0.0,  # --drop-path-rate 0
+    learn_logit_scale=False,  # freeze_temperature=True
+    # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
+    # `python -m vidjax.bench.memory --config configs/ek100_mir_ft.py`):
+    # none 127 GiB, save_dots_and_attention 43, save_attention 15, full 11
+    # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
+    # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
+    # pass, the costly part at 16 frames).
+    remat="save_dots_and_attention",
+  )
 
   # 100 epochs (1 of warmup) at 64 clips per GPU on 8 GPUs: 131 steps each.
-  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["ek100"], epochs=100,
-                                    warmup_epochs=1, batch_size=8 * 64)
+  steps_per_epoch = recipe.schedule(
+    c,
+    recipe.TRAIN_CLIPS["ek100"],
+    epochs=100,
+    warmup_epochs=1,
+    batch_size=8 * 64,
+  )
   c.optim.update(
-      lr=3e-5, min_lr=1e-5,  # cosine after the warmup
-      b2=0.999, eps=1e-8, weight_decay=0.01,
-      no_decay_names=("pos_embed", "spatial_pos"))
+    lr=3e-5,
+    min_lr=1e-5,  # cosine after the warmup
+    b2=0.999,
+    eps=1e-8,
+    weight_decay=0.01,
+    no_decay_names=("pos_embed", "spatial_pos"),
+  )
 
   # eval.relevancy: caption_relevancy_EPIC_100_retrieval_test (.npy/.pkl);
   # eval.sentences: EPIC_100_retrieval_test_sentence.csv.
   c.eval.update(
-      every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
-      batch_size=512)
-  c.checkpoint.update(every_steps=5 * steps_per_epoch,
-                      best_metric="eval/mAP_avg")  # AVION: best avg mAP
+    every_steps=5 * steps_per_epoch,  # --eval-freq 5 (epochs)
+    batch_size=512,
+  )
+  c.checkpoint.update(
+    every_steps=5 * steps_per_epoch, best_metric="eval/mAP_avg"
+  )  # AVION: best avg mAP
 
   if "debug" in variants:
     _debug(c)

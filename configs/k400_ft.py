@@ -51,6 +51,7 @@ batch / 256, test_num_segment=5, test_num_crop=3); see `get_config`.
 `configs/k400_ft.py:debug`: the same task, model and multi-view evaluation,
 tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -62,11 +63,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # init_from: the VideoMAE pretraining checkpoint (AVION: --finetune).
 
   c.data.update(
-      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
-      # RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)) + flip.
-      crop_scale=(0.08, 1.0),
-      eval_clips=5, eval_crops=3,  # test_num_segment=5, test_num_crop=3
-      workers=16, threads=4)
+    format="kinetics",
+    sampling="stride",  # 16 x 4 (stride 4), 224 px
+    # RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)) + flip.
+    crop_scale=(0.08, 1.0),
+    eval_clips=5,
+    eval_crops=3,  # test_num_segment=5, test_num_crop=3
+    workers=16,
+    threads=4,
+  )
 
   # The VideoMAE ViT-B/16 (tubelets of 2), mean pool + fc_norm, no
   # --grad-checkpointing in AVION's command. GPU memory at 32 clips per GPU
@@ -74,32 +79,48 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
   # save_attention 4: on 24 GB cards use "save_dots_and_attention".
   c.model.update(
-      num_classes=400,  # --nb-classes 400
-      drop_path=0.1,  # --drop-path-rate 0.1
-      head_dropout=0.0,  # --fc-drop-rate 0
-      head_init_scale=0.001)  # init_scale=0.001
+    num_classes=400,  # --nb-classes 400
+    drop_path=0.1,  # --drop-path-rate 0.1
+    head_dropout=0.0,  # --fc-drop-rate 0
+    head_init_scale=0.001,
+  )  # init_scale=0.001
 
   # 100 epochs (5 of warmup) at 32 clips per GPU on 8 GPUs: 937 steps each.
-  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=100,
-                                    warmup_epochs=5, batch_size=8 * 32)
+  steps_per_epoch = recipe.schedule(
+    c,
+    recipe.TRAIN_CLIPS["k400"],
+    epochs=100,
+    warmup_epochs=5,
+    batch_size=8 * 32,
+  )
   c.optim.update(
-      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
-      lr=1.5e-3 * c.batch_size / 256, min_lr=1e-6 * c.batch_size / 256,
-      b2=0.999, eps=1e-8,
-      layer_decay=0.75)  # num_layers 0: inferred (12 blocks)
+    # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+    lr=1.5e-3 * c.batch_size / 256,
+    min_lr=1e-6 * c.batch_size / 256,
+    b2=0.999,
+    eps=1e-8,
+    layer_decay=0.75,
+  )  # num_layers 0: inferred (12 blocks)
 
   c.augment.update(
-      # Flipped at decode time (data.hflip), not here.
-      mean=defaults.IMAGENET_MEAN, std=defaults.IMAGENET_STD,
-      mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1,
-      # pytorchvideo's RandAugment(magnitude=7, num_layers=4) (prob 0.5,
-      # level std 0.5) and RandomErasing(--reprob 0.25, mode='pixel',
-      # max_count=1, cube=True), as AVION's VideoClsDataset.
-      randaugment_layers=4, erase_prob=0.25)
+    # Flipped at decode time (data.hflip), not here.
+    mean=defaults.IMAGENET_MEAN,
+    std=defaults.IMAGENET_STD,
+    mixup_alpha=0.8,
+    cutmix_alpha=1.0,
+    label_smoothing=0.1,
+    # pytorchvideo's RandAugment(magnitude=7, num_layers=4) (prob 0.5,
+    # level std 0.5) and RandomErasing(--reprob 0.25, mode='pixel',
+    # max_count=1, cube=True), as AVION's VideoClsDataset.
+    randaugment_layers=4,
+    erase_prob=0.25,
+  )
   c.eval.update(
-      every_steps=10 * steps_per_epoch, batch_size=240)  # 16 clips x 15 views
-  c.checkpoint.update(every_steps=5 * steps_per_epoch,
-                      best_metric="eval/top1")  # AVION: best top-1
+    every_steps=10 * steps_per_epoch, batch_size=240
+  )  # 16 clips x 15 views
+  c.checkpoint.update(
+    every_steps=5 * steps_per_epoch, best_metric="eval/top1"
+  )  # AVION: best top-1
 
   if "debug" in variants:
     _debug(c)

@@ -32,31 +32,37 @@ WORKDIR/bad_rows_*.jsonl and left out of training, and more than
 `data.max_bad_row_fraction` of them stops the run. Set `total_steps` for your
 data (the start-up summary prints the steps per epoch), or `total_epochs`.
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = recipe.variants(arg, ("captions", "labels", "cpu"),
-                             exclusive=("captions", "labels"))
+  variants = recipe.variants(
+    arg, ("captions", "labels", "cpu"), exclusive=("captions", "labels")
+  )
   labels = "labels" in variants
 
   c = defaults.base_config("classification" if labels else "contrastive")
   c.total_steps = 2000
   # init_from: e.g. OpenAI's ViT-B-16.pt. Paths: yours to give.
 
-  c.data.update(num_frames=8,
-                hflip=0.5 if labels else 0.0,  # A caption may say left/right.
-                workers=8, threads=4)
+  c.data.update(
+    num_frames=8,
+    hflip=0.5 if labels else 0.0,  # A caption may say left/right.
+    workers=8,
+    threads=4,
+  )
 
   # ViT-B/16 at 224 px; CLIP mean/std.
   c.model.update(tubelet=1, remat="full")
   if labels:
     c.model.update(backbone="clip", num_classes=0)  # 0: from the labels.
 
-  c.optim.update(lr=1e-4 if labels else 3e-5, warmup_steps=100,
-                 clip_grad_norm=1.0)
+  c.optim.update(
+    lr=1e-4 if labels else 3e-5, warmup_steps=100, clip_grad_norm=1.0
+  )
 
   c.eval.every_steps = 500
   c.checkpoint.every_steps = 500

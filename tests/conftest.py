@@ -9,6 +9,7 @@ subprocesses they start): JAX's persistent compilation cache, in a
 directory new to each test session and shared by the test processes
 (pytest-xdist) and their subprocesses, compiles each of them once.
 """
+
 import atexit
 from importlib import metadata
 import os
@@ -20,9 +21,11 @@ import tempfile
 # code generated as one piece, not split for threads (~10% less compile
 # time): two test processes and their subprocesses already keep the cores
 # busy.
-_FLAGS = ("--xla_force_host_platform_device_count=8"
-          " --xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
-          " --xla_cpu_parallel_codegen_split_count=1")
+_FLAGS = (
+  "--xla_force_host_platform_device_count=8"
+  " --xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
+  " --xla_cpu_parallel_codegen_split_count=1"
+)
 # jaxlib 0.10 can still use XLA's older CPU emitters for fused operations,
 # which compile the tests' small programs a third faster than the new
 # ones. (0.11 has only the new ones: XLA refuses the flag there.)
@@ -33,9 +36,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="vidjax-tests-jax-cache-")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache,
-                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=_cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
 
 import pytest  # noqa: E402
 
@@ -55,6 +60,7 @@ def _skip_tracer_sharding_explanations() -> None:
 
   def sharding(self):
     raise AttributeError("a tracer has no 'sharding' attribute")
+
   core.Tracer.sharding = property(sharding)
 
 
@@ -80,16 +86,20 @@ def pytest_collection_modifyitems(config, items):
 
   The default platform here is CPU; run GPU tests with `JAX_PLATFORMS=cuda,cpu`.
   """
+
   def rank(item):
     group = item.get_closest_marker("xdist_group")
     if group and group.args == ("debug_runs",):
       return 0
     return 1 if item.get_closest_marker("slow") else 2
+
   items.sort(key=rank)  # Stable: collection order within a rank.
 
   gpu_items = [item for item in items if "gpu" in item.keywords]
   if gpu_items and not _has_gpu():
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)")
+    skip = pytest.mark.skip(
+      reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)"
+    )
     for item in gpu_items:
       item.add_marker(skip)
 
@@ -118,13 +128,19 @@ def small_disk(tmp_path):
 
   path = tmp_path / "disk"
   path.mkdir()
-  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
-                          str(path)], capture_output=True, text=True)
+  mount = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(path)],
+    capture_output=True,
+    text=True,
+  )
   if mount.returncode:
-    pytest.skip("a full disk is a tmpfs mounted by the test, which needs root "
-                f"(mount said: {mount.stderr.strip() or mount.returncode})")
+    pytest.skip(
+      "a full disk is a tmpfs mounted by the test, which needs root "
+      f"(mount said: {mount.stderr.strip() or mount.returncode})"
+    )
   try:
     yield SmallDisk(path)
   finally:
-    subprocess.run(["umount", "--lazy", str(path)], check=False,
-                   capture_output=True)
+    subprocess.run(
+      ["umount", "--lazy", str(path)], check=False, capture_output=True
+    )

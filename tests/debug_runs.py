@@ -4,10 +4,11 @@ Runs are deterministic, so tests that need "the :debug pretraining" or "the
 same fine-tune from scratch" share one run (in-process, on one synthetic
 corpus) instead of training their own.
 """
+
 import collections
 import contextlib
-import shutil
 from pathlib import Path
+import shutil
 
 from jax import monitoring
 
@@ -22,9 +23,12 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # test and the multi-process test compare with; both tests are in the
 # "demo_reference" xdist group.
 DEMO_REFERENCE = (
-    "--config.optim.schedule=constant", "--config.optim.warmup_steps=0",
-    "--config.log.every_steps=1", "--config.eval.every_steps=4",
-    "--config.checkpoint.every_steps=1000")
+  "--config.optim.schedule=constant",
+  "--config.optim.warmup_steps=0",
+  "--config.log.every_steps=1",
+  "--config.eval.every_steps=4",
+  "--config.checkpoint.every_steps=1000",
+)
 DEMO_REFERENCE_STEPS = 16
 _corpus: list[Path] = []
 _runs: dict[tuple, tuple[Path, dict]] = {}
@@ -40,11 +44,18 @@ def prepare(config, workdir: Path, tmp_path_factory) -> Path:
   """Puts the session's synthetic corpus into WORKDIR/synthetic."""
   if not _corpus:
     spec = config.data.synthetic  # The same in every :debug recipe.
-    _corpus.append(synthetic.make_corpus(
-        tmp_path_factory.mktemp("corpus"), num_videos=spec.num_videos,
+    _corpus.append(
+      synthetic.make_corpus(
+        tmp_path_factory.mktemp("corpus"),
+        num_videos=spec.num_videos,
         segments_per_video=spec.segments_per_video,
-        segment_seconds=spec.segment_seconds, height=spec.height,
-        width=spec.width, seed=spec.seed, progress=False))
+        segment_seconds=spec.segment_seconds,
+        height=spec.height,
+        width=spec.width,
+        seed=spec.seed,
+        progress=False,
+      )
+    )
   workdir.mkdir(parents=True, exist_ok=True)
   shutil.copytree(_corpus[0], workdir / "synthetic")
   return workdir
@@ -52,8 +63,12 @@ def prepare(config, workdir: Path, tmp_path_factory) -> Path:
 
 def demo_reference(tmp_path_factory) -> Path:
   """The workdir of the 16-step `DEMO_REFERENCE` run of `demo.py:debug`."""
-  return run(tmp_path_factory, "demo", *DEMO_REFERENCE,
-             f"--config.total_steps={DEMO_REFERENCE_STEPS}")[0]
+  return run(
+    tmp_path_factory,
+    "demo",
+    *DEMO_REFERENCE,
+    f"--config.total_steps={DEMO_REFERENCE_STEPS}",
+  )[0]
 
 
 @contextlib.contextmanager
@@ -85,7 +100,9 @@ def run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, dict]:
   return _runs[key]
 
 
-def compiles(tmp_path_factory, name: str, *overrides: str) -> collections.Counter:
+def compiles(
+  tmp_path_factory, name: str, *overrides: str
+) -> collections.Counter:
   """The compilations of `run(tmp_path_factory, name, *overrides)`, by name."""
   run(tmp_path_factory, name, *overrides)
   return _compiles[(name, overrides)]

@@ -1,4 +1,5 @@
 """The chunker: constant-rate grid, sizes, rotation, failures, resume, CLI."""
+
 import json
 import os
 from pathlib import Path
@@ -7,9 +8,9 @@ import av
 import numpy as np
 import pytest
 
+import video_fixtures as vf
 from vidjax import errors
 from vidjax.data import chunk, video
-import video_fixtures as vf
 
 
 def numbers(clip):
@@ -63,8 +64,9 @@ def test_variable_frame_rate_placed_on_grid_by_timestamp(tmp_path):
   times_ms = np.round(times * 1000).astype(int)  # The fixture stores ms.
   vf.write_numbered_video(tmp_path / "vfr.mp4", 60, times=times)
   opts = chunk.ChunkOptions(chunk_seconds=0.5, short_side=0, fps=25)
-  chunk.chunk_videos(tmp_path / "vfr.mp4", tmp_path / "out", opts,
-                     progress=False)
+  chunk.chunk_videos(
+    tmp_path / "vfr.mp4", tmp_path / "out", opts, progress=False
+  )
   info = video.video_info(tmp_path / "out", "vfr")
   grid_ms = np.arange(info.num_frames) * 40
   # Nearest source frame; ties go to the earlier one (argmin's first).
@@ -81,8 +83,12 @@ def test_rotated_input_comes_out_upright(tmp_path, rotation):
   # Store the picture turned so that the display matrix turns it back.
   stored = np.ascontiguousarray(np.rot90(upright, -rotation // 90))
   vf.write_video(tmp_path / "r.mp4", [stored] * 3, rotation=rotation)
-  chunk.chunk_videos(tmp_path / "r.mp4", tmp_path / "out",
-                     chunk.ChunkOptions(short_side=0), progress=False)
+  chunk.chunk_videos(
+    tmp_path / "r.mp4",
+    tmp_path / "out",
+    chunk.ChunkOptions(short_side=0),
+    progress=False,
+  )
   entry = chunk.read_manifest(tmp_path / "out")["r"]
   assert (entry["width"], entry["height"]) == (96, 64)
   frame = video.read_clip(tmp_path / "out", "r", [1])[0].mean(axis=2)
@@ -95,7 +101,7 @@ def _bad_inputs(folder):
   vf.write_numbered_video(folder / "good2.mp4", 12, fps=10)
   vf.write_numbered_video(folder / "full.mp4", 300, fps=30)
   data = (folder / "full.mp4").read_bytes()
-  (folder / "truncated.mp4").write_bytes(data[:len(data) // 2])
+  (folder / "truncated.mp4").write_bytes(data[: len(data) // 2])
   (folder / "full.mp4").unlink()
   (folder / "empty.mp4").write_bytes(b"")
   (folder / "notes.mp4").write_text("not a video\n" * 50)
@@ -112,11 +118,14 @@ def test_failures_are_reported_and_listed_and_others_go_on(tmp_path, capsys):
   assert set(failed) == {"truncated", "empty", "notes", "audio"}
   assert "audio-only" in failed["audio"]
   assert failed["empty"] == f"{src / 'empty.mp4'}: empty file (0 bytes)"
-  assert failed["notes"] == (f"{src / 'notes.mp4'}: not a video (no format "
-                             "FFmpeg knows)")
+  assert failed["notes"] == (
+    f"{src / 'notes.mp4'}: not a video (no format FFmpeg knows)"
+  )
   assert all(str(src) in error for error in failed.values())
-  listed = [json.loads(line) for line in
-            (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+  listed = [
+    json.loads(line)
+    for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
+  ]
   assert {f["video_id"] for f in listed} == set(failed)
   assert set(chunk.read_manifest(tmp_path / "out")) == {"good1", "good2"}
   assert not (tmp_path / "out" / "audio").exists()
@@ -136,8 +145,9 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
   # name. Readers meanwhile skip the torn line.
   lines = (out / "manifest.jsonl").read_text().splitlines()
   kept = [line for line in lines if json.loads(line)["video_id"] != "c"]
-  torn = next(line for line in lines
-              if json.loads(line)["video_id"] == "c")[:30]
+  torn = next(line for line in lines if json.loads(line)["video_id"] == "c")[
+    :30
+  ]
   (out / "manifest.jsonl").write_text("\n".join(kept) + "\n" + torn)
   assert sorted(chunk.read_manifest(out)) == ["a", "b"]
   (out / "c" / "2.mp4").unlink()
@@ -148,7 +158,10 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
   assert sorted(entries) == ["a", "b", "c"]
   assert len((out / "manifest.jsonl").read_text().splitlines()) == 3
   assert sorted(p.name for p in (out / "c").iterdir()) == [
-      "0.mp4", "1.mp4", "2.mp4"]
+    "0.mp4",
+    "1.mp4",
+    "2.mp4",
+  ]
   assert numbers(video.read_clip(out, "c", [3, 14, 24])) == [3, 14, 24]
   again = chunk.chunk_videos(src, out, opts, progress=False)
   assert (again["done"], again["skipped"]) == (0, 3)
@@ -158,12 +171,22 @@ def test_cli_options_all_have_help_and_show_their_default(capsys):
   with pytest.raises(SystemExit):
     chunk.main(["--help"])
   out = capsys.readouterr().out
-  text = " ".join(out[out.index("--help"):].split())  # The options' list.
-  options = ["--chunk-seconds", "--short-side", "--fps", "--gop", "--bframes",
-             "--crf", "--preset", "--tune", "--x264-params", "--workers"]
+  text = " ".join(out[out.index("--help") :].split())  # The options' list.
+  options = [
+    "--chunk-seconds",
+    "--short-side",
+    "--fps",
+    "--gop",
+    "--bframes",
+    "--crf",
+    "--preset",
+    "--tune",
+    "--x264-params",
+    "--workers",
+  ]
   for option, after in zip(options, options[1:] + ["$"]):
-    entry = text[text.index(option + " "):]
-    entry = entry[:entry.index(after)] if after in entry else entry
+    entry = text[text.index(option + " ") :]
+    entry = entry[: entry.index(after)] if after in entry else entry
     assert "(default:" in entry, entry
 
 
@@ -172,11 +195,13 @@ def test_chunks_of_no_length_are_refused(tmp_path, capsys):
     chunk.ChunkOptions(chunk_seconds=0)
   for seconds in ("0", "-15", "nan"):
     with pytest.raises(SystemExit) as exit_info:
-      chunk.main([str(tmp_path), str(tmp_path / "out"), "--chunk-seconds",
-                  seconds])
+      chunk.main(
+        [str(tmp_path), str(tmp_path / "out"), "--chunk-seconds", seconds]
+      )
     assert exit_info.value.code == 2
     assert "--chunk-seconds) must be a positive number, not" in (
-        capsys.readouterr().err)
+      capsys.readouterr().err
+    )
   assert not (tmp_path / "out").exists()
 
 
@@ -184,13 +209,29 @@ def test_cli_with_list_file_and_workers(tmp_path, capsys):
   for name in "xy":
     vf.write_numbered_video(tmp_path / f"{name}.mp4", 15, fps=10)
   (tmp_path / "list.txt").write_text(
-      f"# videos\n{tmp_path / 'x.mp4'}\n\n{tmp_path / 'y.mp4'}\n")
-  rc = chunk.main([str(tmp_path / "list.txt"), str(tmp_path / "out"),
-                   "--chunk-seconds", "1", "--short-side", "48", "--workers",
-                   "2", "--gop", "4"])
+    f"# videos\n{tmp_path / 'x.mp4'}\n\n{tmp_path / 'y.mp4'}\n"
+  )
+  rc = chunk.main(
+    [
+      str(tmp_path / "list.txt"),
+      str(tmp_path / "out"),
+      "--chunk-seconds",
+      "1",
+      "--short-side",
+      "48",
+      "--workers",
+      "2",
+      "--gop",
+      "4",
+    ]
+  )
   assert rc == 0
   assert "chunked 2, already done 0, failed 0" in capsys.readouterr().out
-  assert numbers(video.read_clip(tmp_path / "out", "y", [0, 7, 14])) == [0, 7, 14]
+  assert numbers(video.read_clip(tmp_path / "out", "y", [0, 7, 14])) == [
+    0,
+    7,
+    14,
+  ]
 
 
 class _KillsItsWorker(type(Path())):
@@ -203,10 +244,17 @@ class _KillsItsWorker(type(Path())):
 
 def test_a_worker_that_dies_fails_only_its_video(tmp_path, monkeypatch, capsys):
   vf.write_numbered_video(tmp_path / "good.mp4", 5, fps=10, width=64, height=48)
-  monkeypatch.setattr(chunk, "find_videos", lambda src: [
-      tmp_path / "good.mp4", _KillsItsWorker(tmp_path / "crash.mp4")])
-  summary = chunk.chunk_videos(tmp_path, tmp_path / "out", workers=2,
-                               progress=False)
+  monkeypatch.setattr(
+    chunk,
+    "find_videos",
+    lambda src: [
+      tmp_path / "good.mp4",
+      _KillsItsWorker(tmp_path / "crash.mp4"),
+    ],
+  )
+  summary = chunk.chunk_videos(
+    tmp_path, tmp_path / "out", workers=2, progress=False
+  )
   assert [f["video_id"] for f in summary["failed"]] == ["crash"]
   assert "worker process chunking it died" in summary["failed"][0]["error"]
   assert set(chunk.read_manifest(tmp_path / "out")) == {"good"}
@@ -232,9 +280,10 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
   (tmp_path / "out").mkdir()  # A line that is no manifest line.
   (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi\n')
   for src, dst, message in (
-      ("nope", "o", "nope: no such file or folder"),
-      ("list.txt", "o", "list.txt: no such file or folder"),
-      ("src", "out", "manifest.jsonl:2: not JSON")):
+    ("nope", "o", "nope: no such file or folder"),
+    ("list.txt", "o", "list.txt: no such file or folder"),
+    ("src", "out", "manifest.jsonl:2: not JSON"),
+  ):
     with pytest.raises(SystemExit) as exit_info:
       chunk.main([str(tmp_path / src), str(tmp_path / dst)])
     assert exit_info.value.code == 2
@@ -243,7 +292,8 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
   (tmp_path / "empty.mp4").write_bytes(b"")  # Tried, and said plainly.
   assert chunk.main([str(tmp_path / "empty.mp4"), str(tmp_path / "o")]) == 1
   assert f"FAILED {tmp_path / 'empty.mp4'}: empty file (0 bytes)\n" in (
-      capsys.readouterr().err)
+    capsys.readouterr().err
+  )
 
 
 def test_millisecond_timestamps_keep_every_frame(tmp_path):
@@ -253,13 +303,17 @@ def test_millisecond_timestamps_keep_every_frame(tmp_path):
   vf.write_numbered_video(tmp_path / "ms.mkv", 45, fps=fps)
   with av.open(str(tmp_path / "ms.mkv")) as c:
     assert c.streams.video[0].time_base == chunk.fractions.Fraction(1, 1000)
-  chunk.chunk_videos(tmp_path / "ms.mkv", tmp_path / "out",
-                     chunk.ChunkOptions(chunk_seconds=1, short_side=0),
-                     progress=False)
+  chunk.chunk_videos(
+    tmp_path / "ms.mkv",
+    tmp_path / "out",
+    chunk.ChunkOptions(chunk_seconds=1, short_side=0),
+    progress=False,
+  )
   info = video.video_info(tmp_path / "out", "ms")
   assert info.frame_rate == fps and info.num_frames == 45
   assert numbers(video.read_clip(tmp_path / "out", "ms", range(45))) == list(
-      range(45))
+    range(45)
+  )
 
 
 @pytest.mark.parametrize("full_range", [False, True])
@@ -274,25 +328,39 @@ def test_bt709_colours_come_back_as_in_the_source(tmp_path, full_range):
     stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
     stream.codec_context.colorspace = reformatter.Colorspace.ITU709
     stream.codec_context.color_range = 2 if full_range else 1
-    stream.codec_context.options = {"crf": "10", "x264-params": (
-        f"colormatrix=bt709:fullrange={'on' if full_range else 'off'}")}
+    stream.codec_context.options = {
+      "crf": "10",
+      "x264-params": (
+        f"colormatrix=bt709:fullrange={'on' if full_range else 'off'}"
+      ),
+    }
     for k in range(5):
       frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(
-          format="yuv420p", dst_colorspace=reformatter.Colorspace.ITU709,
-          dst_color_range=reformatter.ColorRange.JPEG if full_range
-          else reformatter.ColorRange.MPEG)
+        format="yuv420p",
+        dst_colorspace=reformatter.Colorspace.ITU709,
+        dst_color_range=reformatter.ColorRange.JPEG
+        if full_range
+        else reformatter.ColorRange.MPEG,
+      )
       frame.pts = k
       out.mux(stream.encode(frame))
     out.mux(stream.encode(None))
   with av.open(str(tmp_path / "hd.mp4")) as c:
     frame = next(c.decode(video=0))
-    assert frame.colorspace == 1 and frame.color_range == (2 if full_range
-                                                           else 1)
+    assert frame.colorspace == 1 and frame.color_range == (
+      2 if full_range else 1
+    )
     want = frame.to_ndarray(format="rgb24")
-  chunk.chunk_videos(tmp_path / "hd.mp4", tmp_path / "out",
-                     chunk.ChunkOptions(short_side=0), progress=False)
+  chunk.chunk_videos(
+    tmp_path / "hd.mp4",
+    tmp_path / "out",
+    chunk.ChunkOptions(short_side=0),
+    progress=False,
+  )
   got = video.read_clip(tmp_path / "out", "hd", [2])[0]
   for x in (40, 120):
-    np.testing.assert_allclose(got[40:56, x - 8:x + 8].mean(axis=(0, 1)),
-                               want[40:56, x - 8:x + 8].mean(axis=(0, 1)),
-                               atol=5)
+    np.testing.assert_allclose(
+      got[40:56, x - 8 : x + 8].mean(axis=(0, 1)),
+      want[40:56, x - 8 : x + 8].mean(axis=(0, 1)),
+      atol=5,
+    )

@@ -1,17 +1,25 @@
 """The recipes in configs/: each builds, validates for one 8-GPU machine, and
 its `:debug` variant trains 2 steps and evaluates on CPU (synthetic corpus)."""
+
 import math
 from pathlib import Path
 
+from flax import nnx
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 import debug_runs
-from vidjax import augment, checkpoint, models, optim, tasks
-from vidjax import config as config_lib
-from vidjax import monitor, steps as steps_lib
+from vidjax import (
+  augment,
+  checkpoint,
+  config as config_lib,
+  models,
+  monitor,
+  optim,
+  steps as steps_lib,
+  tasks,
+)
 from vidjax.data import annotations, synthetic
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -22,70 +30,120 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # Recipe -> the final evaluation metrics its task must report.
 RECIPES = {
-    "demo": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1"),
-    "clip_vitb16_ego4d": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1",
-                          "eval/ek100_mir/mAP_avg", "eval/ek100_mir/nDCG_avg"),
-    "ek100_mir_ft": ("eval/t2v_r1", "eval/chance_r1", "eval/mAP_avg",
-                     "eval/nDCG_avg"),
-    "ek100_cls_ft": ("eval/top1", "eval/top5", "eval/mean_class_acc",
-                     "eval/verb_top1", "eval/noun_top1",
-                     "eval/verb_mean_class_acc", "eval/noun_mean_class_acc"),
-    "videomae_vitb_k400_pretrain": ("eval/loss",),
-    "k400_ft": ("eval/top1", "eval/top5", "eval/mean_class_acc"),
+  "demo": ("eval/t2v_r1", "eval/v2t_r1", "eval/chance_r1"),
+  "clip_vitb16_ego4d": (
+    "eval/t2v_r1",
+    "eval/v2t_r1",
+    "eval/chance_r1",
+    "eval/ek100_mir/mAP_avg",
+    "eval/ek100_mir/nDCG_avg",
+  ),
+  "ek100_mir_ft": (
+    "eval/t2v_r1",
+    "eval/chance_r1",
+    "eval/mAP_avg",
+    "eval/nDCG_avg",
+  ),
+  "ek100_cls_ft": (
+    "eval/top1",
+    "eval/top5",
+    "eval/mean_class_acc",
+    "eval/verb_top1",
+    "eval/noun_top1",
+    "eval/verb_mean_class_acc",
+    "eval/noun_mean_class_acc",
+  ),
+  "videomae_vitb_k400_pretrain": ("eval/loss",),
+  "k400_ft": ("eval/top1", "eval/top5", "eval/mean_class_acc"),
 }
 # The demo's run (demo:debug itself trains in test_train.py) changes the
 # frames and the image size through the data keys alone, and counts its 2
 # steps as 2 epochs of its 12 training clips (1 step each at batch 16).
-OVERRIDES = {"demo": ("--config.data.num_frames=8", "--config.data.size=32",
-                      "--config.total_steps=1", "--config.total_epochs=2")}
-TOP_LEVEL = ("seed", "task", "total_steps", "batch_size", "accum_steps", "fsdp",
-             "resume", "init_from", "peak_tflops", "data", "model", "optim",
-             "augment", "eval", "checkpoint", "log")
+OVERRIDES = {
+  "demo": (
+    "--config.data.num_frames=8",
+    "--config.data.size=32",
+    "--config.total_steps=1",
+    "--config.total_epochs=2",
+  )
+}
+TOP_LEVEL = (
+  "seed",
+  "task",
+  "total_steps",
+  "batch_size",
+  "accum_steps",
+  "fsdp",
+  "resume",
+  "init_from",
+  "peak_tflops",
+  "data",
+  "model",
+  "optim",
+  "augment",
+  "eval",
+  "checkpoint",
+  "log",
+)
 
 
 def load(name: str, variant: str | None = None):
   return config_lib.load_config(
-      str(CONFIGS / f"{name}.py") + (f":{variant}" if variant else ""))
+    str(CONFIGS / f"{name}.py") + (f":{variant}" if variant else "")
+  )
 
 
-@pytest.mark.parametrize("name, variant", [
-    (name, variant) for name in RECIPES for variant in (None, "debug")] + [
-        ("clip_vitb16_ego4d", "lavila"), ("clip_vitb16_ego4d", "flip,debug")])
+@pytest.mark.parametrize(
+  "name, variant",
+  [(name, variant) for name in RECIPES for variant in (None, "debug")]
+  + [("clip_vitb16_ego4d", "lavila"), ("clip_vitb16_ego4d", "flip,debug")],
+)
 def test_recipe_builds_and_validates_for_8_devices(name, variant):
   config = load(name, variant)
   assert set(TOP_LEVEL) <= set(config.keys())
   config_lib.validate(config, num_devices=8)
   assert (config.model.num_frames, config.model.image_size) == (
-      config.data.num_frames, config.data.size)
+    config.data.num_frames,
+    config.data.size,
+  )
   assert config.model.num_frames % config.model.tubelet == 0
   task = tasks.get_task(config.task)
   for train in (True, False):
     augment.make_augment(task.augment_config(config, train=train))
   model = nnx.eval_shape(
-      lambda: models.build_model(config.model, rngs=nnx.Rngs(0)))
+    lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
+  )
   params = nnx.split(model, nnx.Param, ...)[1]
   tx, _ = optim.make_optimizer(config.optim, config.total_steps)
   # One abstract update: weight-decay masks and layer decay fit the model.
   jax.eval_shape(tx.update, params, jax.eval_shape(tx.init, params), params)
   if variant != "debug" and name != "demo":
     # Real recipes hard-code no paths: the user gives every one.
-    assert (config.data.root, config.data.train_annotations,
-            config.data.eval_annotations, config.init_from) == ("", "", "", "")
+    assert (
+      config.data.root,
+      config.data.train_annotations,
+      config.data.eval_annotations,
+      config.init_from,
+    ) == ("", "", "", "")
 
 
 def test_recipes_keep_avions_schedules():
   """(total_steps, batch_size, optim.warmup_steps): AVION's epochs of the
   data sets' published sizes."""
   for spec, schedule in [
-      ("clip_vitb16_ego4d", (9765, 2048, 0)),
-      ("clip_vitb16_ego4d:lavila", (19530, 2048, 0)),
-      ("ek100_mir_ft", (13100, 512, 131)),
-      ("ek100_cls_ft", (13100, 512, 262)),
-      ("videomae_vitb_k400_pretrain", (749600, 256, 37480)),
-      ("k400_ft", (93700, 256, 4685))]:
+    ("clip_vitb16_ego4d", (9765, 2048, 0)),
+    ("clip_vitb16_ego4d:lavila", (19530, 2048, 0)),
+    ("ek100_mir_ft", (13100, 512, 131)),
+    ("ek100_cls_ft", (13100, 512, 262)),
+    ("videomae_vitb_k400_pretrain", (749600, 256, 37480)),
+    ("k400_ft", (93700, 256, 4685)),
+  ]:
     config = load(*spec.split(":"))
-    assert (config.total_steps, config.batch_size,
-            config.optim.warmup_steps) == schedule, spec
+    assert (
+      config.total_steps,
+      config.batch_size,
+      config.optim.warmup_steps,
+    ) == schedule, spec
   # Evaluated every epoch, and :lavila's epochs are twice as long.
   assert load("clip_vitb16_ego4d", "lavila").eval.every_steps == 19530 // 5
 
@@ -95,7 +153,9 @@ def test_flip_is_the_recipe_masked_with_flips_unmasked_tuning():
   its 9765 steps train on every token (also joined with other variants)."""
   base, flip = load("clip_vitb16_ego4d"), load("clip_vitb16_ego4d", "flip")
   assert config_lib.changes(base.to_dict(), flip.to_dict()) == [
-      ("model.mask_ratio", 0.0, 0.5), ("unmask_fraction", 0.0, 0.01)]
+    ("model.mask_ratio", 0.0, 0.5),
+    ("unmask_fraction", 0.0, 0.01),
+  ]
   assert steps_lib.unmask_start(flip) == 9765 - 98
   assert steps_lib.unmask_start(base) is None
   assert load("clip_vitb16_ego4d", "lavila,flip").model.mask_ratio == 0.5
@@ -113,15 +173,27 @@ def corpora(tmp_path_factory):
   made = {}
 
   def corpus(spec) -> Path:
-    key = (spec.num_videos, spec.segments_per_video, spec.segment_seconds,
-           spec.height, spec.width, spec.seed)
+    key = (
+      spec.num_videos,
+      spec.segments_per_video,
+      spec.segment_seconds,
+      spec.height,
+      spec.width,
+      spec.seed,
+    )
     if key not in made:
       made[key] = synthetic.make_corpus(
-          tmp_path_factory.mktemp("corpus"), num_videos=spec.num_videos,
-          segments_per_video=spec.segments_per_video,
-          segment_seconds=spec.segment_seconds, height=spec.height,
-          width=spec.width, seed=spec.seed, progress=False)
+        tmp_path_factory.mktemp("corpus"),
+        num_videos=spec.num_videos,
+        segments_per_video=spec.segments_per_video,
+        segment_seconds=spec.segment_seconds,
+        height=spec.height,
+        width=spec.width,
+        seed=spec.seed,
+        progress=False,
+      )
     return made[key]
+
   return corpus
 
 
@@ -141,8 +213,9 @@ def test_synthetic_relevancy_grades_shared_verb_and_noun(corpora):
 @pytest.mark.parametrize("name", RECIPES)
 def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   # One run per recipe for the session, shared with test_handoff.py.
-  workdir, returned = debug_runs.run(tmp_path_factory, name,
-                                     *OVERRIDES.get(name, ()))
+  workdir, returned = debug_runs.run(
+    tmp_path_factory, name, *OVERRIDES.get(name, ())
+  )
 
   rows = monitor.read_metrics(workdir)
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
@@ -159,11 +232,13 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   config = debug_runs.load(name, *OVERRIDES.get(name, ()))
   if name in OVERRIDES:  # 8 frames, (32 / 16)^2 patches and the class token.
     params, saved = checkpoint.read_params(workdir / "checkpoints", 2)
-    assert (saved["model"]["num_frames"], saved["model"]["image_size"]) == (8, 32)
+    assert (saved["model"]["num_frames"], saved["model"]["image_size"]) == (
+      8,
+      32,
+    )
     assert params["visual.temporal_pos"].shape[0] == 8
     assert params["visual.spatial_pos"].shape[0] == 5
   if config.eval.save_embeddings:  # One file per set and eval.
     for set_name in [""] + list(config.eval.sets):
       saved = np.load(workdir / "embeddings" / set_name / "step_2.npz")
       assert saved["video"].shape[1] == saved["text"].shape[1]
-

@@ -5,6 +5,7 @@ The training runs are the demo's `:debug` reference (`debug_runs`): each
 interrupted run is resumed with another `data.workers` and its losses are
 compared with the uninterrupted run's, step by step.
 """
+
 import os
 from pathlib import Path
 import re
@@ -25,8 +26,11 @@ from vidjax.data import pipeline, workers
 REPO = Path(__file__).resolve().parents[1]
 STEPS = debug_runs.DEMO_REFERENCE_STEPS
 # No evaluation before the end: only the training reads are blocked or cut.
-OVERRIDES = (*debug_runs.DEMO_REFERENCE, f"--config.total_steps={STEPS}",
-             "--config.eval.every_steps=1000")
+OVERRIDES = (
+  *debug_runs.DEMO_REFERENCE,
+  f"--config.total_steps={STEPS}",
+  "--config.eval.every_steps=1000",
+)
 TIMEOUT_S = 240
 
 
@@ -53,26 +57,35 @@ def alive(pid: int) -> bool:
 
 def workers_of(pid: int) -> list[int]:
   """The live Grain workers (spawned by multiprocessing) of process `pid`."""
+
   def spawned(child):
     try:
       with open(f"/proc/{child}/cmdline", "rb") as f:
         return b"spawn_main" in f.read()
     except OSError:
       return False
-  return [int(p) for p in os.listdir("/proc") if p.isdigit() and
-          _stat(p)[1] == str(pid) and alive(p) and spawned(p)]
+
+  return [
+    int(p)
+    for p in os.listdir("/proc")
+    if p.isdigit() and _stat(p)[1] == str(pid) and alive(p) and spawned(p)
+  ]
 
 
 def blocks_of(pid: int) -> list[str]:
   """The /dev/shm blocks of process `pid`'s pipelines (named after it)."""
-  return [n for n in os.listdir(workers.SHM_DIR)
-          if n.startswith(f"{workers.PREFIX}{pid}_")]
+  return [
+    n
+    for n in os.listdir(workers.SHM_DIR)
+    if n.startswith(f"{workers.PREFIX}{pid}_")
+  ]
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("demo_reference")
 def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
-    tmp_path, tmp_path_factory, monkeypatch):
+  tmp_path, tmp_path_factory, monkeypatch
+):
   """One run, stopped twice, resumed with another number of workers each
   time; its losses are the uninterrupted run's.
 
@@ -88,23 +101,42 @@ def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
   config = debug_runs.load("demo", *OVERRIDES, "--config.data.workers=0")
   workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
   saved = lambda: checkpoint.latest_complete_step(workdir / "checkpoints")
-  log = lambda: (workdir / "log.txt").read_text() if (
-      workdir / "log.txt").exists() else ""
+  log = lambda: (
+    (workdir / "log.txt").read_text() if (workdir / "log.txt").exists() else ""
+  )
   proc = subprocess.Popen(
-      [sys.executable, "-m", "vidjax.main", "--config",
-       str(debug_runs.CONFIGS / "demo.py:debug"), "--workdir", str(workdir),
-       *OVERRIDES, "--config.data.stall_warn_s=1"],
-      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    [
+      sys.executable,
+      "-m",
+      "vidjax.main",
+      "--config",
+      str(debug_runs.CONFIGS / "demo.py:debug"),
+      "--workdir",
+      str(workdir),
+      *OVERRIDES,
+      "--config.data.stall_warn_s=1",
+    ],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   chunks = sorted((workdir / "synthetic" / "chunks").glob("*/*.mp4"))
   try:
     wait_for(lambda: losses(workdir) or proc.poll() is not None, "a step")
     for chunk in chunks:
       chunk.rename(chunk.with_suffix(".real"))
       os.mkfifo(chunk)
-    stall = wait_for(lambda: re.search(
-        r"no training batch for \d+ s: waiting on this process, reading "
-        r"(\S+\.mp4) for \d+ s", log()) or proc.poll() is not None,
-        "the stall warning")
+    stall = wait_for(
+      lambda: (
+        re.search(
+          r"no training batch for \d+ s: waiting on this process, reading "
+          r"(\S+\.mp4) for \d+ s",
+          log(),
+        )
+        or proc.poll() is not None
+      ),
+      "the stall warning",
+    )
     assert isinstance(stall, re.Match), log()[-3000:]
     assert Path(stall.group(1)) in chunks
     proc.send_signal(signal.SIGTERM)
@@ -120,32 +152,48 @@ def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
 
   pipes, killed = [], []  # The resumed run's pipeline; its worker 1 killed.
   make_pipeline = pipeline.make_pipeline
-  monkeypatch.setattr(pipeline, "make_pipeline", lambda *a, **k: pipes.append(
-      make_pipeline(*a, **k)) or pipes[-1])
+  monkeypatch.setattr(
+    pipeline,
+    "make_pipeline",
+    lambda *a, **k: pipes.append(make_pipeline(*a, **k)) or pipes[-1],
+  )
 
   def kill_worker_1():
-    killed.append(wait_for(lambda: pipes and pipes[0].workers.status(1),
-                           "worker 1")["pid"])
+    killed.append(
+      wait_for(lambda: pipes and pipes[0].workers.status(1), "worker 1")["pid"]
+    )
     os.kill(killed[0], signal.SIGKILL)
 
   threading.Thread(target=kill_worker_1, daemon=True).start()
   with pytest.raises(errors.DataWorkerDied) as died:
     train.train_and_evaluate(
-        debug_runs.load("demo", *OVERRIDES, "--config.data.workers=2"),
-        workdir)
+      debug_runs.load("demo", *OVERRIDES, "--config.data.workers=2"), workdir
+    )
   monkeypatch.undo()
-  assert re.fullmatch(rf"data worker 1 of 2 \(pid {killed[0]}\) died: "
-                      r"killed by SIGKILL \(signal 9\).*", str(died.value))
+  assert re.fullmatch(
+    rf"data worker 1 of 2 \(pid {killed[0]}\) died: "
+    r"killed by SIGKILL \(signal 9\).*",
+    str(died.value),
+  )
   assert saved() == max(losses(workdir)) > stopped
 
   total = saved() + 3
-  train.train_and_evaluate(debug_runs.load(
-      "demo", *OVERRIDES, "--config.data.workers=1",
-      f"--config.total_steps={total}"), workdir)
+  train.train_and_evaluate(
+    debug_runs.load(
+      "demo",
+      *OVERRIDES,
+      "--config.data.workers=1",
+      f"--config.total_steps={total}",
+    ),
+    workdir,
+  )
   resumed, expected = losses(workdir), losses(reference)
   assert sorted(resumed) == list(range(1, total + 1))
-  np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
-                             [expected[s] for s in sorted(resumed)], rtol=1e-5)
+  np.testing.assert_allclose(
+    [resumed[s] for s in sorted(resumed)],
+    [expected[s] for s in sorted(resumed)],
+    rtol=1e-5,
+  )
 
 
 _TRAINER = """
@@ -164,22 +212,35 @@ time.sleep(600)
 
 @pytest.mark.slow
 def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
-    tmp_path, tmp_path_factory):
+  tmp_path, tmp_path_factory
+):
   """kill -9 of a trainer: its worker ends, and its /dev/shm blocks (named
   after its pid, so other runs' are not counted) are unlinked."""
   config = debug_runs.load("demo")
   corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
   proc = subprocess.Popen(
-      [sys.executable, "-c", _TRAINER, str(debug_runs.CONFIGS / "demo.py"),
-       str(corpus)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-c",
+      _TRAINER,
+      str(debug_runs.CONFIGS / "demo.py"),
+      str(corpus),
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   try:
     assert proc.stdout.readline() == "ready\n"
     pids = workers_of(proc.pid)
     assert len(pids) == 1 and blocks_of(proc.pid)
     proc.kill()
     proc.wait()
-    wait_for(lambda: not any(map(alive, pids)) and not blocks_of(proc.pid),
-             "the workers and blocks to go", timeout=10)
+    wait_for(
+      lambda: not any(map(alive, pids)) and not blocks_of(proc.pid),
+      "the workers and blocks to go",
+      timeout=10,
+    )
   finally:
     proc.kill()
 
@@ -202,13 +263,17 @@ def test_a_stopped_worker_and_its_read_are_named():
   try:
     wait_for(lambda: _stat(stopped.pid)[0] == "T", "SIGSTOP", timeout=10)
     status = workers.shared_memory.SharedMemory(  # As worker 0 makes it.
-        f"{pool.prefix}w0", create=True, size=workers.STATUS_BYTES)
-    workers.publish(status, stopped.pid,
-                    [("/store/v/15.mp4", time.time() - 75)])
+      f"{pool.prefix}w0", create=True, size=workers.STATUS_BYTES
+    )
+    workers.publish(
+      status, stopped.pid, [("/store/v/15.mp4", time.time() - 75)]
+    )
     status.close()
     assert re.fullmatch(
-        rf"worker 0 of 1 \(pid {stopped.pid}, stopped: SIGCONT resumes it\), "
-        r"reading /store/v/15.mp4 for 7[56] s", pool.describe(0))
+      rf"worker 0 of 1 \(pid {stopped.pid}, stopped: SIGCONT resumes it\), "
+      r"reading /store/v/15.mp4 for 7[56] s",
+      pool.describe(0),
+    )
   finally:
     stopped.kill()
     pool.close()

@@ -1,20 +1,26 @@
 """Evaluation sets and EK-100 MIR on clips x captions, as `--mode eval` runs
 them on the released layouts (built from the synthetic corpus)."""
+
 import csv
-import pickle
 from pathlib import Path
+import pickle
 
 import ml_collections
 import numpy as np
 import pytest
 
 import debug_runs
-
-from vidjax import config as config_lib, errors, eval_sets, metrics as metrics_lib
-from vidjax import monitor, train
+from test_metrics import _ndcg_loop, _official_ap_loop
+from vidjax import (
+  config as config_lib,
+  errors,
+  eval_sets,
+  metrics as metrics_lib,
+  monitor,
+  train,
+)
 from vidjax.data import ek100
 from vidjax.tasks import contrastive
-from test_metrics import _ndcg_loop, _official_ap_loop
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
 # tests that share them in one process when tests run in parallel.
@@ -24,30 +30,57 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_sets_names_prefixes_and_files():
-  config = config_lib.load_config(str(CONFIGS / "clip_vitb16_ego4d.py"), [
-      "--config.data.eval_annotations=/d/ego4d_val.jsonl"])
+  config = config_lib.load_config(
+    str(CONFIGS / "clip_vitb16_ego4d.py"),
+    ["--config.data.eval_annotations=/d/ego4d_val.jsonl"],
+  )
   (main,) = eval_sets.eval_sets(config)  # ek100_mir: its files are unset.
   assert (main.name, main.prefix, main.config) == ("", "eval/", config)
   keys = eval_sets.required_paths(config, needs_text=True)
-  assert keys == ["data.root", "data.train_annotations", "data.vocab",
-                  "data.eval_annotations"]
+  assert keys == [
+    "data.root",
+    "data.train_annotations",
+    "data.vocab",
+    "data.eval_annotations",
+  ]
   with config.unlocked():
-    config.eval.sets.ek100_mir.data.update(root="/d/ek", eval_annotations="/d/t.csv")
-    config.eval.sets.ek100_mir.update(relevancy="/d/r.pkl", sentences="/d/s.csv")
+    config.eval.sets.ek100_mir.data.update(
+      root="/d/ek", eval_annotations="/d/t.csv"
+    )
+    config.eval.sets.ek100_mir.update(
+      relevancy="/d/r.pkl", sentences="/d/s.csv"
+    )
   main, mir = eval_sets.eval_sets(config)
   assert (mir.name, mir.prefix) == ("ek100_mir", "eval/ek100_mir/")
   data, evaluation = mir.config.data, mir.config.eval
-  assert (data.format, data.root, data.eval_annotations) == ("ek100_mir", "/d/ek", "/d/t.csv")
-  assert (evaluation.relevancy, evaluation.sentences) == ("/d/r.pkl", "/d/s.csv")
-  assert data.num_frames == config.data.num_frames and not evaluation.sets  # The run's.
-  assert config.data.format == "ego4d" and config.eval.relevancy == ""  # Unchanged.
+  assert (data.format, data.root, data.eval_annotations) == (
+    "ek100_mir",
+    "/d/ek",
+    "/d/t.csv",
+  )
+  assert (evaluation.relevancy, evaluation.sentences) == (
+    "/d/r.pkl",
+    "/d/s.csv",
+  )
+  assert (
+    data.num_frames == config.data.num_frames and not evaluation.sets
+  )  # The run's.
+  assert (
+    config.data.format == "ego4d" and config.eval.relevancy == ""
+  )  # Unchanged.
   assert eval_sets.required_paths(config, needs_text=True)[4:] == [
-      "eval.sets.ek100_mir.data.root", "eval.sets.ek100_mir.data.eval_annotations",
-      "eval.sets.ek100_mir.relevancy", "eval.sets.ek100_mir.sentences"]
+    "eval.sets.ek100_mir.data.root",
+    "eval.sets.ek100_mir.data.eval_annotations",
+    "eval.sets.ek100_mir.relevancy",
+    "eval.sets.ek100_mir.sentences",
+  ]
   with config.unlocked():
     config.data.eval_annotations = ""  # Only the named set then.
     config.eval.sets.ek100_mir.data.nonsense = 1
-  with pytest.raises(ValueError, match=r"eval.sets.ek100_mir.data: unknown data keys \['nonsense'\]"):
+  with pytest.raises(
+    ValueError,
+    match=r"eval.sets.ek100_mir.data: unknown data keys \['nonsense'\]",
+  ):
     eval_sets.eval_sets(config)
   with config.unlocked():
     del config.eval.sets.ek100_mir.data["nonsense"]
@@ -59,18 +92,26 @@ def test_sets_names_prefixes_and_files():
 
 def test_action_ids_need_the_training_csv_also_to_evaluate(tmp_path):
   """EK-100 action ids number the training and validation CSVs' pairs."""
-  config = config_lib.load_config(str(CONFIGS / "ek100_cls_ft.py"), [
+  config = config_lib.load_config(
+    str(CONFIGS / "ek100_cls_ft.py"),
+    [
       f"--config.data.root={tmp_path}",
-      f"--config.data.eval_annotations={tmp_path / 'EPIC_100_validation.csv'}"])
-  with pytest.raises(errors.ConfigError, match=r"^data.train_annotations is "
-                     r"unset: with data.format='ek100_cls' and data.label="
-                     r"'action', the action ids"):
+      f"--config.data.eval_annotations={tmp_path / 'EPIC_100_validation.csv'}",
+    ],
+  )
+  with pytest.raises(
+    errors.ConfigError,
+    match=r"^data.train_annotations is "
+    r"unset: with data.format='ek100_cls' and data.label="
+    r"'action', the action ids",
+  ):
     train.setup(config, tmp_path / "run", splits=("eval",))
   assert not (tmp_path / "run").exists()
 
 
 def test_the_first_evaluation_compiles_the_eval_step_once_per_shape(
-    tmp_path_factory):
+  tmp_path_factory,
+):
   # The :debug pretraining evaluates two sets of one shape: its held-out
   # clips and zero-shot EK-100 MIR, whose rows also carry verb and noun
   # classes that a video-text task does not read.
@@ -86,10 +127,14 @@ def evaluated(tmp_path_factory):
   """`ek100_mir_ft.py:debug --mode eval` with saved embeddings: zero-shot
   retrieval of the `:debug` pretraining."""
   pretrained, _ = debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")
-  config = debug_runs.load("ek100_mir_ft", "--config.eval.save_embeddings=True",
-                           f"--config.init_from={pretrained}")
-  workdir = debug_runs.prepare(config, tmp_path_factory.mktemp("mir_eval"),
-                               tmp_path_factory)
+  config = debug_runs.load(
+    "ek100_mir_ft",
+    "--config.eval.save_embeddings=True",
+    f"--config.init_from={pretrained}",
+  )
+  workdir = debug_runs.prepare(
+    config, tmp_path_factory.mktemp("mir_eval"), tmp_path_factory
+  )
   metrics = train.evaluate_only(config, workdir)
   return config, workdir, metrics
 
@@ -104,10 +149,16 @@ def test_mir_eval_on_clips_x_captions_matches_the_saved_embeddings(evaluated):
   root = workdir / "synthetic"
   clips = _rows(root / "ek100_retrieval_val.csv")
   captions = _rows(root / "ek100_retrieval_val_sentence.csv")
-  assert list(captions[0]) == ["narration_id", "narration"]  # The test file's columns.
+  assert list(captions[0]) == [
+    "narration_id",
+    "narration",
+  ]  # The test file's columns.
   relevancy = ek100.load_relevancy(config.eval.relevancy, allow_pickle=True)
   assert config.eval.relevancy.endswith(".pkl")
-  assert len(captions) < len(clips) and relevancy.shape == (len(clips), len(captions))
+  assert len(captions) < len(clips) and relevancy.shape == (
+    len(clips),
+    len(captions),
+  )
   # Captions in an order of their own, not the clips'.
   first = {}
   for c in clips:
@@ -131,8 +182,12 @@ def test_mir_eval_on_clips_x_captions_matches_the_saved_embeddings(evaluated):
     assert metrics[f"eval/mAP_{name}"] == pytest.approx(ap, abs=1e-9)
     assert metrics[f"eval/nDCG_{name}"] == pytest.approx(ndcg, abs=1e-9)
   logged = [r for r in monitor.read_metrics(workdir) if "eval/mAP_avg" in r][-1]
-  assert logged["step"] == 0 and logged["eval/mAP_avg"] == pytest.approx(metrics["eval/mAP_avg"])
-  assert metrics["eval/chance_r1"] == pytest.approx(1 / len(clips))  # Recall: clips x own narrations.
+  assert logged["step"] == 0 and logged["eval/mAP_avg"] == pytest.approx(
+    metrics["eval/mAP_avg"]
+  )
+  assert metrics["eval/chance_r1"] == pytest.approx(
+    1 / len(clips)
+  )  # Recall: clips x own narrations.
 
 
 def test_mismatched_files_stop_at_start_naming_both(evaluated, tmp_path):
@@ -140,13 +195,18 @@ def test_mismatched_files_stop_at_start_naming_both(evaluated, tmp_path):
   root = workdir / "synthetic"
   with config.unlocked():  # The training captions with the test relevancy.
     config.eval.sentences = str(root / "ek100_retrieval_train_sentence.csv")
-  with pytest.raises(ValueError, match=r"caption_relevancy_ek100_retrieval_val.pkl is 8 x 4 but "
-                                       r".*ek100_retrieval_val.csv has 8 clips and "
-                                       r".*ek100_retrieval_train_sentence.csv has \d+ captions"):
+  with pytest.raises(
+    ValueError,
+    match=r"caption_relevancy_ek100_retrieval_val.pkl is 8 x 4 but "
+    r".*ek100_retrieval_val.csv has 8 clips and "
+    r".*ek100_retrieval_train_sentence.csv has \d+ captions",
+  ):
     eval_sets.check_files(config)
   with config.unlocked():
     config.eval.sentences = ""  # A clips x captions matrix needs its captions.
-  with pytest.raises(ValueError, match="without a sentence file it must be 8 x 8"):
+  with pytest.raises(
+    ValueError, match="without a sentence file it must be 8 x 8"
+  ):
     eval_sets.check_files(config)
   with config.unlocked():
     config.data.allow_pickle = False
@@ -164,13 +224,21 @@ def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
   index = np.repeat(np.arange(clips), views)
   valid = np.ones(clips * views, bool)
   valid[[4, 5]] = False  # Clip 2 could not be read at all.
-  outputs = {"video_emb": video.reshape(-1, d), "index": index, "valid": valid,
-             "text_emb": np.repeat(text, views, axis=0), "view": index * 0}
+  outputs = {
+    "video_emb": video.reshape(-1, d),
+    "index": index,
+    "valid": valid,
+    "text_emb": np.repeat(text, views, axis=0),
+    "view": index * 0,
+  }
   square = rng.uniform(size=(clips, clips)).round(1)
   np.save(tmp_path / "square.npy", square)
-  config = ml_collections.ConfigDict(dict(
+  config = ml_collections.ConfigDict(
+    dict(
       data=dict(allow_pickle=False, eval_annotations="clips.csv"),
-      eval=dict(relevancy=str(tmp_path / "square.npy"), sentences="")))
+      eval=dict(relevancy=str(tmp_path / "square.npy"), sentences=""),
+    )
+  )
   kept = np.array([0, 1, 3, 4, 5])
 
   def unit(x):
@@ -178,25 +246,36 @@ def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
 
   mean_video = unit(unit(video).mean(1))[kept]
   got = contrastive.eval_metrics(outputs, config)
-  want = metrics_lib.ek100_mir_metrics(mean_video @ unit(text[kept]).T,
-                                    square[np.ix_(kept, kept)])
+  want = metrics_lib.ek100_mir_metrics(
+    mean_video @ unit(text[kept]).T, square[np.ix_(kept, kept)]
+  )
   for key, value in want.items():
     assert got[key] == pytest.approx(value, abs=1e-6), key
   assert got["chance_r1"] == pytest.approx(1 / 5)
   # Clips x captions: every caption embedded once, in the sentence file's order.
-  (tmp_path / "s.csv").write_text("narration_id,narration\n" + "".join(
-      f"c{j},caption {j}\n" for j in range(captions)))
+  (tmp_path / "s.csv").write_text(
+    "narration_id,narration\n"
+    + "".join(f"c{j},caption {j}\n" for j in range(captions))
+  )
   rectangular = rng.uniform(size=(clips, captions)).round(1)
   (tmp_path / "rel.pkl").write_bytes(pickle.dumps(rectangular))
   caption_emb = rng.normal(size=(captions, d))
   with config.unlocked():
-    config.eval.update(relevancy=str(tmp_path / "rel.pkl"),
-                       sentences=str(tmp_path / "s.csv"))
+    config.eval.update(
+      relevancy=str(tmp_path / "rel.pkl"), sentences=str(tmp_path / "s.csv")
+    )
     config.data.allow_pickle = True
-  got = contrastive.eval_metrics({**outputs, "caption_emb": caption_emb}, config)
-  want = metrics_lib.ek100_mir_metrics(mean_video @ unit(caption_emb).T,
-                                    rectangular[kept])
+  got = contrastive.eval_metrics(
+    {**outputs, "caption_emb": caption_emb}, config
+  )
+  want = metrics_lib.ek100_mir_metrics(
+    mean_video @ unit(caption_emb).T, rectangular[kept]
+  )
   for key, value in want.items():
     assert got[key] == pytest.approx(value, abs=1e-6), key
-  with pytest.raises(ValueError, match="does not fit clips.csv and its 3 captions"):
-    contrastive.eval_metrics({**outputs, "caption_emb": caption_emb[:3]}, config)
+  with pytest.raises(
+    ValueError, match="does not fit clips.csv and its 3 captions"
+  ):
+    contrastive.eval_metrics(
+      {**outputs, "caption_emb": caption_emb[:3]}, config
+    )

@@ -1,5 +1,6 @@
 """The GPU check: its CPU dry run writes every field; its plan; its failure
 rules (a cuDNN failure is a result, XLA is still measured)."""
+
 import contextlib
 import dataclasses
 import importlib.util
@@ -22,62 +23,173 @@ from vidjax.models import attention
 # The dry run (a module fixture) is made once: the tests stay in one process.
 pytestmark = pytest.mark.xdist_group("gpu_check")
 
-STEP_FIELDS = ("attention", "remat", "batch_per_device", "global_batch",
-               "halved_from", "compile_s", "compiled_gib", "peak_gib",
-               "step_s", "clips_per_s", "tflops_per_device", "mfu", "loss")
-CALLS = tuple(f"cudnn_calls.{key}" for key in (
-    "forward", "backward", "lowered_forward", "lowered_backward", "source"))
-MEASURES = ("forward_ms", "forward_backward_ms", "errors", "passed", "note",
-            "error")
+STEP_FIELDS = (
+  "attention",
+  "remat",
+  "batch_per_device",
+  "global_batch",
+  "halved_from",
+  "compile_s",
+  "compiled_gib",
+  "peak_gib",
+  "step_s",
+  "clips_per_s",
+  "tflops_per_device",
+  "mfu",
+  "loss",
+)
+CALLS = tuple(
+  f"cudnn_calls.{key}"
+  for key in (
+    "forward",
+    "backward",
+    "lowered_forward",
+    "lowered_backward",
+    "source",
+  )
+)
+MEASURES = (
+  "forward_ms",
+  "forward_backward_ms",
+  "errors",
+  "passed",
+  "note",
+  "error",
+)
 # Every field the GPU run writes, by section (nested dicts by key path).
 FIELDS = {
-    "environment": ["python", "versions", "backend", "device_kind",
-                    "device_count", "compute_capability", "cudnn_version",
-                    "memory_gib", "cpu_count", "shm_free_gib",
-                    "peak_tflops_per_device", "env", "dry"],
-    "plan": ["steps", "left_out", "usable_gib", "estimate_error", "sections"],
-    "attention": ["dtype", "tolerance_rel", "passed", "cudnn_usable",
-                  "cudnn_error",
-                  *(f"{case}.{key}" for case in gpu_measure.ATTENTION_CASES
-                    for key in ("recipe", "shape", "causal", "layers",
-                                "cudnn_speedup",
-                                *(f"{impl}.{m}" for impl in ("xla", "cudnn")
-                                  for m in MEASURES)))],
-    "training": ["config", "variant", "frames", "dtype",
-                 "training_gflops_per_clip", "fastest", "cudnn_error",
-                 *(f"steps.cudnn/none.{key}" for key in STEP_FIELDS + CALLS),
-                 *(f"steps.xla/none.{key}" for key in STEP_FIELDS)],
-    "breakdown": ["step", "batch_per_device", "layers", "step_ms",
-                  "matmul_ms", "matmul_tflops", "attention_ms",
-                  "attention_implementation", "other_ms", "other_fraction",
-                  "step_gb", "matmul_gb", "attention_gb", "other_gb",
-                  "other_gb_per_s", "hbm_gb_per_s", "other_of_hbm"],
-    "data": ["footage", "videos", "workers", "threads", "batch", "step",
-             "first_batch_s", "steps", "step_s", "data_wait_fraction",
-             "clips_per_s", "compute_clips_per_s", "skipped_reads",
-             "shm_need_gib"],
-    "verdict": ["cudnn_attention", "cudnn_error", "best_step",
-                "best_clips_per_s", "best_mfu", "best_batch_per_device",
-                "best_compiled_gib", "best_peak_gib", "cudnn_step_speedup",
-                "breakdown", "data_bound", "data_wait_fraction", "errors",
-                "line"],
+  "environment": [
+    "python",
+    "versions",
+    "backend",
+    "device_kind",
+    "device_count",
+    "compute_capability",
+    "cudnn_version",
+    "memory_gib",
+    "cpu_count",
+    "shm_free_gib",
+    "peak_tflops_per_device",
+    "env",
+    "dry",
+  ],
+  "plan": ["steps", "left_out", "usable_gib", "estimate_error", "sections"],
+  "attention": [
+    "dtype",
+    "tolerance_rel",
+    "passed",
+    "cudnn_usable",
+    "cudnn_error",
+    *(
+      f"{case}.{key}"
+      for case in gpu_measure.ATTENTION_CASES
+      for key in (
+        "recipe",
+        "shape",
+        "causal",
+        "layers",
+        "cudnn_speedup",
+        *(f"{impl}.{m}" for impl in ("xla", "cudnn") for m in MEASURES),
+      )
+    ),
+  ],
+  "training": [
+    "config",
+    "variant",
+    "frames",
+    "dtype",
+    "training_gflops_per_clip",
+    "fastest",
+    "cudnn_error",
+    *(f"steps.cudnn/none.{key}" for key in STEP_FIELDS + CALLS),
+    *(f"steps.xla/none.{key}" for key in STEP_FIELDS),
+  ],
+  "breakdown": [
+    "step",
+    "batch_per_device",
+    "layers",
+    "step_ms",
+    "matmul_ms",
+    "matmul_tflops",
+    "attention_ms",
+    "attention_implementation",
+    "other_ms",
+    "other_fraction",
+    "step_gb",
+    "matmul_gb",
+    "attention_gb",
+    "other_gb",
+    "other_gb_per_s",
+    "hbm_gb_per_s",
+    "other_of_hbm",
+  ],
+  "data": [
+    "footage",
+    "videos",
+    "workers",
+    "threads",
+    "batch",
+    "step",
+    "first_batch_s",
+    "steps",
+    "step_s",
+    "data_wait_fraction",
+    "clips_per_s",
+    "compute_clips_per_s",
+    "skipped_reads",
+    "shm_need_gib",
+  ],
+  "verdict": [
+    "cudnn_attention",
+    "cudnn_error",
+    "best_step",
+    "best_clips_per_s",
+    "best_mfu",
+    "best_batch_per_device",
+    "best_compiled_gib",
+    "best_peak_gib",
+    "cudnn_step_speedup",
+    "breakdown",
+    "data_bound",
+    "data_wait_fraction",
+    "errors",
+    "line",
+  ],
 }
 # Null on a CPU: they need a GPU (a cuDNN measurement, the device's memory,
 # peak or bandwidth), or a failure that did not happen.
 NULL_HERE = {
-    "environment.compute_capability", "environment.cudnn_version",
-    "environment.memory_gib", "environment.peak_tflops_per_device",
-    "plan.usable_gib", "plan.estimate_error",
-    "attention.cudnn_usable", "attention.cudnn_error", "training.cudnn_error",
-    "training.steps.cudnn/none.peak_gib", "training.steps.cudnn/none.mfu",
-    "training.steps.xla/none.peak_gib", "training.steps.xla/none.mfu",
-    "training.steps.xla/none.cudnn_calls",  # Counted on a GPU only.
-    "breakdown.hbm_gb_per_s", "breakdown.other_of_hbm",
-    "verdict.best_mfu", "verdict.best_peak_gib", "verdict.cudnn_attention",
-    "verdict.cudnn_error",
-    *(f"attention.{case}.{key}" for case in gpu_measure.ATTENTION_CASES
-      for key in ("cudnn_speedup", "xla.note", "xla.error", "cudnn.error",
-                  *(f"cudnn.{m}" for m in MEASURES[:4]))),
+  "environment.compute_capability",
+  "environment.cudnn_version",
+  "environment.memory_gib",
+  "environment.peak_tflops_per_device",
+  "plan.usable_gib",
+  "plan.estimate_error",
+  "attention.cudnn_usable",
+  "attention.cudnn_error",
+  "training.cudnn_error",
+  "training.steps.cudnn/none.peak_gib",
+  "training.steps.cudnn/none.mfu",
+  "training.steps.xla/none.peak_gib",
+  "training.steps.xla/none.mfu",
+  "training.steps.xla/none.cudnn_calls",  # Counted on a GPU only.
+  "breakdown.hbm_gb_per_s",
+  "breakdown.other_of_hbm",
+  "verdict.best_mfu",
+  "verdict.best_peak_gib",
+  "verdict.cudnn_attention",
+  "verdict.cudnn_error",
+  *(
+    f"attention.{case}.{key}"
+    for case in gpu_measure.ATTENTION_CASES
+    for key in (
+      "cudnn_speedup",
+      "xla.note",
+      "xla.error",
+      "cudnn.error",
+      *(f"cudnn.{m}" for m in MEASURES[:4]),
+    )
+  ),
 }
 
 
@@ -92,8 +204,9 @@ def _dry_run(*args):
   out = Path(tempfile.mkdtemp()) / "check.json"
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    returned = gpu_check.main(["--dry", "--out", str(out), "--time-limit-s",
-                               "600", *args])
+    returned = gpu_check.main(
+      ["--dry", "--out", str(out), "--time-limit-s", "600", *args]
+    )
   return json.loads(out.read_text()), returned, printed.getvalue().splitlines()
 
 
@@ -123,10 +236,14 @@ def test_dry_run_measures_what_it_says(dry_run):
   assert vision["xla"]["passed"] and vision["shape"] == [2, 65, 2, 32]
   assert "NVIDIA GPU" in vision["cudnn"]["note"]
   assert result["attention"]["clip_text"]["causal"] is True
-  cases = {name: result["attention"][name]["shape"]
-           for name in gpu_measure.ATTENTION_CASES}
+  cases = {
+    name: result["attention"][name]["shape"]
+    for name in gpu_measure.ATTENTION_CASES
+  }
   # The :debug recipes' towers, each case about as many tokens per batch.
-  assert cases["videomae_decoder"][1] == 32 and cases["videomae_encoder"][1] == 4
+  assert (
+    cases["videomae_decoder"][1] == 32 and cases["videomae_encoder"][1] == 4
+  )
   assert cases["videomae_encoder"][0] == round(2 * 65 / 4)
   steps = result["training"]["steps"]
   assert list(steps) == ["cudnn/none", "xla/none"]
@@ -135,12 +252,15 @@ def test_dry_run_measures_what_it_says(dry_run):
   assert calls["forward"] == calls["backward"] == 4
   for step in steps.values():
     assert step["clips_per_s"] == pytest.approx(
-        step["global_batch"] / step["step_s"])
+      step["global_batch"] / step["step_s"]
+    )
   split = result["breakdown"]
   assert split["matmul_ms"] + split["attention_ms"] + split["other_ms"] == (
-      pytest.approx(split["step_ms"]))
+    pytest.approx(split["step_ms"])
+  )
   assert split["other_gb"] == pytest.approx(
-      split["step_gb"] - split["matmul_gb"] - split["attention_gb"])
+    split["step_gb"] - split["matmul_gb"] - split["attention_gb"]
+  )
   assert len(split["layers"]) == 8  # 4 linear layers x 2 towers.
   assert split["step"] == result["training"]["fastest"]
   data = result["data"]
@@ -154,7 +274,8 @@ def test_dry_run_measures_what_it_says(dry_run):
   assert verdict["breakdown"].startswith(f"step {split['step']} ")
   assert printed[-1] == verdict["line"]
   assert verdict["line"].startswith(
-      "VERDICT: cuDNN attention not measured (dry run); best ")
+    "VERDICT: cuDNN attention not measured (dry run); best "
+  )
 
 
 def test_a_cudnn_failure_is_a_result_and_xla_is_still_measured(monkeypatch):
@@ -172,8 +293,9 @@ def test_a_cudnn_failure_is_a_result_and_xla_is_still_measured(monkeypatch):
   assert verdict["best_step"] == "xla/none" and verdict["best_clips_per_s"] > 0
   assert printed[-1] == verdict["line"]
   assert printed[-1].startswith(
-      "VERDICT: cuDNN attention NOT usable: ValueError: attention='cudnn' "
-      "cannot be used: JAX finds no cuDNN library")
+    "VERDICT: cuDNN attention NOT usable: ValueError: attention='cudnn' "
+    "cannot be used: JAX finds no cuDNN library"
+  )
   assert "best xla/none at 2 clips/device: " in printed[-1]
 
 
@@ -187,36 +309,46 @@ def test_the_plan_starts_with_the_recipes_policy(monkeypatch):
   result, _, printed = _dry_run("--plan")
   plan = result["plan"]
   assert [(s["key"], s["batch_per_device"]) for s in plan["steps"]] == [
-      (f"cudnn/{recipe}", 2), (f"xla/{recipe}", 1)]
+    (f"cudnn/{recipe}", 2),
+    (f"xla/{recipe}", 1),
+  ]
   assert list(plan["left_out"]) == ["cudnn/none", "cudnn/full"]
   lines = [line.split("] ", 1)[1] for line in printed if line.startswith("[")]
   start = lines.index("training steps, in order:")
   assert lines[start + 1].startswith(
-      f"  1. cudnn/{recipe} at 2 clips per device (the recipe's policy; "
-      "estimated ")
+    f"  1. cudnn/{recipe} at 2 clips per device (the recipe's policy; "
+    "estimated "
+  )
   assert lines[start + 2].startswith(f"  2. xla/{recipe} at 1 clips per device")
   assert lines[start + 3].startswith("  left out: cudnn/none (estimated ")
   assert lines[start + 3].endswith(" > 0.000977 GiB usable)")
   assert "training" not in result and printed[-1].startswith("VERDICT: ")
 
 
-def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(
-    monkeypatch):
-  monkeypatch.setattr(cuda_trace, "cudnn_attention_calls",
-                      lambda text: {"forward": 0, "backward": 0})
+def test_no_cudnn_call_in_the_step_is_an_error_not_an_xla_fallback(monkeypatch):
+  monkeypatch.setattr(
+    cuda_trace,
+    "cudnn_attention_calls",
+    lambda text: {"forward": 0, "backward": 0},
+  )
   with pytest.raises(RuntimeError, match="no cuDNN attention"):
     gpu_measure.measure_step(gpu_measure.make_plan(dry=True), "none")
 
 
 def test_on_a_gpu_run_cudnn_that_cannot_run_is_recorded_and_xla_measured(
-    monkeypatch):
-  monkeypatch.setattr(gpu_measure, "ATTENTION_CASES", {
-      "clip_vision": ("clip_vitb16_ego4d", "vision")})
+  monkeypatch,
+):
+  monkeypatch.setattr(
+    gpu_measure,
+    "ATTENTION_CASES",
+    {"clip_vision": ("clip_vitb16_ego4d", "vision")},
+  )
   plan = dataclasses.replace(gpu_measure.make_plan(dry=True), dry=False)
   result = gpu_measure.check_attention(plan)
   case = result["clip_vision"]
   assert case["cudnn"]["error"].startswith(
-      "cuDNN attention cannot run here: the default JAX backend is 'cpu'")
+    "cuDNN attention cannot run here: the default JAX backend is 'cpu'"
+  )
   assert case["xla"]["passed"] and case["xla"]["forward_backward_ms"] > 0
   assert result["cudnn_usable"] is False
   assert result["cudnn_error"] == case["cudnn"]["error"]
@@ -230,8 +362,9 @@ def test_out_of_memory_halves_the_batch_only_while_time_allows(monkeypatch):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 9 GiB")
 
   monkeypatch.setattr(gpu_measure, "_lowered_for_cuda", out_of_memory)
-  plan = dataclasses.replace(gpu_measure.make_plan(dry=True),
-                             batch_per_device=4)
+  plan = dataclasses.replace(
+    gpu_measure.make_plan(dry=True), batch_per_device=4
+  )
   with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
     gpu_measure.measure_step(plan, "none")
   assert tried == [4, 2, 1]
@@ -257,28 +390,35 @@ def test_deadline_saves_closes_what_is_open_then_ends_the_process():
   with deadline.closing(lambda: events.append("closed at its end")):
     pass
   with contextlib.ExitStack() as still_open:
-    still_open.enter_context(deadline.closing(
-        lambda: events.append("temporary files removed")))
-    still_open.enter_context(deadline.closing(
-        lambda: events.append("pipeline closed")))
+    still_open.enter_context(
+      deadline.closing(lambda: events.append("temporary files removed"))
+    )
+    still_open.enter_context(
+      deadline.closing(lambda: events.append("pipeline closed"))
+    )
     opened.set()
     assert ended.wait(5)
   # Each closed once; those still open at the limit, the last opened first
   # (workers stop before their files go), before the process ends.
-  assert events == ["closed at its end", "saved", "pipeline closed",
-                    "temporary files removed", "exit 3"]
+  assert events == [
+    "closed at its end",
+    "saved",
+    "pipeline closed",
+    "temporary files removed",
+    "exit 3",
+  ]
   later = gpu_check.Deadline(60, save, exit=end)
   assert 50 < later.left() <= 60
   later.cancel()
 
 
-def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(
-    monkeypatch):
+def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(monkeypatch):
   killed, ended = [], threading.Event()
   worker = types.SimpleNamespace(kill=lambda: killed.append("worker"))
   monkeypatch.setattr(multiprocessing, "active_children", lambda: [worker])
-  deadline = gpu_check.Deadline(0.05, lambda: None, exit=lambda _: ended.set(),
-                                grace_s=0.1)
+  deadline = gpu_check.Deadline(
+    0.05, lambda: None, exit=lambda _: ended.set(), grace_s=0.1
+  )
   hang = threading.Event()
   with deadline.closing(hang.wait):
     assert ended.wait(5) and killed == ["worker"]

@@ -4,6 +4,7 @@ starts no runtime.
 The import graph is read from the source files (`ast`), every import
 counted, also those inside functions.
 """
+
 import ast
 import functools
 from pathlib import Path
@@ -16,23 +17,37 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vidjax"
 # of its own layer or of one below, never of one above (and the imports
 # form no cycle). Names are top-level modules or packages of vidjax.
 LAYERS = [
-    # Loading a config: no jax, flax, grain, orbax or PyAV.
-    {"errors", "defaults", "config", "recipe"},
-    # Small parts the layers above share; the run directory is here so
-    # that whatever writes a file of the run asks it where.
-    {"keypaths", "whole_files", "checksums", "failed_saves", "tfevents",
-     "stopping", "rundir"},
-    # Data, models and what a step is made of.
-    {"data", "models", "metrics", "randaugment", "augment", "optim",
-     "sharding"},
-    {"tasks"},
-    # What the loop is built from.
-    {"steps", "checkpoint", "monitor", "console", "eval_sets", "resume",
-     "memory", "plot"},
-    {"train"},
-    # The command line, and the benchmarks beside it (imported by no one
-    # else).
-    {"main", "bench"},
+  # Loading a config: no jax, flax, grain, orbax or PyAV.
+  {"errors", "defaults", "config", "recipe"},
+  # Small parts the layers above share; the run directory is here so
+  # that whatever writes a file of the run asks it where.
+  {
+    "keypaths",
+    "whole_files",
+    "checksums",
+    "failed_saves",
+    "tfevents",
+    "stopping",
+    "rundir",
+  },
+  # Data, models and what a step is made of.
+  {"data", "models", "metrics", "randaugment", "augment", "optim", "sharding"},
+  {"tasks"},
+  # What the loop is built from.
+  {
+    "steps",
+    "checkpoint",
+    "monitor",
+    "console",
+    "eval_sets",
+    "resume",
+    "memory",
+    "plot",
+  },
+  {"train"},
+  # The command line, and the benchmarks beside it (imported by no one
+  # else).
+  {"main", "bench"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 RUNTIMES = ("jax", "flax", "grain", "orbax", "av", "optax", "torch")
@@ -56,7 +71,8 @@ def _imports(path: Path) -> set[str]:
     if isinstance(node, ast.Import):
       found |= {a.name for a in node.names if a.name.startswith("vidjax.")}
     elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-        "vidjax"):
+      "vidjax"
+    ):
       assert not node.level, f"{path}: a relative import"
       for alias in node.names:
         child = f"{node.module}.{alias.name}"
@@ -78,12 +94,20 @@ def _layer(module: str) -> int:
 
 def test_imports_point_down_the_layers():
   graph = _graph()
-  upward = [f"{a} -> {b}" for a, targets in graph.items() if a != "vidjax"
-            for b in sorted(targets) if _layer(b) > _layer(a)]
+  upward = [
+    f"{a} -> {b}"
+    for a, targets in graph.items()
+    if a != "vidjax"
+    for b in sorted(targets)
+    if _layer(b) > _layer(a)
+  ]
   assert not upward, "imports that point up:\n" + "\n".join(upward)
-  into_bench = [f"{a} -> {b}" for a, targets in graph.items()
-                for b in targets if b.startswith("vidjax.bench")
-                and not a.startswith("vidjax.bench")]
+  into_bench = [
+    f"{a} -> {b}"
+    for a, targets in graph.items()
+    for b in targets
+    if b.startswith("vidjax.bench") and not a.startswith("vidjax.bench")
+  ]
   assert not into_bench, into_bench
 
 
@@ -97,7 +121,7 @@ def test_imports_form_no_cycle():
 
   def visit(module):
     if module in path:
-      cycle = path[path.index(module):] + [module]
+      cycle = path[path.index(module) :] + [module]
       raise AssertionError("an import cycle: " + " -> ".join(cycle))
     if module in done:
       return
@@ -113,13 +137,24 @@ def test_imports_form_no_cycle():
 
 def test_loading_every_recipe_starts_no_runtime():
   recipes = sorted(str(p) for p in (PACKAGE.parent / "configs").glob("*.py"))
-  code = ("import sys; import vidjax.config as c\n"
-          "for spec in sys.argv[1:]: c.load_config(spec)\n"
-          f"print(sorted(m for m in {RUNTIMES!r} if m in sys.modules))")
-  out = subprocess.run([sys.executable, "-c", code, *recipes,
-                        f"{PACKAGE.parent}/configs/clip_vitb16_ego4d.py:flip",
-                        f"{PACKAGE.parent}/configs/demo.py:debug"],
-                       capture_output=True, text=True, check=True)
+  code = (
+    "import sys; import vidjax.config as c\n"
+    "for spec in sys.argv[1:]: c.load_config(spec)\n"
+    f"print(sorted(m for m in {RUNTIMES!r} if m in sys.modules))"
+  )
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      code,
+      *recipes,
+      f"{PACKAGE.parent}/configs/clip_vitb16_ego4d.py:flip",
+      f"{PACKAGE.parent}/configs/demo.py:debug",
+    ],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -131,6 +166,7 @@ def test_the_private_apis_vidjax_uses_are_still_there():
   from jax._src import ad_checkpoint  # vidjax.memory
   from jax._src.cudnn import fused_attention_stablehlo  # models/attention.py
   import orbax.checkpoint as ocp  # vidjax.checkpoint
+
   assert callable(ad_checkpoint.saved_residuals)
   assert callable(fused_attention_stablehlo.check_cudnn_version)
   handler = ocp.type_handlers.get_type_handler(jax.Array)
@@ -144,13 +180,17 @@ def test_every_choice_is_implemented_under_its_defaults_name():
   from vidjax import defaults, models, tasks
   from vidjax.data import annotations
   from vidjax.models import transformer, videomae
+
   assert tuple(models.MODELS) == defaults.MODELS
   assert set(defaults.TASK_MODELS.values()) == set(defaults.MODELS)
   assert tuple(transformer.REMAT_POLICIES) == defaults.REMAT_POLICIES
   assert tuple(transformer.ACTIVATIONS) == defaults.ACTIVATIONS
   assert tuple(videomae.BACKBONE_STYLES) == defaults.BACKBONES
-  assert set(annotations.LOADERS) == set(annotations.FORMATS) == set(
-      defaults.DATA_FORMATS)
+  assert (
+    set(annotations.LOADERS)
+    == set(annotations.FORMATS)
+    == set(defaults.DATA_FORMATS)
+  )
   for name in defaults.TASKS:
     task = tasks.get_task(name)
     assert isinstance(task, tasks.Task), name

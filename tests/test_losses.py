@@ -50,7 +50,9 @@ def test_contrastive_sharded_equals_global_batch_loss():
   video, text = _embeddings(b=32)
   spec = sharding.batch_sharding(mesh)
   video_s, text_s = jax.device_put(video, spec), jax.device_put(text, spec)
-  scale = jax.device_put(jnp.float32(INIT_LOGIT_SCALE), sharding.replicated(mesh))
+  scale = jax.device_put(
+    jnp.float32(INIT_LOGIT_SCALE), sharding.replicated(mesh)
+  )
 
   loss, metrics = contrastive(video_s, text_s, scale)
   single, single_metrics = contrastive(video, text, INIT_LOGIT_SCALE)
@@ -61,15 +63,21 @@ def test_contrastive_sharded_equals_global_batch_loss():
 
   # Sanity: a per-device loss (negatives from the local 4 only) differs, so
   # the equality above really means all 32 embeddings were compared.
-  local = np.mean([_reference_contrastive(video[i:i + 4], text[i:i + 4],
-                                          INIT_LOGIT_SCALE)
-                   for i in range(0, 32, 4)])
+  local = np.mean(
+    [
+      _reference_contrastive(
+        video[i : i + 4], text[i : i + 4], INIT_LOGIT_SCALE
+      )
+      for i in range(0, 32, 4)
+    ]
+  )
   assert abs(local - ref) > 1e-2
 
   # Gradients are global too: same as unsharded.
   grad = jax.jit(jax.grad(lambda v, t: contrastive(v, t, 2.0)[0]))
-  np.testing.assert_allclose(grad(video_s, text_s), grad(video, text),
-                             rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(
+    grad(video_s, text_s), grad(video, text), rtol=1e-4, atol=1e-7
+  )
 
 
 def test_contrastive_without_normalization_uses_raw_dot_products():
@@ -98,13 +106,16 @@ def test_softmax_cross_entropy_hard_and_soft_targets():
   onehot = np.eye(5, dtype=np.float32)[labels]
   logp = _log_softmax(logits, 1)
 
-  np.testing.assert_allclose(cross_entropy(logits, labels),
-                             -logp[np.arange(4), labels].mean(), rtol=1e-5)
-  np.testing.assert_allclose(cross_entropy(logits, onehot),
-                             cross_entropy(logits, labels), rtol=1e-6)
+  np.testing.assert_allclose(
+    cross_entropy(logits, labels), -logp[np.arange(4), labels].mean(), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    cross_entropy(logits, onehot), cross_entropy(logits, labels), rtol=1e-6
+  )
   mixed = 0.7 * onehot + 0.3 * onehot[::-1]
-  np.testing.assert_allclose(cross_entropy(logits, mixed),
-                             -(mixed * logp).sum(1).mean(), rtol=1e-5)
+  np.testing.assert_allclose(
+    cross_entropy(logits, mixed), -(mixed * logp).sum(1).mean(), rtol=1e-5
+  )
 
 
 def _reference_ranking(x, margin):
@@ -126,30 +137,43 @@ def test_max_margin_ranking_loss_matches_loop():
   video /= np.linalg.norm(video, axis=1, keepdims=True)
   sim = (text @ video.T).astype(np.float32)
   for margin in (0.2, 0.4):
-    np.testing.assert_allclose(ranking(sim, margin=margin),
-                               _reference_ranking(sim, margin), rtol=1e-5)
+    np.testing.assert_allclose(
+      ranking(sim, margin=margin), _reference_ranking(sim, margin), rtol=1e-5
+    )
   # Perfectly separated pairs cost nothing.
   assert float(ranking(np.eye(4, dtype=np.float32))) == 0.0
 
 
 @jax.jit
-def _every_loss_and_gradient(video, text, logits, targets, pred, patches,
-                             valid):
+def _every_loss_and_gradient(
+  video, text, logits, targets, pred, patches, valid
+):
   """{loss name: (value, (grad wrt input 0, grad wrt input 1))}: one compile."""
   scale = INIT_LOGIT_SCALE
   fns = {
-      "contrastive": (lambda v, t: losses.contrastive_loss(
-          v, t, scale, valid=valid)[0], (video, text)),
-      "ranking": (lambda v, t: losses.max_margin_ranking_loss(
-          losses.l2_normalize(t) @ losses.l2_normalize(v).T, valid=valid),
-                  (video, text)),
-      "cross_entropy": (lambda x, y: losses.softmax_cross_entropy(
-          x, y, valid=valid), (logits, targets)),
-      "mae": (lambda p, t: losses.masked_mean(
-          losses.reconstruction_error(p, t), valid), (pred, patches)),
+    "contrastive": (
+      lambda v, t: losses.contrastive_loss(v, t, scale, valid=valid)[0],
+      (video, text),
+    ),
+    "ranking": (
+      lambda v, t: losses.max_margin_ranking_loss(
+        losses.l2_normalize(t) @ losses.l2_normalize(v).T, valid=valid
+      ),
+      (video, text),
+    ),
+    "cross_entropy": (
+      lambda x, y: losses.softmax_cross_entropy(x, y, valid=valid),
+      (logits, targets),
+    ),
+    "mae": (
+      lambda p, t: losses.masked_mean(losses.reconstruction_error(p, t), valid),
+      (pred, patches),
+    ),
   }
-  return {name: jax.value_and_grad(fn, argnums=(0, 1))(*args)
-          for name, (fn, args) in fns.items()}
+  return {
+    name: jax.value_and_grad(fn, argnums=(0, 1))(*args)
+    for name, (fn, args) in fns.items()
+  }
 
 
 def test_invalid_elements_change_neither_loss_nor_gradient():
@@ -159,27 +183,39 @@ def test_invalid_elements_change_neither_loss_nor_gradient():
   b, d = 8, 16
   valid = np.array([1, 1, 0, 1, 1, 0, 1, 1], bool)
   video, text = _embeddings(b=b, d=d, seed=4)
-  inputs = [video, text, rng.normal(size=(b, d)).astype(np.float32),
-            np.eye(d, dtype=np.float32)[rng.integers(0, d, b)],
-            rng.normal(size=(b, 3, 2)).astype(np.float32),  # 3 masked patches
-            rng.normal(size=(b, 3, 2)).astype(np.float32)]
+  inputs = [
+    video,
+    text,
+    rng.normal(size=(b, d)).astype(np.float32),
+    np.eye(d, dtype=np.float32)[rng.integers(0, d, b)],
+    rng.normal(size=(b, 3, 2)).astype(np.float32),  # 3 masked patches
+    rng.normal(size=(b, 3, 2)).astype(np.float32),
+  ]
   # Anything in the invalid rows: large noise, other labels.
-  garbage = [np.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x,
-                      (50 * rng.normal(size=x.shape)).astype(x.dtype)
-                      if x.dtype == np.float32 else x) for x in inputs]
+  garbage = [
+    np.where(
+      valid.reshape((-1,) + (1,) * (x.ndim - 1)),
+      x,
+      (50 * rng.normal(size=x.shape)).astype(x.dtype)
+      if x.dtype == np.float32
+      else x,
+    )
+    for x in inputs
+  ]
   got = _every_loss_and_gradient(*inputs, valid)
   noisy = _every_loss_and_gradient(*garbage, valid)
-  alone = _every_loss_and_gradient(*[x[valid] for x in inputs],
-                                   np.ones(valid.sum(), bool))
+  alone = _every_loss_and_gradient(
+    *[x[valid] for x in inputs], np.ones(valid.sum(), bool)
+  )
   for name, (loss, grads) in got.items():
     np.testing.assert_allclose(loss, alone[name][0], rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(noisy[name][0], loss, rtol=1e-5, err_msg=name)
     for g, g_noisy, g_alone in zip(grads, noisy[name][1], alone[name][1]):
-      np.testing.assert_allclose(g[valid], g_alone, rtol=1e-4, atol=1e-7,
-                                 err_msg=name)
+      np.testing.assert_allclose(
+        g[valid], g_alone, rtol=1e-4, atol=1e-7, err_msg=name
+      )
       np.testing.assert_array_equal(g[~valid], 0, err_msg=name)
-      np.testing.assert_allclose(g_noisy, g, rtol=1e-5, atol=1e-7,
-                                 err_msg=name)
+      np.testing.assert_allclose(g_noisy, g, rtol=1e-5, atol=1e-7, err_msg=name)
   # The contrastive accuracies count the valid pairs only.
   _, metrics = contrastive(video, video, INIT_LOGIT_SCALE, valid=valid)
   assert float(metrics["v2t_acc"]) == 1.0

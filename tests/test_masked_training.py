@@ -7,6 +7,7 @@ The run shares the demo reference run's training step (debug_runs.py):
 the same batch and constant learning rate, so its unmasked tuning's step
 is that step, compiled once per session.
 """
+
 import logging
 
 from absl import logging as absl_logging
@@ -19,12 +20,17 @@ from vidjax.data import synthetic
 
 # 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token.
 STEPS, SWITCH, SAVED = 40, 30, 29
-MASKED = ("--config.batch_size=32", "--config.optim.schedule=constant",
-          "--config.optim.warmup_steps=0", "--config.log.every_steps=1",
-          f"--config.total_steps={STEPS}", "--config.model.mask_ratio=0.5",
-          "--config.unmask_fraction=0.25",
-          f"--config.checkpoint.every_steps={SAVED}",
-          "--config.eval.every_steps=0")
+MASKED = (
+  "--config.batch_size=32",
+  "--config.optim.schedule=constant",
+  "--config.optim.warmup_steps=0",
+  "--config.log.every_steps=1",
+  f"--config.total_steps={STEPS}",
+  "--config.model.mask_ratio=0.5",
+  "--config.unmask_fraction=0.25",
+  f"--config.checkpoint.every_steps={SAVED}",
+  "--config.eval.every_steps=0",
+)
 
 
 def masked_config(corpus):
@@ -32,15 +38,21 @@ def masked_config(corpus):
   clips (of 48 caption classes) nothing generalises to held-out captions,
   so the learned alignment is measured, unmasked, on the clips it learned."""
   return debug_runs.load(
-      "demo", *MASKED, f"--config.data.root={corpus}/chunks",
-      f"--config.data.train_annotations={corpus}/train.jsonl",
-      f"--config.data.eval_annotations={corpus}/train.jsonl",
-      f"--config.data.vocab={corpus}/vocab.txt.gz")
+    "demo",
+    *MASKED,
+    f"--config.data.root={corpus}/chunks",
+    f"--config.data.train_annotations={corpus}/train.jsonl",
+    f"--config.data.eval_annotations={corpus}/train.jsonl",
+    f"--config.data.vocab={corpus}/vocab.txt.gz",
+  )
 
 
 def losses(workdir):
-  return {row["step"]: row["train/loss"]
-          for row in monitor.read_metrics(workdir) if "train/loss" in row}
+  return {
+    row["step"]: row["train/loss"]
+    for row in monitor.read_metrics(workdir)
+    if "train/loss" in row
+  }
 
 
 class Messages(logging.Handler):
@@ -80,15 +92,20 @@ def test_masked_demo_learns_and_compiles_the_switch_once(masked_run):
   _, metrics, compiles, log = masked_run
   assert metrics["eval/t2v_r1"] >= 5 * metrics["eval/chance_r1"], metrics
   assert compiles["jit(train_step)"] == 2, compiles  # Masked, unmasked.
-  assert ("masked training: the video tower sees 33 of its 65 tokens "
-          "(random, mask_ratio 0.5)") in log
-  assert (f"the unmasked tuning starts: steps {SWITCH + 1} to {STEPS} train "
-          "on every video token") in log
+  assert (
+    "masked training: the video tower sees 33 of its 65 tokens "
+    "(random, mask_ratio 0.5)"
+  ) in log
+  assert (
+    f"the unmasked tuning starts: steps {SWITCH + 1} to {STEPS} train "
+    "on every video token"
+  ) in log
 
 
 @pytest.mark.xdist_group("demo_reference")
-def test_resume_before_the_unmask_switch_runs_what_the_run_ran(masked_run,
-                                                              tmp_path):
+def test_resume_before_the_unmask_switch_runs_what_the_run_ran(
+  masked_run, tmp_path
+):
   """From the run's checkpoint of step 29 (`resume`: its state, data
   position and key): a masked step, the switch, 10 unmasked steps; the
   losses and the final evaluation are the uninterrupted run's."""
@@ -98,5 +115,6 @@ def test_resume_before_the_unmask_switch_runs_what_the_run_ran(masked_run,
   assert train.train_and_evaluate(config, tmp_path / "resumed") == metrics
   expected, got = losses(workdir), losses(tmp_path / "resumed")
   assert sorted(got) == list(range(SAVED + 1, STEPS + 1))
-  np.testing.assert_array_equal([got[s] for s in got],
-                                [expected[s] for s in got])
+  np.testing.assert_array_equal(
+    [got[s] for s in got], [expected[s] for s in got]
+  )

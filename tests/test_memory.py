@@ -1,5 +1,6 @@
 """The start-up memory check, and the attention check: 'cudnn' that cannot
 run refused, 'auto' that falls back to XLA warned about."""
+
 from pathlib import Path
 import re
 
@@ -21,12 +22,19 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
   # CPU's attention is XLA too, and the memory is stated.
   workdir = tmp_path / "run"
   with counting_compiles() as compiles, pytest.raises(errors.ConfigError) as e:
-    main.run(RECIPE, str(workdir), overrides=[
-        "--config.device_memory_gib=125.8", "--config.model.dtype=bfloat16"])
+    main.run(
+      RECIPE,
+      str(workdir),
+      overrides=[
+        "--config.device_memory_gib=125.8",
+        "--config.model.dtype=bfloat16",
+      ],
+    )
   assert e.value.exit_code == errors.EXIT_USAGE
   text = e.value.describe()
-  assert ("will not fit in the device's memory: about 129.8 GiB per device"
-          in text), text
+  assert (
+    "will not fit in the device's memory: about 129.8 GiB per device" in text
+  ), text
   assert "256 clips per device; remat 'save_dots_and_attention', xla" in text
   assert "against 113.2 GiB usable of 125.8 GiB" in text
   # The policy that keeps the most and fits, and the same global batch in
@@ -37,7 +45,8 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
 
 
 def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
-    monkeypatch):
+  monkeypatch,
+):
   config = config_lib.load_config(RECIPE, ["--config.model.dtype=bfloat16"])
   assert memory.check_attention(config) is None  # A CPU.
   # A Hopper GPU where JAX finds no cuDNN library.
@@ -45,12 +54,15 @@ def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
   monkeypatch.setattr(attention, "_gpu_compute_capability", lambda: (9, 0))
   monkeypatch.setattr(attention, "cudnn_version", lambda: None)
   warned = []
-  monkeypatch.setattr(logging, "warning", lambda fmt, *a: warned.append(fmt % a))
+  monkeypatch.setattr(
+    logging, "warning", lambda fmt, *a: warned.append(fmt % a)
+  )
   message = memory.check_attention(config)
   assert warned == [message]
   assert message.startswith(
-      "attention='auto' runs XLA attention, not cuDNN flash attention, in the "
-      "vision and text towers: JAX finds no cuDNN library")
+    "attention='auto' runs XLA attention, not cuDNN flash attention, in the "
+    "vision and text towers: JAX finds no cuDNN library"
+  )
   # 12 layers x 12 heads x 785^2 bf16 weights, + the text tower's.
   assert "(heads x tokens x tokens: 170 MiB per clip" in message
   assert "'save_dots_and_attention' keeps them for the backward pass" in message
@@ -59,12 +71,17 @@ def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
 
 
 def test_cudnn_attention_that_cannot_run_is_refused():
-  config = config_lib.load_config(RECIPE, ["--config.model.attention=cudnn",
-                                           "--config.model.dtype=bfloat16"])
-  with pytest.raises(errors.ConfigError, match=re.escape(
+  config = config_lib.load_config(
+    RECIPE, ["--config.model.attention=cudnn", "--config.model.dtype=bfloat16"]
+  )
+  with pytest.raises(
+    errors.ConfigError,
+    match=re.escape(
       "'model.attention' = 'cudnn' cannot run in the vision tower: the "
       "default JAX backend is 'cpu'; cuDNN attention needs an NVIDIA GPU; "
-      "'auto' uses cuDNN where it can, else XLA")):
+      "'auto' uses cuDNN where it can, else XLA"
+    ),
+  ):
     memory.check_attention(config)
 
 
@@ -80,7 +97,10 @@ def test_a_masked_run_is_sized_by_its_unmasked_tuning():
   estimate = memory.check_step_fits(masked)
   assert estimate.kept_bytes_per_clip < 0.85 * unmasked.kept_bytes_per_clip
   masked.unmask_fraction = 0.1
-  with pytest.raises(errors.ConfigError, match=(
-      "the unmasked tuning's training step will not fit in the device's "
-      "memory")):
+  with pytest.raises(
+    errors.ConfigError,
+    match=(
+      "the unmasked tuning's training step will not fit in the device's memory"
+    ),
+  ):
     memory.check_step_fits(masked)

@@ -1,4 +1,5 @@
 """Tests for vidjax.metrics against independent per-query implementations."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,17 +8,21 @@ import pytest
 from vidjax import metrics
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def sklearn_metrics():
   """Imported by the tests that use it: at collection it costs seconds in
   every test process."""
-  return pytest.importorskip('sklearn.metrics')
+  return pytest.importorskip("sklearn.metrics")
 
 
 def _random_mir(num_videos=37, num_texts=23, seed=0, graded=True):
   rng = np.random.default_rng(seed)
   sim = rng.standard_normal((num_videos, num_texts))  # Continuous: no ties.
-  levels = np.array([0, 0, 0, 0.25, 0.5, 0.75, 1.0]) if graded else np.array([0, 0, 0, 1.0])
+  levels = (
+    np.array([0, 0, 0, 0.25, 0.5, 0.75, 1.0])
+    if graded
+    else np.array([0, 0, 0, 1.0])
+  )
   rel = rng.choice(levels, size=sim.shape)
   # Every video and every text has at least one fully relevant partner, as in EK-100.
   rel[np.arange(num_videos), np.arange(num_videos) % num_texts] = 1.0
@@ -41,56 +46,88 @@ def _ndcg_loop(sim_row, rel_row):
   order = np.argsort(-sim_row)
   k = int((rel_row > 0).sum())
   dcg = sum(rel_row[j] / np.log2(i + 2) for i, j in enumerate(order[:k]))
-  idcg = sum(r / np.log2(i + 2) for i, r in enumerate(sorted(rel_row, reverse=True)[:k]))
+  idcg = sum(
+    r / np.log2(i + 2) for i, r in enumerate(sorted(rel_row, reverse=True)[:k])
+  )
   return dcg / idcg
 
 
 def test_mir_binary_relevancy_matches_sklearn(sklearn_metrics):
   sim, rel = _random_mir(graded=False)
   got = metrics.ek100_mir_metrics(sim, rel)
-  for name, s, r in (('v2t', sim, rel), ('t2v', sim.T, rel.T)):
-    ap = np.mean([sklearn_metrics.average_precision_score(r[i] == 1, s[i]) for i in range(len(s))])
-    ndcg = np.mean([sklearn_metrics.ndcg_score(r[i:i + 1], s[i:i + 1], k=int((r[i] > 0).sum()))
-                    for i in range(len(s))])
-    assert got[f'mAP_{name}'] == pytest.approx(ap, abs=1e-6)
-    assert got[f'nDCG_{name}'] == pytest.approx(ndcg, abs=1e-6)
-  assert got['mAP_avg'] == pytest.approx((got['mAP_v2t'] + got['mAP_t2v']) / 2)
-  assert got['nDCG_avg'] == pytest.approx((got['nDCG_v2t'] + got['nDCG_t2v']) / 2)
+  for name, s, r in (("v2t", sim, rel), ("t2v", sim.T, rel.T)):
+    ap = np.mean(
+      [
+        sklearn_metrics.average_precision_score(r[i] == 1, s[i])
+        for i in range(len(s))
+      ]
+    )
+    ndcg = np.mean(
+      [
+        sklearn_metrics.ndcg_score(
+          r[i : i + 1], s[i : i + 1], k=int((r[i] > 0).sum())
+        )
+        for i in range(len(s))
+      ]
+    )
+    assert got[f"mAP_{name}"] == pytest.approx(ap, abs=1e-6)
+    assert got[f"nDCG_{name}"] == pytest.approx(ndcg, abs=1e-6)
+  assert got["mAP_avg"] == pytest.approx((got["mAP_v2t"] + got["mAP_t2v"]) / 2)
+  assert got["nDCG_avg"] == pytest.approx(
+    (got["nDCG_v2t"] + got["nDCG_t2v"]) / 2
+  )
 
 
-@pytest.mark.parametrize('seed', [1, 2])
-def test_mir_graded_relevancy_matches_per_query_loops(seed, monkeypatch,
-                                                      sklearn_metrics):
-  monkeypatch.setattr(metrics, '_MIR_ROWS_PER_CHUNK', 8)  # Exercise the chunking.
+@pytest.mark.parametrize("seed", [1, 2])
+def test_mir_graded_relevancy_matches_per_query_loops(
+  seed, monkeypatch, sklearn_metrics
+):
+  monkeypatch.setattr(
+    metrics, "_MIR_ROWS_PER_CHUNK", 8
+  )  # Exercise the chunking.
   sim, rel = _random_mir(num_videos=41, num_texts=29, seed=seed)
   got = metrics.ek100_mir_metrics(sim, rel)
-  for name, s, r in (('v2t', sim, rel), ('t2v', sim.T, rel.T)):
+  for name, s, r in (("v2t", sim, rel), ("t2v", sim.T, rel.T)):
     ap = np.mean([_official_ap_loop(s[i], r[i]) for i in range(len(s))])
     ndcg_loop = np.mean([_ndcg_loop(s[i], r[i]) for i in range(len(s))])
-    ndcg_sk = np.mean([sklearn_metrics.ndcg_score(r[i:i + 1], s[i:i + 1],
-                                                  k=int((r[i] > 0).sum())) for i in range(len(s))])
-    assert got[f'mAP_{name}'] == pytest.approx(ap, abs=1e-6)
-    assert got[f'nDCG_{name}'] == pytest.approx(ndcg_loop, abs=1e-6)
-    assert got[f'nDCG_{name}'] == pytest.approx(ndcg_sk, abs=1e-6)
+    ndcg_sk = np.mean(
+      [
+        sklearn_metrics.ndcg_score(
+          r[i : i + 1], s[i : i + 1], k=int((r[i] > 0).sum())
+        )
+        for i in range(len(s))
+      ]
+    )
+    assert got[f"mAP_{name}"] == pytest.approx(ap, abs=1e-6)
+    assert got[f"nDCG_{name}"] == pytest.approx(ndcg_loop, abs=1e-6)
+    assert got[f"nDCG_{name}"] == pytest.approx(ndcg_sk, abs=1e-6)
   assert all(0 <= v <= 1 for v in got.values())
 
 
 def test_mir_perfect_ranking_and_validation():
   _, rel = _random_mir()
-  perfect = metrics.ek100_mir_metrics(rel + 1e-9 * np.random.default_rng(0).random(rel.shape), rel)
-  assert perfect['nDCG_avg'] == pytest.approx(1.0)
-  with pytest.raises(ValueError, match='same shape'):
+  perfect = metrics.ek100_mir_metrics(
+    rel + 1e-9 * np.random.default_rng(0).random(rel.shape), rel
+  )
+  assert perfect["nDCG_avg"] == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="same shape"):
     metrics.ek100_mir_metrics(np.zeros((3, 4)), np.zeros((4, 3)))
 
 
 def test_topk_and_ties():
   scores = np.array([[0.1, 0.5, 0.4], [0.3, 0.2, 0.1], [0.2, 0.2, 0.2]])
   labels = np.array([2, 2, 0])
-  np.testing.assert_array_equal(metrics.topk_correct(scores, labels, 1), [False, False, False])
-  np.testing.assert_array_equal(metrics.topk_correct(scores, labels, 2), [True, False, False])
-  acc = metrics.topk_accuracy(scores, labels, ks=(1, 3), prefix='verb_')
-  assert acc == {'verb_top1': 0.0, 'verb_top3': 1.0}
-  jitted = jax.jit(metrics.topk_correct, static_argnums=2)(jnp.asarray(scores), labels, 2)
+  np.testing.assert_array_equal(
+    metrics.topk_correct(scores, labels, 1), [False, False, False]
+  )
+  np.testing.assert_array_equal(
+    metrics.topk_correct(scores, labels, 2), [True, False, False]
+  )
+  acc = metrics.topk_accuracy(scores, labels, ks=(1, 3), prefix="verb_")
+  assert acc == {"verb_top1": 0.0, "verb_top3": 1.0}
+  jitted = jax.jit(metrics.topk_correct, static_argnums=2)(
+    jnp.asarray(scores), labels, 2
+  )
   np.testing.assert_array_equal(jitted, [True, False, False])
 
 
@@ -111,17 +148,24 @@ def test_average_views():
 
 
 def test_marginalize_action_scores():
-  mapping = np.array([[0, 0], [0, 1], [1, 1], [2, 0]])  # 4 actions over 3 verbs, 2 nouns.
+  mapping = np.array(
+    [[0, 0], [0, 1], [1, 1], [2, 0]]
+  )  # 4 actions over 3 verbs, 2 nouns.
   probs = np.array([[0.1, 0.2, 0.3, 0.4]])
   verb, noun = metrics.marginalize_action_scores(probs, mapping, 3, 2)
   np.testing.assert_allclose(verb, [[0.3, 0.3, 0.4]])
   np.testing.assert_allclose(noun, [[0.5, 0.5]])
-  inferred = metrics.marginalize_action_scores(probs, mapping)  # Sizes from the map.
+  inferred = metrics.marginalize_action_scores(
+    probs, mapping
+  )  # Sizes from the map.
   np.testing.assert_allclose(inferred[0], verb)
-  assert metrics.marginalize_action_scores(probs, mapping, 5, 2)[0].shape == (1, 5)
-  with pytest.raises(ValueError, match='action_to_verb_noun'):
+  assert metrics.marginalize_action_scores(probs, mapping, 5, 2)[0].shape == (
+    1,
+    5,
+  )
+  with pytest.raises(ValueError, match="action_to_verb_noun"):
     metrics.marginalize_action_scores(probs, mapping[:3], 3, 2)
-  with pytest.raises(ValueError, match='num_verbs=2'):
+  with pytest.raises(ValueError, match="num_verbs=2"):
     metrics.marginalize_action_scores(probs, mapping, 2, 2)
 
 
@@ -133,11 +177,13 @@ def test_retrieval_recall():
   ranks_v2t = [(np.argsort(-sim[i]) == i).nonzero()[0][0] for i in range(n)]
   ranks_t2v = [(np.argsort(-sim[:, i]) == i).nonzero()[0][0] for i in range(n)]
   for k in (1, 5, 10):
-    assert got[f'v2t_r{k}'] == pytest.approx(np.mean(np.array(ranks_v2t) < k))
-    assert got[f't2v_r{k}'] == pytest.approx(np.mean(np.array(ranks_t2v) < k))
-  assert got['chance_r1'] == pytest.approx(1 / n)
-  assert metrics.retrieval_recall(np.eye(n))['t2v_r1'] == 1.0
-  assert metrics.retrieval_recall(np.ones((n, n)))['v2t_r10'] == 0.0  # Ties count against.
+    assert got[f"v2t_r{k}"] == pytest.approx(np.mean(np.array(ranks_v2t) < k))
+    assert got[f"t2v_r{k}"] == pytest.approx(np.mean(np.array(ranks_t2v) < k))
+  assert got["chance_r1"] == pytest.approx(1 / n)
+  assert metrics.retrieval_recall(np.eye(n))["t2v_r1"] == 1.0
+  assert (
+    metrics.retrieval_recall(np.ones((n, n)))["v2t_r10"] == 0.0
+  )  # Ties count against.
 
 
 def test_ek100_mean_class_accuracy_and_marginals_as_avion():
@@ -146,29 +192,39 @@ def test_ek100_mean_class_accuracy_and_marginals_as_avion():
   scores, where some classes are predicted but never the label and some
   verbs and nouns are in no action."""
   from sklearn.metrics import confusion_matrix
+
   rng = np.random.default_rng(0)
-  pairs = np.stack([rng.choice([0, 1, 2, 4, 5, 6, 8, 9, 10, 12], 30),
-                    rng.choice([0, 2, 3, 5, 6, 7], 30)], 1)
+  pairs = np.stack(
+    [
+      rng.choice([0, 1, 2, 4, 5, 6, 8, 9, 10, 12], 30),
+      rng.choice([0, 2, 3, 5, 6, 7], 30),
+    ],
+    1,
+  )
   pairs[0] = (0, 0)
   probs = metrics.softmax(2 * rng.standard_normal((300, 30)))
   labels = rng.integers(0, 20, 300)  # Actions 20-29: only ever predicted.
 
   def avion_mean_accuracy(truth, scores):
     cm = confusion_matrix(truth, scores.argmax(1))
-    return np.mean([cm[i, i] / cm[i].sum() if cm[i].sum() else 0.0
-                    for i in range(len(cm))])
+    return np.mean(
+      [cm[i, i] / cm[i].sum() if cm[i].sum() else 0.0 for i in range(len(cm))]
+    )
 
   ours = metrics.mean_class_accuracy(probs, labels)
   assert ours == pytest.approx(avion_mean_accuracy(labels, probs))
   labelled = [np.mean(probs[labels == c].argmax(1) == c) for c in range(20)]
   assert ours < np.mean(labelled)  # Not the mean over labelled classes.
-  for column, marginal in zip((0, 1), metrics.marginalize_action_scores(
-      probs, pairs)):
+  for column, marginal in zip(
+    (0, 1), metrics.marginalize_action_scores(probs, pairs)
+  ):
     ids = pairs[:, column]
     members = [np.flatnonzero(ids == v) for v in range(ids.max() + 1)]
-    theirs = np.stack([probs[:, m if len(m) else [0]].sum(1) for m in members],
-                      1)  # AVION's marginalize: none -> action 0's
+    theirs = np.stack(
+      [probs[:, m if len(m) else [0]].sum(1) for m in members], 1
+    )  # AVION's marginalize: none -> action 0's
     np.testing.assert_allclose(marginal, theirs)
     truth = ids[labels]
     assert metrics.mean_class_accuracy(marginal, truth) == pytest.approx(
-        avion_mean_accuracy(truth, theirs))
+      avion_mean_accuracy(truth, theirs)
+    )

@@ -11,13 +11,27 @@ from vidjax import errors, monitor
 
 def test_jsonl_rows_are_plain_json(tmp_path):
   with monitor.MetricWriter(tmp_path, tensorboard=False) as writer:
-    writer.write(1, {"train/loss": jnp.float32(2.5), "data/skipped": np.int64(3),
-                     "eval/t2v_r1": np.float64(0.25), "perf/mfu": 0.4})
-    writer.write(2, {"train/loss": jnp.array(float("nan")), "eval/name": "ek100"})
+    writer.write(
+      1,
+      {
+        "train/loss": jnp.float32(2.5),
+        "data/skipped": np.int64(3),
+        "eval/t2v_r1": np.float64(0.25),
+        "perf/mfu": 0.4,
+      },
+    )
+    writer.write(
+      2, {"train/loss": jnp.array(float("nan")), "eval/name": "ek100"}
+    )
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   rows = [json.loads(line) for line in lines]  # strict JSON: no NaN tokens
-  assert rows[0] == {"step": 1, "train/loss": 2.5, "data/skipped": 3,
-                     "eval/t2v_r1": 0.25, "perf/mfu": 0.4}
+  assert rows[0] == {
+    "step": 1,
+    "train/loss": 2.5,
+    "data/skipped": 3,
+    "eval/t2v_r1": 0.25,
+    "perf/mfu": 0.4,
+  }
   assert type(rows[0]["data/skipped"]) is int
   assert rows[1] == {"step": 2, "train/loss": None, "eval/name": "ek100"}
   assert "NaN" not in lines[1]
@@ -53,8 +67,13 @@ def test_late_metrics_returns_previous_step_as_floats():
 
 def test_step_timer_splits_data_wait_and_computes_mfu():
   now = [0.0]
-  timer = monitor.StepTimer(global_batch=64, flops_per_step=8e12, num_devices=8,
-                         peak_flops_per_device=1e12, clock=lambda: now[0])
+  timer = monitor.StepTimer(
+    global_batch=64,
+    flops_per_step=8e12,
+    num_devices=8,
+    peak_flops_per_device=1e12,
+    clock=lambda: now[0],
+  )
   for _ in range(4):
     with timer.waiting_for_data():
       now[0] += 0.1
@@ -69,15 +88,19 @@ def test_step_timer_splits_data_wait_and_computes_mfu():
   assert perf["perf/tflops_per_device"] == pytest.approx(2.0)
   assert perf["perf/mfu"] == pytest.approx(2.0)
   assert timer.summary() == {}  # the window was reset
-  assert monitor.model_flops_utilization(989e12 * 8 * 0.5, 1.0, 8, 989e12) == pytest.approx(0.5)
+  assert monitor.model_flops_utilization(
+    989e12 * 8 * 0.5, 1.0, 8, 989e12
+  ) == pytest.approx(0.5)
 
 
 def test_data_bound_watch_keeps_watching_over_a_sliding_window():
   now = [0.0]
-  timer = monitor.StepTimer(global_batch=8, num_devices=1, window_steps=4,
-                            clock=lambda: now[0])
-  watch = monitor.DataBoundWatch(timer, threshold=0.5, repeat_s=10.0,
-                                 clock=lambda: now[0])
+  timer = monitor.StepTimer(
+    global_batch=8, num_devices=1, window_steps=4, clock=lambda: now[0]
+  )
+  watch = monitor.DataBoundWatch(
+    timer, threshold=0.5, repeat_s=10.0, clock=lambda: now[0]
+  )
 
   def steps(n, wait, compute=0.1):
     said = []
@@ -118,29 +141,44 @@ def test_peak_flops_lookup():
 
 def test_check_finite_names_metric_step_and_checkpoint():
   monitor.check_finite({"train/loss": 1.0, "eval/name": "x"}, step=3)
-  with pytest.raises(monitor.NonFiniteError,
-                     match=r"non-finite train/loss \(nan\) at step 12; last good "
-                           r"checkpoint at step 10 is kept"):
-    monitor.check_finite({"train/loss": float("nan")}, step=12, last_checkpoint_step=10)
+  with pytest.raises(
+    monitor.NonFiniteError,
+    match=r"non-finite train/loss \(nan\) at step 12; last good "
+    r"checkpoint at step 10 is kept",
+  ):
+    monitor.check_finite(
+      {"train/loss": float("nan")}, step=12, last_checkpoint_step=10
+    )
   with pytest.raises(FloatingPointError, match="no checkpoint was saved yet"):
     monitor.check_finite({"train/grad_norm": jnp.inf}, step=1)
-  with pytest.raises(monitor.NonFiniteError, match="train/loss"):  # None = was NaN
+  with pytest.raises(
+    monitor.NonFiniteError, match="train/loss"
+  ):  # None = was NaN
     monitor.check_finite({"train/loss": None}, step=1)
-  monitor.check_finite({"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"])
+  monitor.check_finite(
+    {"train/loss": 1.0, "eval/x": None}, step=1, keys=["train/loss"]
+  )
 
 
 def test_a_torn_last_line_is_dropped_and_a_full_disk_leaves_whole_lines(
-    small_disk, caplog):
+  small_disk, caplog
+):
   workdir = small_disk.path
   (workdir / "metrics.jsonl").write_text(
-      '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/lo')  # Killed here.
+    '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/lo'
+  )  # Killed here.
   with monitor.MetricWriter(workdir, tensorboard=False) as writer:
     writer.write(2, {"train/loss": 1.5})
     small_disk.leave_free(0)
-    with pytest.raises(errors.WriteError, match=r"could not write the metrics "
-                       r"of step 3 to .*metrics.jsonl: No space left on device"):
+    with pytest.raises(
+      errors.WriteError,
+      match=r"could not write the metrics "
+      r"of step 3 to .*metrics.jsonl: No space left on device",
+    ):
       writer.write(3, {"train/loss": 1.0, "name": "x" * 5000})  # > a page
   assert "ended in a torn line" in caplog.text and '{"step": 2, "train/lo' in (
-      caplog.text)
+    caplog.text
+  )
   assert (workdir / "metrics.jsonl").read_text() == (
-      '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n')
+    '{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n'
+  )

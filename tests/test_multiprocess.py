@@ -18,6 +18,7 @@ Process 1 is made to lag at start-up (a `sitecustomize` hook delays its
 still start cleanly when process 0 gets ahead and creates the checkpoint
 directory first.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,24 +64,39 @@ def _free_port() -> int:
 
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES",
-                              "JAX_PROCESS_ID"))}
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(
+      ("SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    )
+  }
+  flags = [
+    f
+    for f in env.get("XLA_FLAGS", "").split()
+    if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   env["XLA_FLAGS"] = " ".join(
-      flags + [f"--xla_force_host_platform_device_count={devices}"])
+    flags + [f"--xla_force_host_platform_device_count={devices}"]
+  )
   env["JAX_PLATFORMS"] = "cpu"
   env.update(extra)
   return env
 
 
 def _start(workdir: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
-  cmd = [sys.executable, "-m", "vidjax.main", f"--config={CONFIG}",
-         f"--workdir={workdir}", *OVERRIDES]
+  cmd = [
+    sys.executable,
+    "-m",
+    "vidjax.main",
+    f"--config={CONFIG}",
+    f"--workdir={workdir}",
+    *OVERRIDES,
+  ]
   with open(log, "wb") as out:  # the child keeps its own copy
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+      cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+    )
 
 
 def _wait(procs: dict[str, subprocess.Popen], logs: dict[str, Path]):
@@ -98,14 +114,18 @@ def _wait(procs: dict[str, subprocess.Popen], logs: dict[str, Path]):
 
 
 def _by_step(workdir: Path, prefix: str) -> dict[int, dict[str, float]]:
-  rows = [json.loads(line) for line in
-          (workdir / "metrics.jsonl").read_text().splitlines() if line]
+  rows = [
+    json.loads(line)
+    for line in (workdir / "metrics.jsonl").read_text().splitlines()
+    if line
+  ]
   out: dict[int, dict[str, float]] = {}
   for row in rows:
     metrics = {k: v for k, v in row.items() if k.startswith(prefix)}
     if metrics:
       assert not set(metrics) & set(out.get(row["step"], {})), (
-          f"step {row['step']} logged twice: {row}")
+        f"step {row['step']} logged twice: {row}"
+      )
       out.setdefault(row["step"], {}).update(metrics)
   return out
 
@@ -122,12 +142,18 @@ def test_two_processes_match_one(tmp_path, tmp_path_factory):
   hook.mkdir()
   (hook / "sitecustomize.py").write_text(_LAG_HOOK)
   pythonpath = os.pathsep.join(
-      [str(hook)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    [str(hook)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+  )
   address = f"127.0.0.1:{_free_port()}"
   procs = {}
   for i in range(2):
-    env = _env(4, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(i), PYTHONPATH=pythonpath)
+    env = _env(
+      4,
+      JAX_COORDINATOR_ADDRESS=address,
+      JAX_NUM_PROCESSES="2",
+      JAX_PROCESS_ID=str(i),
+      PYTHONPATH=pythonpath,
+    )
     procs[f"p{i}"] = _start(multi, env, logs[f"p{i}"])
   _wait(procs, logs)
   assert "process 1 of 2" in logs["p1"].read_text(errors="replace")
@@ -137,18 +163,22 @@ def test_two_processes_match_one(tmp_path, tmp_path_factory):
   for step in got:
     for name in ("train/loss", "train/grad_norm", "train/lr"):
       assert got[step][name] == pytest.approx(want[step][name], rel=1e-4), (
-          f"{name} at step {step}: 2 processes {got[step][name]}, "
-          f"1 process {want[step][name]}")
+        f"{name} at step {step}: 2 processes {got[step][name]}, "
+        f"1 process {want[step][name]}"
+      )
   # Training moved: the comparison is not between untouched models.
-  assert want[STEPS]["train/loss"] != pytest.approx(want[1]["train/loss"],
-                                                    rel=1e-3)
+  assert want[STEPS]["train/loss"] != pytest.approx(
+    want[1]["train/loss"], rel=1e-3
+  )
   # The final evaluation gathers every process's outputs.
   want_eval, got_eval = _by_step(single, "eval/"), _by_step(multi, "eval/")
   assert got_eval[STEPS] == pytest.approx(want_eval[STEPS], rel=1e-4)
 
   step_dir = multi / "checkpoints" / str(STEPS)
   assert sorted(p.name for p in (step_dir / "data").glob("*.json")) == [
-      "process_0-of-2.json", "process_1-of-2.json"]
+    "process_0-of-2.json",
+    "process_1-of-2.json",
+  ]
   # Process 0 listed the checksums once both processes' files were written.
   listed = json.loads((step_dir / checksums.MANIFEST).read_text())["files"]
   assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(listed)
@@ -159,22 +189,32 @@ def test_two_processes_match_one(tmp_path, tmp_path_factory):
 # How vidjax.main calls jax.distributed.initialize (no processes started).
 # ---------------------------------------------------------------------------
 _LAUNCH_VARS = (
-    "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-    "JAX_LOCAL_DEVICE_IDS", "CUDA_VISIBLE_DEVICES", "SLURM_NTASKS",
-    "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
-    "SLURM_GPUS_ON_NODE")
+  "JAX_COORDINATOR_ADDRESS",
+  "JAX_NUM_PROCESSES",
+  "JAX_PROCESS_ID",
+  "JAX_LOCAL_DEVICE_IDS",
+  "CUDA_VISIBLE_DEVICES",
+  "SLURM_NTASKS",
+  "SLURM_NNODES",
+  "SLURM_STEP_NUM_TASKS",
+  "SLURM_STEP_NUM_NODES",
+  "SLURM_GPUS_ON_NODE",
+)
 
 
 def _initialize_kwargs(monkeypatch, **env) -> dict | None:
   import jax  # pylint: disable=import-outside-toplevel
+
   from vidjax import main  # pylint: disable=import-outside-toplevel
+
   for name in _LAUNCH_VARS:
     monkeypatch.delenv(name, raising=False)
   for name, value in env.items():
     monkeypatch.setenv(name, value)
   calls = []
-  monkeypatch.setattr(jax.distributed, "initialize",
-                      lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setattr(
+    jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs)
+  )
   main._maybe_initialize_distributed()  # pylint: disable=protected-access
   return calls[0] if calls else None
 
@@ -182,29 +222,56 @@ def _initialize_kwargs(monkeypatch, **env) -> dict | None:
 def test_slurm_one_task_per_node_drives_all_its_gpus(monkeypatch):
   # JAX alone would give each SLURM task one GPU (number SLURM_LOCALID).
   kwargs = _initialize_kwargs(
-      monkeypatch, SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
-      SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3")
+    monkeypatch,
+    SLURM_NTASKS="2",
+    SLURM_STEP_NUM_TASKS="2",
+    SLURM_STEP_NUM_NODES="2",
+    CUDA_VISIBLE_DEVICES="0,1,2,3",
+  )
   assert kwargs == {"local_device_ids": [0, 1, 2, 3]}
-  kwargs = _initialize_kwargs(monkeypatch, SLURM_NTASKS="2", SLURM_NNODES="2",
-                              SLURM_GPUS_ON_NODE="8")
+  kwargs = _initialize_kwargs(
+    monkeypatch, SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_GPUS_ON_NODE="8"
+  )
   assert kwargs == {"local_device_ids": list(range(8))}
 
 
 def test_slurm_one_task_per_gpu_keeps_jax_defaults(monkeypatch):
-  assert _initialize_kwargs(
-      monkeypatch, SLURM_NTASKS="16", SLURM_STEP_NUM_TASKS="16",
-      SLURM_STEP_NUM_NODES="2", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7") == {}
-  assert _initialize_kwargs(  # the user chose the devices
-      monkeypatch, SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_GPUS_ON_NODE="8",
-      JAX_LOCAL_DEVICE_IDS="0,1") == {}
+  assert (
+    _initialize_kwargs(
+      monkeypatch,
+      SLURM_NTASKS="16",
+      SLURM_STEP_NUM_TASKS="16",
+      SLURM_STEP_NUM_NODES="2",
+      CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
+    )
+    == {}
+  )
+  assert (
+    _initialize_kwargs(  # the user chose the devices
+      monkeypatch,
+      SLURM_NTASKS="2",
+      SLURM_NNODES="2",
+      SLURM_GPUS_ON_NODE="8",
+      JAX_LOCAL_DEVICE_IDS="0,1",
+    )
+    == {}
+  )
 
 
 def test_explicit_coordinator_skips_cluster_detection(monkeypatch):
   kwargs = _initialize_kwargs(
-      monkeypatch, JAX_COORDINATOR_ADDRESS="10.0.0.1:1234",
-      JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1", SLURM_NTASKS="2")
-  assert kwargs == {"coordinator_address": "10.0.0.1:1234", "num_processes": 2,
-                    "process_id": 1, "cluster_detection_method": "deactivate"}
+    monkeypatch,
+    JAX_COORDINATOR_ADDRESS="10.0.0.1:1234",
+    JAX_NUM_PROCESSES="2",
+    JAX_PROCESS_ID="1",
+    SLURM_NTASKS="2",
+  )
+  assert kwargs == {
+    "coordinator_address": "10.0.0.1:1234",
+    "num_processes": 2,
+    "process_id": 1,
+    "cluster_detection_method": "deactivate",
+  }
 
 
 def test_single_process_does_not_initialize(monkeypatch):

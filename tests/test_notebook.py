@@ -1,4 +1,5 @@
 """notebooks/quickstart.ipynb runs headless, top to bottom; committed clean."""
+
 import json
 from pathlib import Path
 
@@ -20,16 +21,18 @@ def test_committed_notebook_has_no_outputs():
   nbformat.validate(nb)
   for cell in _code_cells(nb):
     assert not cell.outputs and cell.execution_count is None, (
-        f"{NOTEBOOK.name} is committed with outputs; strip them (e.g. "
-        "`jupyter nbconvert --clear-output --inplace`)")
+      f"{NOTEBOOK.name} is committed with outputs; strip them (e.g. "
+      "`jupyter nbconvert --clear-output --inplace`)"
+    )
 
 
 def test_install_cell_is_commented_out():
   # Executing the notebook (here, in CI) must never pip install.
   first = _code_cells(nbformat.read(NOTEBOOK, as_version=4))[0].source
   assert "pip install" in first
-  assert all(line.lstrip().startswith("#") for line in first.splitlines()
-             if line.strip())
+  assert all(
+    line.lstrip().startswith("#") for line in first.splitlines() if line.strip()
+  )
 
 
 @pytest.mark.slow
@@ -38,8 +41,11 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   monkeypatch.setenv("VIDJAX_WORKDIR", str(workdir))  # the kernel inherits it
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
-      nb, timeout=300, kernel_name="python3",
-      resources={"metadata": {"path": str(NOTEBOOK.parent)}})  # cwd: notebooks/
+    nb,
+    timeout=300,
+    kernel_name="python3",
+    resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+  )  # cwd: notebooks/
   client.execute()  # raises CellExecutionError naming the failing cell
 
   outputs = [o for c in _code_cells(nb) for o in c.outputs]
@@ -47,8 +53,10 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert len(images) == 2  # the decoded frames and the loss curve
   text = "".join(o.get("text", "") for o in outputs)
   assert "uint8 (8, 96, 128, 3)" in text  # read_clip's frames
-  rows = [json.loads(line) for line in
-          (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [
+    json.loads(line)
+    for line in (workdir / "metrics.jsonl").read_text().splitlines()
+  ]
   losses = [r["train/loss"] for r in rows if "train/loss" in r]
   assert len(losses) == 5  # step 1 and every 5th of 20
   assert any("eval/t2v_r1" in r for r in rows)

@@ -1,4 +1,5 @@
 """The input pipeline: determinism, exact resume, bad videos, sharded batches."""
+
 import gzip
 import json
 import os
@@ -13,17 +14,27 @@ import numpy as np
 import pytest
 
 from vidjax import augment, defaults, errors, sharding
-from vidjax.data import annotation_files, annotations, batches as batches_lib
-from vidjax.data import ek100, pipeline
-from vidjax.data import loader as loader_lib, synthetic, synthetic_annotations
-from vidjax.data import workers as workers_lib
+from vidjax.data import (
+  annotation_files,
+  annotations,
+  batches as batches_lib,
+  ek100,
+  loader as loader_lib,
+  pipeline,
+  synthetic,
+  synthetic_annotations,
+  workers as workers_lib,
+)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-  return synthetic.make_corpus(tmp_path_factory.mktemp("corpus"),
-                               num_videos=16, segments_per_video=2,
-                               progress=False)
+  return synthetic.make_corpus(
+    tmp_path_factory.mktemp("corpus"),
+    num_videos=16,
+    segments_per_video=2,
+    progress=False,
+  )
 
 
 SIZE = 36
@@ -32,10 +43,15 @@ SIZE = 36
 def config_for(root, **data):
   config = defaults.base_config("contrastive")
   config.seed = 3
-  config.data.update(root=str(root / "chunks"),
-                     train_annotations=str(root / "train.jsonl"),
-                     eval_annotations=str(root / "val.jsonl"), num_frames=4,
-                     size=SIZE, device_prefetch=1, **data)
+  config.data.update(
+    root=str(root / "chunks"),
+    train_annotations=str(root / "train.jsonl"),
+    eval_annotations=str(root / "val.jsonl"),
+    num_frames=4,
+    size=SIZE,
+    device_prefetch=1,
+    **data,
+  )
   return config
 
 
@@ -120,8 +136,9 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
     for a, b in zip(base, other, strict=True):
       assert_same(a, b)
   # Different seeds differ.
-  pipe = pipeline.make_pipeline(config_for(corpus), mesh, train=True,
-                                batch_size=8, seed=4)
+  pipe = pipeline.make_pipeline(
+    config_for(corpus), mesh, train=True, batch_size=8, seed=4
+  )
   assert not np.array_equal(take(pipe, 1)[0]["video"], base[0]["video"][:8])
   pipe.close()
 
@@ -130,7 +147,8 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
 @pytest.mark.xdist_group("two_workers")
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
-    two_workers):
+  two_workers,
+):
   """Workers hand over groups of 2 clips, not batches of 48: /dev/shm never
   holds more than their buffers' worth (`shared_memory_bytes`)."""
   with pytest.MonkeyPatch.context() as patch:
@@ -140,19 +158,26 @@ def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
   # on each side; and 2 groups read, waiting to be freed.
   assert bound == (2 * (2 * 2 + 2) + 2) * 2 * CLIP_BYTES
   assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
-      two_workers["peak_shm"], bound)
+    two_workers["peak_shm"],
+    bound,
+  )
 
 
 def test_too_small_dev_shm_stops_at_start_up_saying_what_to_change(
-    corpus, mesh, monkeypatch):
+  corpus, mesh, monkeypatch
+):
   config = config_for(corpus, workers=16, worker_buffer=8)
   config.data.update(num_frames=16, size=224)
   usage = shutil.disk_usage(".")
-  monkeypatch.setattr(pipeline.shutil, "disk_usage",
-                      lambda path: usage._replace(free=64 * 2**20))
+  monkeypatch.setattr(
+    pipeline.shutil, "disk_usage", lambda path: usage._replace(free=64 * 2**20)
+  )
   monkeypatch.setattr(pipeline.os.path, "isdir", lambda path: True)
-  with pytest.raises(ValueError, match=r"(?s)64 MiB free.*16 data workers.*"
-                     r"data.worker_buffer.*data.workers.*--shm-size"):
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)64 MiB free.*16 data workers.*"
+    r"data.worker_buffer.*data.workers.*--shm-size",
+  ):
     pipeline.make_pipeline(config, mesh, train=True, batch_size=8)
 
 
@@ -162,8 +187,9 @@ def test_restored_iterator_reproduces_following_batches(corpus, mesh):
   take(pipe, 2)
   state = json.loads(json.dumps(pipe.get_state()))  # As a checkpoint saves it.
   expected = take(pipe, 3)
-  resumed = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
-                                   state=state)
+  resumed = pipeline.make_pipeline(
+    config, mesh, train=True, batch_size=8, state=state
+  )
   for a, b in zip(expected, take(resumed, 3)):
     assert_same(a, b)
   pipe.close()
@@ -171,8 +197,9 @@ def test_restored_iterator_reproduces_following_batches(corpus, mesh):
 
 
 def test_batches_are_global_uint8_arrays_sharded_on_batch(corpus, mesh):
-  pipe = pipeline.make_pipeline(config_for(corpus), mesh, train=True,
-                                batch_size=16)
+  pipe = pipeline.make_pipeline(
+    config_for(corpus), mesh, train=True, batch_size=16
+  )
   batch = next(pipe)
   video = batch["video"]
   assert isinstance(video, jax.Array) and video.dtype == np.uint8
@@ -191,12 +218,14 @@ def test_batches_are_global_uint8_arrays_sharded_on_batch(corpus, mesh):
 
 def test_text_tokens_with_a_tokenizer(corpus, mesh, tmp_path):
   from vidjax.data import tokenizer as tok_lib
+
   vocab = tmp_path / "vocab.txt.gz"
   with gzip.open(vocab, "wt") as f:
     f.write("#version: 0.2\nm o\nmo v\n")
   tok = tok_lib.Tokenizer(vocab)
-  pipe = pipeline.make_pipeline(config_for(corpus), mesh, train=True,
-                                batch_size=8, tokenizer=tok)
+  pipe = pipeline.make_pipeline(
+    config_for(corpus), mesh, train=True, batch_size=8, tokenizer=tok
+  )
   batch = jax.tree.map(np.asarray, next(pipe))
   records = annotations.load_jsonl(corpus / "train.jsonl")
   for tokens, index in zip(batch["tokens"], batch["index"]):
@@ -211,19 +240,24 @@ def corrupt(root, video_ids):
       path.write_bytes(b"garbage" * 10)
 
 
-def test_ten_percent_corrupt_iterates_to_the_end(corpus, mesh, tmp_path,
-                                                 monkeypatch):
+def test_ten_percent_corrupt_iterates_to_the_end(
+  corpus, mesh, tmp_path, monkeypatch
+):
   warnings = []
-  monkeypatch.setattr(batches_lib.logging, "warning",
-                      lambda fmt, *args: warnings.append(fmt % args))
+  monkeypatch.setattr(
+    batches_lib.logging,
+    "warning",
+    lambda fmt, *args: warnings.append(fmt % args),
+  )
   root = tmp_path / "c"
   shutil.copytree(corpus, root)
   records = annotations.load_jsonl(root / "train.jsonl")  # 24 records.
   video_ids = sorted({r.video_id for r in records})
   bad = video_ids[:1]  # 2 of 24 records, about 10%.
   corrupt(root, bad)
-  pipe = pipeline.make_pipeline(config_for(root), mesh, train=True,
-                                batch_size=8, num_epochs=1)
+  pipe = pipeline.make_pipeline(
+    config_for(root), mesh, train=True, batch_size=8, num_epochs=1
+  )
   batches = [jax.tree.map(np.asarray, b) for b in pipe]
   assert len(batches) == 3
   assert all(b["valid"].all() for b in batches)
@@ -244,21 +278,25 @@ def test_all_corrupt_stops_with_the_bad_files_named(corpus, mesh, tmp_path):
   root = tmp_path / "c"
   shutil.copytree(corpus, root)
   corrupt(root, [p.name for p in (root / "chunks").iterdir() if p.is_dir()])
-  pipe = pipeline.make_pipeline(config_for(root), mesh, train=True,
-                                batch_size=8)
+  pipe = pipeline.make_pipeline(
+    config_for(root), mesh, train=True, batch_size=8
+  )
   with pytest.raises(errors.DataError) as e:
     next(pipe)
   pipe.close()
   lines = str(e.value).splitlines()
-  assert re.fullmatch(r"(\d+) of \1 clip reads failed \(100%\), in (\d+) files:",
-                      lines[0])
+  assert re.fullmatch(
+    r"(\d+) of \1 clip reads failed \(100%\), in (\d+) files:", lines[0]
+  )
   num_files = int(lines[0].split()[-2])
   listed, more = lines[1:11], lines[11:]  # The 10 worst, then how many more.
   assert more == [f"  ... and {num_files - 10} more files"]
   files = [line.split(": ")[0].strip() for line in listed]
   assert len(set(files)) == 10  # Each file once, with its count.
-  assert all(re.fullmatch(r"\s+\S+/chunks/vid0\d\d/\d+\.mp4: \d+ failed reads?",
-                          line) for line in listed)
+  assert all(
+    re.fullmatch(r"\s+\S+/chunks/vid0\d\d/\d+\.mp4: \d+ failed reads?", line)
+    for line in listed
+  )
   assert "data.max_skip_fraction" in e.value.hint
 
 
@@ -268,12 +306,18 @@ def test_eval_views_each_once_and_padded(corpus, mesh):
   batches = [jax.tree.map(np.asarray, b) for b in pipe]
   num_records = len(annotations.load_jsonl(corpus / "val.jsonl"))
   valid = np.concatenate([b["valid"] for b in batches])
-  pairs = {(int(i), int(v)) for b in batches
-           for i, v, ok in zip(b["index"], b["view"], b["valid"]) if ok}
+  pairs = {
+    (int(i), int(v))
+    for b in batches
+    for i, v, ok in zip(b["index"], b["view"], b["valid"])
+    if ok
+  }
   assert valid.sum() == num_records * 6 and len(pairs) == num_records * 6
   assert len(valid) == 64 and not valid[-16:].any()  # Padded to full batches.
-  again = [jax.tree.map(np.asarray, b) for b in pipeline.make_pipeline(
-      config, mesh, train=False, batch_size=32)]
+  again = [
+    jax.tree.map(np.asarray, b)
+    for b in pipeline.make_pipeline(config, mesh, train=False, batch_size=32)
+  ]
   for a, b in zip(batches, again):
     assert_same(a, b)
 
@@ -281,6 +325,7 @@ def test_eval_views_each_once_and_padded(corpus, mesh):
 @pytest.fixture(scope="module")
 def tok(corpus):
   from vidjax.data import tokenizer as tok_lib
+
   return tok_lib.Tokenizer(synthetic.write_vocab(corpus / "vocab.txt.gz"))
 
 
@@ -293,35 +338,44 @@ def corpus_config(corpus, data_format, **data):
 
 def caption_of(tokens, tok, captions):
   """The caption whose tokens these are."""
-  matches = [i for i, c in enumerate(captions)
-             if np.array_equal(tok(c)[0], tokens)]
+  matches = [
+    i for i, c in enumerate(captions) if np.array_equal(tok(c)[0], tokens)
+  ]
   assert len(matches) == 1
   return matches[0]
 
 
 def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
-    corpus, mesh, tok):
+  corpus, mesh, tok
+):
   config = corpus_config(corpus, "ek100_mir")
   data = config.data
   records = annotation_files.load_annotations(data, data.train_annotations)
-  captions = [t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)]
+  captions = [
+    t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)
+  ]
   relevancy = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
   assert len(captions) < len(records) == relevancy.shape[0]  # Captions repeat.
   positives = annotation_files.caption_positives(data, records)
   rng = np.random.default_rng(0)
-  drawn = [[captions.index(positives.draw(i, rng)) for _ in range(40)]
-           for i in range(len(records))]
+  drawn = [
+    [captions.index(positives.draw(i, rng)) for _ in range(40)]
+    for i in range(len(records))
+  ]
   for i, columns in enumerate(drawn):  # 40 draws for each of the clips
     assert (relevancy[i, columns] > 0.1).all()
     assert set(columns) == set(np.flatnonzero(relevancy[i] > 0.1))
-  assert any(captions[c] != records[i].text for i, cs in enumerate(drawn) for c in cs)
+  assert any(
+    captions[c] != records[i].text for i, cs in enumerate(drawn) for c in cs
+  )
   # In the pipeline: each element's own generator, whatever the workers.
   runs = []
   for workers in (0, 2):
     with config.unlocked():
       config.data.workers = workers
-    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
-                                  tokenizer=tok)
+    pipe = pipeline.make_pipeline(
+      config, mesh, train=True, batch_size=8, tokenizer=tok
+    )
     runs.append(take(pipe, 2))
     pipe.close()
   for a, b in zip(*runs):
@@ -332,9 +386,12 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
 
 
 def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
-    corpus, mesh, tok):
+  corpus, mesh, tok
+):
   config = corpus_config(corpus, "ego4d", threads=2)
-  records = annotation_files.load_annotations(config.data, config.data.train_annotations)
+  records = annotation_files.load_annotations(
+    config.data, config.data.train_annotations
+  )
   segments = annotations.load_jsonl(corpus / "train.jsonl")
   assert len(records) == 2 * len(segments)  # Rephraser's, then narrator's.
   assert all(len(r.extra["texts"]) == 3 for r in records)
@@ -342,14 +399,26 @@ def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
   for threads, seed in ((2, 3), (0, 3), (0, 4)):
     with config.unlocked():
       config.data.threads = threads
-    pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=8,
-                                  tokenizer=tok, num_epochs=1, seed=seed)
+    pipe = pipeline.make_pipeline(
+      config,
+      mesh,
+      train=True,
+      batch_size=8,
+      tokenizer=tok,
+      num_epochs=1,
+      seed=seed,
+    )
     epochs.append([jax.tree.map(np.asarray, b) for b in pipe])
   for a, b in zip(epochs[0], epochs[1]):
     assert_same(a, b)
-  chosen = {seed: sorted((int(i), caption_of(t, tok, records[i].extra["texts"]))
-                         for b in run for i, t in zip(b["index"], b["tokens"]))
-            for seed, run in ((3, epochs[0]), (4, epochs[2]))}
+  chosen = {
+    seed: sorted(
+      (int(i), caption_of(t, tok, records[i].extra["texts"]))
+      for b in run
+      for i, t in zip(b["index"], b["tokens"])
+    )
+    for seed, run in ((3, epochs[0]), (4, epochs[2]))
+  }
   assert [i for i, _ in chosen[3]] == list(range(len(records)))  # Each once.
   assert len({k for _, k in chosen[3]}) == 3  # All list positions drawn.
   assert chosen[3] != chosen[4]  # Another seed, other draws.
@@ -359,20 +428,27 @@ def test_kinetics_list_records_span_whole_videos(corpus, tmp_path):
   """AVION's `path num_frames label` lists: clips anywhere in the video."""
   listing = tmp_path / "k400_val_list.txt"
   listing.write_text("val_320px/vid000.mp4 32 5\nval_320px/vid001.mp4 32 7\n")
-  config = config_for(corpus, format="kinetics_list", sampling="stride",
-                      stride=2, eval_clips=2)
+  config = config_for(
+    corpus, format="kinetics_list", sampling="stride", stride=2, eval_clips=2
+  )
   records = annotation_files.load_annotations(config.data, str(listing))
-  loader = loader_lib.ClipLoader(records, config.data.root,
-                                 loader_lib.ClipSpec.from_config(config.data))
+  loader = loader_lib.ClipLoader(
+    records, config.data.root, loader_lib.ClipSpec.from_config(config.data)
+  )
   last = loader.eval_element(1)  # Record 0, the second (last) of 2 views.
   assert last["valid"] and last["label"] == 5
   from vidjax.data import crop, sampling, video
+
   info = video.video_info(config.data.root, "vid000")
   ids = sampling.multi_view_frame_ids(0, info.num_frames, 4, 2, 2)[1]
   assert ids[-1] > info.num_frames * 3 // 4  # The whole video's last part.
   box = crop.center_crop(None, info.height, info.width, (SIZE, SIZE))
-  np.testing.assert_array_equal(last["video"], video.read_clip(
-      config.data.root, "vid000", ids, crop=box.box, size=(SIZE, SIZE)))
+  np.testing.assert_array_equal(
+    last["video"],
+    video.read_clip(
+      config.data.root, "vid000", ids, crop=box.box, size=(SIZE, SIZE)
+    ),
+  )
   element = loader.train_element(3, np.random.default_rng(0))
   assert element["valid"] and element["label"] == 7 and not element["errors"]
 
@@ -384,9 +460,15 @@ def one_clip_groups(elements):
 
 def test_host_batches_are_aligned_for_zero_copy_transfers():
   """XLA's CPU client takes 64-byte-aligned host arrays without a copy."""
-  groups = [{"video": np.full((2, 4, 8, 8, 3), i, np.uint8),
-             "valid": np.ones(2, bool), "skipped": np.zeros(2, np.int32),
-             "errors": np.array(["", ""])} for i in range(3)]
+  groups = [
+    {
+      "video": np.full((2, 4, 8, 8, 3), i, np.uint8),
+      "valid": np.ones(2, bool),
+      "skipped": np.zeros(2, np.int32),
+      "errors": np.array(["", ""]),
+    }
+    for i in range(3)
+  ]
   batch = next(batches_lib.HostBatches(iter(groups), 4, 0.25, group=2))
   for value in batch.values():
     assert value.ctypes.data % batches_lib.ALIGNMENT == 0
@@ -396,11 +478,17 @@ def test_host_batches_are_aligned_for_zero_copy_transfers():
 def host_elements(valid, video_ids=None):
   """Elements as `ClipLoader` makes them; an invalid one failed one read."""
   video_ids = video_ids or [f"vid{i:03d}" for i in range(len(valid))]
-  return one_clip_groups([
-      {"video": np.full((2, 4, 4, 3), i, np.uint8), "valid": ok,
-       "skipped": int(not ok),
-       "errors": "" if ok else f"/store/{vid}: cannot decode frame 3"}
-      for i, (ok, vid) in enumerate(zip(valid, video_ids))])
+  return one_clip_groups(
+    [
+      {
+        "video": np.full((2, 4, 4, 3), i, np.uint8),
+        "valid": ok,
+        "skipped": int(not ok),
+        "errors": "" if ok else f"/store/{vid}: cannot decode frame 3",
+      }
+      for i, (ok, vid) in enumerate(zip(valid, video_ids))
+    ]
+  )
 
 
 def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
@@ -413,8 +501,9 @@ def test_unreadable_clip_alone_in_the_final_eval_batch_is_counted():
   assert host.skipped == 1 and host.failures == {"/store/vid004": 1}
   host = batches_lib.HostBatches(iter(elements), 1, 0.25, train=True)
   assert len([next(host) for _ in range(4)]) == 4
-  with pytest.raises(errors.DataError,
-                     match=r"1 of 5 clip reads failed \(20%\), in 1 file:"):
+  with pytest.raises(
+    errors.DataError, match=r"1 of 5 clip reads failed \(20%\), in 1 file:"
+  ):
     next(host)
 
 
@@ -424,13 +513,35 @@ def test_every_process_yields_as_many_eval_batches(corpus):
   config = config_for(corpus)
   records = annotations.load_jsonl(corpus / "train.jsonl")[:9]
   clip_loader = loader_lib.ClipLoader(
-      records, config.data.root, loader_lib.ClipSpec.from_config(config.data))
-  runs = [list(batches_lib.HostBatches(iter(pipeline.make_dataset(
-      clip_loader, train=False, seed=0, batch_size=4, process_index=p,
-      process_count=2)), 4, 0.25)) for p in (0, 1)]
+    records, config.data.root, loader_lib.ClipSpec.from_config(config.data)
+  )
+  runs = [
+    list(
+      batches_lib.HostBatches(
+        iter(
+          pipeline.make_dataset(
+            clip_loader,
+            train=False,
+            seed=0,
+            batch_size=4,
+            process_index=p,
+            process_count=2,
+          )
+        ),
+        4,
+        0.25,
+      )
+    )
+    for p in (0, 1)
+  ]
   assert [len(run) for run in runs] == [2, 2]
-  valid = [(int(i), int(s)) for run in runs for b in run
-           for i, ok, s in zip(b["index"], b["valid"], b["skipped"]) if ok]
+  valid = [
+    (int(i), int(s))
+    for run in runs
+    for b in run
+    for i, ok, s in zip(b["index"], b["valid"], b["skipped"])
+    if ok
+  ]
   assert sorted(valid) == [(i, 0) for i in range(9)]  # Each clip once, read.
   assert sum(int(b["skipped"].sum()) for run in runs for b in run) == 0
 
@@ -440,36 +551,54 @@ def test_kinetics_class_ids_come_from_the_training_file(tmp_path):
   header = "label,youtube_id,time_start,time_end,split\n"
 
   def write(name, labels):
-    (tmp_path / name).write_text(header + "".join(
+    (tmp_path / name).write_text(
+      header
+      + "".join(
         f"{label},yt{i:08d}ab,{10 * i},{10 * i + 10},{name[:-4]}\n"
-        for i, label in enumerate(labels)))
+        for i, label in enumerate(labels)
+      )
+    )
     return str(tmp_path / name)
 
   data = defaults.data_config()
-  data.update(format="kinetics", train_annotations=write(
-      "train.csv", ["zumba", "abseiling", "bowling", "zumba"]),
-              eval_annotations=write("val.csv", ["zumba", "bowling"]))
-  labels = {s: [r.label for r in annotation_files.load_annotations(data, data[k])]
-            for s, k in (("train", "train_annotations"),
-                         ("eval", "eval_annotations"))}
+  data.update(
+    format="kinetics",
+    train_annotations=write(
+      "train.csv", ["zumba", "abseiling", "bowling", "zumba"]
+    ),
+    eval_annotations=write("val.csv", ["zumba", "bowling"]),
+  )
+  labels = {
+    s: [r.label for r in annotation_files.load_annotations(data, data[k])]
+    for s, k in (("train", "train_annotations"), ("eval", "eval_annotations"))
+  }
   assert labels == {"train": [2, 0, 1, 2], "eval": [2, 1]}
   write("val.csv", ["zumba", "yoga", "kayaking"])
-  with pytest.raises(errors.DataFileError, match=r"val.csv: 2 classes not in "
-                     r"the training classes of \S+train.csv: 'kayaking', 'yoga'"):
+  with pytest.raises(
+    errors.DataFileError,
+    match=r"val.csv: 2 classes not in "
+    r"the training classes of \S+train.csv: 'kayaking', 'yoga'",
+  ):
     annotation_files.load_annotations(data, data.eval_annotations)
   data.train_annotations = ""  # Evaluating released weights: its own names.
-  assert [r.label for r in annotation_files.load_annotations(
-      data, data.eval_annotations)] == [2, 1, 0]
+  assert [
+    r.label
+    for r in annotation_files.load_annotations(data, data.eval_annotations)
+  ] == [2, 1, 0]
 
 
 def test_unknown_video_ids_counted_per_video(corpus):
   root = str(corpus / "chunks")
-  records = [annotations.ClipRecord(v, 0.0, 1.0, None, 0, {})
-             for v in ("ghost1", "ghost2", "ghost2")]
-  clip_loader = loader_lib.ClipLoader(records, root, loader_lib.ClipSpec(
-      num_frames=2, size=(8, 8)))
-  host = batches_lib.HostBatches(iter(one_clip_groups(
-      map(clip_loader.eval_element, range(3)))), 4, 0.25)
+  records = [
+    annotations.ClipRecord(v, 0.0, 1.0, None, 0, {})
+    for v in ("ghost1", "ghost2", "ghost2")
+  ]
+  clip_loader = loader_lib.ClipLoader(
+    records, root, loader_lib.ClipSpec(num_frames=2, size=(8, 8))
+  )
+  host = batches_lib.HostBatches(
+    iter(one_clip_groups(map(clip_loader.eval_element, range(3)))), 4, 0.25
+  )
   assert not next(host)["valid"].any()
   assert host.failures == {f"{root}/ghost1": 1, f"{root}/ghost2": 2}
 
@@ -497,14 +626,26 @@ def test_a_position_of_other_transfer_groups_resumes_at_its_clip():
   clip, unless it falls inside a group (the local batch changed)."""
   state = {"clips": 24, "skipped": 0, "attempts": 24}
   assert batches_lib.resume_group(state, 4) == 6
-  assert batches_lib.HostBatches(iter([]), 8, 0.25, group=2,
-                                 state=state).get_state()["clips"] == 24
+  assert (
+    batches_lib.HostBatches(
+      iter([]), 8, 0.25, group=2, state=state
+    ).get_state()["clips"]
+    == 24
+  )
   with pytest.raises(errors.ConfigError, match="24 clips.*transfers of 16"):
     batches_lib.resume_group(state, 16)
   # Saved by an older vidjax: Grain's groups, of one iterator or per worker.
   old = {"skipped": 0, "attempts": 0, "clips_per_transfer": 2}
-  assert batches_lib.resume_group(
-      dict(old, grain={"next_index": 12}), 4) == 6
-  assert batches_lib.resume_group(dict(old, grain={
-      "iterators_in_use_states": [{"next_index": 7}, {"next_index": 5}]}),
-      4) == 6
+  assert batches_lib.resume_group(dict(old, grain={"next_index": 12}), 4) == 6
+  assert (
+    batches_lib.resume_group(
+      dict(
+        old,
+        grain={
+          "iterators_in_use_states": [{"next_index": 7}, {"next_index": 5}]
+        },
+      ),
+      4,
+    )
+    == 6
+  )

@@ -14,10 +14,17 @@ from vidjax.data import pipeline, prefetch
 
 def _grain_iter():
   data = grain.MapDataset.source(_batches(1, b=64)[0]["label"])
-  return iter(data.shuffle(seed=3).map(
-      lambda x: {"label": np.int32(x),
-                 "video": np.full((2, 4, 4, 3), x % 256, np.uint8)}
-  ).batch(8).to_iter_dataset())
+  return iter(
+    data.shuffle(seed=3)
+    .map(
+      lambda x: {
+        "label": np.int32(x),
+        "video": np.full((2, 4, 4, 3), x % 256, np.uint8),
+      }
+    )
+    .batch(8)
+    .to_iter_dataset()
+  )
 
 
 def test_prefetch_yields_same_batches_in_order():
@@ -76,14 +83,14 @@ def test_prefetch_propagates_errors_and_close_stops_thread():
     next(it)
 
 
-def test_pipeline_close_stops_grain_when_the_thread_waits_on_it(
-    monkeypatch):
+def test_pipeline_close_stops_grain_when_the_thread_waits_on_it(monkeypatch):
   """The thread may be waiting in Grain's next() for a stuck worker: closing
   Grain ends that wait, so close() neither hangs nor gives up."""
   monkeypatch.setattr(pipeline.Pipeline, "FIRST_WAIT_S", 0.1)
   warnings = []
-  monkeypatch.setattr(prefetch.logging, "warning",
-                      lambda fmt, *args: warnings.append(fmt % args))
+  monkeypatch.setattr(
+    prefetch.logging, "warning", lambda fmt, *args: warnings.append(fmt % args)
+  )
 
   class WaitingHost:  # Its next() returns only once closed, as Grain's.
     def __init__(self):

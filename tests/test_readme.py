@@ -1,7 +1,8 @@
 """README stays true: its layout section names every module where it lives,
 and CI runs its test command."""
-import re
+
 from pathlib import Path
+import re
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +39,7 @@ def test_layout_names_every_module():
 
 def test_readme_lists_the_exit_codes_errors_defines():
   from vidjax import errors  # pylint: disable=import-outside-toplevel
+
   readme = (REPO / "README.md").read_text()
   listed = re.search(r"\n- Exit codes .*?(?=\n- )", readme, re.S).group(0)
   defined = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}

@@ -10,22 +10,32 @@ attention layer, forward and backward, the training step over the vision
 tower's training length (the kept tokens of a masked CLIP) padded to a
 multiple of 8.
 """
+
 from pathlib import Path
 
 import jax
 import pytest
 
-from vidjax import config as config_lib, models, sharding, steps as steps_lib, tasks
+from vidjax import (
+  config as config_lib,
+  models,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
+from vidjax.bench.cuda_trace import (
+  cudnn_attention_calls,
+  forced_cudnn,
+  lower_for_cuda,
+)
 from vidjax.data import batches
 from vidjax.models import attention, shapes
-
-from vidjax.bench.cuda_trace import (cudnn_attention_calls, forced_cudnn,
-                                     lower_for_cuda)
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 # And the masked CLIP step (FLIP): 1 + 392 of the 785 vision tokens.
 RECIPES = sorted(p.name for p in CONFIGS.glob("*.py")) + [
-    "clip_vitb16_ego4d.py:flip"]
+  "clip_vitb16_ego4d.py:flip"
+]
 # Policies under which the backward pass runs no attention forward again.
 KEEPS_ATTENTION = ("none", "save_attention", "save_dots_and_attention")
 
@@ -52,22 +62,27 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
   batch = batches.batch_spec(config, 8)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with forced_cudnn():
-    state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh,
-                                                         abstract=True)
+    state, rest, steps = steps_lib.build_state_and_steps(
+      config, task, mesh, abstract=True
+    )
     lowered = lower_for_cuda(steps.train, state, rest, batch, key)
     train_calls = cudnn_attention_calls(lowered)
     eval_calls = cudnn_attention_calls(
-        lower_for_cuda(steps.eval, state["params"], rest, batch))
+      lower_for_cuda(steps.eval, state["params"], rest, batch)
+    )
 
   layers = attention_layers(config.model)
   vision = shapes.attention_shapes(config.model)["vision"]
   multiple = attention.CUDNN_LENGTH_MULTIPLE
   padded = -(-vision.tokens // multiple) * multiple
   assert f"8x{padded}x{vision.heads}x{vision.head_dim}xbf16" in (
-      lowered.as_text())
+    lowered.as_text()
+  )
   assert train_calls["backward"] == layers, train_calls
   if config.model.remat in KEEPS_ATTENTION:
     assert train_calls["forward"] == layers, train_calls
   else:
     assert train_calls["forward"] > layers, train_calls
-  assert eval_calls["forward"] == layers and not eval_calls["backward"], eval_calls
+  assert eval_calls["forward"] == layers and not eval_calls["backward"], (
+    eval_calls
+  )

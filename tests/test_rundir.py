@@ -1,4 +1,5 @@
 """The run directory: absolute paths, unwritable workdirs, one run at a time."""
+
 import json
 import os
 from pathlib import Path
@@ -24,24 +25,30 @@ def _unwritable(kind: str, tmp_path: Path) -> Path:
   # Immutable: even root cannot write into it (tests run as root).
   frozen = tmp_path / "frozen"
   frozen.mkdir()
-  if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True,
-                    check=False).returncode:
+  if subprocess.run(
+    ["chattr", "+i", str(frozen)], capture_output=True, check=False
+  ).returncode:
     pytest.skip("chattr +i is not available here")
   return frozen
 
 
 @pytest.mark.parametrize("kind", ["a file", "under /proc", "immutable"])
 def test_an_unwritable_workdir_is_refused_in_one_line_before_the_data(
-    kind, tmp_path):
+  kind, tmp_path
+):
   workdir = _unwritable(kind, tmp_path)
   try:
     with pytest.raises(errors.WorkdirError) as e:
       # Missing data paths: the workdir is checked before them.
-      main.run(str(REPO / "configs/own_videos.py:cpu"), str(workdir),
-               overrides=["--config.data.root=/no/such/chunks"])
+      main.run(
+        str(REPO / "configs/own_videos.py:cpu"),
+        str(workdir),
+        overrides=["--config.data.root=/no/such/chunks"],
+      )
   finally:
-    subprocess.run(["chattr", "-i", str(workdir)], capture_output=True,
-                   check=False)
+    subprocess.run(
+      ["chattr", "-i", str(workdir)], capture_output=True, check=False
+    )
   assert e.value.exit_code == errors.EXIT_USAGE
   message = e.value.describe()
   assert len(message.splitlines()) == 1, message
@@ -52,13 +59,21 @@ def test_an_unwritable_workdir_is_refused_in_one_line_before_the_data(
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   config = config_lib.load_config(
-      str(REPO / "configs/clip_vitb16_ego4d.py"),
-      ["--config.data.root=chunks", "--config.data.train_annotations=a.pkl,b.pkl",
-       "--config.init_from=weights/ViT-B-16.pt", "--config.data.vocab=gs://v/x.gz",
-       "--config.eval.sets.ek100_mir.relevancy=rel.pkl"])
+    str(REPO / "configs/clip_vitb16_ego4d.py"),
+    [
+      "--config.data.root=chunks",
+      "--config.data.train_annotations=a.pkl,b.pkl",
+      "--config.init_from=weights/ViT-B-16.pt",
+      "--config.data.vocab=gs://v/x.gz",
+      "--config.eval.sets.ek100_mir.relevancy=rel.pkl",
+    ],
+  )
   config_lib.make_paths_absolute(config)
   assert config.data.root == str(tmp_path / "chunks")
-  assert config.data.train_annotations == f"{tmp_path / 'a.pkl'},{tmp_path / 'b.pkl'}"
+  assert (
+    config.data.train_annotations
+    == f"{tmp_path / 'a.pkl'},{tmp_path / 'b.pkl'}"
+  )
   assert config.init_from == str(tmp_path / "weights/ViT-B-16.pt")
   assert config.data.vocab == "gs://v/x.gz"  # Not a local path.
   assert config.eval.sets.ek100_mir.relevancy == str(tmp_path / "rel.pkl")
@@ -75,10 +90,17 @@ def test_a_second_claim_is_refused_naming_the_holder(tmp_path, monkeypatch):
   with rundir.claim("run") as workdir:  # Relative: made absolute.
     assert workdir == tmp_path / "run"
     holder = _lock(workdir)
-    assert (holder["pid"], holder["host"]) == (os.getpid(), socket.gethostname())
-    with pytest.raises(errors.WorkdirError, match=re.escape(
+    assert (holder["pid"], holder["host"]) == (
+      os.getpid(),
+      socket.gethostname(),
+    )
+    with pytest.raises(
+      errors.WorkdirError,
+      match=re.escape(
         f"workdir {workdir} is in use by another run: PID {os.getpid()} on "
-        f"host {socket.gethostname()}, started {holder['started']}")):
+        f"host {socket.gethostname()}, started {holder['started']}"
+      ),
+    ):
       with rundir.claim(workdir):
         pass
     assert _lock(workdir) == holder  # The holder's lock is untouched.
@@ -104,11 +126,14 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(tmp_path, caplog):
   lock.write_text(json.dumps(dict(here, pid=dead.pid, token="dead")))
   with rundir.claim(workdir):
     assert _lock(workdir)["pid"] == os.getpid()
-  assert f"PID {dead.pid} on this host" in caplog.text and "is gone" in caplog.text
+  assert (
+    f"PID {dead.pid} on this host" in caplog.text and "is gone" in caplog.text
+  )
 
   # Another host's: taken over once untouched for STALE_AFTER_S, not before.
-  other = dict(here, host="gpu-node-7", machine="elsewhere", pid=4242,
-               token="other")
+  other = dict(
+    here, host="gpu-node-7", machine="elsewhere", pid=4242, token="other"
+  )
   lock.write_text(json.dumps(other))
   with pytest.raises(errors.WorkdirError, match="PID 4242 on host gpu-node-7"):
     with rundir.claim(workdir):

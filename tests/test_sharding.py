@@ -1,21 +1,24 @@
 """Tests for vidjax.sharding on 8 fake CPU devices."""
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
-from flax import nnx
-from jax.sharding import PartitionSpec as P
 
 from vidjax import sharding
 
 
 def _batches(n, b=8):
   rng = np.random.default_rng(0)
-  return [{
+  return [
+    {
       "video": rng.integers(0, 256, (b, 2, 4, 4, 3), dtype=np.uint8),
       "label": np.arange(i * b, (i + 1) * b, dtype=np.int32),
-  } for i in range(n)]
+    }
+    for i in range(n)
+  ]
 
 
 def test_make_mesh_shapes_and_errors():
@@ -31,7 +34,9 @@ def test_make_mesh_shapes_and_errors():
 
 def test_fsdp_spec_picks_largest_divisible_dim():
   assert sharding.fsdp_spec((1024, 768), 4, min_size=1) == P("fsdp", None)
-  assert sharding.fsdp_spec((3, 1026, 768), 4, min_size=1) == P(None, None, "fsdp")
+  assert sharding.fsdp_spec((3, 1026, 768), 4, min_size=1) == P(
+    None, None, "fsdp"
+  )
   assert sharding.fsdp_spec((3, 5), 4, min_size=1) == P()
   assert sharding.fsdp_spec((1024, 768), 4, min_size=10**7) == P()
   assert sharding.fsdp_spec((1024, 768), 1, min_size=1) == P()
@@ -59,23 +64,27 @@ def test_state_created_sharded_and_donated_step():
     return nnx.split(model)
 
   (graphdef, state), shardings = sharding.create_sharded_state(
-      init, mesh, jax.random.key(0), min_size=64 * 32)
+    init, mesh, jax.random.key(0), min_size=64 * 32
+  )
   kernel, bias = state["kernel"][...], state["bias"][...]
   assert kernel.sharding.spec == P("fsdp", None)
   assert {s.data.shape for s in kernel.addressable_shards} == {(16, 32)}
   assert bias.sharding.spec == P()  # below min_size: replicated
-  abstract = sharding.abstract_sharded_state(init, mesh, jax.random.key(0),
-                                             min_size=64 * 32)[1]
+  abstract = sharding.abstract_sharded_state(
+    init, mesh, jax.random.key(0), min_size=64 * 32
+  )[1]
   assert abstract["kernel"].get_value().sharding == kernel.sharding
   assert isinstance(abstract["kernel"].get_value(), jax.ShapeDtypeStruct)
 
   batch = sharding.host_to_global_batch(
-      {"x": np.ones((16, 64), np.float32)}, mesh)
+    {"x": np.ones((16, 64), np.float32)}, mesh
+  )
 
   def step(state, batch):
     def loss_fn(state):
       model = nnx.merge(graphdef, state)
       return jnp.mean(model(batch["x"]) ** 2)
+
     grads = jax.grad(loss_fn)(state)
     return jax.tree.map(lambda p, g: p - 0.1 * g, state, grads)
 

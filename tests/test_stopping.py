@@ -6,6 +6,7 @@ that moment); Ctrl-C pressed twice, which ends the process at once, as a
 command on a copy of the reference run's workdir. The final evaluation:
 tests/test_train.py's resumed run; the loop: its Ctrl-C.
 """
+
 import os
 from pathlib import Path
 import shutil
@@ -28,8 +29,9 @@ def test_a_signal_is_a_flag_that_start_up_checks(caplog):
     os.kill(os.getpid(), signal.SIGTERM)  # Nothing raised here.
     assert signals.requested and stopping.requested()
     with stopping.handling("during the inner part"):  # Nested: still seen.
-      with pytest.raises(errors.Stopped,
-                         match="^stopped by SIGTERM during the inner part$"):
+      with pytest.raises(
+        errors.Stopped, match="^stopped by SIGTERM during the inner part$"
+      ):
         stopping.check()
     with pytest.raises(errors.Stopped, match="before the first step"):
       signals.check()
@@ -50,6 +52,7 @@ def _signal_in(monkeypatch, module, name: str, signum: int, calls=(1,)):
     if count[0] in calls:
       os.kill(os.getpid(), signum)
     return original(*args, **kwargs)
+
   monkeypatch.setattr(module, name, sending)
 
 
@@ -69,22 +72,26 @@ def _workdir(tmp_path, tmp_path_factory, *overrides):
 
 
 @REFERENCE
-def test_sigterm_during_start_up_stops_before_writing(tmp_path, tmp_path_factory,
-                                                      monkeypatch):
+def test_sigterm_during_start_up_stops_before_writing(
+  tmp_path, tmp_path_factory, monkeypatch
+):
   config, workdir = _workdir(tmp_path, tmp_path_factory)
   _signal_in(monkeypatch, train.checks, "check_annotations", signal.SIGTERM)
   with pytest.raises(errors.Stopped) as e:
     train.train_and_evaluate(config, workdir)
   assert e.value.exit_code == errors.EXIT_PREEMPTED
-  assert str(e.value) == ("stopped by SIGTERM before the first step; no "
-                          "checkpoint was saved: run the same command to start "
-                          "again")
+  assert str(e.value) == (
+    "stopped by SIGTERM before the first step; no "
+    "checkpoint was saved: run the same command to start "
+    "again"
+  )
   assert os.listdir(workdir) == ["synthetic"]  # No lock, no config.json.
 
 
 @REFERENCE
-def test_ctrl_c_in_the_first_step_saves_it(tmp_path, tmp_path_factory,
-                                           monkeypatch):
+def test_ctrl_c_in_the_first_step_saves_it(
+  tmp_path, tmp_path_factory, monkeypatch
+):
   """The first step (its compilation) finishes, then is saved."""
   config, workdir = _workdir(tmp_path, tmp_path_factory)
   setup = train.setup
@@ -93,6 +100,7 @@ def test_ctrl_c_in_the_first_step_saves_it(tmp_path, tmp_path_factory,
     run = setup(*args, **kwargs)
     _signal_in(monkeypatch, run.steps, "train", signal.SIGINT)
     return run
+
   monkeypatch.setattr(train, "setup", setup_then_signal_in_the_first_step)
   with pytest.raises(errors.Preempted, match="stopped at step 1; checkpoint"):
     train.train_and_evaluate(config, workdir)
@@ -114,25 +122,44 @@ resume.resolve_start = _waiting
 
 @pytest.mark.slow
 @REFERENCE
-def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(tmp_path,
-                                                          tmp_path_factory):
+def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(
+  tmp_path, tmp_path_factory
+):
   reference = debug_runs.demo_reference(tmp_path_factory)
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
   (tmp_path / "hook").mkdir()
   (tmp_path / "hook" / "sitecustomize.py").write_text(_WAIT_HOOK)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(tmp_path / "hook"), str(REPO)] +
-      [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(
+      [str(tmp_path / "hook"), str(REPO)]
+      + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    ),
+  )
   proc = subprocess.Popen(
-      [sys.executable, "-m", "vidjax.main", "--config",
-       str(REPO / "configs/demo.py:debug"), "--workdir", str(workdir),
-       *debug_runs.DEMO_REFERENCE, "--config.total_steps=32"],
-      cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-m",
+      "vidjax.main",
+      "--config",
+      str(REPO / "configs/demo.py:debug"),
+      "--workdir",
+      str(workdir),
+      *debug_runs.DEMO_REFERENCE,
+      "--config.total_steps=32",
+    ],
+    cwd=tmp_path,
+    env=env,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   lines = []
   try:
-    for expected, then in (("waiting in start-up", signal.SIGINT),
-                           ("received SIGINT", signal.SIGINT)):
+    for expected, then in (
+      ("waiting in start-up", signal.SIGINT),
+      ("received SIGINT", signal.SIGINT),
+    ):
       while expected not in (line := proc.stderr.readline()):
         assert line, "".join(lines)
         lines.append(line)
@@ -143,7 +170,9 @@ def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(tmp_path,
     if proc.poll() is None:  # Only ours, by handle.
       proc.kill()
       proc.wait()
-  assert ("error: stopped at once by Ctrl-C (pressed again); the newest "
-          f"checkpoint is step 16 (in {workdir / 'checkpoints'}): run the same "
-          "command to resume from it\n") in "".join(lines)
+  assert (
+    "error: stopped at once by Ctrl-C (pressed again); the newest "
+    f"checkpoint is step 16 (in {workdir / 'checkpoints'}): run the same "
+    "command to resume from it\n"
+  ) in "".join(lines)
   assert not (workdir / rundir.LOCK_FILE).exists()

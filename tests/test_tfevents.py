@@ -9,19 +9,21 @@ import time
 import numpy as np
 import pytest
 
-from vidjax import monitor
-from vidjax import tfevents
+from vidjax import monitor, tfevents
 
 
 def read_records(path) -> list[bytes]:
   """The records of a TFRecord file; both masked CRCs of each checked."""
   data, pos, records = path.read_bytes(), 0, []
   while pos < len(data):
-    length = data[pos:pos + 8]
-    body = data[pos + 12:pos + 12 + struct.unpack("<Q", length)[0]]
+    length = data[pos : pos + 8]
+    body = data[pos + 12 : pos + 12 + struct.unpack("<Q", length)[0]]
     end = pos + 12 + len(body)
-    crcs = struct.unpack("<II", data[pos + 8:pos + 12] + data[end:end + 4])
-    assert crcs == (tfevents.masked_crc32c(length), tfevents.masked_crc32c(body))
+    crcs = struct.unpack("<II", data[pos + 8 : pos + 12] + data[end : end + 4])
+    assert crcs == (
+      tfevents.masked_crc32c(length),
+      tfevents.masked_crc32c(body),
+    )
     records.append(body)
     pos = end + 4
   return records
@@ -47,7 +49,7 @@ def proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
       fields.append((number, varint()))
       continue
     size = varint() if wire_type == 2 else {1: 8, 5: 4}[wire_type]
-    fields.append((number, data[pos:pos + size]))
+    fields.append((number, data[pos : pos + size]))
     pos += size
   return fields
 
@@ -60,8 +62,9 @@ def decode_event(data: bytes):
   for number, value in proto_fields(fields.get(5, b"")):
     tag_and_value = dict(proto_fields(value))
     assert number == 1 and set(tag_and_value) == {1, 2}
-    scalars.append((tag_and_value[1].decode(),
-                    struct.unpack("<f", tag_and_value[2])[0]))
+    scalars.append(
+      (tag_and_value[1].decode(), struct.unpack("<f", tag_and_value[2])[0])
+    )
   version = fields[3].decode() if 3 in fields else None
   return (struct.unpack("<d", fields[1])[0], fields.get(2, 0), version, scalars)
 
@@ -73,10 +76,12 @@ def test_crc32c_known_answer():
 
 # Values as a run logs them: a zero step, int metrics, float32 rounding, a
 # zero, a number beyond float32 (inf), several numbers at one step.
-STEPS = [(0, {"train/loss": 2.5}),
-         (1, {"train/loss": 0.1, "train/lr": 3e-4, "data/skipped": 3}),
-         (300, {"eval/ek100_mir/mAP_avg": 0.0}),
-         (123456, {"perf/clips_per_s": 1e39, "perf/mfu": -1.25})]
+STEPS = [
+  (0, {"train/loss": 2.5}),
+  (1, {"train/loss": 0.1, "train/lr": 3e-4, "data/skipped": 3}),
+  (300, {"eval/ek100_mir/mAP_avg": 0.0}),
+  (123456, {"perf/clips_per_s": 1e39, "perf/mfu": -1.25}),
+]
 
 
 def test_same_events_as_tensorboardx(tmp_path):
@@ -107,27 +112,47 @@ def test_same_events_as_tensorboardx(tmp_path):
   # (wall time, step, tag, float32 value) rows; byte for byte where a
   # step has one value.
   assert len(ours) == 1 + len(STEPS) and len(theirs) == 1 + 7
+
   def rows(records):
-    return [(w, s, tag, v) for w, s, _, scalars in map(decode_event, records)
-            for tag, v in scalars]
+    return [
+      (w, s, tag, v)
+      for w, s, _, scalars in map(decode_event, records)
+      for tag, v in scalars
+    ]
+
   assert rows(ours[1:]) == rows(theirs[1:])
   assert [v for *_, v in rows(ours[1:])] == [
-      2.5, np.float32(0.1), np.float32(3e-4), 3.0, 0.0, math.inf, -1.25]
+    2.5,
+    np.float32(0.1),
+    np.float32(3e-4),
+    3.0,
+    0.0,
+    math.inf,
+    -1.25,
+  ]
   assert ours[1] == theirs[1] and ours[3] == theirs[5]
 
 
 def test_metric_writer_writes_numbers_as_events(tmp_path):
   with monitor.MetricWriter(tmp_path) as writer:
-    writer.write(1, {"train/loss": np.float32(0.5), "data/skipped": np.int64(3),
-                     "eval/name": "ek100", "train/nan": float("nan"),
-                     "train/flag": True})
+    writer.write(
+      1,
+      {
+        "train/loss": np.float32(0.5),
+        "data/skipped": np.int64(3),
+        "eval/name": "ek100",
+        "train/nan": float("nan"),
+        "train/flag": True,
+      },
+    )
     writer.write(2, {"eval/name": "ek100"})  # No numbers: no event.
   events = [p for p in tmp_path.iterdir() if p.name != "metrics.jsonl"]
   assert [p.name[:20] for p in events] == ["events.out.tfevents."]
   records = [decode_event(r) for r in read_records(events[0])]
   assert [r[1:] for r in records] == [
-      (0, "brain.Event:2", []),
-      (1, None, [("data/skipped", 3.0), ("train/loss", 0.5)])]
+    (0, "brain.Event:2", []),
+    (1, None, [("data/skipped", 3.0), ("train/loss", 0.5)]),
+  ]
 
   with monitor.MetricWriter(tmp_path / "jsonl", tensorboard=False) as writer:
     writer.write(1, {"train/loss": 0.5})

@@ -1,4 +1,5 @@
 """The jitted train step: compiled once, whatever the FSDP split."""
+
 from pathlib import Path
 
 import jax
@@ -13,14 +14,16 @@ from vidjax.data import batches
 def _config(fsdp):
   """The K400 recipe's :debug, widened so that FSDP splits some weights."""
   config = config_lib.load_config(
-      str(Path(__file__).parents[1] / "configs/k400_ft.py:debug"))
+    str(Path(__file__).parents[1] / "configs/k400_ft.py:debug")
+  )
   config.fsdp = fsdp
   # 256 x 1024 MLP kernels reach sharding.DEFAULT_FSDP_MIN_SIZE; the biases
   # and norms stay replicated: the mix that made step 2 compile again.
   config.model.update(width=256, depth=1, heads=4)
   # The clip augmentations add compile time and no state: off.
-  config.augment.update(randaugment_layers=0, erase_prob=0.0, mixup_alpha=0.0,
-                        cutmix_alpha=0.0)
+  config.augment.update(
+    randaugment_layers=0, erase_prob=0.0, mixup_alpha=0.0, cutmix_alpha=0.0
+  )
   return config
 
 
@@ -29,7 +32,8 @@ def test_train_step_compiles_once_over_three_steps(fsdp):
   config = _config(fsdp)
   mesh = sharding.make_mesh(fsdp=fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh)
+    config, tasks.get_task(config.task), mesh
+  )
   first_shardings = jax.tree.map(lambda x: x.sharding, state)
   if fsdp > 1:
     specs = {s.spec for s in jax.tree.leaves(first_shardings)}
@@ -57,7 +61,13 @@ def test_frames_reach_the_model_in_the_compute_dtype(monkeypatch):
 
   monkeypatch.setattr(task, "loss", loss)
   state, rest, steps = steps_lib.build_state_and_steps(
-      config, task, sharding.make_mesh(), abstract=True)
-  jax.eval_shape(steps.loss, state["params"], rest,
-                 batches.batch_spec(config, 8), jax.random.key(0))
+    config, task, sharding.make_mesh(), abstract=True
+  )
+  jax.eval_shape(
+    steps.loss,
+    state["params"],
+    rest,
+    batches.batch_spec(config, 8),
+    jax.random.key(0),
+  )
   assert seen == [jnp.bfloat16]

@@ -1,4 +1,5 @@
 """read_clip: right frames, fused crop quality, errors, memory."""
+
 import json
 import os
 import shutil
@@ -7,9 +8,9 @@ import av
 import numpy as np
 import pytest
 
+import video_fixtures as vf
 from vidjax.bench import footage
 from vidjax.data import chunk, video
-import video_fixtures as vf
 
 OPTS = chunk.ChunkOptions(chunk_seconds=1, short_side=0, gop=8, bframes=3)
 
@@ -60,14 +61,16 @@ def test_fused_crop_matches_decode_then_crop_then_resize(store):
   cv2 = pytest.importorskip("cv2")
   x, y, w, h = 36, 20, 200, 150
   ids = [2, 9, 15, 27]
-  fused = video.read_clip(store, "textured", ids, crop=(x, y, w, h),
-                          size=(112, 128))
+  fused = video.read_clip(
+    store, "textured", ids, crop=(x, y, w, h), size=(112, 128)
+  )
   full = video.read_clip(store, "textured", ids)  # Whole frames, no scaling.
   for got, frame in zip(fused, full):
-    want = cv2.resize(frame[y:y + h, x:x + w], (128, 112),
-                      interpolation=cv2.INTER_AREA)
+    want = cv2.resize(
+      frame[y : y + h, x : x + w], (128, 112), interpolation=cv2.INTER_AREA
+    )
     mse = np.mean((got.astype(np.float64) - want) ** 2)
-    assert 10 * np.log10(255 ** 2 / mse) >= 35
+    assert 10 * np.log10(255**2 / mse) >= 35
 
 
 def test_decoded_whole_frames_match_source_decode(store):
@@ -92,28 +95,32 @@ def test_one_crop_for_the_whole_clip_across_chunks(store):
 
 
 def test_hflip(store):
-  clip = video.read_clip(store, "textured", [3, 14], crop=(10, 10, 64, 64),
-                         size=(32, 32))
-  flipped = video.read_clip(store, "textured", [3, 14], crop=(10, 10, 64, 64),
-                            size=(32, 32), hflip=True)
+  clip = video.read_clip(
+    store, "textured", [3, 14], crop=(10, 10, 64, 64), size=(32, 32)
+  )
+  flipped = video.read_clip(
+    store, "textured", [3, 14], crop=(10, 10, 64, 64), size=(32, 32), hflip=True
+  )
   np.testing.assert_array_equal(flipped, clip[:, :, ::-1])
 
 
 def test_output_shape_and_dtype(store):
-  clip = video.read_clip(store, "textured", range(16), crop=(0, 0, 100, 100),
-                         size=(56, 48))
+  clip = video.read_clip(
+    store, "textured", range(16), crop=(0, 0, 100, 100), size=(56, 48)
+  )
   assert clip.shape == (16, 56, 48, 3) and clip.dtype == np.uint8
 
 
-@pytest.mark.parametrize("damage", ["truncated", "zero_byte", "not_video",
-                                    "audio_only", "missing"])
+@pytest.mark.parametrize(
+  "damage", ["truncated", "zero_byte", "not_video", "audio_only", "missing"]
+)
 def test_bad_chunks_raise_video_read_error(store, tmp_path, damage):
   root = tmp_path / "store"
   shutil.copytree(store, root)
   path = root / "numbered" / "1.mp4"  # Frames 10-19.
   if damage == "truncated":
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
   elif damage == "zero_byte":
     path.write_bytes(b"")
   elif damage == "not_video":
@@ -147,19 +154,28 @@ def test_malformed_manifests_name_file_and_line(store, tmp_path):
   good = (store / "manifest.jsonl").read_text().splitlines()[0]
   no_frames = json.loads(good)
   del no_frames["num_frames"]
-  for bad, problem in ((good[:40] + "\n", "not JSON"),
-                       (json.dumps(no_frames), "no 'num_frames'"),
-                       ('["numbered"]', "not a manifest entry"),
-                       (json.dumps(json.loads(good) | {"chunk_seconds": 0}),
-                        "chunk_seconds 0.0 is not a positive number"),
-                       (json.dumps(json.loads(good) | {"video_id": "../x"}),
-                        "video_id '../x' is not a plain name: its chunks "
-                        "would be read outside the chunk store"),
-                       (json.dumps(json.loads(good) | {"video_id": "/etc"}),
-                        "video_id '/etc' is not a plain name")):
+  for bad, problem in (
+    (good[:40] + "\n", "not JSON"),
+    (json.dumps(no_frames), "no 'num_frames'"),
+    ('["numbered"]', "not a manifest entry"),
+    (
+      json.dumps(json.loads(good) | {"chunk_seconds": 0}),
+      "chunk_seconds 0.0 is not a positive number",
+    ),
+    (
+      json.dumps(json.loads(good) | {"video_id": "../x"}),
+      "video_id '../x' is not a plain name: its chunks "
+      "would be read outside the chunk store",
+    ),
+    (
+      json.dumps(json.loads(good) | {"video_id": "/etc"}),
+      "video_id '/etc' is not a plain name",
+    ),
+  ):
     (tmp_path / "manifest.jsonl").write_text(f"{good}\n{bad}")
-    with pytest.raises(video.VideoReadError,
-                       match=rf"manifest.jsonl:2: {problem}"):
+    with pytest.raises(
+      video.VideoReadError, match=rf"manifest.jsonl:2: {problem}"
+    ):
       video.read_clip(tmp_path, "numbered", [0])
   # The last line of a store being written (no newline yet) is skipped.
   shutil.copytree(store / "numbered", tmp_path / "numbered")
@@ -174,9 +190,14 @@ def test_rss_stable_over_many_clips(store):
   def clips(n):
     for _ in range(n):
       start = rng.integers(0, 30)
-      video.read_clip(store, "textured", np.arange(start, start + 8, 2),
-                      crop=(rng.integers(0, 60), rng.integers(0, 40), 200, 140),
-                      size=(64, 64), hflip=bool(rng.integers(2)))
+      video.read_clip(
+        store,
+        "textured",
+        np.arange(start, start + 8, 2),
+        crop=(rng.integers(0, 60), rng.integers(0, 40), 200, 140),
+        size=(64, 64),
+        hflip=bool(rng.integers(2)),
+      )
 
   def rss_mb():
     with open(f"/proc/{os.getpid()}/statm") as f:
@@ -195,8 +216,9 @@ def footage_store(tmp_path_factory):
   src = tmp_path_factory.mktemp("footage")
   vf.real_footage(src / "bikes.mp4")
   dst = tmp_path_factory.mktemp("footage_store")
-  summary = chunk.chunk_videos(src, dst, chunk.ChunkOptions(chunk_seconds=2),
-                               progress=False)
+  summary = chunk.chunk_videos(
+    src, dst, chunk.ChunkOptions(chunk_seconds=2), progress=False
+  )
   assert summary["failed"] == [], summary
   return src / "bikes.mp4", dst
 
@@ -210,8 +232,9 @@ def test_real_footage_gives_exactly_the_requested_frames(footage_store):
       plain += [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
   assert len(plain) == info.num_frames == 75
   ids = [60, 3, 49, 50, 51, 17, 74, 32, 33, 31, 0, 9, 9]
-  np.testing.assert_array_equal(video.read_clip(store, "bikes", ids),
-                                np.stack(plain)[ids])
+  np.testing.assert_array_equal(
+    video.read_clip(store, "bikes", ids), np.stack(plain)[ids]
+  )
 
 
 @pytest.mark.parametrize("shape", ["16x4", "4seg"])
@@ -222,19 +245,24 @@ def test_real_footage_quality_against_the_source(footage_store, shape):
   pytest.importorskip("cv2")
   source, store = footage_store
   info = video.video_info(store, "bikes")
-  ref = footage.source_frames(str(source), range(info.num_frames), info.width,
-                              info.height)
+  ref = footage.source_frames(
+    str(source), range(info.num_frames), info.width, info.height
+  )
   stats, exact, neighbours = video.DecodeStats(), [], []
   for ids, box in footage.sample_clips(shape, 3, info, seed=1):
     window = footage.pixels(box, info.width, info.height)
-    clip = video.read_clip(store, "bikes", ids, crop=window, size=(224, 224),
-                           stats=stats)
+    clip = video.read_clip(
+      store, "bikes", ids, crop=window, size=(224, 224), stats=stats
+    )
     for frame, i in zip(clip, ids.tolist()):
-      exact.append(footage.psnr(frame, footage.reference_crop(ref[i], window,
-                                                               224)))
-      neighbours += [footage.psnr(frame, footage.reference_crop(ref[j], window,
-                                                                 224))
-                     for j in (i - 1, i + 1) if j in ref]
+      exact.append(
+        footage.psnr(frame, footage.reference_crop(ref[i], window, 224))
+      )
+      neighbours += [
+        footage.psnr(frame, footage.reference_crop(ref[j], window, 224))
+        for j in (i - 1, i + 1)
+        if j in ref
+      ]
   assert np.mean(exact) >= 35, exact
   assert np.mean(exact) > np.max(neighbours) + 3, (exact, neighbours)
   if shape == "16x4":
@@ -249,8 +277,21 @@ def test_stores_with_older_manifests_still_read(store, tmp_path):
   lines = []
   for line in (store / "manifest.jsonl").read_text().splitlines():
     entry = json.loads(line)
-    lines.append(json.dumps({k: entry[k] for k in (
-        "video_id", "fps", "num_frames", "width", "height", "chunk_seconds")}))
+    lines.append(
+      json.dumps(
+        {
+          k: entry[k]
+          for k in (
+            "video_id",
+            "fps",
+            "num_frames",
+            "width",
+            "height",
+            "chunk_seconds",
+          )
+        }
+      )
+    )
   (root / "manifest.jsonl").write_text("\n".join(lines) + "\n")
   ids = [0, 9, 10, 33, 44]
   assert numbers(video.read_clip(root, "numbered", ids)) == ids

@@ -3,6 +3,7 @@
 Frame k shows its number k as NUM_BITS vertical black/white stripes across the
 whole picture (bit 0 leftmost), which survives scaling and compression.
 """
+
 from __future__ import annotations
 
 import fractions
@@ -28,13 +29,24 @@ def frame_number(rgb: np.ndarray) -> int:
   """Reads back the number drawn by `numbered_frame` from uint8[H, W, 3]."""
   width = rgb.shape[1]
   column_means = rgb.mean(axis=(0, 2))
-  bits = [column_means[(b * width + width // 2) // NUM_BITS] > 127
-          for b in range(NUM_BITS)]
+  bits = [
+    column_means[(b * width + width // 2) // NUM_BITS] > 127
+    for b in range(NUM_BITS)
+  ]
   return int(sum(int(bit) << b for b, bit in enumerate(bits)))
 
 
-def write_video(path, frames, *, fps=30, times=None, gop=250, rotation=0,
-                codec="libx264", crf=18):
+def write_video(
+  path,
+  frames,
+  *,
+  fps=30,
+  times=None,
+  gop=250,
+  rotation=0,
+  codec="libx264",
+  crf=18,
+):
   """Encodes uint8[H, W, 3] frames as H.264 mp4.
 
   Args:
@@ -49,8 +61,11 @@ def write_video(path, frames, *, fps=30, times=None, gop=250, rotation=0,
   with av.open(str(path), "w") as out:
     stream = out.add_stream(codec, rate=fps)
     stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.codec_context.options = {"g": str(gop), "crf": str(crf),
-                                    "preset": "veryfast"}
+    stream.codec_context.options = {
+      "g": str(gop),
+      "crf": str(crf),
+      "preset": "veryfast",
+    }
     if times is not None:
       stream.codec_context.time_base = fractions.Fraction(1, 1000)
     if rotation:
@@ -63,8 +78,9 @@ def write_video(path, frames, *, fps=30, times=None, gop=250, rotation=0,
 
 
 def write_numbered_video(path, num_frames, *, width=160, height=96, **kw):
-  write_video(path, (numbered_frame(k, width, height) for k in range(num_frames)),
-              **kw)
+  write_video(
+    path, (numbered_frame(k, width, height) for k in range(num_frames)), **kw
+  )
 
 
 def textured_frames(num_frames, width=320, height=192, seed=0):
@@ -75,7 +91,7 @@ def textured_frames(num_frames, width=320, height=192, seed=0):
   for k in range(num_frames):
     img = np.zeros((height, width, 3), np.float32)
     for c in range(3):
-      for fx, fy in waves[2 * c:2 * c + 2]:
+      for fx, fy in waves[2 * c : 2 * c + 2]:
         img[..., c] += np.sin(fx * (xx + 2 * k) + fy * yy + c)
     yield ((img + 2) * 63).clip(0, 255).astype(np.uint8)
 
@@ -85,7 +101,8 @@ def write_audio_only(path, seconds=1.0):
     stream = out.add_stream("aac", rate=16000)
     samples = np.sin(np.linspace(0, 440 * seconds, int(16000 * seconds)))
     frame = av.AudioFrame.from_ndarray(
-        (samples[None] * 0.3).astype(np.float32), format="fltp", layout="mono")
+      (samples[None] * 0.3).astype(np.float32), format="fltp", layout="mono"
+    )
     frame.sample_rate = 16000
     out.mux(stream.encode(frame))
     out.mux(stream.encode(None))
@@ -103,7 +120,9 @@ def real_footage(path, name="bikes.mp4", num_frames=75):
     pytest.skip(str(e))
   with av.open(str(src)) as container:
     rate = container.streams.video[0].average_rate
-    frames = [f.to_ndarray(format="rgb24")
-              for _, f in zip(range(num_frames), container.decode(video=0))]
+    frames = [
+      f.to_ndarray(format="rgb24")
+      for _, f in zip(range(num_frames), container.decode(video=0))
+    ]
   write_video(path, frames, fps=rate, crf=12)
   return path

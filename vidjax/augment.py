@@ -14,6 +14,7 @@ Randomness comes from a key derived from the step, e.g.
 With the default partitionable threefry, random draws are generated shard by
 shard, so results do not depend on how the batch is sharded.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -27,13 +28,17 @@ from vidjax import defaults, randaugment
 Array = jax.Array
 
 # The keys a task gives `make_augment` (from the model), with their defaults.
-_TASK_KEYS = dict(dtype='float32', num_classes=None, mask_ratio=0.0, tubelet=2,
-                  patch=16)
+_TASK_KEYS = dict(
+  dtype="float32", num_classes=None, mask_ratio=0.0, tubelet=2, patch=16
+)
 
 
-def normalize(video: Array, mean: Sequence[float] = defaults.CLIP_MEAN,
-              std: Sequence[float] = defaults.CLIP_STD,
-              dtype=jnp.float32) -> Array:
+def normalize(
+  video: Array,
+  mean: Sequence[float] = defaults.CLIP_MEAN,
+  std: Sequence[float] = defaults.CLIP_STD,
+  dtype=jnp.float32,
+) -> Array:
   """Maps pixels on the 0-255 scale to `(x / 255 - mean) / std`.
 
   Args:
@@ -53,7 +58,9 @@ def normalize(video: Array, mean: Sequence[float] = defaults.CLIP_MEAN,
   return out.astype(dtype)
 
 
-def smooth_one_hot(labels: Array, num_classes: int, smoothing: float = 0.0) -> Array:
+def smooth_one_hot(
+  labels: Array, num_classes: int, smoothing: float = 0.0
+) -> Array:
   """One-hot targets with label smoothing, as timm: off = s / C, on = 1 - s + off.
 
   Args:
@@ -65,7 +72,8 @@ def smooth_one_hot(labels: Array, num_classes: int, smoothing: float = 0.0) -> A
     float32[B, C], rows sum to 1.
   """
   return optax.smooth_labels(
-      jax.nn.one_hot(labels, num_classes, dtype=jnp.float32), smoothing)
+    jax.nn.one_hot(labels, num_classes, dtype=jnp.float32), smoothing
+  )
 
 
 def mix_partner(x: Array, groups: int = 1) -> Array:
@@ -84,14 +92,23 @@ def mix_partner(x: Array, groups: int = 1) -> Array:
   """
   batch = x.shape[0]
   if batch % groups:
-    raise ValueError(f'augment: batch size {batch} is not divisible by mix_groups={groups}')
+    raise ValueError(
+      f"augment: batch size {batch} is not divisible by mix_groups={groups}"
+    )
   grouped = x.reshape((groups, batch // groups) + x.shape[1:])
   return grouped[:, ::-1].reshape(x.shape)
 
 
-def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float = 0.8,
-                      cutmix_alpha: float = 1.0, switch_prob: float = 0.5,
-                      mix_prob: float = 1.0) -> tuple[Array, Array]:
+def sample_mix_params(
+  key: Array,
+  height: int,
+  width: int,
+  *,
+  mixup_alpha: float = 0.8,
+  cutmix_alpha: float = 1.0,
+  switch_prob: float = 0.5,
+  mix_prob: float = 1.0,
+) -> tuple[Array, Array]:
   """Draws one mixup-or-cutmix choice for the whole batch (timm's 'batch' mode).
 
   With both alphas > 0, cutmix is used with probability `switch_prob`. Cutmix
@@ -112,7 +129,9 @@ def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float
     the box and 1 outside for cutmix).
   """
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
-    raise ValueError('augment: mixup_alpha and cutmix_alpha are both 0; nothing to mix')
+    raise ValueError(
+      "augment: mixup_alpha and cutmix_alpha are both 0; nothing to mix"
+    )
   k_apply, k_switch, k_beta, k_cy, k_cx = jax.random.split(key, 5)
   if mixup_alpha > 0 and cutmix_alpha > 0:
     use_cutmix = jax.random.uniform(k_switch) < switch_prob
@@ -120,8 +139,11 @@ def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float
     use_cutmix = jnp.asarray(cutmix_alpha > 0)
   # Beta(a, a) = G1 / (G1 + G2) for Gamma(a) draws, taken in log space (stable
   # for small a) and in one vectorised call (the gamma sampler is slow to compile).
-  alphas = jnp.array([mixup_alpha if mixup_alpha > 0 else 1.0] * 2
-                     + [cutmix_alpha if cutmix_alpha > 0 else 1.0] * 2, jnp.float32)
+  alphas = jnp.array(
+    [mixup_alpha if mixup_alpha > 0 else 1.0] * 2
+    + [cutmix_alpha if cutmix_alpha > 0 else 1.0] * 2,
+    jnp.float32,
+  )
   log_g = jax.random.loggamma(k_beta, alphas)
   lam_mixup = jax.nn.sigmoid(log_g[0] - log_g[1]) if mixup_alpha > 0 else 1.0
   lam_cut = jax.nn.sigmoid(log_g[2] - log_g[3]) if cutmix_alpha > 0 else 1.0
@@ -132,8 +154,14 @@ def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float
   cut_w = jnp.floor(width * ratio).astype(jnp.int32)
   cy = jax.random.randint(k_cy, (), 0, height)
   cx = jax.random.randint(k_cx, (), 0, width)
-  y0, y1 = jnp.clip(cy - cut_h // 2, 0, height), jnp.clip(cy + cut_h // 2, 0, height)
-  x0, x1 = jnp.clip(cx - cut_w // 2, 0, width), jnp.clip(cx + cut_w // 2, 0, width)
+  y0, y1 = (
+    jnp.clip(cy - cut_h // 2, 0, height),
+    jnp.clip(cy + cut_h // 2, 0, height),
+  )
+  x0, x1 = (
+    jnp.clip(cx - cut_w // 2, 0, width),
+    jnp.clip(cx + cut_w // 2, 0, width),
+  )
   ys, xs = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
   in_box = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
   lam_box = 1.0 - ((y1 - y0) * (x1 - x0)).astype(jnp.float32) / (height * width)
@@ -146,12 +174,20 @@ def sample_mix_params(key: Array, height: int, width: int, *, mixup_alpha: float
   return lam, keep
 
 
-def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping[str, int],
-                 key: Array, *, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
-                 switch_prob: float = 0.5, mix_prob: float = 1.0,
-                 label_smoothing: float = 0.1, groups: int = 1,
-                 valid: Array | None = None
-                 ) -> tuple[Array, dict[str, Array], Array]:
+def mixup_cutmix(
+  video: Array,
+  labels: Mapping[str, Array],
+  num_classes: Mapping[str, int],
+  key: Array,
+  *,
+  mixup_alpha: float = 0.8,
+  cutmix_alpha: float = 1.0,
+  switch_prob: float = 0.5,
+  mix_prob: float = 1.0,
+  label_smoothing: float = 0.1,
+  groups: int = 1,
+  valid: Array | None = None,
+) -> tuple[Array, dict[str, Array], Array]:
   """Mixup/cutmix of a video batch and its soft targets, one lam per batch.
 
   Every label head (e.g. verb and noun) is mixed with the same partner and lam.
@@ -173,8 +209,14 @@ def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping
     head name -> float32[B, num_classes[head]] (rows sum to 1), float32[] lam.
   """
   lam, keep = sample_mix_params(
-      key, video.shape[2], video.shape[3], mixup_alpha=mixup_alpha,
-      cutmix_alpha=cutmix_alpha, switch_prob=switch_prob, mix_prob=mix_prob)
+    key,
+    video.shape[2],
+    video.shape[3],
+    mixup_alpha=mixup_alpha,
+    cutmix_alpha=cutmix_alpha,
+    switch_prob=switch_prob,
+    mix_prob=mix_prob,
+  )
   own = video.astype(jnp.float32)
   # The partner is gathered in the input dtype: uint8 moves 4x fewer bytes.
   other = mix_partner(video, groups).astype(jnp.float32)
@@ -188,14 +230,23 @@ def mixup_cutmix(video: Array, labels: Mapping[str, Array], num_classes: Mapping
   targets = {}
   for name, label in labels.items():
     if name not in num_classes:
-      raise KeyError(f'augment: no num_classes entry for label head {name!r}')
+      raise KeyError(f"augment: no num_classes entry for label head {name!r}")
     y = smooth_one_hot(label, num_classes[name], label_smoothing)
     targets[name] = own_lam * y + (1.0 - own_lam) * mix_partner(y, groups)
   return mixed, targets, lam
 
 
-def tube_mask(key: Array, batch_size: int, num_frames: int, height: int, width: int, *,
-              ratio: float = 0.9, tubelet: int = 2, patch: int = 16) -> Array:
+def tube_mask(
+  key: Array,
+  batch_size: int,
+  num_frames: int,
+  height: int,
+  width: int,
+  *,
+  ratio: float = 0.9,
+  tubelet: int = 2,
+  patch: int = 16,
+) -> Array:
   """VideoMAE tube masking: one random spatial mask repeated over time.
 
   Each example masks exactly `floor(ratio * S)` of its S = (H/p)(W/p) spatial
@@ -217,8 +268,9 @@ def tube_mask(key: Array, batch_size: int, num_frames: int, height: int, width: 
   """
   if num_frames % tubelet or height % patch or width % patch:
     raise ValueError(
-        f'augment: video of {num_frames} frames x {height}x{width} does not split into '
-        f'tubelet={tubelet} x patch={patch} tokens')
+      f"augment: video of {num_frames} frames x {height}x{width} does not split into "
+      f"tubelet={tubelet} x patch={patch} tokens"
+    )
   spatial = (height // patch) * (width // patch)
   num_masked = int(ratio * spatial)
   noise = jax.random.uniform(key, (batch_size, spatial))
@@ -228,7 +280,9 @@ def tube_mask(key: Array, batch_size: int, num_frames: int, height: int, width: 
   return jnp.tile(mask, (1, num_frames // tubelet))
 
 
-def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]]:
+def make_augment(
+  config,
+) -> Callable[[dict[str, Array], Array], dict[str, Array]]:
   """Builds `fn(batch, key) -> batch` composing the augmentations for a task.
 
   Config keys (a ConfigDict or dict; missing keys take the defaults of
@@ -256,50 +310,70 @@ def make_augment(config) -> Callable[[dict[str, Array], Array], dict[str, Array]
   Pure and jit-compatible; works on batches sharded over a mesh.
   """
   config = {**defaults.augment_config(), **_TASK_KEYS, **dict(config)}
-  mean, std = tuple(config['mean']), tuple(config['std'])
-  dtype = jnp.dtype(config['dtype'])
-  mixup_alpha = float(config['mixup_alpha'])
-  cutmix_alpha = float(config['cutmix_alpha'])
+  mean, std = tuple(config["mean"]), tuple(config["std"])
+  dtype = jnp.dtype(config["dtype"])
+  mixup_alpha = float(config["mixup_alpha"])
+  cutmix_alpha = float(config["cutmix_alpha"])
   mix = mixup_alpha > 0 or cutmix_alpha > 0
-  switch_prob, mix_prob = float(config['switch_prob']), float(config['mix_prob'])
-  smoothing = float(config['label_smoothing'])
-  mix_groups = int(config['mix_groups'])
-  num_classes = config['num_classes']
+  switch_prob, mix_prob = (
+    float(config["switch_prob"]),
+    float(config["mix_prob"]),
+  )
+  smoothing = float(config["label_smoothing"])
+  mix_groups = int(config["mix_groups"])
+  num_classes = config["num_classes"]
   if isinstance(num_classes, int):
-    num_classes = {'label': num_classes}
+    num_classes = {"label": num_classes}
   num_classes = dict(num_classes or {})
   if (mix or smoothing > 0) and not num_classes:
-    raise ValueError('augment: mixup/cutmix or label_smoothing needs config.num_classes')
-  mask_ratio = float(config['mask_ratio'])
-  tubelet, patch = int(config['tubelet']), int(config['patch'])
+    raise ValueError(
+      "augment: mixup/cutmix or label_smoothing needs config.num_classes"
+    )
+  mask_ratio = float(config["mask_ratio"])
+  tubelet, patch = int(config["tubelet"]), int(config["patch"])
   clip_augment = randaugment.make_clip_augment(config, mean, std)
 
   def augment(batch: dict[str, Array], key: Array) -> dict[str, Array]:
-    if 'video' not in batch:
+    if "video" not in batch:
       raise KeyError(f"augment: batch has no 'video' (keys: {sorted(batch)})")
     out = dict(batch)
     k_mix, k_mask = jax.random.split(key)
-    video = batch['video']
+    video = batch["video"]
     if clip_augment is not None:
       video = clip_augment(video, jax.random.fold_in(key, 1))
     if mix or smoothing > 0:
       missing = [name for name in num_classes if name not in batch]
       if missing:
-        raise KeyError(f'augment: batch lacks label heads {missing} named in num_classes')
+        raise KeyError(
+          f"augment: batch lacks label heads {missing} named in num_classes"
+        )
       labels = {name: batch[name] for name in num_classes}
       if mix:
         video, targets, _ = mixup_cutmix(
-            video, labels, num_classes, k_mix, mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha, switch_prob=switch_prob, mix_prob=mix_prob,
-            label_smoothing=smoothing, groups=mix_groups, valid=batch.get('valid'))
+          video,
+          labels,
+          num_classes,
+          k_mix,
+          mixup_alpha=mixup_alpha,
+          cutmix_alpha=cutmix_alpha,
+          switch_prob=switch_prob,
+          mix_prob=mix_prob,
+          label_smoothing=smoothing,
+          groups=mix_groups,
+          valid=batch.get("valid"),
+        )
       else:
-        targets = {name: smooth_one_hot(labels[name], num_classes[name], smoothing)
-                   for name in labels}
-      out.update({f'{name}_target': t for name, t in targets.items()})
-    out['video'] = normalize(video, mean, std, dtype)
+        targets = {
+          name: smooth_one_hot(labels[name], num_classes[name], smoothing)
+          for name in labels
+        }
+      out.update({f"{name}_target": t for name, t in targets.items()})
+    out["video"] = normalize(video, mean, std, dtype)
     if mask_ratio > 0:
       b, t, h, w, _ = video.shape
-      out['mask'] = tube_mask(k_mask, b, t, h, w, ratio=mask_ratio, tubelet=tubelet, patch=patch)
+      out["mask"] = tube_mask(
+        k_mask, b, t, h, w, ratio=mask_ratio, tubelet=tubelet, patch=patch
+      )
     return out
 
   return augment

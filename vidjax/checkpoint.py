@@ -53,7 +53,9 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
 # Data iterator state: one JSON file per process.
 # ---------------------------------------------------------------------------
 def _process_file(directory: epath.Path) -> epath.Path:
-  return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  return (
+    directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  )
 
 
 class _IteratorStateHandler(ocp.CheckpointHandler):
@@ -72,8 +74,9 @@ class _IteratorStateHandler(ocp.CheckpointHandler):
     if not path.exists():
       found = sorted(p.name for p in directory.iterdir())
       raise errors.WorkdirError(
-          f"{path} is missing (found {found}): the checkpoint was written by "
-          "a different number of processes; resume with the same number")
+        f"{path} is missing (found {found}): the checkpoint was written by "
+        "a different number of processes; resume with the same number"
+      )
     return json.loads(path.read_text())
 
 
@@ -94,8 +97,10 @@ class IteratorStateRestore(ocp.args.CheckpointArgs):
 # ---------------------------------------------------------------------------
 def _rng_to_json(rng) -> dict:
   if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return {"impl": str(jax.random.key_impl(rng)),
-            "data": np.asarray(jax.random.key_data(rng)).tolist()}
+    return {
+      "impl": str(jax.random.key_impl(rng)),
+      "data": np.asarray(jax.random.key_data(rng)).tolist(),
+    }
   return {"impl": None, "data": np.asarray(rng).tolist()}
 
 
@@ -112,6 +117,7 @@ def _rng_from_json(blob: dict):
 @dataclasses.dataclass
 class Restored:
   """What a checkpoint holds. `data_state`/`rng` are None if not saved."""
+
   step: int
   state: Any
   data_state: Any
@@ -121,10 +127,14 @@ class Restored:
 
 def _abstract(target: Any) -> Any:
   """Arrays -> ShapeDtypeStruct keeping their sharding (restore target)."""
+
   def one(x):
     if isinstance(x, jax.ShapeDtypeStruct):
       return x
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+    return jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=getattr(x, "sharding", None)
+    )
+
   return jax.tree.map(one, target)
 
 
@@ -141,29 +151,45 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   """
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
-      use_replica_parallel=False,
-      # The default handler's per-array metadata store (no public accessor;
-      # tests/test_layers.py pins it): the same `array_metadatas` files.
-      array_metadata_store=getattr(default, "_array_metadata_store", None))
-  handlers = [(ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
-              for ty in ocp.type_handlers.supported_types()]
+    use_replica_parallel=False,
+    # The default handler's per-array metadata store (no public accessor;
+    # tests/test_layers.py pins it): the same `array_metadatas` files.
+    array_metadata_store=getattr(default, "_array_metadata_store", None),
+  )
+  handlers = [
+    (ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
+    for ty in ocp.type_handlers.supported_types()
+  ]
   return ocp.PyTreeCheckpointHandler(
-      type_handler_registry=ocp.type_handlers.create_type_handler_registry(*handlers))
+    type_handler_registry=ocp.type_handlers.create_type_handler_registry(
+      *handlers
+    )
+  )
 
 
-def _manager(directory, options: ocp.CheckpointManagerOptions,
-             state_handler: ocp.CheckpointHandler) -> ocp.CheckpointManager:
+def _manager(
+  directory,
+  options: ocp.CheckpointManagerOptions,
+  state_handler: ocp.CheckpointHandler,
+) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
-      epath.Path(directory), options=options,
-      item_handlers={"state": state_handler,
-                     "data": _IteratorStateHandler(),
-                     "meta": ocp.JsonCheckpointHandler()})
+    epath.Path(directory),
+    options=options,
+    item_handlers={
+      "state": state_handler,
+      "data": _IteratorStateHandler(),
+      "meta": ocp.JsonCheckpointHandler(),
+    },
+  )
 
 
 def reader(directory) -> ocp.CheckpointManager:
   """A read-only Orbax manager of a checkpoints directory (a context)."""
-  return _manager(directory, ocp.CheckpointManagerOptions(read_only=True),
-                  ocp.StandardCheckpointHandler())
+  return _manager(
+    directory,
+    ocp.CheckpointManagerOptions(read_only=True),
+    ocp.StandardCheckpointHandler(),
+  )
 
 
 def complete_steps(directory) -> list[int]:
@@ -183,7 +209,9 @@ def latest_complete_step(directory) -> int | None:
   return next(iter(complete_steps(directory)), None)
 
 
-def restore_checkpoint(directory, target: Any, *, step: int | None = None) -> Restored:
+def restore_checkpoint(
+  directory, target: Any, *, step: int | None = None
+) -> Restored:
   """Restores a checkpoint written by `Checkpointer`.
 
   Args:
@@ -202,18 +230,23 @@ def restore_checkpoint(directory, target: Any, *, step: int | None = None) -> Re
     step = mngr.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no complete checkpoint in {directory}")
-    items = {"state": ocp.args.StandardRestore(_abstract(target)),
-             "meta": ocp.args.JsonRestore()}
+    items = {
+      "state": ocp.args.StandardRestore(_abstract(target)),
+      "meta": ocp.args.JsonRestore(),
+    }
     has_data = (directory / str(step) / "data").exists()
     if has_data:
       items["data"] = IteratorStateRestore()
     out = mngr.restore(step, args=ocp.args.Composite(**items))
   meta = dict(out["meta"])
   rng = meta.pop("rng", None)
-  return Restored(step=step, state=out["state"],
-                  data_state=out["data"] if has_data else None,
-                  rng=None if rng is None else _rng_from_json(rng),
-                  metadata=meta.get("metadata", {}))
+  return Restored(
+    step=step,
+    state=out["state"],
+    data_state=out["data"] if has_data else None,
+    rng=None if rng is None else _rng_from_json(rng),
+    metadata=meta.get("metadata", {}),
+  )
 
 
 class Checkpointer:
@@ -229,20 +262,35 @@ class Checkpointer:
     ckpt.close()  # waits for the last asynchronous save
   """
 
-  def __init__(self, directory, *, every_steps: int, keep: int | None = 3,
-               async_save: bool = True, metadata: dict | None = None,
-               best_metric: str = "", best_mode: str = "max"):
+  def __init__(
+    self,
+    directory,
+    *,
+    every_steps: int,
+    keep: int | None = 3,
+    async_save: bool = True,
+    metadata: dict | None = None,
+    best_metric: str = "",
+    best_mode: str = "max",
+  ):
     if every_steps <= 0:
-      raise errors.ConfigError(f"checkpoint.every_steps must be > 0, got {every_steps}")
+      raise errors.ConfigError(
+        f"checkpoint.every_steps must be > 0, got {every_steps}"
+      )
     if best_mode not in defaults.BEST_MODES:
-      raise errors.ConfigError(f"checkpoint.best_mode must be one of "
-                               f"{defaults.BEST_MODES}, got {best_mode!r}")
+      raise errors.ConfigError(
+        f"checkpoint.best_mode must be one of "
+        f"{defaults.BEST_MODES}, got {best_mode!r}"
+      )
     self.directory = epath.Path(directory)
     self.every_steps = every_steps
     self._metadata = metadata or {}
     self.best_metric, self.best_mode = best_metric, best_mode
     self.best = read_best(directory) if best_metric else None
-    if self.best and (self.best["metric"], self.best["mode"]) != (best_metric, best_mode):
+    if self.best and (self.best["metric"], self.best["mode"]) != (
+      best_metric,
+      best_mode,
+    ):
       self.best = None  # Another metric now: start the record over.
     self._warned_no_metric = False
     self._async = async_save
@@ -251,25 +299,36 @@ class Checkpointer:
       # Other processes may still be checking whether this directory exists
       # (resolve_start); creating it first would desync Orbax's barriers.
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
       multihost_utils.sync_global_devices("vidjax:Checkpointer")
     # The save policy is ours (`should_save`); Orbax only keeps the last K
     # (and the best step, when one is tracked).
     keeping = {"max_to_keep": keep}
     if keep and best_metric:
       policies = ocp.checkpoint_managers
-      keeping = {"preservation_policy": policies.AnyPreservationPolicy(
-          [policies.LatestN(n=keep), _KeepBest(self)])}
+      keeping = {
+        "preservation_policy": policies.AnyPreservationPolicy(
+          [policies.LatestN(n=keep), _KeepBest(self)]
+        )
+      }
     # Always Orbax's asynchronous path, for its hook between the last file
     # and the commit; `async_save=False` waits for each save. Directories
     # are made before `save` returns: one that cannot be made (no
     # permission) fails that save, without threads left waiting for it.
-    self._mngr = _manager(self.directory, ocp.CheckpointManagerOptions(
-        create=True, cleanup_tmp_directories=True,
+    self._mngr = _manager(
+      self.directory,
+      ocp.CheckpointManagerOptions(
+        create=True,
+        cleanup_tmp_directories=True,
         enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(
-            post_finalization_callback=self._before_commit,
-            create_directories_asynchronously=False), **keeping),
-        _state_writer())
+          post_finalization_callback=self._before_commit,
+          create_directories_asynchronously=False,
+        ),
+        **keeping,
+      ),
+      _state_writer(),
+    )
     self._quiet = contextlib.ExitStack()  # Until `close`.
     self._quiet.enter_context(failed_saves.quiet())
 
@@ -278,15 +337,28 @@ class Checkpointer:
     """Reads `checkpoint.every_steps`, `.keep`, `.async_save`,
     `.best_metric` ('' = none) and `.best_mode` ('max' or 'min')."""
     ck = config.checkpoint
-    return cls(rundir.checkpoints(workdir), every_steps=ck.every_steps,
-               keep=ck.keep, async_save=ck.async_save,
-               best_metric=ck.best_metric, best_mode=ck.best_mode, **kwargs)
+    return cls(
+      rundir.checkpoints(workdir),
+      every_steps=ck.every_steps,
+      keep=ck.keep,
+      async_save=ck.async_save,
+      best_metric=ck.best_metric,
+      best_mode=ck.best_mode,
+      **kwargs,
+    )
 
   def should_save(self, step: int) -> bool:
     return step > 0 and step % self.every_steps == 0
 
-  def save(self, step: int, state: Any, *, data_state: Any = None, rng=None,
-           force: bool = False) -> bool:
+  def save(
+    self,
+    step: int,
+    state: Any,
+    *,
+    data_state: Any = None,
+    rng=None,
+    force: bool = False,
+  ) -> bool:
     """Saves if `should_save(step)` or `force`; returns whether it did.
 
     Args:
@@ -310,13 +382,18 @@ class Checkpointer:
     meta = {"step": step, "metadata": self._metadata}
     if rng is not None:
       meta["rng"] = _rng_to_json(rng)
-    items = {"state": ocp.args.PyTreeSave(state), "meta": ocp.args.JsonSave(meta)}
+    items = {
+      "state": ocp.args.PyTreeSave(state),
+      "meta": ocp.args.JsonSave(meta),
+    }
     if data_state is not None:
       items["data"] = IteratorStateSave(data_state)
     self._raise_if_failed(wait=True)  # The previous save, whole, first.
     self._in_flight = step
     try:
-      saved = self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+      saved = self._mngr.save(
+        step, args=ocp.args.Composite(**items), force=True
+      )
     except Exception as e:  # pylint: disable=broad-except
       self._report_failure(step, e)
     if saved:
@@ -353,20 +430,28 @@ class Checkpointer:
     removed."""
     self._in_flight = None
     if jax.process_index() == 0:  # It would only fill the disk.
-      shutil.rmtree(os.fspath(self.directory / f"{step}{TMP_SUFFIX}"),
-                    ignore_errors=True)
+      shutil.rmtree(
+        os.fspath(self.directory / f"{step}{TMP_SUFFIX}"), ignore_errors=True
+      )
     cause = failed_saves.cause(error)
     if cause is None:
       raise error
     failed_saves.stay_quiet()
     steps = [s for s in self._mngr.all_steps() if s != step]
-    last = (f"the last checkpoint saved whole is step {max(steps)}" if steps
-            else "no checkpoint was saved whole yet")
+    last = (
+      f"the last checkpoint saved whole is step {max(steps)}"
+      if steps
+      else "no checkpoint was saved whole yet"
+    )
     raise errors.WriteError(
-        f"could not save the checkpoint of step {step} in {self.directory}: "
-        f"{cause}; {last}", hint=errors.WRITE_HINT) from None
+      f"could not save the checkpoint of step {step} in {self.directory}: "
+      f"{cause}; {last}",
+      hint=errors.WRITE_HINT,
+    ) from None
 
-  def record_eval(self, step: int, metrics: dict, state: Any, **save_kwargs) -> bool:
+  def record_eval(
+    self, step: int, metrics: dict, state: Any, **save_kwargs
+  ) -> bool:
     """After an evaluation: a new best `best_metric` is saved and recorded.
 
     Args:
@@ -383,29 +468,47 @@ class Checkpointer:
     value = metrics.get(self.best_metric)
     if value is None:
       if not self._warned_no_metric:
-        logging.warning("checkpoint.best_metric=%r is not among the evaluation's "
-                        "metrics (%s): no best checkpoint is recorded",
-                        self.best_metric, ", ".join(sorted(metrics)))
+        logging.warning(
+          "checkpoint.best_metric=%r is not among the evaluation's "
+          "metrics (%s): no best checkpoint is recorded",
+          self.best_metric,
+          ", ".join(sorted(metrics)),
+        )
         self._warned_no_metric = True
       return False
     value = float(value)
-    if math.isnan(value) or self.best is not None and not (
-        value > self.best["value"] if self.best_mode == "max"
-        else value < self.best["value"]):
+    if (
+      math.isnan(value)
+      or self.best is not None
+      and not (
+        value > self.best["value"]
+        if self.best_mode == "max"
+        else value < self.best["value"]
+      )
+    ):
       return False  # Not better, or NaN.
     # The record first, so that this save's clean-up keeps it (and may let
     # the previous best go).
-    self.best = {"metric": self.best_metric, "mode": self.best_mode,
-                 "step": step, "value": value}
+    self.best = {
+      "metric": self.best_metric,
+      "mode": self.best_mode,
+      "step": step,
+      "value": value,
+    }
     self.save(step, state, force=True, **save_kwargs)
     path = self.directory / rundir.BEST_JSON
     try:
       rundir.write_json(path, self.best)
     except OSError as e:
-      raise errors.WriteError(f"could not write {path}: {e.strerror or e}",
-                              hint=errors.WRITE_HINT) from None
-    logging.info("checkpoint: step %d is the best so far (%s = %.4g)", step,
-                 self.best_metric, value)
+      raise errors.WriteError(
+        f"could not write {path}: {e.strerror or e}", hint=errors.WRITE_HINT
+      ) from None
+    logging.info(
+      "checkpoint: step %d is the best so far (%s = %.4g)",
+      step,
+      self.best_metric,
+      value,
+    )
     return True
 
   def all_steps(self) -> list[int]:
@@ -502,14 +605,24 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
     tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
     tree = getattr(tree, "tree", tree)
     if "params" not in tree:
-      raise errors.InitFromError(f"{step_dir}: the saved state has no 'params' "
-                       f"(it has {sorted(tree)}); not a vidjax checkpoint")
+      raise errors.InitFromError(
+        f"{step_dir}: the saved state has no 'params' "
+        f"(it has {sorted(tree)}); not a vidjax checkpoint"
+      )
     item = {"params": tree["params"]}
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    restored = checkpointer.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item=item, restore_args=as_numpy, partial_restore=True))
+    as_numpy = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item
+    )
+    restored = checkpointer.restore(
+      step_dir / "state",
+      args=ocp.args.PyTreeRestore(
+        item=item, restore_args=as_numpy, partial_restore=True
+      ),
+    )
   params = {}
-  for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[0]:
+  for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[
+    0
+  ]:
     params[keypaths.name(path)] = value
   return params, read_config(directory, step)
 

@@ -15,6 +15,7 @@ written (Orbax's `commit_success.txt`) are not checked.
 
     python -m vidjax.checksums WORKDIR/checkpoints/STEP   # checks one step
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -71,17 +72,24 @@ def write(step_dir) -> dict:
   step_dir = os.fspath(step_dir)
   files = _files(step_dir)
   paths = [os.path.join(step_dir, f) for f in files]
-  crcs = _map(lambda p: None if os.path.basename(p) in PRESENCE_ONLY
-              else _crc32(p), paths)
-  manifest = {"algorithm": "crc32", "files": {
-      f: [os.path.getsize(p), crc] for f, p, crc in zip(files, paths, crcs)}}
+  crcs = _map(
+    lambda p: None if os.path.basename(p) in PRESENCE_ONLY else _crc32(p), paths
+  )
+  manifest = {
+    "algorithm": "crc32",
+    "files": {
+      f: [os.path.getsize(p), crc] for f, p, crc in zip(files, paths, crcs)
+    },
+  }
   # Whole, and on disk before Orbax commits the step.
   with whole_files.replaced(os.path.join(step_dir, MANIFEST), sync=True) as f:
     json.dump(manifest, f, indent=0)
   return manifest
 
 
-def _problem(step_dir: str, name: str, size: int, crc: int | None) -> str | None:
+def _problem(
+  step_dir: str, name: str, size: int, crc: int | None
+) -> str | None:
   path = os.path.join(step_dir, name)
   try:
     actual = os.path.getsize(path)
@@ -114,8 +122,12 @@ def verify(step_dir) -> str | None:
     with open(os.path.join(step_dir, MANIFEST), encoding="utf-8") as f:
       listed = json.load(f)["files"]
   except FileNotFoundError:
-    logging.info("%s has no %s (saved before vidjax kept checksums): "
-                 "used without verifying its files", step_dir, MANIFEST)
+    logging.info(
+      "%s has no %s (saved before vidjax kept checksums): "
+      "used without verifying its files",
+      step_dir,
+      MANIFEST,
+    )
     return None
   except OSError as e:
     return f"{MANIFEST} does not read ({e.strerror or e})"
@@ -123,14 +135,16 @@ def verify(step_dir) -> str | None:
     return f"{MANIFEST} does not read ({e})"
   # Largest first: the threads finish together.
   names = sorted(listed, key=lambda n: -listed[n][0])
-  problems = [p for p in _map(lambda n: _problem(step_dir, n, *listed[n]), names)
-              if p]
+  problems = [
+    p for p in _map(lambda n: _problem(step_dir, n, *listed[n]), names) if p
+  ]
   if not problems:
     return None
   problems.sort()
   more = len(problems) - _MAX_PROBLEMS
   return "; ".join(problems[:_MAX_PROBLEMS]) + (
-      f"; and {more} more damaged files" if more > 0 else "")
+    f"; and {more} more damaged files" if more > 0 else ""
+  )
 
 
 def main(argv: list[str]) -> int:

@@ -38,7 +38,12 @@ from ml_collections import config_flags
 
 from vidjax import defaults, errors
 
-REQUIRED_KEYS = ("seed", "total_steps", "checkpoint.every_steps", "log.every_steps")
+REQUIRED_KEYS = (
+  "seed",
+  "total_steps",
+  "checkpoint.every_steps",
+  "log.every_steps",
+)
 BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
@@ -46,9 +51,11 @@ NUM_FRAMES_KEY = "data.num_frames"
 OVERRIDES_KEY = "overrides"  # The keys given on the command line.
 TUBELET_KEY = "model.tubelet"
 # `*_epochs` keys (> 0) and the step keys they set from the training records.
-EPOCH_KEYS = {"total_epochs": "total_steps",
-              "eval.every_epochs": "eval.every_steps",
-              "checkpoint.every_epochs": "checkpoint.every_steps"}
+EPOCH_KEYS = {
+  "total_epochs": "total_steps",
+  "eval.every_epochs": "eval.every_steps",
+  "checkpoint.every_epochs": "checkpoint.every_steps",
+}
 
 _MISSING = object()
 
@@ -57,7 +64,10 @@ def _get(config, dotted: str, default=_MISSING):
   """Value at a dotted path, or `default` if any part is missing."""
   node = config
   for part in dotted.split("."):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+    if (
+      not isinstance(node, (ml_collections.ConfigDict, dict))
+      or part not in node
+    ):
       if default is _MISSING:
         raise KeyError(dotted)
       return default
@@ -70,16 +80,21 @@ def _unknown_key(config, dotted: str) -> tuple[str, str] | None:
   node, walked = config, []
   for part in dotted.split("."):
     if not isinstance(node, (ml_collections.ConfigDict, dict)):
-      return (f"'{'.'.join(walked)}' is a {type(node).__name__}, not a config "
-              f"section, so '{dotted}' does not exist", "")
+      return (
+        f"'{'.'.join(walked)}' is a {type(node).__name__}, not a config "
+        f"section, so '{dotted}' does not exist",
+        "",
+      )
     if part not in node:
       prefix = "".join(f"{w}." for w in walked)
       keys = sorted(node.keys())
       close = [prefix + k for k in difflib.get_close_matches(part, keys, n=3)]
       where = f"'{prefix[:-1]}'" if walked else "the top level"
       hint = f"did you mean {' or '.join(close)}? " if close else ""
-      return (f"unknown config key '{prefix}{part}'",
-              f"{hint}{where} has: {', '.join(keys)}")
+      return (
+        f"unknown config key '{prefix}{part}'",
+        f"{hint}{where} has: {', '.join(keys)}",
+      )
     node = node[part]
     walked.append(part)
   return None
@@ -104,10 +119,16 @@ def _expected(current):
     return "an integer", str(current), int
   if isinstance(current, float):
     return "a number", f"{current:g}", float
-  if isinstance(current, tuple) and current and all(
-      isinstance(v, (int, float)) for v in current):
-    return ("numbers separated by commas", ",".join(map(str, current)),
-            _parse_numbers)
+  if (
+    isinstance(current, tuple)
+    and current
+    and all(isinstance(v, (int, float)) for v in current)
+  ):
+    return (
+      "numbers separated by commas",
+      ",".join(map(str, current)),
+      _parse_numbers,
+    )
   return None
 
 
@@ -134,12 +155,17 @@ def _user_code(path: str, spec: str):
   except errors.UserError:
     raise
   except ValueError as e:  # The config's own message, e.g. an unknown variant.
-    raise errors.ConfigError(str(e) if path in str(e) else f"{spec}: {e}") from e
+    raise errors.ConfigError(
+      str(e) if path in str(e) else f"{spec}: {e}"
+    ) from e
   except SyntaxError as e:
     raise errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}") from e
   except Exception as e:  # pylint: disable=broad-except  # Any, in user code.
-    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-             if os.path.abspath(f.filename) == os.path.abspath(path)]
+    lines = [
+      f.lineno
+      for f in traceback.extract_tb(e.__traceback__)
+      if os.path.abspath(f.filename) == os.path.abspath(path)
+    ]
     where = f"{path}:{lines[-1]}" if lines else spec
     raise errors.ConfigError(f"{where}: {type(e).__name__}: {e}") from e
 
@@ -149,8 +175,10 @@ def _load_module(path: str, spec: str):
   name = "vidjax_config_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
   module_spec = importlib.util.spec_from_file_location(name, path)
   if module_spec is None:
-    raise errors.ConfigError(f"{spec}: not a Python file",
-                             hint="configs are .py files with get_config()")
+    raise errors.ConfigError(
+      f"{spec}: not a Python file",
+      hint="configs are .py files with get_config()",
+    )
   module = importlib.util.module_from_spec(module_spec)
   with _user_code(path, spec):
     module_spec.loader.exec_module(module)
@@ -165,11 +193,15 @@ def _override_args(overrides: Sequence[str]) -> list[str]:
   for o in overrides:
     o = o.removeprefix("--")
     no = "no" if o.startswith("noconfig.") else ""
-    args.append(f"--{no}config.{o.removeprefix('noconfig.').removeprefix('config.')}")
+    args.append(
+      f"--{no}config.{o.removeprefix('noconfig.').removeprefix('config.')}"
+    )
   return args
 
 
-def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+def load_config(
+  spec: str, overrides: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
   """Loads a config exactly as `--config=SPEC --config.KEY=VALUE ...` would.
 
   Args:
@@ -193,8 +225,10 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   """
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise errors.PathError(f"config file {path!r} not found",
-                           hint="the shipped configs are in configs/*.py")
+    raise errors.PathError(
+      f"config file {path!r} not found",
+      hint="the shipped configs are in configs/*.py",
+    )
   module = _load_module(path, spec)
   with _user_code(path, spec):
     config = module.get_config(arg) if arg else module.get_config()
@@ -207,24 +241,32 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   argv = ["load_config"] + args
   flag_values = flags.FlagValues()
   try:
-    config_flags.DEFINE_config_dict("config", config, flag_values=flag_values,
-                                    sys_argv=argv, lock_config=True)
+    config_flags.DEFINE_config_dict(
+      "config", config, flag_values=flag_values, sys_argv=argv, lock_config=True
+    )
     flag_values(argv)
   except (AttributeError, KeyError):
     for a in args:
       key = a.split("=", 1)[0].removeprefix("--no").removeprefix("--config.")
       unknown = _unknown_key(config, key)
       if unknown:
-        raise errors.UnknownKeyError(f"{unknown[0]} ({a}, {spec})",
-                                     hint=unknown[1]) from None
+        raise errors.UnknownKeyError(
+          f"{unknown[0]} ({a}, {spec})", hint=unknown[1]
+        ) from None
     raise
   except (flags.Error, TypeError, ValueError) as e:
-    raise errors.ConfigError(f"{spec}: {str(e).removeprefix('flag ')}") from None
+    raise errors.ConfigError(
+      f"{spec}: {str(e).removeprefix('flag ')}"
+    ) from None
   config = flag_values.config
   if OVERRIDES_KEY in config:  # Whose values they are: see models/facts.py.
     config[OVERRIDES_KEY] = tuple(
-        a.split("=", 1)[0].removeprefix("--").removeprefix("no")
-        .removeprefix("config.") for a in args)
+      a.split("=", 1)[0]
+      .removeprefix("--")
+      .removeprefix("no")
+      .removeprefix("config.")
+      for a in args
+    )
   return config
 
 
@@ -236,10 +278,15 @@ def _choice_problems(config) -> list[str]:
     value = _get(config, key, None)
     if value is not None and value not in allowed:
       close = difflib.get_close_matches(str(value), allowed, n=1)
-      problems.append(f"'{key}' = {value!r} is not one of {list(allowed)}"
-                      + (f"; did you mean {close[0]!r}?" if close else ""))
-  for key in ("data.max_skip_fraction", "data.max_bad_row_fraction",
-              "unmask_fraction"):
+      problems.append(
+        f"'{key}' = {value!r} is not one of {list(allowed)}"
+        + (f"; did you mean {close[0]!r}?" if close else "")
+      )
+  for key in (
+    "data.max_skip_fraction",
+    "data.max_bad_row_fraction",
+    "unmask_fraction",
+  ):
     value = _get(config, key, None)
     if value is not None and not 0 <= value <= 1:
       problems.append(f"'{key}' = {value!r} must be a fraction in [0, 1]")
@@ -258,13 +305,20 @@ def _disagreements(config) -> list[str]:
   for key, ref in defaults.REFERENCES.items():
     value, expected = _get(config, key, None), _get(config, ref, None)
     if None not in (value, expected) and value != expected:
-      problems.append(f"'{key}' = {value!r} but '{ref}' = {expected!r}: the "
-                      f"model's is the data's; set '{ref}' alone")
+      problems.append(
+        f"'{key}' = {value!r} but '{ref}' = {expected!r}: the "
+        f"model's is the data's; set '{ref}' alone"
+      )
   task, name = _get(config, "task", None), _get(config, "model.name", None)
   if name and defaults.TASK_MODELS.get(task, name) != name:
-    problems.append(f"'model.name' = {name!r} but 'task' = {task!r} trains "
-                    f"a {defaults.TASK_MODELS[task]!r} model")
-  size, variant = _get(config, "data.size", None), _get(config, "model.variant", None)
+    problems.append(
+      f"'model.name' = {name!r} but 'task' = {task!r} trains "
+      f"a {defaults.TASK_MODELS[task]!r} model"
+    )
+  size, variant = (
+    _get(config, "data.size", None),
+    _get(config, "model.variant", None),
+  )
   if isinstance(size, int) and variant:
     try:
       patch = defaults.parse_variant(variant)["patch_size"]
@@ -272,15 +326,19 @@ def _disagreements(config) -> list[str]:
       problems.append(f"'model.variant': {e}")
     else:
       if size % patch:
-        problems.append(f"'data.size' = {size} is not divisible by the patch "
-                        f"size {patch} of 'model.variant' = {variant!r}")
+        problems.append(
+          f"'data.size' = {size} is not divisible by the patch "
+          f"size {patch} of 'model.variant' = {variant!r}"
+        )
   for set_name, spec in _get(config, "eval.sets", {}).items():
     for key in ("num_frames", "size"):  # The model is built for the run's.
       value = _get(spec, f"data.{key}", None)
       if value is not None and value != config.data[key]:
-        problems.append(f"'eval.sets.{set_name}.data.{key}' = {value!r} but "
-                        f"'data.{key}' = {config.data[key]!r}: the model is "
-                        "the run's")
+        problems.append(
+          f"'eval.sets.{set_name}.data.{key}' = {value!r} but "
+          f"'data.{key}' = {config.data[key]!r}: the model is "
+          "the run's"
+        )
   return problems
 
 
@@ -293,7 +351,8 @@ def _missing_keys(config) -> list[str]:
       if key not in node:
         out.append(prefix + key)
       elif isinstance(base[key], ml_collections.ConfigDict) and isinstance(
-          node[key], ml_collections.ConfigDict):
+        node[key], ml_collections.ConfigDict
+      ):
         out += missing(node[key], base[key], f"{prefix}{key}.")
     return out
 
@@ -306,12 +365,16 @@ def _missing_keys(config) -> list[str]:
   if not keys:
     return []
   more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
-  return [f"missing keys: {', '.join(keys[:8])}{more}; build the config on "
-          f"vidjax.defaults.base_config({task!r}) (eval.sets on "
-          "vidjax.defaults.eval_set)"]
+  return [
+    f"missing keys: {', '.join(keys[:8])}{more}; build the config on "
+    f"vidjax.defaults.base_config({task!r}) (eval.sets on "
+    "vidjax.defaults.eval_set)"
+  ]
 
 
-def epochs_to_steps(config: ml_collections.ConfigDict, train_clips: int) -> None:
+def epochs_to_steps(
+  config: ml_collections.ConfigDict, train_clips: int
+) -> None:
   """Sets each step key of `EPOCH_KEYS` whose `*_epochs` key is > 0.
 
   An epoch is `train_clips // batch_size` steps (the last partial batch is
@@ -328,8 +391,14 @@ def epochs_to_steps(config: ml_collections.ConfigDict, train_clips: int) -> None
       section, _, name = steps_key.rpartition(".")
       node = _get(config, section) if section else config
       node[name] = max(1, round(epochs * steps_per_epoch))
-      logging.info("%s = %d: %s = %g epochs of %d steps", steps_key,
-                   node[name], epochs_key, epochs, steps_per_epoch)
+      logging.info(
+        "%s = %d: %s = %g epochs of %d steps",
+        steps_key,
+        node[name],
+        epochs_key,
+        epochs,
+        steps_per_epoch,
+      )
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int):
@@ -348,8 +417,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
     value = _get(config, key, None)
     if value is None:
       problems.append(f"'{key}' is missing: every config needs it")
-    elif (key != "seed" and not (key == "total_steps" and by_epochs)
-          and (not isinstance(value, int) or value <= 0)):
+    elif (
+      key != "seed"
+      and not (key == "total_steps" and by_epochs)
+      and (not isinstance(value, int) or value <= 0)
+    ):
       problems.append(f"'{key}' = {value!r} must be a positive integer")
 
   accum = _get(config, ACCUM_KEY, 1) or 1
@@ -357,32 +429,45 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
   if batch is not None:
     if batch % accum:
       problems.append(
-          f"'{BATCH_KEY}' = {batch} is not divisible by '{ACCUM_KEY}' = {accum}")
+        f"'{BATCH_KEY}' = {batch} is not divisible by '{ACCUM_KEY}' = {accum}"
+      )
     elif (batch // accum) % num_devices:
       micro = batch // accum
       problems.append(
-          f"'{BATCH_KEY}' = {batch}" + (f" / '{ACCUM_KEY}' = {accum} = {micro}"
-                                         if accum > 1 else "") +
-          f" is not divisible by the {num_devices} devices; use a multiple of "
-          f"{num_devices * accum}")
+        f"'{BATCH_KEY}' = {batch}"
+        + (f" / '{ACCUM_KEY}' = {accum} = {micro}" if accum > 1 else "")
+        + f" is not divisible by the {num_devices} devices; use a multiple of "
+        f"{num_devices * accum}"
+      )
   eval_batch = _get(config, EVAL_BATCH_KEY, None)
   if eval_batch is not None and eval_batch % num_devices:
-    problems.append(f"'{EVAL_BATCH_KEY}' = {eval_batch} is not divisible by the "
-                    f"{num_devices} devices")
+    problems.append(
+      f"'{EVAL_BATCH_KEY}' = {eval_batch} is not divisible by the "
+      f"{num_devices} devices"
+    )
 
-  frames, tubelet = _get(config, NUM_FRAMES_KEY, None), _get(config, TUBELET_KEY, None)
+  frames, tubelet = (
+    _get(config, NUM_FRAMES_KEY, None),
+    _get(config, TUBELET_KEY, None),
+  )
   if frames is not None and tubelet and frames % tubelet:
-    problems.append(f"'{NUM_FRAMES_KEY}' = {frames} is not divisible by "
-                    f"'{TUBELET_KEY}' = {tubelet}")
+    problems.append(
+      f"'{NUM_FRAMES_KEY}' = {frames} is not divisible by "
+      f"'{TUBELET_KEY}' = {tubelet}"
+    )
   problems += _choice_problems(config)
   problems += _disagreements(config)
   problems += _missing_keys(config)
   if problems:
-    raise errors.ConfigError("invalid config:\n  - " + "\n  - ".join(problems),
-                             hint="change them with --config.KEY=VALUE")
+    raise errors.ConfigError(
+      "invalid config:\n  - " + "\n  - ".join(problems),
+      hint="change them with --config.KEY=VALUE",
+    )
 
 
-def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+def changes(
+  old: dict, new: dict, prefix: str = ""
+) -> list[tuple[str, object, object]]:
   """(dotted key, old value, new value) for each key that differs between two
   config dicts; a key only in one has None in the other.
 
@@ -395,7 +480,8 @@ def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, o
     if isinstance(a, dict) and isinstance(b, dict):
       out += changes(a, b, f"{prefix}{key}.")
     elif (list(a) if isinstance(a, (list, tuple)) else a) != (
-        list(b) if isinstance(b, (list, tuple)) else b):
+      list(b) if isinstance(b, (list, tuple)) else b
+    ):
       out.append((f"{prefix}{key}", a, b))
   return out
 
@@ -404,10 +490,18 @@ def changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, o
 # nothing depends on the directory the command started in. The `data` and
 # `eval` ones, which each of `eval.sets` has too, may join several paths
 # with commas.
-PATH_KEYS = {"": ("resume", "init_from"),
-             "data": ("root", "train_annotations", "eval_annotations", "vocab",
-                      "train_sentences", "train_relevancy"),
-             "eval": ("relevancy", "sentences")}
+PATH_KEYS = {
+  "": ("resume", "init_from"),
+  "data": (
+    "root",
+    "train_annotations",
+    "eval_annotations",
+    "vocab",
+    "train_sentences",
+    "train_relevancy",
+  ),
+  "eval": ("relevancy", "sentences"),
+}
 
 
 def _absolute(value: str, several: bool) -> str:
@@ -421,12 +515,16 @@ def _absolute(value: str, several: bool) -> str:
 
 def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
   """Makes the paths of `PATH_KEYS` absolute, in place."""
-  sections = [(config, PATH_KEYS[""], False),
-              (_get(config, "data", {}), PATH_KEYS["data"], True),
-              (_get(config, "eval", {}), PATH_KEYS["eval"], True)]
+  sections = [
+    (config, PATH_KEYS[""], False),
+    (_get(config, "data", {}), PATH_KEYS["data"], True),
+    (_get(config, "eval", {}), PATH_KEYS["eval"], True),
+  ]
   for spec in _get(config, "eval.sets", {}).values():  # Its `eval` keys are
-    sections += [(_get(spec, "data", {}), PATH_KEYS["data"], True),  # its own.
-                 (spec, PATH_KEYS["eval"], True)]
+    sections += [
+      (_get(spec, "data", {}), PATH_KEYS["data"], True),  # its own.
+      (spec, PATH_KEYS["eval"], True),
+    ]
   for node, keys, several in sections:
     for key in keys:
       if key in node and node[key]:

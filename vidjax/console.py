@@ -13,6 +13,7 @@ SIGINT/SIGTERM still saves its checkpoint.
 train loop reports: the start-up summary, an evaluation as a short table,
 the data-bound warning and the closing lines.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -82,8 +83,10 @@ class _Formatter(logging.Formatter):
 
 # Warnings Orbax gives for every read-only look at a checkpoint directory,
 # which vidjax makes on purpose (to find or check a checkpoint).
-_EXPECTED_WARNINGS = ("CheckpointManagerOptions.read_only=True",
-                      "Given directory is read only")
+_EXPECTED_WARNINGS = (
+  "CheckpointManagerOptions.read_only=True",
+  "Given directory is read only",
+)
 
 
 # absl logs every library's lines under one logger: the file that logged
@@ -97,8 +100,9 @@ class _OnlyOurInfo(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR):
       return True
-    return (record.levelno >= logging.WARNING and
-            not str(record.msg).startswith(_EXPECTED_WARNINGS))
+    return record.levelno >= logging.WARNING and not str(record.msg).startswith(
+      _EXPECTED_WARNINGS
+    )
 
 
 class _ConsoleHandler(logging.Handler):
@@ -132,8 +136,11 @@ class _LogFile(logging.Handler):
 
   def __init__(self):
     super().__init__(logging.INFO)
-    self.setFormatter(logging.Formatter(
-        "%(asctime)s %(levelname)s %(filename)s:%(lineno)d] %(message)s"))
+    self.setFormatter(
+      logging.Formatter(
+        "%(asctime)s %(levelname)s %(filename)s:%(lineno)d] %(message)s"
+      )
+    )
     self._file = None
     self._pending: list[str] = []
     self._failed = False  # Could not write the file: lines are dropped.
@@ -150,8 +157,11 @@ class _LogFile(logging.Handler):
     self._write(pending)
     if self._file is not None and self._file.dropped:
       logging.getLogger(__name__).warning(
-          "%s ended in a torn line, left by a run stopped while writing it: "
-          "dropped %r", path, self._file.dropped[:80])
+        "%s ended in a torn line, left by a run stopped while writing it: "
+        "dropped %r",
+        path,
+        self._file.dropped[:80],
+      )
 
   def _write(self, text: str) -> None:
     try:
@@ -161,7 +171,8 @@ class _LogFile(logging.Handler):
       self._file.close()
       path, self._file, self._failed = self._file.path, None, True
       logging.getLogger(__name__).warning(
-          "stopped writing %s: %s", path, e.strerror or e)
+        "stopped writing %s: %s", path, e.strerror or e
+      )
 
   def emit(self, record: logging.LogRecord) -> None:
     try:
@@ -223,12 +234,24 @@ def attach_log_file(workdir) -> str | None:
 class ProgressBar:
   """tqdm bar over steps with rate and ETA; silent off process 0."""
 
-  def __init__(self, total_steps: int, start_step: int = 0, *,
-               enabled: bool | None = None, desc: str = "train"):
+  def __init__(
+    self,
+    total_steps: int,
+    start_step: int = 0,
+    *,
+    enabled: bool | None = None,
+    desc: str = "train",
+  ):
     enabled = jax.process_index() == 0 if enabled is None else enabled
-    self._bar = tqdm.tqdm(total=total_steps, initial=start_step, desc=desc,
-                          unit="step", dynamic_ncols=True, disable=not enabled,
-                          mininterval=1.0)
+    self._bar = tqdm.tqdm(
+      total=total_steps,
+      initial=start_step,
+      desc=desc,
+      unit="step",
+      dynamic_ncols=True,
+      disable=not enabled,
+      mininterval=1.0,
+    )
     self._step = start_step
 
   def update(self, step: int, metrics: Mapping[str, Any] | None = None):
@@ -236,8 +259,14 @@ class ProgressBar:
     self._bar.update(step - self._step)
     self._step = step
     if metrics:
-      self._bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in metrics.items()
-                             if isinstance(v, (int, float))}, refresh=False)
+      self._bar.set_postfix(
+        {
+          k.split("/")[-1]: f"{v:.4g}"
+          for k, v in metrics.items()
+          if isinstance(v, (int, float))
+        },
+        refresh=False,
+      )
 
   def close(self):
     self._bar.close()
@@ -273,21 +302,31 @@ def _eval_order(name: str) -> tuple:
   return (name.startswith("chance"), name == "skipped", natural_key(name))
 
 
-def eval_table(step: int, metrics: Mapping[str, float], columns: int = 3) -> str:
+def eval_table(
+  step: int, metrics: Mapping[str, float], columns: int = 3
+) -> str:
   """An evaluation as a short table, `eval/` dropped, names in natural order.
 
-      eval at step 300:
-        t2v_r1    0.1875 | t2v_r5    0.5208 | t2v_r10   0.7292
-        ...
+  eval at step 300:
+    t2v_r1    0.1875 | t2v_r5    0.5208 | t2v_r10   0.7292
+    ...
   """
-  items = sorted(((k.removeprefix("eval/"), _number(v)) for k, v in metrics.items()
-                  if v is not None), key=lambda kv: _eval_order(kv[0]))
+  items = sorted(
+    (
+      (k.removeprefix("eval/"), _number(v))
+      for k, v in metrics.items()
+      if v is not None
+    ),
+    key=lambda kv: _eval_order(kv[0]),
+  )
   if not items:
     return f"eval at step {step}: no metrics"
   width = max(len(k) for k, _ in items)
   value_width = max(len(v) for _, v in items)
   cells = [f"{k:<{width}} {v:>{value_width}}" for k, v in items]
-  rows = [" | ".join(cells[i:i + columns]) for i in range(0, len(cells), columns)]
+  rows = [
+    " | ".join(cells[i : i + columns]) for i in range(0, len(cells), columns)
+  ]
   return f"eval at step {step}:\n  " + "\n  ".join(rows)
 
 
@@ -296,9 +335,17 @@ def natural_key(name: str) -> list:
   return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def run_summary(*, devices: Sequence, batch_size: int, accum_steps: int,
-                num_params: int, clips: Mapping[str, int], total_steps: int,
-                first_step: int, start: str) -> str:
+def run_summary(
+  *,
+  devices: Sequence,
+  batch_size: int,
+  accum_steps: int,
+  num_params: int,
+  clips: Mapping[str, int],
+  total_steps: int,
+  first_step: int,
+  start: str,
+) -> str:
   """The start-up summary: devices, batch, parameters, data, steps.
 
   Args:
@@ -314,28 +361,37 @@ def run_summary(*, devices: Sequence, batch_size: int, accum_steps: int,
   kinds = sorted({d.device_kind for d in devices})
   per_device = batch_size // max(len(devices) * accum_steps, 1)
   accum = f" x {accum_steps} accumulation steps" if accum_steps > 1 else ""
-  lines = [f"{len(devices)} device{'s' if len(devices) > 1 else ''} "
-           f"({', '.join(kinds)}); batch {batch_size} = "
-           f"{per_device} per device{accum}; {num_params / 1e6:.2f}M parameters, "
-           f"{start}"]
+  lines = [
+    f"{len(devices)} device{'s' if len(devices) > 1 else ''} "
+    f"({', '.join(kinds)}); batch {batch_size} = "
+    f"{per_device} per device{accum}; {num_params / 1e6:.2f}M parameters, "
+    f"{start}"
+  ]
   if clips:
     data = ", ".join(f"{n} {split} clips" for split, n in clips.items())
     train = clips.get("train")
-    epoch = (f"; {train // batch_size} steps per epoch, {total_steps} steps = "
-             f"{total_steps * batch_size / train:.1f} epochs"
-             if train and train >= batch_size else "")
+    epoch = (
+      f"; {train // batch_size} steps per epoch, {total_steps} steps = "
+      f"{total_steps * batch_size / train:.1f} epochs"
+      if train and train >= batch_size
+      else ""
+    )
     lines.append(f"data: {data}{epoch}")
   left = total_steps - first_step
-  lines.append(f"steps {first_step} -> {total_steps}: time estimated after "
-               "the first steps" if left > 0 else
-               f"step {first_step}: training is done")
+  lines.append(
+    f"steps {first_step} -> {total_steps}: time estimated after the first steps"
+    if left > 0
+    else f"step {first_step}: training is done"
+  )
   return "\n  ".join(lines)
 
 
 def time_estimate(step: int, total_steps: int, seconds_per_step: float) -> str:
   """'about 1h 02m to step 10000 (0.37 s/step)'."""
-  return (f"about {duration((total_steps - step) * seconds_per_step)} to step "
-          f"{total_steps} ({seconds_per_step:.3g} s/step)")
+  return (
+    f"about {duration((total_steps - step) * seconds_per_step)} to step "
+    f"{total_steps} ({seconds_per_step:.3g} s/step)"
+  )
 
 
 def data_bound_warning(wait_fraction: float, data) -> str:
@@ -345,29 +401,43 @@ def data_bound_warning(wait_fraction: float, data) -> str:
     wait_fraction: share of the step time spent waiting for batches.
     data: `config.data`.
   """
-  return (f"the run is data-bound: {wait_fraction:.0%} of the time is spent "
-          "waiting for batches. To feed it faster: more reader processes "
-          f"(--config.data.workers, now {data.workers}) or threads "
-          f"(--config.data.threads, now {data.threads}); less to decode per clip "
-          f"(data.num_frames={data.num_frames}; re-chunk with --short-side "
-          "close to data.size and a shorter --gop). `python -m "
-          "vidjax.bench.pipeline` measures the settings.")
+  return (
+    f"the run is data-bound: {wait_fraction:.0%} of the time is spent "
+    "waiting for batches. To feed it faster: more reader processes "
+    f"(--config.data.workers, now {data.workers}) or threads "
+    f"(--config.data.threads, now {data.threads}); less to decode per clip "
+    f"(data.num_frames={data.num_frames}; re-chunk with --short-side "
+    "close to data.size and a shorter --gop). `python -m "
+    "vidjax.bench.pipeline` measures the settings."
+  )
 
 
-def end_message(workdir, step: int, total_steps: int, plots: Sequence,
-                checkpoints: Sequence[int]) -> str:
+def end_message(
+  workdir,
+  step: int,
+  total_steps: int,
+  plots: Sequence,
+  checkpoints: Sequence[int],
+) -> str:
   """Where a run's results are."""
   workdir = os.fspath(workdir)
   done = ("finished" if step >= total_steps else "stopped") + f" at step {step}"
-  lines = [f"{done}. Results in {workdir}:",
-           "metrics      metrics.jsonl (`python -m vidjax.plot WORKDIR` "
-           "redraws the plots)"]
+  lines = [
+    f"{done}. Results in {workdir}:",
+    "metrics      metrics.jsonl (`python -m vidjax.plot WORKDIR` "
+    "redraws the plots)",
+  ]
   if plots:
-    lines.append("plots        plots/ (" + ", ".join(
-        os.path.basename(os.fspath(p)) for p in plots) + ")")
+    lines.append(
+      "plots        plots/ ("
+      + ", ".join(os.path.basename(os.fspath(p)) for p in plots)
+      + ")"
+    )
   if checkpoints:
-    lines.append(f"checkpoints  checkpoints/{max(checkpoints)} (steps kept: "
-                 f"{', '.join(map(str, sorted(checkpoints)))})")
+    lines.append(
+      f"checkpoints  checkpoints/{max(checkpoints)} (steps kept: "
+      f"{', '.join(map(str, sorted(checkpoints)))})"
+    )
   if _log_file is not None and _log_file.is_open:
     lines.append(f"log          {rundir.LOG_FILE}")
   return "\n  ".join(lines)

@@ -17,6 +17,7 @@ take their defaults and choices from here:
 values (`vidjax.config.validate` checks them); the modules that implement
 the choices key their tables by the same names.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,12 @@ from ml_collections import config_dict
 # ------------------------------------------------------------------ facts
 # The model each task trains (`model.name`); video-text tasks train a CLIP
 # and read text.
-TASK_MODELS = {"contrastive": "clip", "retrieval": "clip", "mae": "videomae",
-               "classification": "classifier"}
+TASK_MODELS = {
+  "contrastive": "clip",
+  "retrieval": "clip",
+  "mae": "videomae",
+  "classification": "classifier",
+}
 TASKS = tuple(TASK_MODELS)
 MODELS = ("clip", "videomae", "classifier")
 
@@ -48,23 +53,35 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Vision sizes: name -> (width, depth, heads); MLP width 4x. 'Ti' is for
 # tests and demos. `model.variant` is NAME/PATCH, e.g. 'B/16'.
 VARIANTS = {
-    "Ti": (192, 12, 3),
-    "S": (384, 12, 6),
-    "B": (768, 12, 12),
-    "L": (1024, 24, 16),
-    "H": (1280, 32, 16),
+  "Ti": (192, 12, 3),
+  "S": (384, 12, 6),
+  "B": (768, 12, 12),
+  "L": (1024, 24, 16),
+  "H": (1280, 32, 16),
 }
 
 # ---------------------------------------------------------------- choices
-DATA_FORMATS = ("jsonl", "ego4d", "ek100_cls", "ek100_mir", "kinetics",
-                "kinetics_list")
+DATA_FORMATS = (
+  "jsonl",
+  "ego4d",
+  "ek100_cls",
+  "ek100_mir",
+  "kinetics",
+  "kinetics_list",
+)
 EK100_LABELS = ("action", "verb", "noun")  # `data.label` of 'ek100_cls'.
 SAMPLINGS = ("segment", "stride")
 CROPS = ("random_resized", "multi_scale", "center")
 DTYPES = ("auto", "bfloat16", "float32", "float16")  # 'auto': bf16 on GPU.
 ATTENTION = ("auto", "xla", "cudnn")
-REMAT_POLICIES = ("none", "full", "save_attention", "save_dots_and_attention",
-                  "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = (
+  "none",
+  "full",
+  "save_attention",
+  "save_dots_and_attention",
+  "dots_saveable",
+  "dots_with_no_batch_dims_saveable",
+)
 DROP_PATH_SCHEDULES = ("linear", "uniform")
 ACTIVATIONS = ("quick_gelu", "gelu")
 BACKBONES = ("videomae", "clip")  # A classifier's backbone style.
@@ -81,18 +98,28 @@ def choices(config) -> dict[str, tuple]:
   """The keys naming one of a few choices, with the allowed values."""
   classifier = config.get("model", {}).get("name") == "classifier"
   return {
-      "task": TASKS, "data.format": DATA_FORMATS, "data.label": EK100_LABELS,
-      "data.sampling": SAMPLINGS, "data.crop": CROPS, "model.name": MODELS,
-      "model.dtype": DTYPES, "model.residual_dtype": DTYPES,
-      "model.norm_dtype": DTYPES, "model.attention": ATTENTION,
-      "model.remat": REMAT_POLICIES,
-      "model.drop_path_schedule": DROP_PATH_SCHEDULES,
-      # A classifier's '' is its backbone's own activation.
-      "model.act": ACTIVATIONS + (("",) if classifier else ()),
-      "model.backbone": BACKBONES, "model.pool": POOLS,
-      "model.mask_kind": MASK_KINDS, "optim.name": OPTIMIZERS,
-      "optim.schedule": SCHEDULES, "augment.erase_mode": ERASE_MODES,
-      "checkpoint.best_mode": BEST_MODES}
+    "task": TASKS,
+    "data.format": DATA_FORMATS,
+    "data.label": EK100_LABELS,
+    "data.sampling": SAMPLINGS,
+    "data.crop": CROPS,
+    "model.name": MODELS,
+    "model.dtype": DTYPES,
+    "model.residual_dtype": DTYPES,
+    "model.norm_dtype": DTYPES,
+    "model.attention": ATTENTION,
+    "model.remat": REMAT_POLICIES,
+    "model.drop_path_schedule": DROP_PATH_SCHEDULES,
+    # A classifier's '' is its backbone's own activation.
+    "model.act": ACTIVATIONS + (("",) if classifier else ()),
+    "model.backbone": BACKBONES,
+    "model.pool": POOLS,
+    "model.mask_kind": MASK_KINDS,
+    "optim.name": OPTIMIZERS,
+    "optim.schedule": SCHEDULES,
+    "augment.erase_mode": ERASE_MODES,
+    "checkpoint.best_mode": BEST_MODES,
+  }
 
 
 def needs_text(task: str) -> bool:
@@ -108,30 +135,66 @@ def parse_variant(variant: str) -> dict:
   """
   match = re.fullmatch(r"(\w+)/(\d+)", variant)
   if not match or match.group(1) not in VARIANTS:
-    raise ValueError(f"model variant must look like 'B/16' with a size in "
-                     f"{sorted(VARIANTS)}, got {variant!r}")
+    raise ValueError(
+      f"model variant must look like 'B/16' with a size in "
+      f"{sorted(VARIANTS)}, got {variant!r}"
+    )
   width, depth, heads = VARIANTS[match.group(1)]
-  return dict(width=width, depth=depth, heads=heads, mlp_dim=4 * width,
-              patch_size=int(match.group(2)))
+  return dict(
+    width=width,
+    depth=depth,
+    heads=heads,
+    mlp_dim=4 * width,
+    patch_size=int(match.group(2)),
+  )
 
 
 # --------------------------------------------------------------- sections
 def data_config() -> ml_collections.ConfigDict:
   """`config.data` (keys: `vidjax.data.pipeline`)."""
-  return ml_collections.ConfigDict(dict(
-      root="", train_annotations="", eval_annotations="", format="jsonl",
-      label="action", allow_pickle=False, vocab="",
-      train_sentences="", train_relevancy="", positive_threshold=0.1,
-      num_frames=16, sampling="segment", stride=4, size=224,
-      crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5,
-      eval_clips=1, eval_crops=1,
-      workers=0, threads=0, worker_buffer=8, device_prefetch=2,
+  return ml_collections.ConfigDict(
+    dict(
+      root="",
+      train_annotations="",
+      eval_annotations="",
+      format="jsonl",
+      label="action",
+      allow_pickle=False,
+      vocab="",
+      train_sentences="",
+      train_relevancy="",
+      positive_threshold=0.1,
+      num_frames=16,
+      sampling="segment",
+      stride=4,
+      size=224,
+      crop="random_resized",
+      crop_scale=(0.5, 1.0),
+      hflip=0.5,
+      eval_clips=1,
+      eval_crops=1,
+      workers=0,
+      threads=0,
+      worker_buffer=8,
+      device_prefetch=2,
       stall_warn_s=60.0,
-      max_skip_fraction=0.25, max_attempts=10, max_bad_row_fraction=0.01,
-      synthetic=ml_collections.ConfigDict(dict(
-          enabled=False, num_videos=96, segments_per_video=2,
-          segment_seconds=3.0, height=96, width=128, seed=0,
-          relevancy=False))))
+      max_skip_fraction=0.25,
+      max_attempts=10,
+      max_bad_row_fraction=0.01,
+      synthetic=ml_collections.ConfigDict(
+        dict(
+          enabled=False,
+          num_videos=96,
+          segments_per_video=2,
+          segment_seconds=3.0,
+          height=96,
+          width=128,
+          seed=0,
+          relevancy=False,
+        )
+      ),
+    )
+  )
 
 
 def model_config(name: str = "clip") -> ml_collections.ConfigDict:
@@ -139,7 +202,8 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
   if name not in MODELS:
     raise ValueError(f"model name must be one of {MODELS}, got {name!r}")
   videomae_like = name != "clip"
-  config = ml_collections.ConfigDict(dict(
+  config = ml_collections.ConfigDict(
+    dict(
       name=name,
       variant="B/16",
       width=config_dict.placeholder(int),
@@ -158,22 +222,34 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
       drop_path=0.0 if name == "videomae" else 0.1,
       drop_path_schedule="linear",
       act={"clip": "quick_gelu", "videomae": "gelu", "classifier": ""}[name],
-      ln_eps={"clip": 1e-5, "videomae": 1e-6,
-              "classifier": config_dict.placeholder(float)}[name],
-  ))
+      ln_eps={
+        "clip": 1e-5,
+        "videomae": 1e-6,
+        "classifier": config_dict.placeholder(float),
+      }[name],
+    )
+  )
   if name == "clip":
     config.embed_dim = 512
-    config.text = ml_collections.ConfigDict(dict(
-        vocab_size=VOCAB_SIZE, context_length=CONTEXT_LENGTH, width=512,
-        heads=8, layers=12, ln_eps=1e-5))
+    config.text = ml_collections.ConfigDict(
+      dict(
+        vocab_size=VOCAB_SIZE,
+        context_length=CONTEXT_LENGTH,
+        width=512,
+        heads=8,
+        layers=12,
+        ln_eps=1e-5,
+      )
+    )
     config.logit_scale_init = INIT_LOGIT_SCALE
     config.learn_logit_scale = True
     config.mask_ratio = 0.0
     config.mask_kind = "random"
   elif name == "videomae":
     config.mask_ratio = 0.9
-    config.decoder = ml_collections.ConfigDict(dict(width=384, depth=4,
-                                                    heads=6))
+    config.decoder = ml_collections.ConfigDict(
+      dict(width=384, depth=4, heads=6)
+    )
     config.norm_pix_loss = True
   else:
     config.num_classes = 400
@@ -187,35 +263,69 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
 
 def optim_config() -> ml_collections.ConfigDict:
   """`config.optim` (keys: `vidjax.optim`)."""
-  return ml_collections.ConfigDict(dict(
-      name="adamw", lr=1e-4, min_lr=1e-6, warmup_steps=0, schedule="cosine",
+  return ml_collections.ConfigDict(
+    dict(
+      name="adamw",
+      lr=1e-4,
+      min_lr=1e-6,
+      warmup_steps=0,
+      schedule="cosine",
       weight_decay=0.05,
-      no_decay_names=("pos_embed", "spatial_pos", "temporal_pos",
-                      "class_token", "cls_token", "mask_token", "embedding",
-                      "logit_scale"),
-      b1=0.9, b2=0.98, eps=1e-6, momentum=0.9, nesterov=False,
-      clip_grad_norm=0.0, layer_decay=1.0, num_layers=0,
+      no_decay_names=(
+        "pos_embed",
+        "spatial_pos",
+        "temporal_pos",
+        "class_token",
+        "cls_token",
+        "mask_token",
+        "embedding",
+        "logit_scale",
+      ),
+      b1=0.9,
+      b2=0.98,
+      eps=1e-6,
+      momentum=0.9,
+      nesterov=False,
+      clip_grad_norm=0.0,
+      layer_decay=1.0,
+      num_layers=0,
       layer_regex=r"(?:^|[/.])(?:blocks|layers|resblocks)[/_.]?(\d+)(?:[/.]|$)",
       embed_regex=r"embed|_pos\b|class_token|cls_token|mask_token",
-      mu_dtype=""))
+      mu_dtype="",
+    )
+  )
 
 
 def augment_config() -> ml_collections.ConfigDict:
   """`config.augment`: every key `vidjax.augment.make_augment` takes from a
   config (the task adds num_classes, mask_ratio, tubelet, patch and the
   model's dtype)."""
-  return ml_collections.ConfigDict(dict(
-      mean=CLIP_MEAN, std=CLIP_STD, mixup_alpha=0.0,
-      cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0,
-      mix_groups=1, randaugment_layers=0, randaugment_magnitude=7.0,
-      randaugment_prob=0.5, randaugment_std=0.5, erase_prob=0.0,
-      erase_mode="pixel"))
+  return ml_collections.ConfigDict(
+    dict(
+      mean=CLIP_MEAN,
+      std=CLIP_STD,
+      mixup_alpha=0.0,
+      cutmix_alpha=0.0,
+      switch_prob=0.5,
+      mix_prob=1.0,
+      label_smoothing=0.0,
+      mix_groups=1,
+      randaugment_layers=0,
+      randaugment_magnitude=7.0,
+      randaugment_prob=0.5,
+      randaugment_std=0.5,
+      erase_prob=0.0,
+      erase_mode="pixel",
+    )
+  )
 
 
 # One fact, one key: these keys are references to the data's, so that a
 # change of the data's frames or size (on the command line too) moves them.
-REFERENCES = {"model.num_frames": "data.num_frames",
-              "model.image_size": "data.size"}
+REFERENCES = {
+  "model.num_frames": "data.num_frames",
+  "model.image_size": "data.size",
+}
 
 
 def base_config(task: str) -> ml_collections.ConfigDict:
@@ -226,11 +336,26 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   """
   if task not in TASK_MODELS:
     raise ValueError(f"task must be one of {list(TASK_MODELS)}, got {task!r}")
-  c = ml_collections.ConfigDict(dict(
-      seed=0, task=task, total_steps=0, total_epochs=0.0, unmask_fraction=0.0,
-      batch_size=64, accum_steps=1, fsdp=1, resume="", init_from="",
-      init_allow_pickle=False, init_keep=(), init_allow_mismatch=False,
-      overrides=(), peak_tflops=0.0, device_memory_gib=0.0))
+  c = ml_collections.ConfigDict(
+    dict(
+      seed=0,
+      task=task,
+      total_steps=0,
+      total_epochs=0.0,
+      unmask_fraction=0.0,
+      batch_size=64,
+      accum_steps=1,
+      fsdp=1,
+      resume="",
+      init_from="",
+      init_allow_pickle=False,
+      init_keep=(),
+      init_allow_mismatch=False,
+      overrides=(),
+      peak_tflops=0.0,
+      device_memory_gib=0.0,
+    )
+  )
   c.data = data_config()
   c.model = model_config(TASK_MODELS[task])
   for key, ref in REFERENCES.items():
@@ -239,12 +364,27 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.optim = optim_config()
   c.augment = augment_config()
   c.loss = ml_collections.ConfigDict(dict(margin=0.2))
-  c.eval = ml_collections.ConfigDict(dict(
-      every_steps=0, every_epochs=0.0, batch_size=64, relevancy="",
-      sentences="", save_embeddings=False, sets=ml_collections.ConfigDict()))
-  c.checkpoint = ml_collections.ConfigDict(dict(
-      every_steps=1000, every_epochs=0.0, keep=2, async_save=True,
-      best_metric="", best_mode="max"))
+  c.eval = ml_collections.ConfigDict(
+    dict(
+      every_steps=0,
+      every_epochs=0.0,
+      batch_size=64,
+      relevancy="",
+      sentences="",
+      save_embeddings=False,
+      sets=ml_collections.ConfigDict(),
+    )
+  )
+  c.checkpoint = ml_collections.ConfigDict(
+    dict(
+      every_steps=1000,
+      every_epochs=0.0,
+      keep=2,
+      async_save=True,
+      best_metric="",
+      best_mode="max",
+    )
+  )
   c.log = ml_collections.ConfigDict(dict(every_steps=10))
   return c
 
@@ -261,7 +401,12 @@ def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
     for the run's `data.root`, and `eval_annotations`, the user's to give:
     '' skips the set) and its own `relevancy` and `sentences` ('' for none).
   """
-  return ml_collections.ConfigDict(dict(
-      data=ml_collections.ConfigDict(dict(
-          format=data_format, root="", eval_annotations="", **data)),
-      relevancy="", sentences=""))
+  return ml_collections.ConfigDict(
+    dict(
+      data=ml_collections.ConfigDict(
+        dict(format=data_format, root="", eval_annotations="", **data)
+      ),
+      relevancy="",
+      sentences="",
+    )
+  )

@@ -36,6 +36,7 @@ it is found):
        abandoned; the message names the newest checkpoint, which the same
        command resumes from
 """
+
 from __future__ import annotations
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
@@ -50,6 +51,7 @@ class UserError(Exception):
     hint: what to do about it ('' when the message says it all).
     exit_code: the command line's exit status for it.
   """
+
   exit_code = EXIT_FAILED
 
   def __init__(self, message: str, hint: str = ""):
@@ -66,6 +68,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
   """A bad config: unknown key, bad value, inconsistent settings."""
+
   exit_code = EXIT_USAGE
 
 
@@ -100,18 +103,22 @@ class InitFromError(ConfigError):
   """`init_from` weights that cannot be read, or do not fit the model."""
 
 
-WRITE_HINT = ("free space on that disk (or make the workdir writable), then "
-              "run the same command again to resume from the last checkpoint")
+WRITE_HINT = (
+  "free space on that disk (or make the workdir writable), then "
+  "run the same command again to resume from the last checkpoint"
+)
 
 
 class WriteError(UserError):
   """A file of the run could not be written: a full disk, no permission."""
+
   exit_code = EXIT_WRITE_FAILED
 
 
 class Stopped(Exception):
   """A run stopped by SIGTERM or Ctrl-C with nothing lost: the same command
   continues it."""
+
   exit_code = EXIT_PREEMPTED
 
 
@@ -122,6 +129,8 @@ class Preempted(Stopped):
   """
 
   def __init__(self, step: int, checkpoint_dir: str):
-    super().__init__(f"stopped at step {step}; checkpoint saved in "
-                     f"{checkpoint_dir}: run the same command to resume")
+    super().__init__(
+      f"stopped at step {step}; checkpoint saved in "
+      f"{checkpoint_dir}: run the same command to resume"
+    )
     self.step = step

@@ -20,6 +20,7 @@ named sets exist. `eval.save_embeddings=True` writes, at each evaluation,
 from), and `video_ids` / `text_ids` (narration ids, or record indices where
 the format has none) in the order of the annotation and sentence files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ _RUN_KEYS = ("sets", "every_steps")
 class EvalSet:
   """One evaluation set: its name ('' for the main set), metric prefix and
   the run config with the set's keys applied."""
+
   name: str
   prefix: str
   config: ml_collections.ConfigDict
@@ -55,12 +57,16 @@ def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
       if key == "data":
         unknown = sorted(set(value.keys()) - set(config.data.keys()))
         if unknown:
-          raise errors.ConfigError(f"eval.sets.{name}.data: unknown data keys "
-                           f"{unknown}; see config.data")
+          raise errors.ConfigError(
+            f"eval.sets.{name}.data: unknown data keys "
+            f"{unknown}; see config.data"
+          )
         # '' keeps the run's value (e.g. a set in the run's own chunks).
         resolved.data.update({k: v for k, v in value.items() if v != ""})
       elif key in _RUN_KEYS:
-        raise errors.ConfigError(f"eval.sets.{name}.{key}: set it in eval, for the run")
+        raise errors.ConfigError(
+          f"eval.sets.{name}.{key}: set it in eval, for the run"
+        )
       else:
         resolved.eval[key] = value
   return resolved
@@ -78,22 +84,30 @@ def eval_sets(config: ml_collections.ConfigDict) -> list[EvalSet]:
   return sets
 
 
-def required_paths(config: ml_collections.ConfigDict,
-                   needs_text: bool) -> list[str]:
+def required_paths(
+  config: ml_collections.ConfigDict, needs_text: bool
+) -> list[str]:
   """Config keys of the files a run reads: training data and every set's."""
   keys = ["data.root", "data.train_annotations"]
   keys += ["data.vocab"] if needs_text else []
-  keys += [f"data.{k}" for k in ("train_sentences", "train_relevancy")
-           if config.data[k]]
+  keys += [
+    f"data.{k}"
+    for k in ("train_sentences", "train_relevancy")
+    if config.data[k]
+  ]
   for es in eval_sets(config):
     base = f"eval.sets.{es.name}." if es.name else ""
     spec = config.eval.sets[es.name] if es.name else config.eval
     if es.name and spec.data.root:
       keys.append(f"{base}data.root")
-    keys.append(f"{base}data.eval_annotations" if es.name
-                else "data.eval_annotations")
-    keys += [base + k if es.name else f"eval.{k}"
-             for k in ("relevancy", "sentences") if spec[k]]
+    keys.append(
+      f"{base}data.eval_annotations" if es.name else "data.eval_annotations"
+    )
+    keys += [
+      base + k if es.name else f"eval.{k}"
+      for k in ("relevancy", "sentences")
+      if spec[k]
+    ]
   return keys
 
 
@@ -102,38 +116,52 @@ def check_files(config: ml_collections.ConfigDict) -> None:
   and captions they go with; says which named sets are skipped."""
   for name, spec in config.eval.sets.items():
     if not spec.data.eval_annotations:
-      logging.warning("evaluation set %r skipped: set eval.sets.%s.data."
-                      "eval_annotations (and its other files) to run it",
-                      name, name)
+      logging.warning(
+        "evaluation set %r skipped: set eval.sets.%s.data."
+        "eval_annotations (and its other files) to run it",
+        name,
+        name,
+      )
   for es in eval_sets(config):
     c = es.config
     if not c.eval.relevancy:
       continue
-    matrix = ek100.load_relevancy(c.eval.relevancy,
-                                  allow_pickle=c.data.allow_pickle, mmap=True)
-    clips = len(annotation_files.load_annotations(c.data, c.data.eval_annotations))
+    matrix = ek100.load_relevancy(
+      c.eval.relevancy, allow_pickle=c.data.allow_pickle, mmap=True
+    )
+    clips = len(
+      annotation_files.load_annotations(c.data, c.data.eval_annotations)
+    )
     sentences = c.eval.sentences or None
-    captions = len(ek100.load_ek100_mir_sentences(sentences)) if sentences \
-        else clips
-    ek100.check_relevancy_shape(matrix, c.eval.relevancy, clips,
-                                c.data.eval_annotations, captions, sentences)
+    captions = (
+      len(ek100.load_ek100_mir_sentences(sentences)) if sentences else clips
+    )
+    ek100.check_relevancy_shape(
+      matrix,
+      c.eval.relevancy,
+      clips,
+      c.data.eval_annotations,
+      captions,
+      sentences,
+    )
 
 
 def embed_texts(run, texts: list[str], batch_size: int) -> np.ndarray:
   """float32[len(texts), D] text embeddings, `batch_size` texts per step."""
   tokens = run.tokenizer(texts)
   pad = -len(tokens) % batch_size
-  tokens = np.concatenate([tokens, np.zeros((pad, tokens.shape[1]),
-                                            tokens.dtype)])
+  tokens = np.concatenate(
+    [tokens, np.zeros((pad, tokens.shape[1]), tokens.dtype)]
+  )
   local = batch_size // jax.process_count()
   first = jax.process_index() * local
   out = []
   for start in range(0, len(tokens), batch_size):
-    batch = tokens[start + first:start + first + local]
+    batch = tokens[start + first : start + first + local]
     glob = sharding.host_to_global_batch({"tokens": batch}, run.mesh)
     emb = run.steps.text(run.state["params"], run.rest, glob["tokens"])
     out.append(np.asarray(multihost_utils.process_allgather(emb, tiled=True)))
-  return np.concatenate(out)[:len(texts)].astype(np.float32)
+  return np.concatenate(out)[: len(texts)].astype(np.float32)
 
 
 def _record_ids(records) -> np.ndarray:
@@ -142,46 +170,66 @@ def _record_ids(records) -> np.ndarray:
   return np.arange(len(records))
 
 
-def save_embeddings(path: Path, emb: dict, video_ids: np.ndarray,
-                    text_ids: np.ndarray) -> None:
+def save_embeddings(
+  path: Path, emb: dict, video_ids: np.ndarray, text_ids: np.ndarray
+) -> None:
   """Writes the npz of the module docstring (whole, process 0)."""
   if jax.process_index() != 0:
     return
   path.parent.mkdir(parents=True, exist_ok=True)
   with whole_files.replaced(path, "wb") as f:  # savez(name) appends '.npz'.
-    np.savez(f, video=emb["video"], text=emb["text"], video_ids=video_ids,
-             text_ids=text_ids)
+    np.savez(
+      f,
+      video=emb["video"],
+      text=emb["text"],
+      video_ids=video_ids,
+      text_ids=text_ids,
+    )
 
 
 def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   """Evaluates one set with the run's current parameters; prefixed metrics."""
   config = es.config
-  records = annotation_files.load_annotations(config.data, config.data.eval_annotations)
+  records = annotation_files.load_annotations(
+    config.data, config.data.eval_annotations
+  )
   batches = pipeline.make_pipeline(
-      config, run.mesh, train=False, batch_size=config.eval.batch_size,
-      tokenizer=run.tokenizer, records=records)
+    config,
+    run.mesh,
+    train=False,
+    batch_size=config.eval.batch_size,
+    tokenizer=run.tokenizer,
+    records=records,
+  )
   outputs = []
   for batch in batches:
     out = run.steps.eval(run.state["params"], run.rest, batch)
-    outputs.append(jax.tree.map(
-        np.asarray, multihost_utils.process_allgather(out, tiled=True)))
+    outputs.append(
+      jax.tree.map(
+        np.asarray, multihost_utils.process_allgather(out, tiled=True)
+      )
+    )
   skipped = batches.skipped
   batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   retrieval = isinstance(run.task, tasks.RetrievalTask)
   captions = run.task.eval_captions(config) if retrieval else None
   if captions:
-    merged["caption_emb"] = embed_texts(run, [t for _, t in captions],
-                                        config.eval.batch_size)
+    merged["caption_emb"] = embed_texts(
+      run, [t for _, t in captions], config.eval.batch_size
+    )
   metrics = run.task.eval_metrics(merged, config)
   if config.eval.save_embeddings and run.workdir and retrieval:
     emb = run.task.embeddings(merged, config)
     video_ids = _record_ids(records)[emb["index"]]
     text_ids = np.array([i for i, _ in captions]) if captions else video_ids
-    save_embeddings(rundir.embeddings(run.workdir, es.name, step), emb,
-                    video_ids, text_ids)
-  return {**{f"{es.prefix}{k}": v for k, v in metrics.items()},
-          f"{es.prefix}skipped": skipped}
+    save_embeddings(
+      rundir.embeddings(run.workdir, es.name, step), emb, video_ids, text_ids
+    )
+  return {
+    **{f"{es.prefix}{k}": v for k, v in metrics.items()},
+    f"{es.prefix}skipped": skipped,
+  }
 
 
 def evaluate(run, config: ml_collections.ConfigDict) -> dict[str, float]:

@@ -11,6 +11,7 @@ failure is a bug and keeps its traceback). `quiet()` keeps the rest off the
 console while a checkpointer is open, and `stay_quiet()` for good once a
 save has failed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,9 @@ def _from_orbax(record: logging.LogRecord) -> bool:
   if _ORBAX_DIR in record.pathname:
     return True
   tb = record.exc_info[2] if record.exc_info else None
-  return tb is not None and any(_ORBAX_DIR in frame.filename
-                                for frame in traceback.extract_tb(tb))
+  return tb is not None and any(
+    _ORBAX_DIR in frame.filename for frame in traceback.extract_tb(tb)
+  )
 
 
 class _Quiet(logging.Filter):
@@ -58,9 +60,11 @@ class _Quiet(logging.Filter):
     return not (record.levelno >= logging.ERROR and _from_orbax(record))
 
   def _unraisable(self, unraisable):
-    if not (unraisable.object is None and
-            isinstance(unraisable.exc_value, RuntimeError) and
-            str(unraisable.exc_value) == "Event loop is closed"):
+    if not (
+      unraisable.object is None
+      and isinstance(unraisable.exc_value, RuntimeError)
+      and str(unraisable.exc_value) == "Event loop is closed"
+    ):
       self._previous_hook(unraisable)
 
   def enter(self):
@@ -69,8 +73,10 @@ class _Quiet(logging.Filter):
       if self._users == 1:
         for name in _LOGGERS:
           logging.getLogger(name).addFilter(self)
-        self._previous_hook, sys.unraisablehook = (sys.unraisablehook,
-                                                   self._unraisable)
+        self._previous_hook, sys.unraisablehook = (
+          sys.unraisablehook,
+          self._unraisable,
+        )
 
   def exit(self):
     with self._lock:

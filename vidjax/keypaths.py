@@ -6,6 +6,7 @@ resume check. It is `jax.tree_util.keystr(path, simple=True)` less a final
 'value' (an `nnx.Variable`'s leaf attribute, or the key Orbax saves it
 under), which is not part of a parameter's name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -14,6 +14,7 @@ Multi-process runs (several hosts) call `jax.distributed.initialize()` when
 the environment describes one (SLURM, or JAX_COORDINATOR_ADDRESS /
 JAX_NUM_PROCESSES / JAX_PROCESS_ID).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,22 @@ from absl import app, flags, logging
 from vidjax import defaults, errors, stopping
 from vidjax.data import reads  # Standard library only.
 
-_CONFIG = flags.DEFINE_string("config", None, "Config file: configs/NAME.py[:ARG]; "
-                              "--config.KEY=VALUE overrides its keys.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, "
-                               "metrics.jsonl, config.json, log.txt, plots/.")
-_MODE = flags.DEFINE_enum("mode", "train", list(defaults.MODES),
-                          "train (and evaluate), or evaluate only.")
+_CONFIG = flags.DEFINE_string(
+  "config",
+  None,
+  "Config file: configs/NAME.py[:ARG]; --config.KEY=VALUE overrides its keys.",
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir",
+  None,
+  "Run directory: checkpoints, metrics.jsonl, config.json, log.txt, plots/.",
+)
+_MODE = flags.DEFINE_enum(
+  "mode",
+  "train",
+  list(defaults.MODES),
+  "train (and evaluate), or evaluate only.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -43,7 +54,11 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
   while i < len(args):
     arg = args[i]
     if arg.startswith(("--config.", "--noconfig.")):
-      if "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--"):
+      if (
+        "=" not in arg
+        and i + 1 < len(args)
+        and not args[i + 1].startswith("--")
+      ):
         arg, i = f"{arg}={args[i + 1]}", i + 1
       overrides.append(arg)
     else:
@@ -60,8 +75,11 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     if len(rest) > 1:
       raise flags.Error(f"unexpected arguments {rest[1:]}")
   except flags.Error as e:
-    print(f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
-          "lists the flags", file=sys.stderr)
+    print(
+      f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
+      "lists the flags",
+      file=sys.stderr,
+    )
     sys.exit(errors.EXIT_USAGE)
   return rest, overrides
 
@@ -73,23 +91,29 @@ def _maybe_initialize_distributed():
   CPU runs need no extra setting.
   """
   import jax  # pylint: disable=import-outside-toplevel
+
   env = os.environ
   if env.get("JAX_COORDINATOR_ADDRESS"):
-    missing = [k for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-               if not env.get(k, "").isdigit()]
+    missing = [
+      k
+      for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+      if not env.get(k, "").isdigit()
+    ]
     if missing:
       raise errors.ConfigError(
-          f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} "
-          f"{'is' if len(missing) == 1 else 'are'} unset or not a number",
-          hint="a multi-process run sets all three on every process; unset "
-          "JAX_COORDINATOR_ADDRESS for a single process")
+        f"JAX_COORDINATOR_ADDRESS is set but {' and '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} unset or not a number",
+        hint="a multi-process run sets all three on every process; unset "
+        "JAX_COORDINATOR_ADDRESS for a single process",
+      )
     # Everything is given: no cluster auto-detection, which inside a SLURM
     # allocation would restrict each process to GPU number SLURM_LOCALID.
     jax.distributed.initialize(
-        coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
-        num_processes=int(env["JAX_NUM_PROCESSES"]),
-        process_id=int(env["JAX_PROCESS_ID"]),
-        cluster_detection_method="deactivate")
+      coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+      num_processes=int(env["JAX_NUM_PROCESSES"]),
+      process_id=int(env["JAX_PROCESS_ID"]),
+      cluster_detection_method="deactivate",
+    )
   elif int(env.get("SLURM_NTASKS", "1")) > 1:
     # JAX reads SLURM's environment itself, but gives every task ONE GPU
     # (number SLURM_LOCALID), for one task per GPU. With one task per node
@@ -97,26 +121,34 @@ def _maybe_initialize_distributed():
     kwargs = {}
     tasks = int(env.get("SLURM_STEP_NUM_TASKS", env["SLURM_NTASKS"]))
     nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "0")))
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",")
-               if d and d != "NoDevFiles"]  # SLURM's value for "no GPUs"
+    visible = [
+      d
+      for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+      if d and d != "NoDevFiles"
+    ]  # SLURM's value for "no GPUs"
     gpus = len(visible) or int(env.get("SLURM_GPUS_ON_NODE", "0") or 0)
     if tasks == nodes and not env.get("JAX_LOCAL_DEVICE_IDS"):
       if gpus:
         kwargs["local_device_ids"] = list(range(gpus))
       else:
         logging.warning(
-            "one SLURM task per node, but neither CUDA_VISIBLE_DEVICES nor "
-            "SLURM_GPUS_ON_NODE says how many GPUs it has: JAX will use one "
-            "GPU per task. Request GPUs with --gpus-per-node, or set "
-            "JAX_LOCAL_DEVICE_IDS=0,1,...")
+          "one SLURM task per node, but neither CUDA_VISIBLE_DEVICES nor "
+          "SLURM_GPUS_ON_NODE says how many GPUs it has: JAX will use one "
+          "GPU per task. Request GPUs with --gpus-per-node, or set "
+          "JAX_LOCAL_DEVICE_IDS=0,1,..."
+        )
     jax.distributed.initialize(**kwargs)
   else:
     return
   logging.info("process %d of %d", jax.process_index(), jax.process_count())
 
 
-def run(config: str, workdir: str, mode: str = "train",
-        overrides: list[str] | tuple[str, ...] = ()) -> None:
+def run(
+  config: str,
+  workdir: str,
+  mode: str = "train",
+  overrides: list[str] | tuple[str, ...] = (),
+) -> None:
   """What the command line does once its flags are parsed.
 
   Args:
@@ -130,9 +162,11 @@ def run(config: str, workdir: str, mode: str = "train",
       (`main` prints `describe()` and exits with its `exit_code`).
   """
   from vidjax import config as config_lib  # pylint: disable=import-outside-toplevel
+
   config = config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
   from vidjax import train  # pylint: disable=import-outside-toplevel
+
   stopping.check()
   if mode == "eval":
     train.evaluate_only(config, workdir)
@@ -144,9 +178,11 @@ def main(parsed) -> int:
   _, overrides = parsed
   try:
     # First: a SIGTERM or Ctrl-C from now on stops as documented.
-    with stopping.handling("during start-up; nothing was written: run the "
-                           "same command again"):
+    with stopping.handling(
+      "during start-up; nothing was written: run the same command again"
+    ):
       from vidjax import console  # pylint: disable=import-outside-toplevel
+
       # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped.
       console.setup_console(verbose=flags.FLAGS["verbosity"].present)
       run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)

@@ -28,6 +28,7 @@ refuses a configuration that will not fit, naming a remat policy and a batch
 per device that would. `python -m vidjax.bench.memory` prints the same
 estimate for every policy, as on a GPU with cuDNN.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -50,13 +51,19 @@ HEADROOM = 0.10  # Of the device's memory, kept free for what is not counted.
 KEEP_ATTENTION_WEIGHTS = ("none", "save_dots_and_attention", "dots_saveable")
 # From the policy that keeps the most to the one that keeps the least: the
 # first that fits after the configured one is the fastest to suggest.
-REMAT_ORDER = ("none", "save_dots_and_attention",
-               "dots_with_no_batch_dims_saveable", "save_attention", "full")
+REMAT_ORDER = (
+  "none",
+  "save_dots_and_attention",
+  "dots_with_no_batch_dims_saveable",
+  "save_attention",
+  "full",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
   """A training step's memory per device (see the module docstring)."""
+
   remat: str
   attention: str  # The vision tower's implementation: 'cudnn' or 'xla'.
   kept_bytes_per_clip: float
@@ -73,8 +80,10 @@ def clips_per_device(config: ml_collections.ConfigDict) -> int:
 
 def _per_device_bytes(tree) -> int:
   """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
-  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
-             for x in jax.tree.leaves(tree))
+  return sum(
+    int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+    for x in jax.tree.leaves(tree)
+  )
 
 
 def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
@@ -83,17 +92,21 @@ def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   # `jax.ad_checkpoint.print_saved_residuals` only prints them: the list
   # is private (tests/test_layers.py pins it).
   from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
+
   batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
 
   def loss(params, rest, batch, key):
     return steps.loss(params, rest, batch, key)[0]
 
-  residuals = ad_checkpoint.saved_residuals(loss, state["params"], rest,
-                                            batch, key)
-  return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
-             for aval, where in residuals
-             if not where.startswith("from the argument"))
+  residuals = ad_checkpoint.saved_residuals(
+    loss, state["params"], rest, batch, key
+  )
+  return sum(
+    int(np.prod(aval.shape)) * aval.dtype.itemsize
+    for aval, where in residuals
+    if not where.startswith("from the argument")
+  )
 
 
 def vision_attention(model: ml_collections.ConfigDict) -> str:
@@ -101,13 +114,15 @@ def vision_attention(model: ml_collections.ConfigDict) -> str:
   shape = shapes.attention_shapes(model)["vision"]
   try:
     return attention.resolve_implementation(
-        model.attention, shape.head_dim, models.resolve_dtype(model.dtype))
+      model.attention, shape.head_dim, models.resolve_dtype(model.dtype)
+    )
   except ValueError:  # 'cudnn' where it cannot run: the model says so.
     return model.attention
 
 
-def step_memories(config: ml_collections.ConfigDict,
-                  remats: Sequence[str]) -> Iterator[StepMemory]:
+def step_memories(
+  config: ml_collections.ConfigDict, remats: Sequence[str]
+) -> Iterator[StepMemory]:
   """The training step's memory per device under each policy, in turn.
 
   The policies change only what the blocks keep: the model's construction
@@ -125,28 +140,35 @@ def step_memories(config: ml_collections.ConfigDict,
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   model = nnx.eval_shape(
-      lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed)))
+    lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+  )
   for remat in remats:
     config.model.remat = remat
     for _, node in nnx.iter_graph(model):
       if isinstance(node, transformer.Transformer):
         node.remat = remat
     state, rest, steps = steps_lib.build_state_and_steps(
-        config, task, mesh, abstract=True, model=model)
+      config, task, mesh, abstract=True, model=model
+    )
     # Two batch sizes split the residuals into per-clip and shared ones.
     small, large = jax.device_count(), 2 * jax.device_count()
-    kept_small, kept_large = (_kept_for_backward(config, steps, state, rest, b)
-                              for b in (small, large))
+    kept_small, kept_large = (
+      _kept_for_backward(config, steps, state, rest, b) for b in (small, large)
+    )
     per_clip = (kept_large - kept_small) / (large - small)
     gradients = _per_device_bytes(state["params"])
-    fixed = (_per_device_bytes(state)
-             + gradients * (1 + (config.accum_steps > 1))
-             + kept_small - per_clip * small)
+    fixed = (
+      _per_device_bytes(state)
+      + gradients * (1 + (config.accum_steps > 1))
+      + kept_small
+      - per_clip * small
+    )
     yield StepMemory(remat, vision_attention(config.model), per_clip, fixed)
 
 
-def step_memory(config: ml_collections.ConfigDict, *,
-                remat: str | None = None) -> StepMemory:
+def step_memory(
+  config: ml_collections.ConfigDict, *, remat: str | None = None
+) -> StepMemory:
   """`step_memories` for one policy: `remat`, else the config's."""
   return next(step_memories(config, [remat or config.model.remat]))
 
@@ -186,51 +208,72 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
   # The configured policy, then (only if it does not fit) those keeping less.
-  estimates = step_memories(config, [remat] + (
-      order[order.index(remat) + 1:] if remat in order else order))
+  estimates = step_memories(
+    config,
+    [remat] + (order[order.index(remat) + 1 :] if remat in order else order),
+  )
   estimate = next(estimates)
   need = estimate.total_bytes(clips)
-  logging.info("%s: about %.1f GiB per device of %.1f GiB usable (remat %r, "
-               "%s attention, %d clips per device)", step_name, need / GiB,
-               usable / GiB, estimate.remat, estimate.attention, clips)
+  logging.info(
+    "%s: about %.1f GiB per device of %.1f GiB usable (remat %r, "
+    "%s attention, %d clips per device)",
+    step_name,
+    need / GiB,
+    usable / GiB,
+    estimate.remat,
+    estimate.attention,
+    clips,
+  )
   if need <= usable:
     return estimate
-  fitting = next((e for e in estimates if e.total_bytes(clips) <= usable),
-                 None)
+  fitting = next((e for e in estimates if e.total_bytes(clips) <= usable), None)
   raise errors.ConfigError(
-      f"{step_name} will not fit in the device's memory: about "
-      f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
-      f"of parameters, optimizer state and gradients + "
-      f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "
-      f"clips per device; remat {estimate.remat!r}, {estimate.attention} "
-      f"attention) against {usable / GiB:.1f} GiB usable of "
-      f"{limit / GiB:.1f} GiB",
-      hint=_what_fits(config, estimate, fitting, usable))
+    f"{step_name} will not fit in the device's memory: about "
+    f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
+    f"of parameters, optimizer state and gradients + "
+    f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "
+    f"clips per device; remat {estimate.remat!r}, {estimate.attention} "
+    f"attention) against {usable / GiB:.1f} GiB usable of "
+    f"{limit / GiB:.1f} GiB",
+    hint=_what_fits(config, estimate, fitting, usable),
+  )
 
 
-def _what_fits(config, estimate: StepMemory, fitting: StepMemory | None,
-               usable: float) -> str:
+def _what_fits(
+  config, estimate: StepMemory, fitting: StepMemory | None, usable: float
+) -> str:
   """The policy that fits at the configured batch (`fitting`), and the
   batch that fits under the configured policy."""
   clips, ways = clips_per_device(config), []
   if fitting:
-    ways.append(f"--config.model.remat={fitting.remat} (about "
-                f"{fitting.total_bytes(clips) / GiB:.1f} GiB)")
+    ways.append(
+      f"--config.model.remat={fitting.remat} (about "
+      f"{fitting.total_bytes(clips) / GiB:.1f} GiB)"
+    )
   most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
   per_step = clips * config.accum_steps  # Clips per device and step.
-  accum = next((a for a in range(config.accum_steps + 1, per_step + 1)
-                if per_step % a == 0 and per_step // a <= most), None)
+  accum = next(
+    (
+      a
+      for a in range(config.accum_steps + 1, per_step + 1)
+      if per_step % a == 0 and per_step // a <= most
+    ),
+    None,
+  )
   if most >= 1 and accum:
-    ways.append(f"--config.accum_steps={accum} ({per_step // accum} clips per "
-                f"device at a time, the same global batch; at most {most} "
-                "clips per device fit)")
+    ways.append(
+      f"--config.accum_steps={accum} ({per_step // accum} clips per "
+      f"device at a time, the same global batch; at most {most} "
+      "clips per device fit)"
+    )
   elif most >= 1:
     ways.append(f"a batch of at most {most} clips per device")
   if estimate.attention == "xla" and jax.default_backend() == "gpu":
     ways.append("cuDNN attention (see the warning above)")
   return ("; or ".join(ways) or "a smaller model") + (
-      ". --config.device_memory_gib=N plans for N GiB per device instead "
-      "(-1: no check)")
+    ". --config.device_memory_gib=N plans for N GiB per device instead "
+    "(-1: no check)"
+  )
 
 
 def check_attention(config: ml_collections.ConfigDict) -> str | None:
@@ -250,35 +293,44 @@ def check_attention(config: ml_collections.ConfigDict) -> str | None:
     errors.ConfigError: 'cudnn' cannot run, with the reason.
   """
   model = config.model
-  if model.attention == "xla" or (model.attention == "auto"
-                                  and jax.default_backend() != "gpu"):
+  if model.attention == "xla" or (
+    model.attention == "auto" and jax.default_backend() != "gpu"
+  ):
     return None
   dtype = models.resolve_dtype(model.dtype)
   towers = shapes.attention_shapes(model)
-  reasons = {name: attention.cudnn_unsupported_reason(s.head_dim, dtype)
-             for name, s in towers.items()}
+  reasons = {
+    name: attention.cudnn_unsupported_reason(s.head_dim, dtype)
+    for name, s in towers.items()
+  }
   fallen = [name for name, reason in reasons.items() if reason]
   if not fallen:
     return None
   if model.attention == "cudnn":
     raise errors.ConfigError(
-        f"'model.attention' = 'cudnn' cannot run in the {fallen[0]} tower: "
-        f"{reasons[fallen[0]]}; 'auto' uses cuDNN where it can, else XLA",
-        hint="change it with --config.model.attention=auto")
-  weights = sum(s.layers * s.heads * s.tokens**2 * np.dtype(dtype).itemsize
-                for name, s in towers.items() if name in fallen)
+      f"'model.attention' = 'cudnn' cannot run in the {fallen[0]} tower: "
+      f"{reasons[fallen[0]]}; 'auto' uses cuDNN where it can, else XLA",
+      hint="change it with --config.model.attention=auto",
+    )
+  weights = sum(
+    s.layers * s.heads * s.tokens**2 * np.dtype(dtype).itemsize
+    for name, s in towers.items()
+    if name in fallen
+  )
   consequence = (
-      "keeps them for the backward pass: expect several times the memory "
-      "per clip, and out-of-memory where cuDNN fits"
-      if model.remat in KEEP_ATTENTION_WEIGHTS
-      else "recomputes them: expect a slower step")
+    "keeps them for the backward pass: expect several times the memory "
+    "per clip, and out-of-memory where cuDNN fits"
+    if model.remat in KEEP_ATTENTION_WEIGHTS
+    else "recomputes them: expect a slower step"
+  )
   message = (
-      f"attention='auto' runs XLA attention, not cuDNN flash attention, in "
-      f"the {' and '.join(fallen)} tower{'s' * (len(fallen) > 1)}: "
-      f"{reasons[fallen[0]]}. XLA materialises every layer's attention "
-      f"weights (heads x tokens x tokens: {weights / MiB:.0f} MiB per clip "
-      f"over all layers); remat {model.remat!r} {consequence}. Fix the "
-      "cause, or set model.attention='xla' to choose XLA knowingly "
-      "('cudnn' stops at start-up instead)")
+    f"attention='auto' runs XLA attention, not cuDNN flash attention, in "
+    f"the {' and '.join(fallen)} tower{'s' * (len(fallen) > 1)}: "
+    f"{reasons[fallen[0]]}. XLA materialises every layer's attention "
+    f"weights (heads x tokens x tokens: {weights / MiB:.0f} MiB per clip "
+    f"over all layers); remat {model.remat!r} {consequence}. Fix the "
+    "cause, or set model.attention='xla' to choose XLA knowingly "
+    "('cudnn' stops at start-up instead)"
+  )
   logging.warning("%s", message)
   return message

@@ -5,6 +5,7 @@ They take numpy (or jax) arrays of a whole evaluation set, gathered on the
 host with its padding rows dropped, and use vectorised numpy; `topk_correct`
 also runs inside `jit`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -13,15 +14,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['average_views', 'ek100_mir_metrics', 'marginalize_action_scores',
-           'mean_class_accuracy', 'retrieval_recall', 'softmax',
-           'topk_accuracy', 'topk_correct']
+__all__ = [
+  "average_views",
+  "ek100_mir_metrics",
+  "marginalize_action_scores",
+  "mean_class_accuracy",
+  "retrieval_recall",
+  "softmax",
+  "topk_accuracy",
+  "topk_correct",
+]
 
 # Bounds the [rows, columns] temporaries of the retrieval metrics.
 _MIR_ROWS_PER_CHUNK = 1024
 
 
-def _mir_per_query(similarity: np.ndarray, relevancy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _mir_per_query(
+  similarity: np.ndarray, relevancy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
   """Average precision and nDCG of each row (query) against all columns.
 
   Follows the EPIC-Kitchens-100 MIR evaluation code (JPoSE's mAP.py/NDCG.py):
@@ -42,20 +52,20 @@ def _mir_per_query(similarity: np.ndarray, relevancy: np.ndarray) -> tuple[np.nd
   ap = np.empty(rows)
   ndcg = np.empty(rows)
   for start in range(0, rows, _MIR_ROWS_PER_CHUNK):
-    sim = similarity[start:start + _MIR_ROWS_PER_CHUNK]
-    rel = relevancy[start:start + _MIR_ROWS_PER_CHUNK].astype(np.float64)
-    order = np.argsort(-sim, axis=1, kind='stable')
+    sim = similarity[start : start + _MIR_ROWS_PER_CHUNK]
+    rel = relevancy[start : start + _MIR_ROWS_PER_CHUNK].astype(np.float64)
+    order = np.argsort(-sim, axis=1, kind="stable")
     ranked = np.take_along_axis(rel, order, axis=1)
     hits = ranked == 1
     precision = np.cumsum(ranked, axis=1) / np.arange(1, cols + 1)
-    with np.errstate(invalid='ignore', divide='ignore'):
-      ap[start:start + len(sim)] = (precision * hits).sum(1) / hits.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      ap[start : start + len(sim)] = (precision * hits).sum(1) / hits.sum(1)
       num_graded = (rel > 0).sum(1, keepdims=True)
       first_k = np.arange(cols) < num_graded
       dcg = (ranked * first_k * discount).sum(1)
       ideal = -np.sort(-rel, axis=1)
       idcg = (ideal * first_k * discount).sum(1)
-      ndcg[start:start + len(sim)] = dcg / idcg
+      ndcg[start : start + len(sim)] = dcg / idcg
   return ap, ndcg
 
 
@@ -79,15 +89,21 @@ def ek100_mir_metrics(similarity, relevancy) -> dict[str, float]:
   similarity = np.asarray(similarity, np.float64)
   relevancy = np.asarray(relevancy, np.float64)
   if similarity.ndim != 2 or similarity.shape != relevancy.shape:
-    raise ValueError(f'ek100_mir_metrics: similarity {similarity.shape} and relevancy '
-                     f'{relevancy.shape} must be matrices of the same shape')
+    raise ValueError(
+      f"ek100_mir_metrics: similarity {similarity.shape} and relevancy "
+      f"{relevancy.shape} must be matrices of the same shape"
+    )
   ap_v, ndcg_v = _mir_per_query(similarity, relevancy)
   ap_t, ndcg_t = _mir_per_query(similarity.T, relevancy.T)
   out = {}
-  for name, v2t, t2v in (('mAP', ap_v, ap_t), ('nDCG', ndcg_v, ndcg_t)):
-    out[f'{name}_v2t'] = float(np.nanmean(v2t)) if np.isfinite(v2t).any() else float('nan')
-    out[f'{name}_t2v'] = float(np.nanmean(t2v)) if np.isfinite(t2v).any() else float('nan')
-    out[f'{name}_avg'] = (out[f'{name}_v2t'] + out[f'{name}_t2v']) / 2
+  for name, v2t, t2v in (("mAP", ap_v, ap_t), ("nDCG", ndcg_v, ndcg_t)):
+    out[f"{name}_v2t"] = (
+      float(np.nanmean(v2t)) if np.isfinite(v2t).any() else float("nan")
+    )
+    out[f"{name}_t2v"] = (
+      float(np.nanmean(t2v)) if np.isfinite(t2v).any() else float("nan")
+    )
+    out[f"{name}_avg"] = (out[f"{name}_v2t"] + out[f"{name}_t2v"]) / 2
   return out
 
 
@@ -134,18 +150,28 @@ def topk_correct(scores: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     bool[N] (a numpy array for numpy inputs).
   """
   # numpy for host arrays (float64 stays float64), jnp for device arrays/tracers.
-  xp = jnp if isinstance(scores, jax.Array) or isinstance(labels, jax.Array) else np
+  xp = (
+    jnp
+    if isinstance(scores, jax.Array) or isinstance(labels, jax.Array)
+    else np
+  )
   scores, labels = xp.asarray(scores), xp.asarray(labels)
   label_score = xp.take_along_axis(scores, labels[:, None], axis=1)
   rank = (scores >= label_score).sum(1) - 1
   return rank < k
 
 
-def topk_accuracy(scores, labels, ks: Sequence[int] = (1, 5), prefix: str = '') -> dict[str, float]:
+def topk_accuracy(
+  scores, labels, ks: Sequence[int] = (1, 5), prefix: str = ""
+) -> dict[str, float]:
   """Top-k accuracies, e.g. {'top1': 0.7, 'top5': 0.9} (keys get `prefix`)."""
   scores, labels = np.asarray(scores), np.asarray(labels)
-  return {f'{prefix}top{k}': float(np.mean(np.asarray(topk_correct(scores, labels, k))))
-          for k in ks}
+  return {
+    f"{prefix}top{k}": float(
+      np.mean(np.asarray(topk_correct(scores, labels, k)))
+    )
+    for k in ks
+  }
 
 
 def mean_class_accuracy(scores, labels) -> float:
@@ -167,17 +193,23 @@ def mean_class_accuracy(scores, labels) -> float:
   """
   labels = np.asarray(labels)
   predictions = np.asarray(scores).argmax(-1)
-  classes, label_index = np.unique(np.concatenate([labels, predictions]),
-                                   return_inverse=True)
-  label_index = label_index[:len(labels)]
+  classes, label_index = np.unique(
+    np.concatenate([labels, predictions]), return_inverse=True
+  )
+  label_index = label_index[: len(labels)]
   examples = np.bincount(label_index, minlength=len(classes))
-  right = np.bincount(label_index[predictions == labels],
-                      minlength=len(classes))
+  right = np.bincount(
+    label_index[predictions == labels], minlength=len(classes)
+  )
   return float(np.mean(right / np.maximum(examples, 1)))
 
 
-def marginalize_action_scores(action_probs, action_to_verb_noun, num_verbs: int | None = None,
-                              num_nouns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def marginalize_action_scores(
+  action_probs,
+  action_to_verb_noun,
+  num_verbs: int | None = None,
+  num_nouns: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
   """Verb and noun probabilities from action probabilities (EK-100).
 
   P(verb v) is the sum of P(action a) over the actions a whose verb is v;
@@ -197,14 +229,20 @@ def marginalize_action_scores(action_probs, action_to_verb_noun, num_verbs: int 
   probs = np.asarray(action_probs, np.float64)
   mapping = np.asarray(action_to_verb_noun, np.int64)
   if mapping.shape != (probs.shape[1], 2):
-    raise ValueError(f'marginalize_action_scores: action_to_verb_noun has shape '
-                     f'{mapping.shape}, expected ({probs.shape[1]}, 2)')
+    raise ValueError(
+      f"marginalize_action_scores: action_to_verb_noun has shape "
+      f"{mapping.shape}, expected ({probs.shape[1]}, 2)"
+    )
   sizes = []
-  for column, (size, what) in enumerate(((num_verbs, 'num_verbs'), (num_nouns, 'num_nouns'))):
+  for column, (size, what) in enumerate(
+    ((num_verbs, "num_verbs"), (num_nouns, "num_nouns"))
+  ):
     needed = int(mapping[:, column].max()) + 1
     if size is not None and size < needed:
-      raise ValueError(f'marginalize_action_scores: {what}={size} but the action map uses '
-                       f'id {needed - 1}')
+      raise ValueError(
+        f"marginalize_action_scores: {what}={size} but the action map uses "
+        f"id {needed - 1}"
+      )
     sizes.append(needed if size is None else size)
   marginals = []
   for column, size in enumerate(sizes):
@@ -214,7 +252,9 @@ def marginalize_action_scores(action_probs, action_to_verb_noun, num_verbs: int 
   return marginals[0], marginals[1]
 
 
-def retrieval_recall(similarity, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+def retrieval_recall(
+  similarity, ks: Sequence[int] = (1, 5, 10)
+) -> dict[str, float]:
   """Recall@K for paired video-text data: video i goes with text i.
 
   Ties count against the true pair, as in `topk_correct`.
@@ -229,10 +269,17 @@ def retrieval_recall(similarity, ks: Sequence[int] = (1, 5, 10)) -> dict[str, fl
   """
   sim = np.asarray(similarity, np.float64)
   if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
-    raise ValueError(f'retrieval_recall: need a square similarity matrix, got {sim.shape}')
+    raise ValueError(
+      f"retrieval_recall: need a square similarity matrix, got {sim.shape}"
+    )
   n = sim.shape[0]
   true = np.diag(sim)
-  ranks = {'v2t': (sim >= true[:, None]).sum(1) - 1, 't2v': (sim >= true[None, :]).sum(0) - 1}
-  out = {f'{d}_r{k}': float(np.mean(r < k)) for d, r in ranks.items() for k in ks}
-  out['chance_r1'] = 1.0 / n
+  ranks = {
+    "v2t": (sim >= true[:, None]).sum(1) - 1,
+    "t2v": (sim >= true[None, :]).sum(0) - 1,
+  }
+  out = {
+    f"{d}_r{k}": float(np.mean(r < k)) for d, r in ranks.items() for k in ks
+  }
+  out["chance_r1"] = 1.0 / n
   return out

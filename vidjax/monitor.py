@@ -36,15 +36,27 @@ from vidjax import errors, rundir, tfevents, whole_files
 # Keys are looked for in `device.device_kind` (lower case), longest first:
 # "gh200" before "h200", "l40s" and "l40" before "l4", "a100" before "a10".
 PEAK_FLOPS_BY_DEVICE_KIND = {
-    "h100 pcie": 756e12, "h100": 989e12, "h200": 989e12, "gh200": 989e12,
-    "b200": 2250e12, "a100": 312e12, "l40s": 362e12, "l40": 181e12,
-    "l4": 121e12, "a10": 125e12, "tpu v4": 275e12, "tpu v5 lite": 197e12,
-    "tpu v5e": 197e12, "tpu v5": 459e12, "tpu v6": 918e12,
+  "h100 pcie": 756e12,
+  "h100": 989e12,
+  "h200": 989e12,
+  "gh200": 989e12,
+  "b200": 2250e12,
+  "a100": 312e12,
+  "l40s": 362e12,
+  "l40": 181e12,
+  "l4": 121e12,
+  "a10": 125e12,
+  "tpu v4": 275e12,
+  "tpu v5 lite": 197e12,
+  "tpu v5e": 197e12,
+  "tpu v5": 459e12,
+  "tpu v6": 918e12,
 }
 
 
-def by_device_kind(table: dict[str, float],
-                   device_kind: str | None = None) -> float | None:
+def by_device_kind(
+  table: dict[str, float], device_kind: str | None = None
+) -> float | None:
   """`table`'s value for a device kind (default: the first device's): the
   longest key found in the kind, lower case; None if none is."""
   kind = (device_kind or jax.devices()[0].device_kind).lower()
@@ -68,16 +80,19 @@ def _scalar(name: str, value: Any):
     return value
   if isinstance(value, (jax.Array, np.ndarray, np.generic)):
     if np.ndim(value) != 0:
-      raise ValueError(f"metric '{name}' has shape {np.shape(value)}; "
-                       "log scalars (reduce it first)")
+      raise ValueError(
+        f"metric '{name}' has shape {np.shape(value)}; "
+        "log scalars (reduce it first)"
+      )
     value = np.asarray(value).item()
   if isinstance(value, numbers.Integral):
     return int(value)
   if isinstance(value, numbers.Real):
     value = float(value)
     return value if math.isfinite(value) else None
-  raise TypeError(f"metric '{name}' has type {type(value).__name__}; "
-                  "log numbers or strings")
+  raise TypeError(
+    f"metric '{name}' has type {type(value).__name__}; log numbers or strings"
+  )
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,8 +117,9 @@ class MetricWriter:
   is dropped, with a warning, when the file is opened again.
   """
 
-  def __init__(self, workdir, *, tensorboard: bool = True,
-               enabled: bool | None = None):
+  def __init__(
+    self, workdir, *, tensorboard: bool = True, enabled: bool | None = None
+  ):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.path = os.fspath(rundir.path(workdir, rundir.METRICS_FILE))
     self._file = None
@@ -112,9 +128,12 @@ class MetricWriter:
       os.makedirs(os.fspath(workdir), exist_ok=True)
       self._file = whole_files.LineFile(self.path)
       if self._file.dropped:
-        logging.warning("%s ended in a torn line, left by a run stopped while "
-                        "writing it: dropped %r", self.path,
-                        self._file.dropped[:80])
+        logging.warning(
+          "%s ended in a torn line, left by a run stopped while "
+          "writing it: dropped %r",
+          self.path,
+          self._file.dropped[:80],
+        )
       if tensorboard:
         self._tb = tfevents.EventWriter(os.fspath(workdir))
 
@@ -131,13 +150,22 @@ class MetricWriter:
     try:
       self._file.write(json.dumps(row) + "\n")
       if self._tb is not None:  # Numbers only: no strings, flags or nulls.
-        self._tb.scalars(row["step"], {
-            name: value for name, value in row.items() if name != "step" and
-            isinstance(value, (int, float)) and not isinstance(value, bool)})
+        self._tb.scalars(
+          row["step"],
+          {
+            name: value
+            for name, value in row.items()
+            if name != "step"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+          },
+        )
     except OSError as e:
       raise errors.WriteError(
-          f"could not write the metrics of step {step} to {self.path}: "
-          f"{e.strerror or e}", hint=errors.WRITE_HINT) from None
+        f"could not write the metrics of step {step} to {self.path}: "
+        f"{e.strerror or e}",
+        hint=errors.WRITE_HINT,
+      ) from None
 
   def close(self):
     if self._file is not None:
@@ -166,8 +194,10 @@ def read_metrics(workdir) -> list[dict]:
   """
   path = rundir.path(workdir, rundir.METRICS_FILE)
   if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: is {workdir} a run's "
-                            "workdir (python -m vidjax.main --workdir ...)?")
+    raise FileNotFoundError(
+      f"{path} does not exist: is {workdir} a run's "
+      "workdir (python -m vidjax.main --workdir ...)?"
+    )
   rows = []
   with open(path, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
@@ -177,8 +207,12 @@ def read_metrics(workdir) -> list[dict]:
         row = json.loads(line)
         int(row["step"])
       except (ValueError, KeyError, TypeError):
-        logging.warning("%s:%d: skipped, not a JSON object with a 'step': %r",
-                        path, number, line[:120])
+        logging.warning(
+          "%s:%d: skipped, not a JSON object with a 'step': %r",
+          path,
+          number,
+          line[:120],
+        )
         continue
       rows.append(row)
   return rows
@@ -204,8 +238,9 @@ class LateMetrics:
   def __init__(self):
     self._pending: tuple[int, Mapping[str, Any]] | None = None
 
-  def push(self, step: int, metrics: Mapping[str, Any]
-           ) -> tuple[int, dict[str, Any]] | None:
+  def push(
+    self, step: int, metrics: Mapping[str, Any]
+  ) -> tuple[int, dict[str, Any]] | None:
     previous, self._pending = self._pending, (step, metrics)
     return None if previous is None else (previous[0], to_python(previous[1]))
 
@@ -217,8 +252,12 @@ class LateMetrics:
 # ---------------------------------------------------------------------------
 # Timing and MFU.
 # ---------------------------------------------------------------------------
-def model_flops_utilization(flops_per_step: float, seconds_per_step: float,
-                            num_devices: int, peak_flops_per_device: float) -> float:
+def model_flops_utilization(
+  flops_per_step: float,
+  seconds_per_step: float,
+  num_devices: int,
+  peak_flops_per_device: float,
+) -> float:
   """Achieved FLOP/s per device over the device's peak, in [0, 1].
 
   Args:
@@ -249,10 +288,16 @@ class StepTimer:
   `recent_data_wait` (a sliding window, whatever the log interval).
   """
 
-  def __init__(self, *, global_batch: int, flops_per_step: float | None = None,
-               num_devices: int | None = None,
-               peak_flops_per_device: float | None = None,
-               window_steps: int = 20, clock=time.perf_counter):
+  def __init__(
+    self,
+    *,
+    global_batch: int,
+    flops_per_step: float | None = None,
+    num_devices: int | None = None,
+    peak_flops_per_device: float | None = None,
+    window_steps: int = 20,
+    clock=time.perf_counter,
+  ):
     self.global_batch = global_batch
     self.flops_per_step = flops_per_step
     self.num_devices = num_devices or jax.device_count()
@@ -298,24 +343,32 @@ class StepTimer:
 
   def summary(self) -> dict[str, float]:
     """`perf/*` metrics over the window since the last summary; resets it."""
-    wall, steps, wait = self._clock() - self._start, self._steps, self._data_wait
+    wall, steps, wait = (
+      self._clock() - self._start,
+      self._steps,
+      self._data_wait,
+    )
     self._new_window()
     if steps == 0 or wall <= 0:
       return {}
     out = {
-        "perf/step_time_s": wall / steps,
-        "perf/data_wait_s": wait / steps,
-        "perf/data_wait_frac": wait / wall,
-        "perf/steps_per_s": steps / wall,
-        "perf/clips_per_s": steps * self.global_batch / wall,
+      "perf/step_time_s": wall / steps,
+      "perf/data_wait_s": wait / steps,
+      "perf/data_wait_frac": wait / wall,
+      "perf/steps_per_s": steps / wall,
+      "perf/clips_per_s": steps * self.global_batch / wall,
     }
     if self.flops_per_step:
       out["perf/tflops_per_device"] = (
-          self.flops_per_step * steps / wall / self.num_devices / 1e12)
+        self.flops_per_step * steps / wall / self.num_devices / 1e12
+      )
       if self.peak_flops_per_device:
         out["perf/mfu"] = model_flops_utilization(
-            self.flops_per_step, wall / steps, self.num_devices,
-            self.peak_flops_per_device)
+          self.flops_per_step,
+          wall / steps,
+          self.num_devices,
+          self.peak_flops_per_device,
+        )
     return out
 
 
@@ -332,8 +385,14 @@ class DataBoundWatch:
   data-bound hears it again, not at every step.
   """
 
-  def __init__(self, timer: StepTimer, *, threshold: float, repeat_s: float,
-               clock=time.monotonic):
+  def __init__(
+    self,
+    timer: StepTimer,
+    *,
+    threshold: float,
+    repeat_s: float,
+    clock=time.monotonic,
+  ):
     self.timer, self.threshold, self.repeat_s = timer, threshold, repeat_s
     self._clock = clock
     self._said_at_step, self._said_at = 0, -math.inf
@@ -341,8 +400,12 @@ class DataBoundWatch:
   def check(self) -> float | None:
     steps, fraction = self.timer.recent_data_wait()
     fresh = self.timer.steps_done - steps >= self._said_at_step
-    if (steps == self.timer.window_steps and fresh and fraction > self.threshold
-        and self._clock() - self._said_at >= self.repeat_s):
+    if (
+      steps == self.timer.window_steps
+      and fresh
+      and fraction > self.threshold
+      and self._clock() - self._said_at >= self.repeat_s
+    ):
       self._said_at_step, self._said_at = self.timer.steps_done, self._clock()
       return fraction
     return None
@@ -355,9 +418,13 @@ class NonFiniteError(errors.UserError, FloatingPointError):
   """A logged metric became NaN or infinite."""
 
 
-def check_finite(metrics: Mapping[str, Any], *, step: int,
-                 last_checkpoint_step: int | None = None,
-                 keys: Iterable[str] | None = None):
+def check_finite(
+  metrics: Mapping[str, Any],
+  *,
+  step: int,
+  last_checkpoint_step: int | None = None,
+  keys: Iterable[str] | None = None,
+):
   """Raises `NonFiniteError` if a metric is NaN/inf (or None from to_python).
 
   Args:
@@ -372,10 +439,14 @@ def check_finite(metrics: Mapping[str, Any], *, step: int,
     if isinstance(value, str) or isinstance(value, bool):
       continue
     if value is None or not math.isfinite(float(np.asarray(value))):
-      kept = ("no checkpoint was saved yet" if last_checkpoint_step is None else
-              f"last good checkpoint at step {last_checkpoint_step} is kept")
+      kept = (
+        "no checkpoint was saved yet"
+        if last_checkpoint_step is None
+        else f"last good checkpoint at step {last_checkpoint_step} is kept"
+      )
       raise NonFiniteError(
-          f"non-finite {name} ({value}) at step {step}; {kept}",
-          hint="try a lower learning rate (optim.lr), more warmup "
-          "(optim.warmup_steps) or gradient clipping (optim.clip_grad_norm), "
-          "then resume")
+        f"non-finite {name} ({value}) at step {step}; {kept}",
+        hint="try a lower learning rate (optim.lr), more warmup "
+        "(optim.warmup_steps) or gradient clipping (optim.clip_grad_norm), "
+        "then resume",
+      )

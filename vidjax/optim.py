@@ -34,6 +34,7 @@ BEiT/VideoMAE: embeddings (`embed_regex`) 0, block i (`layer_regex`, e.g.
 (final norm, head) L + 1, so the head keeps the full lr. Pass `layer_id_fn`
 to `make_optimizer` for another convention.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -51,9 +52,11 @@ LayerIdFn = Callable[[str, int], int]
 
 def decay_mask(params, no_decay_names: Sequence[str]):
   """Pytree of bools like `params`: True where weight decay applies."""
+
   def decays(path, x):
-    name = keypaths.name(path, '/')
+    name = keypaths.name(path, "/")
     return len(jnp.shape(x)) >= 2 and not any(s in name for s in no_decay_names)
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -68,11 +71,17 @@ def regex_layer_id(layer_regex: str, embed_regex: str) -> LayerIdFn:
     if embed_re.search(path):
       return 0
     return num_layers + 1
+
   return layer_id
 
 
-def layer_scales(params, layer_decay: float, num_layers: int = 0,
-                 layer_id_fn: LayerIdFn | None = None, layer_regex: str | None = None):
+def layer_scales(
+  params,
+  layer_decay: float,
+  num_layers: int = 0,
+  layer_id_fn: LayerIdFn | None = None,
+  layer_regex: str | None = None,
+):
   """Pytree of floats like `params`: the lr multiplier of each param.
 
   Args:
@@ -86,46 +95,84 @@ def layer_scales(params, layer_decay: float, num_layers: int = 0,
   default = defaults.optim_config()
   layer_regex = layer_regex or default.layer_regex
   layer_id_fn = layer_id_fn or regex_layer_id(layer_regex, default.embed_regex)
-  paths = [keypaths.name(p, '/') for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [
+    keypaths.name(p, "/")
+    for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+  ]
   if num_layers <= 0:
-    blocks = [int(m.group(1)) for m in map(re.compile(layer_regex).search, paths) if m]
+    blocks = [
+      int(m.group(1)) for m in map(re.compile(layer_regex).search, paths) if m
+    ]
     if not blocks:
-      raise ValueError(f'optim: layer_decay is set but no param path matches layer_regex '
-                       f'{layer_regex!r} (e.g. {paths[:3]}); set num_layers/layer_regex')
+      raise ValueError(
+        f"optim: layer_decay is set but no param path matches layer_regex "
+        f"{layer_regex!r} (e.g. {paths[:3]}); set num_layers/layer_regex"
+      )
     num_layers = max(blocks) + 1
   return jax.tree_util.tree_map_with_path(
-      lambda p, _: float(layer_decay ** (num_layers + 1 - layer_id_fn(keypaths.name(p, '/'), num_layers))),
-      params)
+    lambda p, _: float(
+      layer_decay
+      ** (num_layers + 1 - layer_id_fn(keypaths.name(p, "/"), num_layers))
+    ),
+    params,
+  )
 
 
-def scale_by_layer(layer_decay: float, num_layers: int, layer_id_fn: LayerIdFn | None,
-                   layer_regex: str) -> optax.GradientTransformation:
+def scale_by_layer(
+  layer_decay: float,
+  num_layers: int,
+  layer_id_fn: LayerIdFn | None,
+  layer_regex: str,
+) -> optax.GradientTransformation:
   """Multiplies each update by its `layer_scales` factor (constants at trace time)."""
+
   def update(updates, state, params=None):
     del params
-    scales = layer_scales(updates, layer_decay, num_layers, layer_id_fn, layer_regex)
-    return jax.tree.map(lambda u, s: u * jnp.asarray(s, u.dtype), updates, scales), state
+    scales = layer_scales(
+      updates, layer_decay, num_layers, layer_id_fn, layer_regex
+    )
+    return jax.tree.map(
+      lambda u, s: u * jnp.asarray(s, u.dtype), updates, scales
+    ), state
+
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+def make_schedule(
+  config: ml_collections.ConfigDict, total_steps: int
+) -> optax.Schedule:
   """Learning rate per optimizer step: linear warmup from 0 to `lr` over
   `warmup_steps`, then cosine to `min_lr` at `total_steps` (optax's
   `warmup_cosine_decay_schedule`) or constant. A warmup as long as the run
   ends at `lr`."""
-  lr, min_lr, warmup = float(config.lr), float(config.min_lr), int(config.warmup_steps)
+  lr, min_lr, warmup = (
+    float(config.lr),
+    float(config.min_lr),
+    int(config.warmup_steps),
+  )
   if config.schedule not in defaults.SCHEDULES:
-    raise ValueError(f'optim: config.schedule must be one of {defaults.SCHEDULES}, '
-                     f'got {config.schedule!r}')
-  if config.schedule == 'cosine' and warmup < total_steps:
-    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, min_lr)
+    raise ValueError(
+      f"optim: config.schedule must be one of {defaults.SCHEDULES}, "
+      f"got {config.schedule!r}"
+    )
+  if config.schedule == "cosine" and warmup < total_steps:
+    return optax.warmup_cosine_decay_schedule(
+      0.0, lr, warmup, total_steps, min_lr
+    )
   # Constant after the warmup: the step program does not depend on total_steps.
-  return optax.linear_schedule(0.0, lr, warmup) if warmup else optax.constant_schedule(lr)
+  return (
+    optax.linear_schedule(0.0, lr, warmup)
+    if warmup
+    else optax.constant_schedule(lr)
+  )
 
 
-def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
-                   layer_id_fn: LayerIdFn | None = None
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+  config: ml_collections.ConfigDict,
+  total_steps: int,
+  *,
+  layer_id_fn: LayerIdFn | None = None,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Builds the optimizer described in the module docstring.
 
   Args:
@@ -139,33 +186,60 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int, *,
     and its base learning rate per optimizer step, for logging.
   """
   if total_steps <= 0:
-    raise ValueError(f'optim: total_steps must be positive, got {total_steps}')
+    raise ValueError(f"optim: total_steps must be positive, got {total_steps}")
   schedule = make_schedule(config, total_steps)
   mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
   wd = float(config.weight_decay)
   mask = lambda params: decay_mask(params, tuple(config.no_decay_names))  # noqa: E731
 
   name = config.name
-  if name == 'adamw':
-    opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
-                      weight_decay=wd, mask=mask, nesterov=bool(config.nesterov))
-  elif name == 'lion':
-    opt = optax.lion(schedule, b1=config.b1, b2=config.b2, mu_dtype=mu_dtype,
-                     weight_decay=wd, mask=mask)
-  elif name == 'sgd':
-    opt = optax.sgd(schedule, momentum=config.momentum or None, nesterov=bool(config.nesterov),
-                    accumulator_dtype=mu_dtype)
-    if wd:  # torch.optim.SGD's weight decay: added to the gradient before momentum.
+  if name == "adamw":
+    opt = optax.adamw(
+      schedule,
+      b1=config.b1,
+      b2=config.b2,
+      eps=config.eps,
+      mu_dtype=mu_dtype,
+      weight_decay=wd,
+      mask=mask,
+      nesterov=bool(config.nesterov),
+    )
+  elif name == "lion":
+    opt = optax.lion(
+      schedule,
+      b1=config.b1,
+      b2=config.b2,
+      mu_dtype=mu_dtype,
+      weight_decay=wd,
+      mask=mask,
+    )
+  elif name == "sgd":
+    opt = optax.sgd(
+      schedule,
+      momentum=config.momentum or None,
+      nesterov=bool(config.nesterov),
+      accumulator_dtype=mu_dtype,
+    )
+    if (
+      wd
+    ):  # torch.optim.SGD's weight decay: added to the gradient before momentum.
       opt = optax.chain(optax.add_decayed_weights(wd, mask), opt)
   else:
-    raise ValueError(f'optim: config.name must be one of {defaults.OPTIMIZERS}, got {name!r}')
+    raise ValueError(
+      f"optim: config.name must be one of {defaults.OPTIMIZERS}, got {name!r}"
+    )
 
   parts = []
   if config.clip_grad_norm > 0:
     parts.append(optax.clip_by_global_norm(float(config.clip_grad_norm)))
   parts.append(opt)
   if config.layer_decay != 1.0:
-    parts.append(scale_by_layer(float(config.layer_decay), int(config.num_layers), layer_id_fn
-                                or regex_layer_id(config.layer_regex, config.embed_regex),
-                                config.layer_regex))
+    parts.append(
+      scale_by_layer(
+        float(config.layer_decay),
+        int(config.num_layers),
+        layer_id_fn or regex_layer_id(config.layer_regex, config.embed_regex),
+        config.layer_regex,
+      )
+    )
   return optax.chain(*parts), schedule

@@ -18,6 +18,7 @@ Figures are drawn with matplotlib's object API on the Agg canvas, so nothing
 needs a display and importing this module leaves pyplot's backend alone
 (notebooks keep their inline plots).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,11 @@ def load_metrics(workdir: str | os.PathLike) -> dict[str, Series]:
   latest: dict[str, dict[int, float]] = {}
   for row in monitor.read_metrics(workdir):
     for name, value in row.items():
-      if (name == "step" or isinstance(value, bool)
-          or not isinstance(value, (int, float))):
+      if (
+        name == "step"
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+      ):
         continue
       latest.setdefault(name, {})[int(row["step"])] = float(value)
   out = {}
@@ -90,9 +94,14 @@ def _new_figure(panels: int = 1):
   fig = Figure(figsize=(width, height))
   # Fixed margins, in inches (room for 7-character tick labels and a title),
   # rather than a layout engine, which measures every label at each save.
-  fig.subplots_adjust(left=0.85 / width, right=1 - 0.2 / width,
-                      bottom=0.55 / height, top=1 - 0.35 / height,
-                      wspace=0.35, hspace=0.55)
+  fig.subplots_adjust(
+    left=0.85 / width,
+    right=1 - 0.2 / width,
+    bottom=0.55 / height,
+    top=1 - 0.35 / height,
+    wspace=0.35,
+    hspace=0.55,
+  )
   axes = fig.subplots(rows, cols, squeeze=False).ravel()
   for ax in axes[panels:]:
     ax.set_visible(False)
@@ -104,12 +113,23 @@ def _curve(ax, series: Series, name: str, *, smooth: bool = False):
   steps, values = series
   smooth = smooth and len(steps) >= SMOOTH_MIN_POINTS
   few = len(steps) < SMOOTH_MIN_POINTS
-  ax.plot(steps, values, marker="o" if few else None, markersize=3, lw=1,
-          alpha=0.4 if smooth else 1.0, label=name)
+  ax.plot(
+    steps,
+    values,
+    marker="o" if few else None,
+    markersize=3,
+    lw=1,
+    alpha=0.4 if smooth else 1.0,
+    label=name,
+  )
   if smooth:
     window = max(len(steps) // 20, 5)
-    ax.plot(steps, moving_average(values, window), lw=1.8,
-            label=f"mean of {window} points")
+    ax.plot(
+      steps,
+      moving_average(values, window),
+      lw=1.8,
+      label=f"mean of {window} points",
+    )
     ax.legend(fontsize="small")
   ax.ticklabel_format(axis="y", useOffset=False)  # no "1e-13+0.1" axes
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -127,11 +147,21 @@ def _save(fig, path: Path) -> Path:
 
 def eval_figure(metrics: dict[str, Series]) -> Figure | None:
   """One panel per eval/* metric, with its chance level; None without any."""
-  chance = {n[len("eval/chance_"):]: s for n, s in metrics.items()
-            if n.startswith("eval/chance_")}
-  names = sorted((n for n in metrics if n.startswith("eval/")
-                  and not n.startswith("eval/chance_") and n != "eval/skipped"),
-                 key=console.natural_key)
+  chance = {
+    n[len("eval/chance_") :]: s
+    for n, s in metrics.items()
+    if n.startswith("eval/chance_")
+  }
+  names = sorted(
+    (
+      n
+      for n in metrics
+      if n.startswith("eval/")
+      and not n.startswith("eval/chance_")
+      and n != "eval/skipped"
+    ),
+    key=console.natural_key,
+  )
   if not names:
     return None
   fig, axes = _new_figure(len(names))
@@ -142,8 +172,9 @@ def eval_figure(metrics: dict[str, Series]) -> Figure | None:
     level = chance.get(own, chance.get(own.rsplit("_", 1)[-1]))
     if level is not None:
       # A wide tick marker keeps a single evaluation's chance level visible.
-      ax.plot(*level, "--", marker="_", markersize=14, color="grey",
-              label="chance")
+      ax.plot(
+        *level, "--", marker="_", markersize=14, color="grey", label="chance"
+      )
       ax.legend(fontsize="small")
   return fig
 
@@ -162,8 +193,10 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
   out = rundir.path(workdir, rundir.PLOTS)
   out.mkdir(parents=True, exist_ok=True)
   written = []
-  for name, file, smooth in (("train/loss", "loss.png", True),
-                             ("train/lr", "lr.png", False)):
+  for name, file, smooth in (
+    ("train/loss", "loss.png", True),
+    ("train/lr", "lr.png", False),
+  ):
     if name in metrics:
       fig, (ax,) = _new_figure()
       _curve(ax, metrics[name], name, smooth=smooth)
@@ -171,8 +204,9 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
   fig = eval_figure(metrics)
   if fig:
     written.append(_save(fig, out / "eval.png"))
-  perf = [n for n in ("perf/clips_per_s", "perf/data_wait_frac")
-          if n in metrics]
+  perf = [
+    n for n in ("perf/clips_per_s", "perf/data_wait_frac") if n in metrics
+  ]
   if perf:
     fig, axes = _new_figure(len(perf))
     for ax, name in zip(axes, perf):
@@ -183,9 +217,10 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m vidjax.plot",
-      description="Training curves of a run: WORKDIR/metrics.jsonl -> "
-                  "WORKDIR/plots/*.png")
+    prog="python -m vidjax.plot",
+    description="Training curves of a run: WORKDIR/metrics.jsonl -> "
+    "WORKDIR/plots/*.png",
+  )
   parser.add_argument("workdir", nargs="+", help="run directory (or several)")
   args = parser.parse_args(argv)
   for workdir in args.workdir:

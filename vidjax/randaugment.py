@@ -37,6 +37,7 @@ Videos are on the 0-255 scale in and out (float32 out); erasing writes its
 noise already on that scale, `(noise * std + mean) * 255`, so that the later
 normalisation turns it into N(0, 1) exactly as AVION's.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -49,9 +50,22 @@ from vidjax import defaults
 
 Array = jax.Array
 
-OPS = ("brightness", "contrast", "saturation", "sharpness", "autocontrast",
-       "equalize", "invert", "rotate", "posterize", "solarize", "shear_x",
-       "shear_y", "translate_x", "translate_y")
+OPS = (
+  "brightness",
+  "contrast",
+  "saturation",
+  "sharpness",
+  "autocontrast",
+  "equalize",
+  "invert",
+  "rotate",
+  "posterize",
+  "solarize",
+  "shear_x",
+  "shear_y",
+  "translate_x",
+  "translate_y",
+)
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 FILL = 127.5  # pytorchvideo's fill 0.5 on the 0-1 scale.
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights.
@@ -84,8 +98,11 @@ def sharpness(x: Array, factor) -> Array:
   """Blend with a 3x3 smoothing of the interior (borders kept), as PIL."""
   weights = jnp.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], x.dtype) / 13.0
   h, w = x.shape[1:3]
-  smooth = sum(weights[dy, dx] * x[:, dy:h - 2 + dy, dx:w - 2 + dx]
-               for dy in range(3) for dx in range(3))
+  smooth = sum(
+    weights[dy, dx] * x[:, dy : h - 2 + dy, dx : w - 2 + dx]
+    for dy in range(3)
+    for dx in range(3)
+  )
   return _blend(x, x.at[:, 1:-1, 1:-1].set(smooth), factor)
 
 
@@ -137,8 +154,9 @@ def affine(x: Array, matrix: Array, fill: float = FILL) -> Array:
   torchvision's convention).
   """
   h, w = x.shape[1:3]
-  ys, xs = jnp.meshgrid(jnp.arange(h) + 0.5 - h / 2,
-                        jnp.arange(w) + 0.5 - w / 2, indexing="ij")
+  ys, xs = jnp.meshgrid(
+    jnp.arange(h) + 0.5 - h / 2, jnp.arange(w) + 0.5 - w / 2, indexing="ij"
+  )
   points = jnp.stack([xs, ys, jnp.ones_like(xs)], axis=-1) @ matrix.T
   u, v = points[..., 0] + w / 2 - 0.5, points[..., 1] + h / 2 - 0.5
   u0, v0 = jnp.floor(u), jnp.floor(v)
@@ -148,10 +166,14 @@ def affine(x: Array, matrix: Array, fill: float = FILL) -> Array:
     for du in (0, 1):
       ui, vi = u0 + du, v0 + dv
       weight = (1 - jnp.abs(u - ui)) * (1 - jnp.abs(v - vi))
-      weight = jnp.where((ui >= 0) & (ui < w) & (vi >= 0) & (vi < h),
-                         weight, 0.0)
-      pixels = x[:, jnp.clip(vi, 0, h - 1).astype(jnp.int32),
-                 jnp.clip(ui, 0, w - 1).astype(jnp.int32)]
+      weight = jnp.where(
+        (ui >= 0) & (ui < w) & (vi >= 0) & (vi < h), weight, 0.0
+      )
+      pixels = x[
+        :,
+        jnp.clip(vi, 0, h - 1).astype(jnp.int32),
+        jnp.clip(ui, 0, w - 1).astype(jnp.int32),
+      ]
       out = out + weight[None, :, :, None] * pixels
       coverage = coverage + weight
   # torchvision (so pytorchvideo) weighs the zero-padded sample by the
@@ -183,30 +205,46 @@ def geometric_matrix(op: str, value, height: int, width: int) -> Array:
 def op_value(op: str, level, sign):
   """pytorchvideo's level (0-10) -> argument of `op` (see the docstring)."""
   frac = level / 10.0
-  return {"brightness": 1 + sign * 0.9 * frac, "contrast": 1 + sign * 0.9 * frac,
-          "saturation": 1 + sign * 0.9 * frac, "sharpness": 1 + sign * 0.9 * frac,
-          "rotate": sign * 30.0 * frac,
-          "posterize": 4 - jnp.floor(4.0 * frac).astype(jnp.int32),
-          "solarize": 255.0 * (1.0 - frac),
-          "shear_x": sign * 0.3 * frac, "shear_y": sign * 0.3 * frac,
-          "translate_x": sign * 0.45 * frac,
-          "translate_y": sign * 0.45 * frac}.get(op)
+  return {
+    "brightness": 1 + sign * 0.9 * frac,
+    "contrast": 1 + sign * 0.9 * frac,
+    "saturation": 1 + sign * 0.9 * frac,
+    "sharpness": 1 + sign * 0.9 * frac,
+    "rotate": sign * 30.0 * frac,
+    "posterize": 4 - jnp.floor(4.0 * frac).astype(jnp.int32),
+    "solarize": 255.0 * (1.0 - frac),
+    "shear_x": sign * 0.3 * frac,
+    "shear_y": sign * 0.3 * frac,
+    "translate_x": sign * 0.45 * frac,
+    "translate_y": sign * 0.45 * frac,
+  }.get(op)
 
 
-_COLOR = {"brightness": brightness, "contrast": contrast,
-          "saturation": saturation, "sharpness": sharpness,
-          "autocontrast": lambda x, _: autocontrast(x),
-          "equalize": lambda x, _: equalize(x),
-          "invert": lambda x, _: invert(x), "posterize": posterize,
-          "solarize": solarize}
+_COLOR = {
+  "brightness": brightness,
+  "contrast": contrast,
+  "saturation": saturation,
+  "sharpness": sharpness,
+  "autocontrast": lambda x, _: autocontrast(x),
+  "equalize": lambda x, _: equalize(x),
+  "invert": lambda x, _: invert(x),
+  "posterize": posterize,
+  "solarize": solarize,
+}
 
 
 # ----------------------------------------------------------- on the batch
 
 
-def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
-                 num_layers: int = 4, prob: float = 0.5,
-                 std: float = 0.5) -> Array:
+def rand_augment(
+  video: Array,
+  key: Array,
+  *,
+  magnitude: float = 7.0,
+  num_layers: int = 4,
+  prob: float = 0.5,
+  std: float = 0.5,
+) -> Array:
   """RandAugment with one op sequence per clip (see the module docstring).
 
   Args:
@@ -222,16 +260,20 @@ def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
   """
   b, _, h, w, _ = video.shape
   if not 0 < num_layers <= len(OPS):
-    raise ValueError(f"randaugment: num_layers={num_layers} must be in "
-                     f"1..{len(OPS)}")
+    raise ValueError(
+      f"randaugment: num_layers={num_layers} must be in 1..{len(OPS)}"
+    )
   k_ops, k_apply, k_level, k_sign = jax.random.split(key, 4)
   # Distinct ops per clip: the first num_layers of a random permutation.
   ops = jnp.argsort(jax.random.uniform(k_ops, (b, len(OPS))), axis=1)
   ops = ops[:, :num_layers]
   apply = jax.random.uniform(k_apply, (b, num_layers)) < prob
-  level = jnp.clip(magnitude + std * jax.random.normal(
-      k_level, (b, num_layers)), 0.0, 10.0)
-  sign = jnp.where(jax.random.bernoulli(k_sign, 0.5, (b, num_layers)), 1., -1.)
+  level = jnp.clip(
+    magnitude + std * jax.random.normal(k_level, (b, num_layers)), 0.0, 10.0
+  )
+  sign = jnp.where(
+    jax.random.bernoulli(k_sign, 0.5, (b, num_layers)), 1.0, -1.0
+  )
   warp = jax.vmap(affine)
 
   def layer(x, draws):  # One op per clip; a scan compiles it once.
@@ -243,8 +285,7 @@ def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
       m = geometric_matrix(name, op_value(name, lv, sg), h, w)
       matrix = jnp.where(chosen[name][:, None, None], m, matrix)
     is_geometric = sum(chosen[name] for name in GEOMETRIC) > 0
-    out = jnp.where(is_geometric[:, None, None, None, None],
-                    warp(x, matrix), x)
+    out = jnp.where(is_geometric[:, None, None, None, None], warp(x, matrix), x)
     for name, fn in _COLOR.items():
       value = op_value(name, lv, sg)
       y = jax.vmap(fn)(x, jnp.zeros(b) if value is None else value)
@@ -256,11 +297,19 @@ def rand_augment(video: Array, key: Array, *, magnitude: float = 7.0,
   return jnp.clip(out, 0.0, 255.0)  # Bilinear rounding can step out by 1e-6.
 
 
-def random_erase(video: Array, key: Array, *, prob: float = 0.25,
-                 mode: str = "pixel", mean: Sequence[float] = (0.5,) * 3,
-                 std: Sequence[float] = (0.5,) * 3, min_area: float = 0.02,
-                 max_area: float = 1 / 3, min_aspect: float = 0.3,
-                 attempts: int = 100) -> Array:
+def random_erase(
+  video: Array,
+  key: Array,
+  *,
+  prob: float = 0.25,
+  mode: str = "pixel",
+  mean: Sequence[float] = (0.5,) * 3,
+  std: Sequence[float] = (0.5,) * 3,
+  min_area: float = 0.02,
+  max_area: float = 1 / 3,
+  min_aspect: float = 0.3,
+  attempts: int = 100,
+) -> Array:
   """Random erasing with one box per clip for all its frames (timm, cube).
 
   Args:
@@ -279,15 +328,23 @@ def random_erase(video: Array, key: Array, *, prob: float = 0.25,
     float32[B, T, H, W, C]: erased boxes hold noise on the 0-255 scale.
   """
   if mode not in defaults.ERASE_MODES:
-    raise ValueError(f"random erasing: mode must be one of {defaults.ERASE_MODES}, "
-                     f"got {mode!r}")
+    raise ValueError(
+      f"random erasing: mode must be one of {defaults.ERASE_MODES}, "
+      f"got {mode!r}"
+    )
   b, t, h, w, c = video.shape
   k_apply, k_area, k_aspect, k_top, k_left, k_fill = jax.random.split(key, 6)
-  area = jax.random.uniform(k_area, (b, attempts), minval=min_area,
-                            maxval=max_area) * (h * w)
-  aspect = jnp.exp(jax.random.uniform(
-      k_aspect, (b, attempts), minval=math.log(min_aspect),
-      maxval=-math.log(min_aspect)))
+  area = jax.random.uniform(
+    k_area, (b, attempts), minval=min_area, maxval=max_area
+  ) * (h * w)
+  aspect = jnp.exp(
+    jax.random.uniform(
+      k_aspect,
+      (b, attempts),
+      minval=math.log(min_aspect),
+      maxval=-math.log(min_aspect),
+    )
+  )
   box_h = jnp.round(jnp.sqrt(area * aspect)).astype(jnp.int32)
   box_w = jnp.round(jnp.sqrt(area / aspect)).astype(jnp.int32)
   fits = (box_h < h) & (box_w < w)
@@ -298,19 +355,28 @@ def random_erase(video: Array, key: Array, *, prob: float = 0.25,
   left = jnp.floor(jax.random.uniform(k_left, (b,)) * (w - box_w + 1))
   erase = (jax.random.uniform(k_apply, (b,)) < prob) & fits.any(axis=1)
   ys, xs = jnp.arange(h)[None, :, None], jnp.arange(w)[None, None, :]
-  in_box = ((ys >= top[:, None, None]) & (ys < (top + box_h)[:, None, None])
-            & (xs >= left[:, None, None]) & (xs < (left + box_w)[:, None, None])
-            & erase[:, None, None])
-  shape = {"pixel": video.shape, "rand": (b, t, 1, 1, c),
-           "const": (1, 1, 1, 1, c)}[mode]
-  noise = jax.random.normal(k_fill, shape) if mode != "const" else jnp.zeros(
-      shape)
+  in_box = (
+    (ys >= top[:, None, None])
+    & (ys < (top + box_h)[:, None, None])
+    & (xs >= left[:, None, None])
+    & (xs < (left + box_w)[:, None, None])
+    & erase[:, None, None]
+  )
+  shape = {
+    "pixel": video.shape,
+    "rand": (b, t, 1, 1, c),
+    "const": (1, 1, 1, 1, c),
+  }[mode]
+  noise = (
+    jax.random.normal(k_fill, shape) if mode != "const" else jnp.zeros(shape)
+  )
   fill = (noise * jnp.asarray(std) + jnp.asarray(mean)) * 255.0
   return jnp.where(in_box[:, None, :, :, None], fill, video.astype(jnp.float32))
 
 
-def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
-                      ) -> Callable[[Array, Array], Array] | None:
+def make_clip_augment(
+  config, mean: Sequence[float], std: Sequence[float]
+) -> Callable[[Array, Array], Array] | None:
   """`fn(video, key)` applying RandAugment then random erasing, or None.
 
   Config keys (a full `config.augment`, see
@@ -319,26 +385,38 @@ def make_clip_augment(config, mean: Sequence[float], std: Sequence[float]
   randaugment_std (0.5), erase_prob (0 = off; AVION 0.25), erase_mode
   ('pixel').
   """
-  layers, erase_prob = int(config["randaugment_layers"]), float(
-      config["erase_prob"])
+  layers, erase_prob = (
+    int(config["randaugment_layers"]),
+    float(config["erase_prob"]),
+  )
   if not layers and not erase_prob:
     return None
   magnitude = float(config["randaugment_magnitude"])
-  prob, std_level = float(config["randaugment_prob"]), float(
-      config["randaugment_std"])
+  prob, std_level = (
+    float(config["randaugment_prob"]),
+    float(config["randaugment_std"]),
+  )
   mode = str(config["erase_mode"])
   if mode not in defaults.ERASE_MODES:
-    raise ValueError(f"augment: erase_mode must be one of {defaults.ERASE_MODES}, "
-                     f"got {mode!r}")
+    raise ValueError(
+      f"augment: erase_mode must be one of {defaults.ERASE_MODES}, got {mode!r}"
+    )
 
   def clip_augment(video: Array, key: Array) -> Array:
     k_ra, k_erase = jax.random.split(key)
     if layers:
-      video = rand_augment(video, k_ra, magnitude=magnitude, num_layers=layers,
-                           prob=prob, std=std_level)
+      video = rand_augment(
+        video,
+        k_ra,
+        magnitude=magnitude,
+        num_layers=layers,
+        prob=prob,
+        std=std_level,
+      )
     if erase_prob:
-      video = random_erase(video, k_erase, prob=erase_prob, mode=mode,
-                           mean=mean, std=std)
+      video = random_erase(
+        video, k_erase, prob=erase_prob, mode=mode, mean=mean, std=std
+      )
     return video
 
   return clip_augment

@@ -64,6 +64,7 @@ read):
                   best_metric ('' for none) and best_mode ('max' | 'min')
   log.every_steps metrics written every N steps
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -73,14 +74,20 @@ import ml_collections
 # Training clips of the published data sets, as AVION counts them: the
 # recipes' schedules assume these (`total_epochs` counts your own instead).
 TRAIN_CLIPS = {
-    "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
-    "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
-    "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
+  "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
+  "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
+  "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
 }
 
 
-def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
-             batch_size: int, epochs: int, warmup_epochs: int = 0) -> int:
+def schedule(
+  config: ml_collections.ConfigDict,
+  train_clips: int,
+  *,
+  batch_size: int,
+  epochs: int,
+  warmup_epochs: int = 0,
+) -> int:
   """A published schedule in epochs, as steps of an assumed data set size.
 
   Sets `batch_size`, `total_steps` and `optim.warmup_steps` for `epochs`
@@ -97,8 +104,9 @@ def schedule(config: ml_collections.ConfigDict, train_clips: int, *,
   return steps_per_epoch
 
 
-def variants(arg: str | None, known: Sequence[str], *,
-             exclusive: Sequence[str] = ()) -> set[str]:
+def variants(
+  arg: str | None, known: Sequence[str], *, exclusive: Sequence[str] = ()
+) -> set[str]:
   """The variants named by a recipe's `:arg`, joined by commas.
 
   Args:
@@ -116,12 +124,19 @@ def variants(arg: str | None, known: Sequence[str], *,
   unknown = sorted(named - set(known))
   clash = sorted(named & set(exclusive))
   if unknown or len(clash) > 1:
-    what = (f"unknown variant {', '.join(map(repr, unknown))}" if unknown
-            else f"variants {' and '.join(clash)} exclude each other")
-    several = (f" (join several with commas, e.g. :{known[-2]},{known[-1]})"
-               if len(known) > 1 else "")
-    raise ValueError(f"{what}; known variants: "
-                     f"{', '.join(':' + k for k in known)}{several}")
+    what = (
+      f"unknown variant {', '.join(map(repr, unknown))}"
+      if unknown
+      else f"variants {' and '.join(clash)} exclude each other"
+    )
+    several = (
+      f" (join several with commas, e.g. :{known[-2]},{known[-1]})"
+      if len(known) > 1
+      else ""
+    )
+    raise ValueError(
+      f"{what}; known variants: {', '.join(':' + k for k in known)}{several}"
+    )
   return named
 
 
@@ -147,8 +162,9 @@ def tiny_model(config: ml_collections.ConfigDict, **model) -> None:
   """The tiny float32 backbone of every `:debug` recipe and the demo (so
   that one's checkpoints initialise another's), its text tower and joint
   space as small; `model` adds or overrides `config.model` keys."""
-  tiny = dict(variant="Ti/16", width=64, depth=2, heads=2, remat="none",
-              dtype="float32")
+  tiny = dict(
+    variant="Ti/16", width=64, depth=2, heads=2, remat="none", dtype="float32"
+  )
   if config.model.name == "clip":
     tiny["embed_dim"] = 64
     config.model.text.update(vocab_size=1024, width=64, heads=2, layers=2)

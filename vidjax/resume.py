@@ -16,6 +16,7 @@ run's own damaged steps out of the way). Before a checkpoint is restored,
 metadata, reading no array) and names the config keys that changed.
 How SIGTERM and Ctrl-C stop a run so that it resumes: `vidjax.stopping`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +54,7 @@ class StartPoint:
   step: checkpoint step ('workdir', 'resume'), else None.
   damaged: the workdir's damaged steps newer than `step` ('workdir').
   """
+
   kind: str
   path: str | None = None
   step: int | None = None
@@ -72,20 +74,25 @@ def _newest_intact(directory: str, steps: list[int]) -> tuple[int, list[int]]:
     problem = checksums.verify(os.path.join(directory, str(step)))
     if problem is None:
       if damaged:
-        logging.warning("using step %d instead, the newest intact checkpoint",
-                        step)
+        logging.warning(
+          "using step %d instead, the newest intact checkpoint", step
+        )
       return step, damaged
-    logging.warning("the checkpoint %s/%d is damaged: %s", directory, step,
-                    problem)
+    logging.warning(
+      "the checkpoint %s/%d is damaged: %s", directory, step, problem
+    )
     damaged.append(step)
   raise errors.WorkdirError(
-      f"no intact checkpoint in {directory}: steps "
-      f"{', '.join(map(str, damaged))} are damaged (see above)",
-      hint=f"copy intact ones back from a backup, or move {directory} away "
-      "to start from scratch (python -m vidjax.checksums STEP_DIR checks one)")
+    f"no intact checkpoint in {directory}: steps "
+    f"{', '.join(map(str, damaged))} are damaged (see above)",
+    hint=f"copy intact ones back from a backup, or move {directory} away "
+    "to start from scratch (python -m vidjax.checksums STEP_DIR checks one)",
+  )
 
 
-def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None]:
+def find_checkpoint(
+  path, *, prefer_best: bool = False
+) -> tuple[str, int | None]:
   """Which checkpoint a path names: (checkpoints directory, step or None).
 
   A step whose files are damaged is skipped, saying so, for the next newest.
@@ -104,16 +111,19 @@ def find_checkpoint(path, *, prefer_best: bool = False) -> tuple[str, int | None
   if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
     problem = checksums.verify(p)
     if problem:
-      raise errors.WorkdirError(f"the checkpoint {p} is damaged: {problem}",
-                                hint="name another step, or the run's workdir "
-                                "for its newest intact checkpoint")
+      raise errors.WorkdirError(
+        f"the checkpoint {p} is damaged: {problem}",
+        hint="name another step, or the run's workdir "
+        "for its newest intact checkpoint",
+      )
     return os.fspath(p.parent), int(p.name)
   steps = checkpoint.complete_steps(p)
   best = checkpoint.read_best(p) if prefer_best else None
   if best:  # The best first, then the newest.
     steps = [best["step"]] + [s for s in steps if s != best["step"]]
-  return os.fspath(p), (_newest_intact(os.fspath(p), steps)[0] if steps
-                        else None)
+  return os.fspath(p), (
+    _newest_intact(os.fspath(p), steps)[0] if steps else None
+  )
 
 
 def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
@@ -145,8 +155,9 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
     directory, step = find_checkpoint(resume)
     if step is None:
       raise errors.PathError(
-          f"config.resume={resume!r}: no complete checkpoint found there",
-          hint="give a run's workdir, its checkpoints/ dir or a step dir")
+        f"config.resume={resume!r}: no complete checkpoint found there",
+        hint="give a run's workdir, its checkpoints/ dir or a step dir",
+      )
     return StartPoint("resume", directory, step)
   init_from = config.init_from or None
   if init_from:
@@ -156,8 +167,9 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
   return StartPoint("scratch")
 
 
-def read_init_from(path: str, *, allow_pickle: bool = False
-                   ) -> init_from.Source:
+def read_init_from(
+  path: str, *, allow_pickle: bool = False
+) -> init_from.Source:
   """What `config.init_from` names, as a `Source`.
 
   Args:
@@ -172,13 +184,15 @@ def read_init_from(path: str, *, allow_pickle: bool = False
     directory, step = find_checkpoint(path, prefer_best=True)
     if step is not None:
       params, config = checkpoint.read_params(directory, step)
-      return sources.vidjax_source(params, config,
-                                   os.path.join(directory, str(step)))
+      return sources.vidjax_source(
+        params, config, os.path.join(directory, str(step))
+      )
   return sources.read_source(path, allow_pickle=allow_pickle)
 
 
-def read_start(start: StartPoint, *, allow_pickle: bool = False
-               ) -> init_from.Source | None:
+def read_start(
+  start: StartPoint, *, allow_pickle: bool = False
+) -> init_from.Source | None:
   """The source of a run's weights, read before its model is built.
 
   'init_from': `read_init_from` (every tensor). 'workdir' and 'resume': the
@@ -191,21 +205,28 @@ def read_start(start: StartPoint, *, allow_pickle: bool = False
     return None
   config = checkpoint.read_config(start.path, start.step)
   kind = (config.get("model") or {}).get("name") or "run"
-  return init_from.Source(kind, {}, {},
-                          f"{start.path}/{start.step} (vidjax {kind})",
-                          facts=facts.run_facts(config))
+  return init_from.Source(
+    kind,
+    {},
+    {},
+    f"{start.path}/{start.step} (vidjax {kind})",
+    facts=facts.run_facts(config),
+  )
 
 
 # ---------------------------------------------------------------------------
 # Before restoring: does the checkpoint fit? Damaged steps set aside.
 # ---------------------------------------------------------------------------
 def _shapes(tree) -> dict[str, tuple]:
-  return {keypaths.name(p): tuple(x.shape)
-          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  return {
+    keypaths.name(p): tuple(x.shape)
+    for p, x in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
-def check_fits(start: StartPoint, target: Any,
-               config) -> list[tuple[str, Any, Any]]:
+def check_fits(
+  start: StartPoint, target: Any, config
+) -> list[tuple[str, Any, Any]]:
   """Stops before a restore whose arrays would not fit the new run.
 
   Reads the checkpoint's metadata only (shapes, and the config it was saved
@@ -226,27 +247,37 @@ def check_fits(start: StartPoint, target: Any,
   """
   with checkpoint.reader(start.path) as mngr:
     saved = _shapes(mngr.item_metadata(start.step)["state"])
-    meta = mngr.restore(start.step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"]
+    meta = mngr.restore(
+      start.step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+    )["meta"]
   saved_config = meta.get("metadata", {}).get("config")
-  changed = config_lib.changes(saved_config, config.to_dict()) if saved_config else []
+  changed = (
+    config_lib.changes(saved_config, config.to_dict()) if saved_config else []
+  )
   want = _shapes(target)
-  differ = sorted(k for k in saved.keys() | want.keys()
-                  if saved.get(k) != want.get(k))
+  differ = sorted(
+    k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)
+  )
   if not differ:
     return changed
   # The model and optimizer decide the arrays; other keys may change freely.
-  shaping = [c for c in changed if c[0].startswith(("model.", "optim."))] or changed
+  shaping = [
+    c for c in changed if c[0].startswith(("model.", "optim."))
+  ] or changed
   keys = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in shaping[:6]) or (
-      "not recorded in the checkpoint")
+    "not recorded in the checkpoint"
+  )
   differ.sort(key=lambda k: not k.startswith("params."))
-  arrays = "; ".join(f"{k}: saved {saved.get(k, 'nothing')}, now "
-                     f"{want.get(k, 'nothing')}" for k in differ[:2])
+  arrays = "; ".join(
+    f"{k}: saved {saved.get(k, 'nothing')}, now {want.get(k, 'nothing')}"
+    for k in differ[:2]
+  )
   raise errors.WorkdirError(
-      f"the checkpoint {start.path}/{start.step} was saved by another model: "
-      f"changed config: {keys}. {len(differ)} arrays differ, e.g. {arrays}",
-      hint="use a new --workdir for the new model, or set those keys back to "
-      "resume (the run's config is in its config.json); nothing was changed")
+    f"the checkpoint {start.path}/{start.step} was saved by another model: "
+    f"changed config: {keys}. {len(differ)} arrays differ, e.g. {arrays}",
+    hint="use a new --workdir for the new model, or set those keys back to "
+    "resume (the run's config is in its config.json); nothing was changed",
+  )
 
 
 def set_aside_damaged(start: StartPoint) -> list[str]:
@@ -269,6 +300,9 @@ def set_aside_damaged(start: StartPoint) -> list[str]:
       target = f"{source}.damaged{n}"
     os.replace(source, target)
     moved.append(target)
-    logging.warning("moved the damaged checkpoint to %s (delete it when you "
-                    "no longer need it)", target)
+    logging.warning(
+      "moved the damaged checkpoint to %s (delete it when you "
+      "no longer need it)",
+      target,
+    )
   return moved

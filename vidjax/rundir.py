@@ -40,6 +40,7 @@ no longer exists; from another host when it has not been touched for
 `STALE_AFTER_S` seconds (the hosts' clocks are assumed to agree within a
 minute). Deleting the file by hand releases it too.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -122,9 +123,12 @@ def write_config(config, workdir: str | os.PathLike) -> Path | None:
 
   Values JSON cannot hold (functions, classes) are written as strings.
   """
-  return write_json(path(workdir, CONFIG_JSON),
-                    json.loads(config.to_json_best_effort()), indent=2,
-                    sort_keys=True)
+  return write_json(
+    path(workdir, CONFIG_JSON),
+    json.loads(config.to_json_best_effort()),
+    indent=2,
+    sort_keys=True,
+  )
 
 
 @contextlib.contextmanager
@@ -154,10 +158,12 @@ def claim(workdir: str | os.PathLike) -> Iterator[Path]:
     error = e
   if jax.process_count() > 1:  # All go on, or none.
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     failed = multihost_utils.process_allgather(np.int32(error is not None))
     if np.any(failed) and error is None:
-      error = errors.WorkdirError(f"workdir {workdir}: refused on another "
-                                  "process (its log says why)")
+      error = errors.WorkdirError(
+        f"workdir {workdir}: refused on another process (its log says why)"
+      )
   try:
     if error is not None:
       raise error
@@ -181,8 +187,9 @@ def _check_writable(workdir: Path) -> None:
     probe.touch()
     probe.unlink()
   except OSError as e:
-    raise errors.WorkdirError(f"workdir {workdir}: cannot write there "
-                              f"({e.strerror or e})") from None
+    raise errors.WorkdirError(
+      f"workdir {workdir}: cannot write there ({e.strerror or e})"
+    ) from None
 
 
 # ---------------------------------------------------------------------------
@@ -191,8 +198,10 @@ def _check_writable(workdir: Path) -> None:
 def _machine() -> str:
   """This kernel and PID namespace: where a lock's PID can be looked up."""
   parts = []
-  for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-               lambda: os.readlink("/proc/self/ns/pid")):
+  for read in (
+    lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+    lambda: os.readlink("/proc/self/ns/pid"),
+  ):
     try:
       parts.append(read())
     except OSError:
@@ -204,7 +213,7 @@ def _process_start(pid: int) -> int | None:
   """When process `pid` started (clock ticks since boot); None if unknown."""
   try:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
   except (OSError, ValueError, IndexError):
     return None
 
@@ -244,11 +253,16 @@ class WorkdirLock:
   def __init__(self, workdir: Path):
     self.path = Path(workdir) / LOCK_FILE
     self.held = False
-    self._me = {"host": socket.gethostname(), "pid": os.getpid(),
-                "started": datetime.datetime.now().astimezone().isoformat(
-                    timespec="seconds"),
-                "machine": _machine(), "process_start": _process_start(os.getpid()),
-                "token": uuid.uuid4().hex}
+    self._me = {
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "started": datetime.datetime.now()
+      .astimezone()
+      .isoformat(timespec="seconds"),
+      "machine": _machine(),
+      "process_start": _process_start(os.getpid()),
+      "token": uuid.uuid4().hex,
+    }
     self._stop = threading.Event()
     self._thread = None
 
@@ -269,9 +283,11 @@ class WorkdirLock:
         raise self._in_use(holder, age)
       if self._remove_stale(holder):
         logging.warning("took over the workdir lock %s: %s", self.path, gone)
-    raise errors.WorkdirError(f"workdir {self.path.parent}: its lock "
-                              f"{self.path} keeps changing; another run is "
-                              "starting there")
+    raise errors.WorkdirError(
+      f"workdir {self.path.parent}: its lock "
+      f"{self.path} keeps changing; another run is "
+      "starting there"
+    )
 
   def _create(self) -> bool:
     try:
@@ -279,46 +295,62 @@ class WorkdirLock:
     except FileExistsError:
       return False
     except OSError as e:
-      raise errors.WorkdirError(f"workdir {self.path.parent}: cannot create "
-                                f"its lock ({e.strerror or e})") from None
+      raise errors.WorkdirError(
+        f"workdir {self.path.parent}: cannot create "
+        f"its lock ({e.strerror or e})"
+      ) from None
     with os.fdopen(fd, "w") as f:
       f.write(json.dumps(self._me) + "\n")
       f.flush()
       os.fsync(f.fileno())
     self.held = True
-    self._thread = threading.Thread(target=self._heartbeat, daemon=True,
-                                    name="vidjax-workdir-lock")
+    self._thread = threading.Thread(
+      target=self._heartbeat, daemon=True, name="vidjax-workdir-lock"
+    )
     self._thread.start()
     return True
 
   def _gone(self, holder: dict | None, age: float) -> str | None:
     """Why the holder is gone, or None if it may be alive."""
     me = self._me
-    if holder and (holder.get("host"), holder.get("machine")) == (
-        me["host"], me["machine"]) and isinstance(holder.get("pid"), int):
+    if (
+      holder
+      and (holder.get("host"), holder.get("machine"))
+      == (me["host"], me["machine"])
+      and isinstance(holder.get("pid"), int)
+    ):
       if _alive(holder["pid"], holder.get("process_start")):
         return None
-      return (f"its run (PID {holder['pid']} on this host, started "
-              f"{holder.get('started')}) is gone")
+      return (
+        f"its run (PID {holder['pid']} on this host, started "
+        f"{holder.get('started')}) is gone"
+      )
     if age <= STALE_AFTER_S:
       return None
-    who = (f"PID {holder.get('pid')} on {holder.get('host')}, started "
-           f"{holder.get('started')}," if holder else "it is unreadable and")
+    who = (
+      f"PID {holder.get('pid')} on {holder.get('host')}, started "
+      f"{holder.get('started')},"
+      if holder
+      else "it is unreadable and"
+    )
     return f"{who} untouched for {age:.0f} s (> {STALE_AFTER_S:.0f} s)"
 
   def _in_use(self, holder: dict | None, age: float) -> errors.WorkdirError:
     workdir = self.path.parent
     if not holder:
       return errors.WorkdirError(
-          f"workdir {workdir} is being claimed by another run (its lock "
-          f"{self.path} is being written)", hint="use another --workdir")
+        f"workdir {workdir} is being claimed by another run (its lock "
+        f"{self.path} is being written)",
+        hint="use another --workdir",
+      )
     return errors.WorkdirError(
-        f"workdir {workdir} is in use by another run: PID {holder.get('pid')} "
-        f"on host {holder.get('host')}, started {holder.get('started')} (its "
-        f"lock, last touched {age:.0f} s ago: {self.path})",
-        hint="wait for it to end, or use another --workdir. If that run is "
-        "gone, its lock is taken over at once on its host, from other hosts "
-        f"{STALE_AFTER_S:.0f} s after its last touch; or delete the lock")
+      f"workdir {workdir} is in use by another run: PID {holder.get('pid')} "
+      f"on host {holder.get('host')}, started {holder.get('started')} (its "
+      f"lock, last touched {age:.0f} s ago: {self.path})",
+      hint="wait for it to end, or use another --workdir. If that run is "
+      "gone, its lock is taken over at once on its host, from other hosts "
+      f"{STALE_AFTER_S:.0f} s after its last touch; or delete the lock",
+    )
 
   def _remove_stale(self, holder: dict | None) -> bool:
     """Removes the stale lock unless another run replaced it meanwhile."""
@@ -339,10 +371,13 @@ class WorkdirLock:
     while not self._stop.wait(HEARTBEAT_S):
       holder, _ = _read(self.path)
       if not holder or holder.get("token") != self._me["token"]:
-        logging.error("the workdir lock %s was %s: another run may now write "
-                      "this workdir", self.path, "deleted" if holder is None
-                      else f"taken by PID {holder.get('pid')} on "
-                      f"{holder.get('host')}")
+        logging.error(
+          "the workdir lock %s was %s: another run may now write this workdir",
+          self.path,
+          "deleted"
+          if holder is None
+          else f"taken by PID {holder.get('pid')} on {holder.get('host')}",
+        )
         return
       with contextlib.suppress(OSError):
         os.utime(self.path)

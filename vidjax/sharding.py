@@ -49,11 +49,13 @@ def make_mesh(data: int = -1, fsdp: int = 1, *, devices=None) -> Mesh:
     data = n // fsdp
   if data * fsdp != n:
     raise ValueError(
-        f"mesh: data={data} x fsdp={fsdp} must equal the {n} devices; "
-        "set data=-1 to use all of them")
+      f"mesh: data={data} x fsdp={fsdp} must equal the {n} devices; "
+      "set data=-1 to use all of them"
+    )
   auto = (jax.sharding.AxisType.Auto,) * 2
-  return jax.make_mesh((data, fsdp), BATCH_AXES, axis_types=auto,
-                       devices=devices)
+  return jax.make_mesh(
+    (data, fsdp), BATCH_AXES, axis_types=auto, devices=devices
+  )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -66,8 +68,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def fsdp_spec(shape: tuple[int, ...], fsdp_size: int,
-              min_size: int = DEFAULT_FSDP_MIN_SIZE) -> P:
+def fsdp_spec(
+  shape: tuple[int, ...], fsdp_size: int, min_size: int = DEFAULT_FSDP_MIN_SIZE
+) -> P:
   """Splits the largest dimension divisible by `fsdp_size`, else replicates.
 
   Args:
@@ -89,8 +92,9 @@ def fsdp_spec(shape: tuple[int, ...], fsdp_size: int,
   return P()
 
 
-def param_shardings(tree: Any, mesh: Mesh, *,
-                    min_size: int = DEFAULT_FSDP_MIN_SIZE) -> Any:
+def param_shardings(
+  tree: Any, mesh: Mesh, *, min_size: int = DEFAULT_FSDP_MIN_SIZE
+) -> Any:
   """Shardings for a pytree of (abstract) arrays: replicated or FSDP.
 
   Args:
@@ -104,12 +108,16 @@ def param_shardings(tree: Any, mesh: Mesh, *,
   """
   fsdp_size = mesh.shape[FSDP_AXIS]
   return jax.tree.map(
-      lambda x: NamedSharding(mesh, fsdp_spec(x.shape, fsdp_size, min_size)),
-      tree)
+    lambda x: NamedSharding(mesh, fsdp_spec(x.shape, fsdp_size, min_size)), tree
+  )
 
 
-def abstract_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
-                           min_size: int = DEFAULT_FSDP_MIN_SIZE) -> Any:
+def abstract_sharded_state(
+  init_fn: Callable[..., Any],
+  mesh: Mesh,
+  *args,
+  min_size: int = DEFAULT_FSDP_MIN_SIZE,
+) -> Any:
   """Shapes, dtypes and shardings of `init_fn(*args)`, computing nothing.
 
   The restore target for a checkpoint: restoring into it skips the init.
@@ -119,21 +127,28 @@ def abstract_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
     `param_shardings`).
   """
   abstract = jax.eval_shape(init_fn, *args)
-  return with_shardings(abstract, param_shardings(abstract, mesh,
-                                                  min_size=min_size))
+  return with_shardings(
+    abstract, param_shardings(abstract, mesh, min_size=min_size)
+  )
 
 
 def with_shardings(shapes: Any, shardings: Any) -> Any:
   """`jax.ShapeDtypeStruct`s of `shapes` (arrays or structs) placed on
   `shardings` (a pytree of the same structure)."""
   return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      shapes, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    shapes,
+    shardings,
+  )
 
 
-def create_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
-                         min_size: int = DEFAULT_FSDP_MIN_SIZE,
-                         shardings: Any = None) -> tuple[Any, Any]:
+def create_sharded_state(
+  init_fn: Callable[..., Any],
+  mesh: Mesh,
+  *args,
+  min_size: int = DEFAULT_FSDP_MIN_SIZE,
+  shardings: Any = None,
+) -> tuple[Any, Any]:
   """Runs `init_fn(*args)` so its outputs are born sharded (MaxText style).
 
   The output is traced once with `jax.eval_shape` to decide each leaf's
@@ -162,8 +177,9 @@ def create_sharded_state(init_fn: Callable[..., Any], mesh: Mesh, *args,
   return state, shardings
 
 
-def host_to_global_batch(local_batch: Mapping[str, np.ndarray],
-                         mesh: Mesh) -> dict[str, jax.Array]:
+def host_to_global_batch(
+  local_batch: Mapping[str, np.ndarray], mesh: Mesh
+) -> dict[str, jax.Array]:
   """Assembles global arrays from this process's slice of the batch.
 
   Each process passes its own `global_batch / process_count` examples; the
@@ -185,8 +201,9 @@ def host_to_global_batch(local_batch: Mapping[str, np.ndarray],
     value = np.asarray(value)
     if value.ndim == 0 or value.shape[0] % num_local:
       raise ValueError(
-          f"batch['{key}'] has shape {value.shape}: its leading (batch) axis "
-          f"must be divisible by the {num_local} local devices; change the "
-          "batch size or the number of devices")
+        f"batch['{key}'] has shape {value.shape}: its leading (batch) axis "
+        f"must be divisible by the {num_local} local devices; change the "
+        "batch size or the number of devices"
+      )
     out[key] = jax.make_array_from_process_local_data(sharding, value)
   return out

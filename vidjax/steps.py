@@ -16,6 +16,7 @@ The train state is a dict {step, params, opt}, created already sharded (see
 are rebuilt from the config. Both steps augment the raw uint8 batch on the
 device (`vidjax.augment`, with the task's training or evaluation keys).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -42,6 +43,7 @@ def _clamp_logit_scale(params):
     if "logit_scale" not in keypaths.name(path):
       return x
     return jnp.clip(x, 0.0, clip_lib.MAX_LOGIT_SCALE)
+
   return jax.tree_util.tree_map_with_path(clamp, params)
 
 
@@ -52,7 +54,8 @@ def _microbatches(batch: dict, accum: int) -> dict:
   part of every microbatch: no data moves between devices.
   """
   return jax.tree.map(
-      lambda x: jnp.moveaxis(x.reshape((-1, accum) + x.shape[1:]), 1, 0), batch)
+    lambda x: jnp.moveaxis(x.reshape((-1, accum) + x.shape[1:]), 1, 0), batch
+  )
 
 
 def _accumulate(grad_fn, accum: int, params, rest, batch, key):
@@ -61,8 +64,9 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
     return grad_fn(params, rest, batch, key)
   micro = _microbatches(batch, accum)
   keys = jax.random.split(key, accum)
-  shapes = jax.eval_shape(grad_fn, params, rest,
-                          jax.tree.map(lambda x: x[0], micro), keys[0])
+  shapes = jax.eval_shape(
+    grad_fn, params, rest, jax.tree.map(lambda x: x[0], micro), keys[0]
+  )
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def add(total, xs):
@@ -86,8 +90,9 @@ def unmask_start(config) -> int | None:
 
 
 Batch = dict[str, jax.Array]
-TrainStep = Callable[[dict, Any, Batch, jax.Array],
-                     tuple[dict, dict[str, jax.Array]]]
+TrainStep = Callable[
+  [dict, Any, Batch, jax.Array], tuple[dict, dict[str, jax.Array]]
+]
 
 
 @dataclasses.dataclass
@@ -100,13 +105,15 @@ class Steps:
   tuning (module docstring), `unmasked_train` is the tuning's step and
   `unmask_start` its first step.
   """
+
   # (state, rest, batch, base_key) -> (state, metrics): the new train state
   # ({step, params, opt}, the old one donated) and the step's metrics.
   train: TrainStep
   # (params, rest, batch) -> per-example outputs and the batch's keys.
   eval: Callable[[Any, Any, Batch], dict[str, jax.Array]]
-  loss: Callable[[Any, Any, Batch, jax.Array],
-                 tuple[jax.Array, dict[str, jax.Array]]]
+  loss: Callable[
+    [Any, Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]
+  ]
   # (params, rest, tokens) -> text embeddings (captions, `eval_sets`).
   text: Callable[[Any, Any, jax.Array], jax.Array] | None = None
   unmasked_train: TrainStep | None = None
@@ -119,8 +126,16 @@ class Steps:
     return self.train
 
 
-def make_steps(config, task: Task, graphdef, tx, schedule, mesh,
-               shardings, unmasked_graphdef=None) -> Steps:
+def make_steps(
+  config,
+  task: Task,
+  graphdef,
+  tx,
+  schedule,
+  mesh,
+  shardings,
+  unmasked_graphdef=None,
+) -> Steps:
   """The jitted train and eval steps, pinned to the state's shardings.
 
   Explicit in and out shardings (those `sharding.create_sharded_state`
@@ -135,12 +150,15 @@ def make_steps(config, task: Task, graphdef, tx, schedule, mesh,
   # casts them anyway, and half the bytes cross HBM.
   dtype = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name}
   train_augment = augment.make_augment(
-      {**dtype, **task.augment_config(config, train=True)})
+    {**dtype, **task.augment_config(config, train=True)}
+  )
   eval_augment = augment.make_augment(
-      {**dtype, **task.augment_config(config, train=False)})
+    {**dtype, **task.augment_config(config, train=False)}
+  )
 
   def make_train_step(graphdef):
     """(loss, train step) of the model graph `graphdef`."""
+
     def loss_fn(params, rest, batch, key):
       model = nnx.merge(graphdef, params, rest)
       return task.loss(model, batch, key, config)
@@ -150,16 +168,25 @@ def make_steps(config, task: Task, graphdef, tx, schedule, mesh,
       aug_key, drop_key = jax.random.split(key)
       batch = train_augment(batch, aug_key)
       (loss, metrics), grads = _accumulate(
-          jax.value_and_grad(loss_fn, has_aux=True), accum, state["params"],
-          rest, batch, drop_key)
+        jax.value_and_grad(loss_fn, has_aux=True),
+        accum,
+        state["params"],
+        rest,
+        batch,
+        drop_key,
+      )
       updates, opt = tx.update(grads, state["opt"], state["params"])
-      params = _clamp_logit_scale(optax.apply_updates(state["params"],
-                                                      updates))
+      params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
       metrics = {f"train/{k}": v for k, v in metrics.items()}
-      metrics.update({"train/loss": loss,
-                      "train/grad_norm": optax.tree_utils.tree_norm(grads),
-                      "train/lr": schedule(state["step"])})
+      metrics.update(
+        {
+          "train/loss": loss,
+          "train/grad_norm": optax.tree_utils.tree_norm(grads),
+          "train/lr": schedule(state["step"]),
+        }
+      )
       return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
+
     return loss_fn, train_step
 
   loss_fn, train_step = make_train_step(graphdef)
@@ -180,29 +207,39 @@ def make_steps(config, task: Task, graphdef, tx, schedule, mesh,
   batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
 
   def jit_train(step):
-    return jax.jit(step, donate_argnums=0,
-                   in_shardings=(state_shardings, rest_shardings, batch,
-                                 replicated),
-                   out_shardings=(state_shardings, replicated))
+    return jax.jit(
+      step,
+      donate_argnums=0,
+      in_shardings=(state_shardings, rest_shardings, batch, replicated),
+      out_shardings=(state_shardings, replicated),
+    )
 
   start = unmask_start(config) if unmasked_graphdef is not None else None
   unmasked_train = None
   if start is not None:
     unmasked_train = jit_train(make_train_step(unmasked_graphdef)[1])
   return Steps(
-      loss=raw_batch_loss,
-      train=jit_train(train_step),
-      unmasked_train=unmasked_train, unmask_start=start,
-      eval=jax.jit(eval_step,
-                   in_shardings=(state_shardings["params"], rest_shardings,
-                                 batch),
-                   out_shardings=batch),
-      text=jax.jit(text_step))
+    loss=raw_batch_loss,
+    train=jit_train(train_step),
+    unmasked_train=unmasked_train,
+    unmask_start=start,
+    eval=jax.jit(
+      eval_step,
+      in_shardings=(state_shardings["params"], rest_shardings, batch),
+      out_shardings=batch,
+    ),
+    text=jax.jit(text_step),
+  )
 
 
-def build_state_and_steps(config, task: Task, mesh: jax.sharding.Mesh, *,
-                          abstract: bool = False, model=None
-                          ) -> tuple[dict, Any, Steps]:
+def build_state_and_steps(
+  config,
+  task: Task,
+  mesh: jax.sharding.Mesh,
+  *,
+  abstract: bool = False,
+  model=None,
+) -> tuple[dict, Any, Steps]:
   """The train state (created sharded), model buffers and jitted steps.
 
   Args:
@@ -226,8 +263,11 @@ def build_state_and_steps(config, task: Task, mesh: jax.sharding.Mesh, *,
     return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
 
   def train_state(params):
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt": tx.init(params)}
+    return {
+      "step": jnp.zeros((), jnp.int32),
+      "params": params,
+      "opt": tx.init(params),
+    }
 
   def init():
     _, params, rest = nnx.split(build(), nnx.Param, ...)
@@ -248,8 +288,10 @@ def build_state_and_steps(config, task: Task, mesh: jax.sharding.Mesh, *,
   if abstract:
     state, rest = sharding.with_shardings(shapes, shardings)
   else:
-    (state, rest), _ = sharding.create_sharded_state(init, mesh,
-                                                     shardings=shardings)
-  steps = make_steps(config, task, graphdef, tx, schedule, mesh, shardings,
-                     unmasked_graphdef)
+    (state, rest), _ = sharding.create_sharded_state(
+      init, mesh, shardings=shardings
+    )
+  steps = make_steps(
+    config, task, graphdef, tx, schedule, mesh, shardings, unmasked_graphdef
+  )
   return state, rest, steps

@@ -25,6 +25,7 @@ evaluation set what a stop means in their part (`handling`, nested). Called
 from Python (a notebook), training handles the signals the same way: the
 kernel's interrupt stops the run cleanly; pressed again, it ends the kernel.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -53,8 +54,13 @@ class Signals:
       checkpoint).
   """
 
-  def __init__(self, at_start: str | None, then: str = "",
-               abort_note: Callable[[], str] = lambda: "", sync_every: int = 10):
+  def __init__(
+    self,
+    at_start: str | None,
+    then: str = "",
+    abort_note: Callable[[], str] = lambda: "",
+    sync_every: int = 10,
+  ):
     self.at_start, self.then, self.abort_note = at_start, then, abort_note
     self.sync_every = sync_every
     self._signal: str | None = None
@@ -71,8 +77,11 @@ class Signals:
       return
     self._signal = name
     self._event.set()
-    doing = ("stopping once the start-up phase under way is done"
-             if self.at_start is not None else self.then)
+    doing = (
+      "stopping once the start-up phase under way is done"
+      if self.at_start is not None
+      else self.then
+    )
     again = " (Ctrl-C again: stop at once)" if signum == signal.SIGINT else ""
     logging.warning("received %s: %s%s", name, doing, again)
 
@@ -84,8 +93,9 @@ class Signals:
     note = ""
     with contextlib.suppress(Exception):
       note = self.abort_note()
-    logging.error("stopped at once by Ctrl-C (pressed again)%s",
-                  f"; {note}" if note else "")
+    logging.error(
+      "stopped at once by Ctrl-C (pressed again)%s", f"; {note}" if note else ""
+    )
     for stream in (sys.stdout, sys.stderr):
       with contextlib.suppress(Exception):
         stream.flush()
@@ -99,12 +109,15 @@ class Signals:
   def _agreed(self) -> bool:
     """Whether a signal arrived on any process (a collective with several)."""
     import jax  # pylint: disable=import-outside-toplevel
+
     if jax.process_count() == 1:
       return self.requested
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    return bool(np.any(multihost_utils.process_allgather(
-        np.int32(self.requested))))
+
+    return bool(
+      np.any(multihost_utils.process_allgather(np.int32(self.requested)))
+    )
 
   def check(self) -> None:
     """A start-up stop point: raises `errors.Stopped` if a signal came.
@@ -125,6 +138,7 @@ class Signals:
     """Whether to save and stop now; the same answer on every process
     (agreed every `sync_every` steps)."""
     import jax  # pylint: disable=import-outside-toplevel
+
     if jax.process_count() == 1:
       return self.requested
     return step % self.sync_every == 0 and self._agreed()
@@ -144,8 +158,12 @@ _active: Signals | None = None
 
 
 @contextlib.contextmanager
-def handling(at_start: str | None, *, then: str = "",
-             abort_note: Callable[[], str] = lambda: "") -> Iterator[Signals]:
+def handling(
+  at_start: str | None,
+  *,
+  then: str = "",
+  abort_note: Callable[[], str] = lambda: "",
+) -> Iterator[Signals]:
   """Handles SIGTERM/SIGINT within the context (from the main thread).
 
   Nested in another `handling`, the same handler goes on (a signal that
@@ -161,8 +179,11 @@ def handling(at_start: str | None, *, then: str = "",
   global _active
   if _active is not None:
     saved = (_active.at_start, _active.then, _active.abort_note)
-    _active.at_start, _active.then, _active.abort_note = (at_start, then,
-                                                          abort_note)
+    _active.at_start, _active.then, _active.abort_note = (
+      at_start,
+      then,
+      abort_note,
+    )
     try:
       yield _active
     finally:

@@ -48,8 +48,12 @@ def masked_crc32c(data: bytes) -> int:
 def tfrecord(data: bytes) -> bytes:
   """One TFRecord: length, its masked CRC, the data, the data's masked CRC."""
   length = struct.pack("<Q", len(data))
-  return (length + struct.pack("<I", masked_crc32c(length)) + data +
-          struct.pack("<I", masked_crc32c(data)))
+  return (
+    length
+    + struct.pack("<I", masked_crc32c(length))
+    + data
+    + struct.pack("<I", masked_crc32c(data))
+  )
 
 
 def _varint(value: int) -> bytes:
@@ -66,8 +70,13 @@ def _bytes_field(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def event(wall_time: float, step: int = 0, *, file_version: str | None = None,
-          scalars: Mapping[str, float] | None = None) -> bytes:
+def event(
+  wall_time: float,
+  step: int = 0,
+  *,
+  file_version: str | None = None,
+  scalars: Mapping[str, float] | None = None,
+) -> bytes:
   """A serialized `Event`: a file version, or scalars as `simple_value`s.
 
   Fields come in field-number order and a zero step is left out, as the
@@ -80,9 +89,12 @@ def event(wall_time: float, step: int = 0, *, file_version: str | None = None,
     out += _bytes_field(3, file_version.encode())
   if scalars:
     with np.errstate(over="ignore"):  # Beyond float32's range: inf.
-      values = [_bytes_field(1, tag.encode()) + b"\x15" +  # Field 2, 32-bit.
-                np.array(value, "<f4").tobytes()
-                for tag, value in scalars.items()]
+      values = [
+        _bytes_field(1, tag.encode())
+        + b"\x15"  # Field 2, 32-bit.
+        + np.array(value, "<f4").tobytes()
+        for tag, value in scalars.items()
+      ]
     out += _bytes_field(5, b"".join(_bytes_field(1, v) for v in values))
   return out
 
@@ -101,7 +113,8 @@ class EventWriter:
     os.makedirs(logdir, exist_ok=True)
     now = time.time()
     self.path = os.path.join(
-        logdir, f"events.out.tfevents.{int(now)}.{socket.gethostname()}")
+      logdir, f"events.out.tfevents.{int(now)}.{socket.gethostname()}"
+    )
     # Appended to: a second writer started in the same second keeps the
     # first one's events (TensorBoard reads both runs' records in order).
     self._file = open(self.path, "ab")
@@ -111,12 +124,20 @@ class EventWriter:
     self._file.write(tfrecord(data))
     self.flush()
 
-  def scalars(self, step: int, values: Mapping[str, float], *,
-              wall_time: float | None = None):
+  def scalars(
+    self,
+    step: int,
+    values: Mapping[str, float],
+    *,
+    wall_time: float | None = None,
+  ):
     """Writes `values` (tag -> number) at `step`; wall time defaults to now."""
     if values:
-      self._write(event(time.time() if wall_time is None else wall_time, step,
-                        scalars=values))
+      self._write(
+        event(
+          time.time() if wall_time is None else wall_time, step, scalars=values
+        )
+      )
 
   def flush(self):
     self._file.flush()

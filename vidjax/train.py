@@ -11,6 +11,7 @@ point), one step, metrics logged one step late, checkpoints, preemption,
 evaluations (`vidjax.eval_sets`); then the final evaluation and the
 closing report.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,6 +68,7 @@ class Run:
   loop replaces at each step and evaluations read. `rest` is the model's
   state that is not trained (nnx buffers).
   """
+
   mesh: jax.sharding.Mesh
   task: tasks.Task
   tokenizer: tokenizer_lib.Tokenizer | None  # Video-text tasks only.
@@ -82,14 +84,19 @@ class Run:
 
 
 def _start_text(start: resume.StartPoint) -> str:
-  return {"workdir": f"resuming at step {start.step}",
-          "resume": f"resuming {start.path} at step {start.step}",
-          "init_from": f"parameters from {start.path}"}.get(start.kind,
-                                                            "from scratch")
+  return {
+    "workdir": f"resuming at step {start.step}",
+    "resume": f"resuming {start.path} at step {start.step}",
+    "init_from": f"parameters from {start.path}",
+  }.get(start.kind, "from scratch")
 
 
-def setup(config: ml_collections.ConfigDict, workdir: Path, *,
-          splits: tuple[str, ...] = ()) -> Run:
+def setup(
+  config: ml_collections.ConfigDict,
+  workdir: Path,
+  *,
+  splits: tuple[str, ...] = (),
+) -> Run:
   """Config, data, model and optimizer state (sharded), resume point.
 
   Everything a user can get wrong is checked before the workdir is touched:
@@ -120,9 +127,16 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     _check_files(config, splits)
   needs_text = defaults.needs_text(config.task)
   tokenizer = checks.load_tokenizer(config) if needs_text else None
-  reports = checks.check_annotations(
-      config, splits, needs_text=needs_text,
-      needs_label=config.task == "classification") if splits else {}
+  reports = (
+    checks.check_annotations(
+      config,
+      splits,
+      needs_text=needs_text,
+      needs_label=config.task == "classification",
+    )
+    if splits
+    else {}
+  )
   if reports:
     checks.check_chunk_files(config, reports)
     checks.stop_if_unusable(reports, config, workdir)
@@ -137,19 +151,23 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
   settled = facts.settle(config, source)
   changed = []
   if start.kind in ("workdir", "resume"):
-    changed = resume.check_fits(start, steps_lib.build_state_and_steps(
-        config, task, mesh, abstract=True)[0], config)
+    changed = resume.check_fits(
+      start,
+      steps_lib.build_state_and_steps(config, task, mesh, abstract=True)[0],
+      config,
+    )
   state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-  run = Run(mesh, task, tokenizer, state, rest, steps, workdir=workdir,
-            start=start)
+  run = Run(
+    mesh, task, tokenizer, state, rest, steps, workdir=workdir, start=start
+  )
   if start.kind in ("workdir", "resume"):
     restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
     run.state, run.data_state = restored.state, restored.data_state
     run.rng = restored.rng
   elif start.kind == "init_from":  # Parameters only, onto their shardings.
     params, init_report = init_from.load_params(
-        state["params"], config.model, source,
-        keep_init=tuple(config.init_keep))
+      state["params"], config.model, source, keep_init=tuple(config.init_keep)
+    )
     init_report.settled = settled
     run.state = dict(state, params=params)
   if "train" in reports:
@@ -159,9 +177,14 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     # Before anything is written: refuses a saved data position that does
     # not fit. (No rows left: `checks.report` below says why.)
     run.train_batches = pipeline.make_pipeline(
-        config, run.mesh, train=True, batch_size=config.batch_size,
-        tokenizer=run.tokenizer, records=run.train_records,
-        state=run.data_state)
+      config,
+      run.mesh,
+      train=True,
+      batch_size=config.batch_size,
+      tokenizer=run.tokenizer,
+      records=run.train_records,
+      state=run.data_state,
+    )
 
   try:
     stopping.check()
@@ -174,8 +197,12 @@ def setup(config: ml_collections.ConfigDict, workdir: Path, *,
     if jax.process_index() == 0:
       console.attach_log_file(workdir)
     if start.kind in ("workdir", "resume"):
-      logging.info("resumed from %s at step %d%s", start.path, start.step,
-                   "".join(f"\n  set {line}" for line in settled))
+      logging.info(
+        "resumed from %s at step %d%s",
+        start.path,
+        start.step,
+        "".join(f"\n  set {line}" for line in settled),
+      )
       _say_changes(changed, start.step, warn="train" in splits)
     elif start.kind == "init_from":
       init_report.log(workdir)  # Also WORKDIR/init_from.json.
@@ -196,8 +223,8 @@ def _say_changes(changed: list, step: int, warn: bool) -> None:
   if len(changed) > 12:
     shown.append(f"and {len(changed) - 12} more (compare with config.json)")
   (logging.warning if warn else logging.info)(
-      "changed since the checkpoint of step %d:\n  %s", step,
-      "\n  ".join(shown))
+    "changed since the checkpoint of step %d:\n  %s", step, "\n  ".join(shown)
+  )
 
 
 def _check_files(config, splits: tuple[str, ...]) -> None:
@@ -205,14 +232,19 @@ def _check_files(config, splits: tuple[str, ...]) -> None:
   actions = config.data.format == "ek100_cls" and config.data.label == "action"
   if actions and not config.data.train_annotations:
     raise errors.ConfigError(
-        "data.train_annotations is unset: with data.format='ek100_cls' and "
-        "data.label='action', the action ids are numbered over the training "
-        "and validation CSVs together (as the head was trained), also to "
-        "evaluate", hint="set --config.data.train_annotations to "
-        "EPIC_100_train.csv")
-  keys = [k for k in eval_sets.required_paths(config, needs_text=False)
-          if "train" in splits or not k.startswith("data.train_")
-          or (actions and k == "data.train_annotations")]
+      "data.train_annotations is unset: with data.format='ek100_cls' and "
+      "data.label='action', the action ids are numbered over the training "
+      "and validation CSVs together (as the head was trained), also to "
+      "evaluate",
+      hint="set --config.data.train_annotations to EPIC_100_train.csv",
+    )
+  keys = [
+    k
+    for k in eval_sets.required_paths(config, needs_text=False)
+    if "train" in splits
+    or not k.startswith("data.train_")
+    or (actions and k == "data.train_annotations")
+  ]
   checks.check_paths(config, keys)
   if "eval" in splits:
     eval_sets.check_files(config)
@@ -222,34 +254,56 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
   """The start-up summary; a warning when the batch is larger than the data."""
   num_params = sum(x.size for x in jax.tree.leaves(run.state["params"]))
   clips = {s: len(r.kept_records()) for s, r in reports.items()}
-  logging.info("%s", console.run_summary(
-      devices=jax.devices(), batch_size=config.batch_size,
-      accum_steps=config.accum_steps, num_params=num_params,
-      clips=clips, total_steps=config.total_steps,
-      first_step=int(run.state["step"]), start=_start_text(start)))
-  if ("train" in clips and config.model.name == "clip"
-      and config.model.mask_ratio > 0):
+  logging.info(
+    "%s",
+    console.run_summary(
+      devices=jax.devices(),
+      batch_size=config.batch_size,
+      accum_steps=config.accum_steps,
+      num_params=num_params,
+      clips=clips,
+      total_steps=config.total_steps,
+      first_step=int(run.state["step"]),
+      start=_start_text(start),
+    ),
+  )
+  if (
+    "train" in clips
+    and config.model.name == "clip"
+    and config.model.mask_ratio > 0
+  ):
     logging.info("%s", _masking_summary(config, run.steps.unmask_start))
   if "train" in clips and config.batch_size > clips["train"]:
-    logging.warning("batch_size=%d is larger than the %d training clips: every "
-                    "batch repeats clips; lower --config.batch_size",
-                    config.batch_size, clips["train"])
+    logging.warning(
+      "batch_size=%d is larger than the %d training clips: every "
+      "batch repeats clips; lower --config.batch_size",
+      config.batch_size,
+      clips["train"],
+    )
 
 
 def _masking_summary(config, unmask_at: int | None) -> str:
   """What masked training drops, and when the unmasked tuning starts."""
   model = config.model
-  tokens = (shapes.attention_shapes(model)["vision"].tokens,
-            shapes.attention_shapes(shapes.unmasked(model))["vision"].tokens)
-  flops = [flops_lib.flops_per_example(m)["training"]
-           for m in (model, shapes.unmasked(model))]
-  tuning = ("no unmasked tuning (unmask_fraction=0)" if unmask_at is None
-            else f"unmasked tuning from step {unmask_at + 1} to "
-            f"{config.total_steps}")
-  return (f"masked training: the video tower sees {tokens[0]} of its "
-          f"{tokens[1]} tokens ({model.mask_kind}, mask_ratio "
-          f"{model.mask_ratio:g}): {flops[0] / flops[1]:.2f}x the FLOPs per "
-          f"clip; {tuning}; evaluation sees every token")
+  tokens = (
+    shapes.attention_shapes(model)["vision"].tokens,
+    shapes.attention_shapes(shapes.unmasked(model))["vision"].tokens,
+  )
+  flops = [
+    flops_lib.flops_per_example(m)["training"]
+    for m in (model, shapes.unmasked(model))
+  ]
+  tuning = (
+    "no unmasked tuning (unmask_fraction=0)"
+    if unmask_at is None
+    else f"unmasked tuning from step {unmask_at + 1} to {config.total_steps}"
+  )
+  return (
+    f"masked training: the video tower sees {tokens[0]} of its "
+    f"{tokens[1]} tokens ({model.mask_kind}, mask_ratio "
+    f"{model.mask_ratio:g}): {flops[0] / flops[1]:.2f}x the FLOPs per "
+    f"clip; {tuning}; evaluation sees every token"
+  )
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -269,14 +323,19 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
     errors.WorkdirError: there is nothing to evaluate, or the workdir
       cannot be written or is in use.
   """
-  with (stopping.handling("before the evaluation; nothing was written: run "
-                         "the same command to evaluate") as preemption,
-        rundir.claim(workdir) as workdir):
+  with (
+    stopping.handling(
+      "before the evaluation; nothing was written: run "
+      "the same command to evaluate"
+    ) as preemption,
+    rundir.claim(workdir) as workdir,
+  ):
     if resume.resolve_start(workdir, config, verify=False).kind == "scratch":
       raise errors.WorkdirError(
-          f"{workdir} has no checkpoint to evaluate",
-          hint="check the --workdir path, or evaluate other weights with "
-          "--config.init_from=PATH (or --config.resume=RUN_DIR)")
+        f"{workdir} has no checkpoint to evaluate",
+        hint="check the --workdir path, or evaluate other weights with "
+        "--config.init_from=PATH (or --config.resume=RUN_DIR)",
+      )
     run = setup(config, workdir, splits=("eval",))
     preemption.defer("the evaluation finishes and is written first")
     metrics = eval_sets.evaluate(run, config)
@@ -299,9 +358,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   workdir = rundir.absolute(workdir)
   directory = rundir.checkpoints(workdir)
-  with stopping.handling("before the first step",
-                         abort_note=lambda: _newest_checkpoint(directory)
-                         ) as preemption:
+  with stopping.handling(
+    "before the first step", abort_note=lambda: _newest_checkpoint(directory)
+  ) as preemption:
     try:
       with rundir.claim(workdir):
         return _train(config, workdir, preemption)
@@ -309,26 +368,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       raise
     except errors.Stopped as e:  # In start-up: say what the rerun does.
       step = checkpoint.latest_complete_step(directory)
-      raise errors.Stopped(f"{e}; " + (
+      raise errors.Stopped(
+        f"{e}; "
+        + (
           "no checkpoint was saved: run the same command to start again"
-          if step is None else f"the last complete checkpoint is step {step}"
-          f" (in {directory}): run the same command to resume from it")
-          ) from None
+          if step is None
+          else f"the last complete checkpoint is step {step}"
+          f" (in {directory}): run the same command to resume from it"
+        )
+      ) from None
 
 
 def _newest_checkpoint(directory: str) -> str:
   """What Ctrl-C pressed twice leaves: the newest step directory (a save
   under way is abandoned; Orbax names it `<step>.orbax-checkpoint-tmp*`)."""
-  steps = [int(n) for n in os.listdir(directory) if n.isdigit()
-           ] if os.path.isdir(directory) else []
+  steps = (
+    [int(n) for n in os.listdir(directory) if n.isdigit()]
+    if os.path.isdir(directory)
+    else []
+  )
   if not steps:
     return "no checkpoint was saved: run the same command to start again"
-  return (f"the newest checkpoint is step {max(steps)} (in {directory}): run "
-          "the same command to resume from it")
+  return (
+    f"the newest checkpoint is step {max(steps)} (in {directory}): run "
+    "the same command to resume from it"
+  )
 
 
-def _train(config: ml_collections.ConfigDict, workdir: Path,
-           preemption: stopping.Signals) -> dict:
+def _train(
+  config: ml_collections.ConfigDict, workdir: Path, preemption: stopping.Signals
+) -> dict:
   """`train_and_evaluate` in its claimed workdir, its signals handled."""
   # ------------------------------------------------------------------ setup
   run = setup(config, workdir, splits=("train", "eval"))
@@ -341,16 +410,23 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
   def flops_per_step(step: int) -> float:
     """Of the step run from `step`: the tokens it processes (the kept ones
     under masking, every one in the unmasked tuning)."""
-    model = (config.model if unmask_at is None or step < unmask_at
-             else shapes.unmasked(config.model))
+    model = (
+      config.model
+      if unmask_at is None or step < unmask_at
+      else shapes.unmasked(config.model)
+    )
     return flops_lib.flops_per_example(model)["training"] * config.batch_size
 
   timer = monitor.StepTimer(
-      global_batch=config.batch_size, flops_per_step=flops_per_step(step),
-      peak_flops_per_device=config.peak_tflops * 1e12 or
-      monitor.peak_flops_per_device(), window_steps=DATA_BOUND_WINDOW)
-  data_bound = monitor.DataBoundWatch(timer, threshold=DATA_BOUND_FRACTION,
-                                      repeat_s=DATA_BOUND_REPEAT_S)
+    global_batch=config.batch_size,
+    flops_per_step=flops_per_step(step),
+    peak_flops_per_device=config.peak_tflops * 1e12
+    or monitor.peak_flops_per_device(),
+    window_steps=DATA_BOUND_WINDOW,
+  )
+  data_bound = monitor.DataBoundWatch(
+    timer, threshold=DATA_BOUND_FRACTION, repeat_s=DATA_BOUND_REPEAT_S
+  )
   late = monitor.LateMetrics()
   bar = console.ProgressBar(config.total_steps, first_step)
   eval_every = config.eval.every_steps
@@ -367,30 +443,52 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
     if item is None:
       return
     logged_step, metrics = item
-    monitor.check_finite(metrics, step=logged_step,
-                         last_checkpoint_step=last_saved)
+    monitor.check_finite(
+      metrics, step=logged_step, last_checkpoint_step=last_saved
+    )
     metrics["data/skipped"] = train_batches.skipped
-    if logged_step % config.log.every_steps == 0 or logged_step == config.total_steps:
+    if (
+      logged_step % config.log.every_steps == 0
+      or logged_step == config.total_steps
+    ):
       metrics.update(timer.summary())
       writer.write(logged_step, metrics)
-      if (not estimated and logged_step >= first_step + ESTIMATE_AFTER_STEPS
-          and "perf/step_time_s" in metrics):
+      if (
+        not estimated
+        and logged_step >= first_step + ESTIMATE_AFTER_STEPS
+        and "perf/step_time_s" in metrics
+      ):
         estimated = True  # Once, past the compilation and the first batches.
-        logging.info("%s", console.time_estimate(
-            logged_step, config.total_steps, metrics["perf/step_time_s"]))
+        logging.info(
+          "%s",
+          console.time_estimate(
+            logged_step, config.total_steps, metrics["perf/step_time_s"]
+          ),
+        )
     waiting = data_bound.check()  # Watched during the whole run.
     if waiting is not None:
       logging.warning("%s", console.data_bound_warning(waiting, config.data))
-    bar.update(logged_step, {k: v for k, v in metrics.items()
-                             if k in ("train/loss", "perf/clips_per_s") or
-                             (k == "data/skipped" and v)})
+    bar.update(
+      logged_step,
+      {
+        k: v
+        for k, v in metrics.items()
+        if k in ("train/loss", "perf/clips_per_s")
+        or (k == "data/skipped" and v)
+      },
+    )
 
   def save_last_step() -> None:
     """The loop stops while it waits for data: the last completed step is
     checked, logged, saved with the position after its batch, and written."""
     log(late.flush())
-    ckpt.save(step, run.state, data_state=train_batches.get_state(),
-              rng=base_key, force=True)
+    ckpt.save(
+      step,
+      run.state,
+      data_state=train_batches.get_state(),
+      rng=base_key,
+      force=True,
+    )
     ckpt.wait_until_finished()
 
   def evaluate_and_log() -> dict:
@@ -401,10 +499,13 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
 
   # Closed on the way out, on an error too: the pipeline's workers stop, and
   # a save in flight finishes (Orbax moves a save into place once whole).
-  with (contextlib.closing(run.train_batches) as train_batches,
-        monitor.MetricWriter(workdir) as writer,
-        checkpoint.Checkpointer.from_config(
-            workdir, config, metadata={"config": config.to_dict()}) as ckpt):
+  with (
+    contextlib.closing(run.train_batches) as train_batches,
+    monitor.MetricWriter(workdir) as writer,
+    checkpoint.Checkpointer.from_config(
+      workdir, config, metadata={"config": config.to_dict()}
+    ) as ckpt,
+  ):
     preemption.check()  # The last stop point of the start-up.
     preemption.defer("will save a checkpoint and stop")
     # --------------------------------------------------------------- loop
@@ -413,7 +514,8 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
         with timer.waiting_for_data():
           try:  # None: SIGTERM or Ctrl-C while it waited (one process).
             batch = train_batches.next_batch(
-                interrupt=lambda: preemption.requested and single_process)
+              interrupt=lambda: preemption.requested and single_process
+            )
           except errors.DataWorkerDied:
             save_last_step()
             raise
@@ -422,11 +524,16 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
           preempted = True
           break
         if step == unmask_at:  # Its step compiles now, once.
-          logging.info("the unmasked tuning starts: steps %d to %d train on "
-                       "every video token", step + 1, config.total_steps)
+          logging.info(
+            "the unmasked tuning starts: steps %d to %d train on "
+            "every video token",
+            step + 1,
+            config.total_steps,
+          )
           timer.flops_per_step = flops_per_step(step)
-        run.state, metrics = run.steps.train_at(step)(run.state, run.rest,
-                                                      batch, base_key)
+        run.state, metrics = run.steps.train_at(step)(
+          run.state, run.rest, batch, base_key
+        )
         step += 1
         timer.step()
         if step - 1 in (first_step, unmask_at):
@@ -440,20 +547,35 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
           # No checkpoint may hold non-finite weights: this step's metrics
           # (its loss and gradient norm) first, one wait for the device per
           # save; `log` sees them only a step later.
-          monitor.check_finite(monitor.to_python(metrics), step=step,
-                               last_checkpoint_step=last_saved)
-        if ckpt.save(step, run.state, data_state=train_batches.get_state(),
-                     rng=base_key, force=stop or final):
+          monitor.check_finite(
+            monitor.to_python(metrics),
+            step=step,
+            last_checkpoint_step=last_saved,
+          )
+        if ckpt.save(
+          step,
+          run.state,
+          data_state=train_batches.get_state(),
+          rng=base_key,
+          force=stop or final,
+        ):
           last_saved = step
         if stop:
           preempted = True
           break
         if evaluating:
           last_eval = evaluate_and_log()
-          ckpt.record_eval(step, last_eval, run.state, rng=base_key,
-                           data_state=train_batches.get_state())
-      preemption.defer(f"the final evaluation and the checkpoint of step "
-                       f"{step} finish first, then the run ends")
+          ckpt.record_eval(
+            step,
+            last_eval,
+            run.state,
+            rng=base_key,
+            data_state=train_batches.get_state(),
+          )
+      preemption.defer(
+        f"the final evaluation and the checkpoint of step "
+        f"{step} finish first, then the run ends"
+      )
       log(late.flush())
     train_batches.close()  # Its workers stop before the final evaluation.
     _say_read_failures(train_batches.failures)
@@ -465,9 +587,14 @@ def _train(config: ml_collections.ConfigDict, workdir: Path,
   if jax.process_index() == 0:
     # Imported here: matplotlib is needed for the plots only.
     from vidjax import plot  # pylint: disable=import-outside-toplevel
+
     plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
-    logging.info("%s", console.end_message(workdir, step, config.total_steps,
-                                           plots, saved_steps))
+    logging.info(
+      "%s",
+      console.end_message(
+        workdir, step, config.total_steps, plots, saved_steps
+      ),
+    )
   if preempted:
     if jax.process_count() > 1:  # Nobody exits (75) before every save is done.
       multihost_utils.sync_global_devices("vidjax:preempted")
@@ -479,7 +606,10 @@ def _say_read_failures(failures) -> None:
   """The end-of-training summary of clips that could not be read, per file."""
   if failures:
     logging.warning(
-        "%d clip reads failed in %d file%s during training (other clips were "
-        "read instead):\n  %s", sum(failures.values()), len(failures),
-        "s" if len(failures) > 1 else "",
-        "\n  ".join(batches.failure_lines(failures)))
+      "%d clip reads failed in %d file%s during training (other clips were "
+      "read instead):\n  %s",
+      sum(failures.values()),
+      len(failures),
+      "s" if len(failures) > 1 else "",
+      "\n  ".join(batches.failure_lines(failures)),
+    )

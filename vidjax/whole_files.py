@@ -13,6 +13,7 @@ checksums.json): into a temporary file beside it, renamed over it when
 written whole, so that a reader, or a run stopped there, sees the old file
 or the new one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -72,7 +73,7 @@ class LineFile:
     size = os.fstat(self._fd).st_size
     try:
       while data:
-        data = data[os.write(self._fd, data):]
+        data = data[os.write(self._fd, data) :]
     except OSError:
       try:
         os.ftruncate(self._fd, size)

@@ -20,6 +20,7 @@ fusion, a bf16 residual stream (`model.residual_dtype`) or bf16 LayerNorms
 (`model.norm_dtype`) can still gain. On a CPU (the dry run) the figures
 only show that every field is computed.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -34,8 +35,13 @@ from vidjax.models import shapes
 # HBM bandwidth per chip (bytes/s), looked up in `device_kind` as
 # `monitor.PEAK_FLOPS_BY_DEVICE_KIND` is: longest key first.
 HBM_BYTES_PER_S = {
-    "h100 pcie": 2.0e12, "h100": 3.35e12, "h200": 4.8e12, "gh200": 4.0e12,
-    "b200": 8.0e12, "a100-sxm4-80gb": 2.04e12, "a100": 1.56e12,
+  "h100 pcie": 2.0e12,
+  "h100": 3.35e12,
+  "h200": 4.8e12,
+  "gh200": 4.0e12,
+  "b200": 8.0e12,
+  "a100-sxm4-80gb": 2.04e12,
+  "a100": 1.56e12,
 }
 BF16 = 2  # Bytes per element.
 
@@ -60,12 +66,18 @@ def _linear_layers(model, batch: int) -> list[tuple[str, int, int, int, int]]:
   kw = models.model_kwargs(model)
   towers = shapes.attention_shapes(model)
   layers = []
-  for tower, width in (("vision", kw["vision_width"]),
-                       ("text", kw["text_width"])):
+  for tower, width in (
+    ("vision", kw["vision_width"]),
+    ("text", kw["text_width"]),
+  ):
     rows = batch * towers[tower].tokens
     mlp = kw["vision_mlp_dim"] if tower == "vision" else 4 * width
-    for fan_in, fan_out in ((width, 3 * width), (width, width),
-                            (width, mlp), (mlp, width)):
+    for fan_in, fan_out in (
+      (width, 3 * width),
+      (width, width),
+      (width, mlp),
+      (mlp, width),
+    ):
       layers.append((tower, rows, fan_in, fan_out, towers[tower].layers))
   return layers
 
@@ -101,10 +113,19 @@ def check_breakdown(results: dict, measured, repeats: int) -> dict:
     matmul_ms += depth * ms
     flops += depth * 3 * 2 * rows * fan_in * fan_out
     # Each product reads two of x, w, dy and writes the third's shape.
-    matmul_bytes += depth * 3 * BF16 * (rows * fan_in + fan_in * fan_out
-                                        + rows * fan_out)
-    layers.append({"tower": tower, "m": rows, "k": fan_in, "n": fan_out,
-                   "depth": depth, "ms_forward_backward": ms})
+    matmul_bytes += (
+      depth * 3 * BF16 * (rows * fan_in + fan_in * fan_out + rows * fan_out)
+    )
+    layers.append(
+      {
+        "tower": tower,
+        "m": rows,
+        "k": fan_in,
+        "n": fan_out,
+        "depth": depth,
+        "ms_forward_backward": ms,
+      }
+    )
   # What the compiled step ran: in a dry run XLA stands in for cuDNN.
   att, impl = results.get("attention", {}), model.attention
   attention_ms = attention_bytes = 0.0
@@ -122,23 +143,32 @@ def check_breakdown(results: dict, measured, repeats: int) -> dict:
   step_ms = 1e3 * step["step_s"]
   other_ms = step_ms - matmul_ms - (attention_ms or 0.0)
   step_bytes = _bytes_accessed(measured.compiled)  # Per device.
-  other_bytes = (step_bytes - matmul_bytes - attention_bytes
-                 if step_bytes else None)
-  rate = other_bytes / (other_ms / 1e3) if other_bytes and other_ms > 0 else None
+  other_bytes = (
+    step_bytes - matmul_bytes - attention_bytes if step_bytes else None
+  )
+  rate = (
+    other_bytes / (other_ms / 1e3) if other_bytes and other_ms > 0 else None
+  )
   peak = hbm_bytes_per_s()
   return dict(
-      step=f"{step['attention']}/{step['remat']}", batch_per_device=batch,
-      layers=layers,
-      step_ms=step_ms, matmul_ms=matmul_ms,
-      matmul_tflops=flops / matmul_ms / 1e9, attention_ms=attention_ms,
-      attention_implementation=impl, other_ms=other_ms,
-      other_fraction=other_ms / step_ms,
-      step_gb=step_bytes / 1e9 if step_bytes else None,
-      matmul_gb=matmul_bytes / 1e9, attention_gb=attention_bytes / 1e9,
-      other_gb=other_bytes / 1e9 if other_bytes else None,
-      other_gb_per_s=rate / 1e9 if rate else None,
-      hbm_gb_per_s=peak / 1e9 if peak else None,
-      other_of_hbm=rate / peak if rate and peak else None)
+    step=f"{step['attention']}/{step['remat']}",
+    batch_per_device=batch,
+    layers=layers,
+    step_ms=step_ms,
+    matmul_ms=matmul_ms,
+    matmul_tflops=flops / matmul_ms / 1e9,
+    attention_ms=attention_ms,
+    attention_implementation=impl,
+    other_ms=other_ms,
+    other_fraction=other_ms / step_ms,
+    step_gb=step_bytes / 1e9 if step_bytes else None,
+    matmul_gb=matmul_bytes / 1e9,
+    attention_gb=attention_bytes / 1e9,
+    other_gb=other_bytes / 1e9 if other_bytes else None,
+    other_gb_per_s=rate / 1e9 if rate else None,
+    hbm_gb_per_s=peak / 1e9 if peak else None,
+    other_of_hbm=rate / peak if rate and peak else None,
+  )
 
 
 def breakdown_line(section: dict) -> str:
@@ -146,12 +176,19 @@ def breakdown_line(section: dict) -> str:
   step = section["step_ms"]
 
   def part(name, ms):
-    return (f"{name} {ms:.1f} ms ({ms / step:.0%})" if ms is not None
-            else f"{name} unknown")
-  line = (f"step {section['step']} {step:.1f} ms: "
-          + ", ".join([part("matmul", section["matmul_ms"]),
-                       part("attention", section["attention_ms"]),
-                       part("rest", section["other_ms"])]))
+    return (
+      f"{name} {ms:.1f} ms ({ms / step:.0%})"
+      if ms is not None
+      else f"{name} unknown"
+    )
+
+  line = f"step {section['step']} {step:.1f} ms: " + ", ".join(
+    [
+      part("matmul", section["matmul_ms"]),
+      part("attention", section["attention_ms"]),
+      part("rest", section["other_ms"]),
+    ]
+  )
   if section["other_gb"] is not None:
     line += f"; the rest moves {section['other_gb']:.1f} GB"
     if section["other_gb_per_s"]:

@@ -18,6 +18,7 @@ into `--dir` (a disk like the one runs write to) and then:
 A resumed run pays `verify + restore` where it paid `restore`. The two take
 turns `--rounds` times; medians are printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,24 +67,33 @@ def main():
   config = config_lib.load_config(args.config, [])
   mesh = sharding.make_mesh()
   target = steps_lib.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh, abstract=True)[0]
+    config, tasks.get_task(config.task), mesh, abstract=True
+  )[0]
   rng = np.random.default_rng(0)
-  state = jax.tree.map(lambda x: jax.device_put(
-      rng.standard_normal(x.shape, np.float32).astype(x.dtype), x.sharding),
-      target)
+  state = jax.tree.map(
+    lambda x: jax.device_put(
+      rng.standard_normal(x.shape, np.float32).astype(x.dtype), x.sharding
+    ),
+    target,
+  )
   size = sum(x.nbytes for x in jax.tree.leaves(state))
   arrays = len(jax.tree.leaves(state))
   shutil.rmtree(args.dir, ignore_errors=True)
-  with checkpoint.Checkpointer(args.dir, every_steps=1,
-                               async_save=False) as ckpt:
+  with checkpoint.Checkpointer(
+    args.dir, every_steps=1, async_save=False
+  ) as ckpt:
     save_s, _ = _timed(functools.partial(ckpt.save, 1, state))
   step_dir = os.path.join(args.dir, "1")
-  on_disk = sum(os.path.getsize(os.path.join(r, n))
-                for r, _, names in os.walk(step_dir) for n in names)
+  on_disk = sum(
+    os.path.getsize(os.path.join(r, n))
+    for r, _, names in os.walk(step_dir)
+    for n in names
+  )
   list_s, _ = _timed(lambda: checksums.write(step_dir))
   del state
   restore = lambda: jax.block_until_ready(
-      checkpoint.restore_checkpoint(args.dir, target, step=1).state)
+    checkpoint.restore_checkpoint(args.dir, target, step=1).state
+  )
   times = {"restore": [], "verify": [], "warm": []}
   for _ in range(args.rounds):
     _evict(step_dir)
@@ -94,21 +104,30 @@ def main():
     times["verify"].append(verify_s)
     times["warm"].append(_timed(restore)[0])
   shutil.rmtree(args.dir, ignore_errors=True)
-  restore_s, verify_s, warm_s = (float(np.median(times[k]))
-                                 for k in ("restore", "verify", "warm"))
+  restore_s, verify_s, warm_s = (
+    float(np.median(times[k])) for k in ("restore", "verify", "warm")
+  )
 
   gb = on_disk / 1e9
-  print(f"{args.config}: train state {size / 1e9:.2f} GB in memory, "
-        f"{gb:.2f} GB on disk, {arrays} arrays; {os.cpu_count()} CPUs; "
-        f"medians of {args.rounds} rounds")
-  print(f"save        {save_s:6.2f} s  (checksums {list_s:.2f} s of it, "
-        f"{gb / list_s:.2f} GB/s)")
+  print(
+    f"{args.config}: train state {size / 1e9:.2f} GB in memory, "
+    f"{gb:.2f} GB on disk, {arrays} arrays; {os.cpu_count()} CPUs; "
+    f"medians of {args.rounds} rounds"
+  )
+  print(
+    f"save        {save_s:6.2f} s  (checksums {list_s:.2f} s of it, "
+    f"{gb / list_s:.2f} GB/s)"
+  )
   print(f"restore     {restore_s:6.2f} s  baseline, files not cached")
-  print(f"verify      {verify_s:6.2f} s  ({gb / verify_s:.2f} GB/s), "
-        "files not cached")
+  print(
+    f"verify      {verify_s:6.2f} s  ({gb / verify_s:.2f} GB/s), "
+    "files not cached"
+  )
   print(f"+ restore   {warm_s:6.2f} s  files cached by verify")
-  print(f"resume: {verify_s + warm_s:.2f} s instead of {restore_s:.2f} s "
-        f"({(verify_s + warm_s) / restore_s:.2f}x)")
+  print(
+    f"resume: {verify_s + warm_s:.2f} s instead of {restore_s:.2f} s "
+    f"({(verify_s + warm_s) / restore_s:.2f}x)"
+  )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ under cuDNN, and `vidjax.bench.gpu_check` counts the cuDNN calls of the
 step it compiled with `cudnn_attention_calls` (in its CPU dry run, of the
 step `lower_for_cuda` lowered).
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,17 +29,26 @@ from vidjax.models import attention
 def forced_cudnn(compute_capability=(9, 0), cudnn_version=91000):
   """Within the block, tracing takes the cuDNN attention path as on a GPU."""
   from jax._src.cudnn import fused_attention_stablehlo as fused
-  target = '.'.join(map(str, compute_capability))
-  at_least = lambda c: tuple(map(int, c.split('.'))) <= compute_capability
+
+  target = ".".join(map(str, compute_capability))
+  at_least = lambda c: tuple(map(int, c.split("."))) <= compute_capability
   with contextlib.ExitStack() as stack:
-    stack.enter_context(mock.patch.object(
-        attention, '_gpu_compute_capability', lambda: compute_capability))
-    stack.enter_context(mock.patch.object(
-        fused, 'check_cudnn_version', lambda: cudnn_version))
-    stack.enter_context(mock.patch.object(
-        fused, 'check_compute_capability', at_least))
-    stack.enter_context(mock.patch.object(
-        fused, 'is_cuda_compute_capability_equal', lambda c: c == target))
+    stack.enter_context(
+      mock.patch.object(
+        attention, "_gpu_compute_capability", lambda: compute_capability
+      )
+    )
+    stack.enter_context(
+      mock.patch.object(fused, "check_cudnn_version", lambda: cudnn_version)
+    )
+    stack.enter_context(
+      mock.patch.object(fused, "check_compute_capability", at_least)
+    )
+    stack.enter_context(
+      mock.patch.object(
+        fused, "is_cuda_compute_capability_equal", lambda c: c == target
+      )
+    )
     yield
 
 
@@ -48,8 +58,8 @@ def lower_for_cuda(fn, *args, **jit_kwargs) -> jax.stages.Lowered:
   `fn` is jitted with `jit_kwargs` first, unless it already is (e.g. a
   run's train step, with its shardings).
   """
-  jitted = fn if hasattr(fn, 'trace') else jax.jit(fn, **jit_kwargs)
-  return jitted.trace(*args).lower(lowering_platforms=('cuda',))
+  jitted = fn if hasattr(fn, "trace") else jax.jit(fn, **jit_kwargs)
+  return jitted.trace(*args).lower(lowering_platforms=("cuda",))
 
 
 def cudnn_attention_calls(hlo) -> collections.Counter:
@@ -69,14 +79,18 @@ def cudnn_attention_calls(hlo) -> collections.Counter:
     Counts by call name, plus 'forward' and 'backward' totals.
   """
   from jax._src import custom_partitioning  # pylint: disable=import-outside-toplevel
+
   hlo_text = hlo if isinstance(hlo, str) else hlo.as_text()
-  counts = collections.Counter(re.findall(r'__cudnn\$fmha\w*', hlo_text))
-  for key in re.findall(r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"',
-                        hlo_text):
+  counts = collections.Counter(re.findall(r"__cudnn\$fmha\w*", hlo_text))
+  for key in re.findall(
+    r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"', hlo_text
+  ):
     info = custom_partitioning._sharding_callbacks.get(key.encode())
-    name = getattr(getattr(info, 'partition', None), '__name__', '')
-    if name.startswith('_dot_product_attention'):
+    name = getattr(getattr(info, "partition", None), "__name__", "")
+    if name.startswith("_dot_product_attention"):
       counts[name] += 1
   for name, count in list(counts.items()):
-    counts['backward' if re.search('Backward|bwd', name) else 'forward'] += count
+    counts["backward" if re.search("Backward|bwd", name) else "forward"] += (
+      count
+    )
   return counts

@@ -58,6 +58,7 @@ XLA attention; cuDNN calls counted in the step lowered for CUDA instead of
 compiled) in under two minutes and writes every field the GPU run writes;
 measurements that need a GPU are null there (tests/test_gpu_check.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,9 +88,20 @@ from vidjax.data import chunk, pipeline, synthetic, tokenizer
 from vidjax.models import attention
 
 DATA_WAIT_BOUND = 0.05  # Above this share of step time, the run is data-bound.
-VERSIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax",
-            "optax", "orbax-checkpoint", "grain", "av", "ml-collections",
-            "numpy", "scikit-video")
+VERSIONS = (
+  "jax",
+  "jaxlib",
+  "jax-cuda12-plugin",
+  "jax-cuda13-plugin",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "av",
+  "ml-collections",
+  "numpy",
+  "scikit-video",
+)
 
 
 # ----------------------------------------------------------------- environment
@@ -103,25 +115,35 @@ def environment(plan: gpu_measure.Plan) -> dict:
   peak = monitor.peak_flops_per_device()
   shm = pipeline.SHM_DIR
   return dict(
-      python=sys.version.split()[0], versions=versions,
-      backend=jax.default_backend(), device_kind=device.device_kind,
-      device_count=jax.device_count(),
-      compute_capability=getattr(device, "compute_capability", None),
-      cudnn_version=attention.cudnn_version(),
-      memory_gib=stats["bytes_limit"] / GiB if "bytes_limit" in stats else None,
-      cpu_count=os.cpu_count(),
-      shm_free_gib=(shutil.disk_usage(shm).free / GiB
-                    if os.path.isdir(shm) else None),
-      peak_tflops_per_device=peak / 1e12 if peak else None,
-      env={k: os.environ[k] for k in ("XLA_FLAGS", "JAX_PLATFORMS",
-                                      "XLA_PYTHON_CLIENT_MEM_FRACTION")
-           if k in os.environ},
-      dry=plan.dry)
+    python=sys.version.split()[0],
+    versions=versions,
+    backend=jax.default_backend(),
+    device_kind=device.device_kind,
+    device_count=jax.device_count(),
+    compute_capability=getattr(device, "compute_capability", None),
+    cudnn_version=attention.cudnn_version(),
+    memory_gib=stats["bytes_limit"] / GiB if "bytes_limit" in stats else None,
+    cpu_count=os.cpu_count(),
+    shm_free_gib=(
+      shutil.disk_usage(shm).free / GiB if os.path.isdir(shm) else None
+    ),
+    peak_tflops_per_device=peak / 1e12 if peak else None,
+    env={
+      k: os.environ[k]
+      for k in ("XLA_FLAGS", "JAX_PLATFORMS", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+      if k in os.environ
+    },
+    dry=plan.dry,
+  )
 
 
 # ------------------------------------------------------------------------ data
-def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
-               workdir: Path, deadline) -> dict:
+def check_data(
+  plan: gpu_measure.Plan,
+  measured: gpu_measure.Measured | None,
+  workdir: Path,
+  deadline,
+) -> dict:
   """~30 steps of the training loop fed by the real pipeline."""
   if measured is None:
     raise RuntimeError("needs a measured training step")
@@ -130,8 +152,11 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
   summary = chunk.chunk_videos(raw, store, chunk.ChunkOptions(), progress=False)
   if summary["failed"]:
     raise RuntimeError(f"chunking failed: {summary['failed']}")
-  manifest = [json.loads(line) for line in
-              (store / "manifest.jsonl").read_text().splitlines() if line]
+  manifest = [
+    json.loads(line)
+    for line in (store / "manifest.jsonl").read_text().splitlines()
+    if line
+  ]
   rng = np.random.default_rng(0)
   annotations = workdir / "train.jsonl"
   with open(annotations, "w", encoding="utf-8") as f:
@@ -139,18 +164,34 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
       video = manifest[rng.integers(len(manifest))]
       seconds = video["num_frames"] / video["fps"]
       start = rng.uniform(0, max(seconds - 2.0, 0.0))
-      f.write(json.dumps({"video_id": video["video_id"], "start": start,
-                          "end": min(start + rng.uniform(1.0, 4.0), seconds),
-                          "text": "a person rides past the camera"}) + "\n")
+      f.write(
+        json.dumps(
+          {
+            "video_id": video["video_id"],
+            "start": start,
+            "end": min(start + rng.uniform(1.0, 4.0), seconds),
+            "text": "a person rides past the camera",
+          }
+        )
+        + "\n"
+      )
   vocab = synthetic.write_vocab(workdir / "vocab.txt.gz")
   config = measured.config
-  config.data.update(format="jsonl", root=str(store), vocab=str(vocab),
-                     train_annotations=str(annotations),
-                     workers=plan.data_workers)
+  config.data.update(
+    format="jsonl",
+    root=str(store),
+    vocab=str(vocab),
+    train_annotations=str(annotations),
+    workers=plan.data_workers,
+  )
   mesh = sharding.make_mesh()
-  pipe = pipeline.make_pipeline(config, mesh, train=True,
-                                batch_size=config.batch_size,
-                                tokenizer=tokenizer.Tokenizer(vocab))
+  pipe = pipeline.make_pipeline(
+    config,
+    mesh,
+    train=True,
+    batch_size=config.batch_size,
+    tokenizer=tokenizer.Tokenizer(vocab),
+  )
   state, rest, key = measured.state, measured.rest, jax.random.key(0)
   timer = monitor.StepTimer(global_batch=config.batch_size)
   late = monitor.LateMetrics()
@@ -173,18 +214,23 @@ def check_data(plan: gpu_measure.Plan, measured: gpu_measure.Measured | None,
     perf = timer.summary()
     skipped = pipe.skipped
   measured.state = state
-  return dict(footage=footage_text, videos=len(manifest),
-              workers=config.data.workers, threads=config.data.threads,
-              batch=config.batch_size,
-              step=f"{measured.result['attention']}/{measured.result['remat']}",
-              first_batch_s=first_batch_s, steps=steps + 1,
-              step_s=perf.get("perf/step_time_s"),
-              data_wait_fraction=perf.get("perf/data_wait_frac"),
-              clips_per_s=perf.get("perf/clips_per_s"),
-              compute_clips_per_s=measured.result["clips_per_s"],
-              skipped_reads=skipped,
-              shm_need_gib=pipeline.shared_memory_bytes(
-                  config.data, config.batch_size) / GiB)
+  return dict(
+    footage=footage_text,
+    videos=len(manifest),
+    workers=config.data.workers,
+    threads=config.data.threads,
+    batch=config.batch_size,
+    step=f"{measured.result['attention']}/{measured.result['remat']}",
+    first_batch_s=first_batch_s,
+    steps=steps + 1,
+    step_s=perf.get("perf/step_time_s"),
+    data_wait_fraction=perf.get("perf/data_wait_frac"),
+    clips_per_s=perf.get("perf/clips_per_s"),
+    compute_clips_per_s=measured.result["clips_per_s"],
+    skipped_reads=skipped,
+    shm_need_gib=pipeline.shared_memory_bytes(config.data, config.batch_size)
+    / GiB,
+  )
 
 
 # --------------------------------------------------------------------- verdict
@@ -193,8 +239,9 @@ def verdict(results: dict) -> dict:
   training = results.get("training", {})
   attention_ = results.get("attention", {})
   data, split = results.get("data", {}), results.get("breakdown", {})
-  steps = {k: v for k, v in training.get("steps", {}).items()
-           if "clips_per_s" in v}
+  steps = {
+    k: v for k, v in training.get("steps", {}).items() if "clips_per_s" in v
+  }
   best = max(steps, key=lambda k: steps[k]["clips_per_s"], default=None)
   cudnn_error = attention_.get("cudnn_error") or training.get("cudnn_error")
   cudnn_steps = [v for v in steps.values() if v["attention"] == "cudnn"]
@@ -204,49 +251,68 @@ def verdict(results: dict) -> dict:
     cudnn = None  # A dry run only traces the cuDNN path: it cannot say.
   else:
     cudnn = attention_.get("cudnn_usable") is not False
-  speeds = {v["attention"]: v["clips_per_s"] for v in steps.values()
-            if v["remat"] == steps[best]["remat"]} if best else {}
+  speeds = (
+    {
+      v["attention"]: v["clips_per_s"]
+      for v in steps.values()
+      if v["remat"] == steps[best]["remat"]
+    }
+    if best
+    else {}
+  )
   wait = data.get("data_wait_fraction")
   result = dict(
-      cudnn_attention=cudnn, cudnn_error=cudnn_error, best_step=best,
-      best_clips_per_s=steps[best]["clips_per_s"] if best else None,
-      best_mfu=steps[best]["mfu"] if best else None,
-      best_batch_per_device=steps[best]["batch_per_device"] if best else None,
-      best_compiled_gib=steps[best]["compiled_gib"] if best else None,
-      best_peak_gib=steps[best]["peak_gib"] if best else None,
-      cudnn_step_speedup=(speeds["cudnn"] / speeds["xla"]
-                          if {"cudnn", "xla"} <= set(speeds) else None),
-      breakdown=breakdown.breakdown_line(split) if "step_ms" in split else None,
-      data_bound=None if wait is None else wait > DATA_WAIT_BOUND,
-      data_wait_fraction=wait,
-      errors={name: section["error"] for name, section in results.items()
-              if isinstance(section, dict) and "error" in section})
+    cudnn_attention=cudnn,
+    cudnn_error=cudnn_error,
+    best_step=best,
+    best_clips_per_s=steps[best]["clips_per_s"] if best else None,
+    best_mfu=steps[best]["mfu"] if best else None,
+    best_batch_per_device=steps[best]["batch_per_device"] if best else None,
+    best_compiled_gib=steps[best]["compiled_gib"] if best else None,
+    best_peak_gib=steps[best]["peak_gib"] if best else None,
+    cudnn_step_speedup=(
+      speeds["cudnn"] / speeds["xla"]
+      if {"cudnn", "xla"} <= set(speeds)
+      else None
+    ),
+    breakdown=breakdown.breakdown_line(split) if "step_ms" in split else None,
+    data_bound=None if wait is None else wait > DATA_WAIT_BOUND,
+    data_wait_fraction=wait,
+    errors={
+      name: section["error"]
+      for name, section in results.items()
+      if isinstance(section, dict) and "error" in section
+    },
+  )
   result["line"] = verdict_line(result, dry=results.get("mode") == "dry")
   return result
 
 
 def verdict_line(v: dict, dry: bool = False) -> str:
   """The verdict as the check's last printed line."""
-  cudnn = {True: "cuDNN attention usable",
-           None: "cuDNN attention not measured" + (" (dry run)" * dry),
-           False: f"cuDNN attention NOT usable: {v['cudnn_error']}"}[
-               v["cudnn_attention"]]
+  cudnn = {
+    True: "cuDNN attention usable",
+    None: "cuDNN attention not measured" + (" (dry run)" * dry),
+    False: f"cuDNN attention NOT usable: {v['cudnn_error']}",
+  }[v["cudnn_attention"]]
   parts = [cudnn]
   if v["best_step"]:
     mfu = f"{v['best_mfu']:.1%}" if v["best_mfu"] is not None else "unknown"
     parts.append(
-        f"best {v['best_step']} at {v['best_batch_per_device']} clips/device: "
-        f"{v['best_clips_per_s']:.1f} clips/s, MFU {mfu}, compiled "
-        f"{v['best_compiled_gib']:.3g} GiB"
-        + (f" (peak {v['best_peak_gib']:.3g} GiB)" if v["best_peak_gib"]
-           else ""))
+      f"best {v['best_step']} at {v['best_batch_per_device']} clips/device: "
+      f"{v['best_clips_per_s']:.1f} clips/s, MFU {mfu}, compiled "
+      f"{v['best_compiled_gib']:.3g} GiB"
+      + (f" (peak {v['best_peak_gib']:.3g} GiB)" if v["best_peak_gib"] else "")
+    )
   else:
     parts.append("no training step measured")
   if v["cudnn_step_speedup"]:
     parts.append(f"cuDNN step {v['cudnn_step_speedup']:.2f}x XLA's")
   if v["data_bound"] is not None:
-    parts.append(f"data-bound: {'yes' if v['data_bound'] else 'no'} "
-                 f"(waiting {v['data_wait_fraction']:.0%})")
+    parts.append(
+      f"data-bound: {'yes' if v['data_bound'] else 'no'} "
+      f"(waiting {v['data_wait_fraction']:.0%})"
+    )
   if v["errors"]:
     parts.append(f"errors in {', '.join(v['errors'])}")
   return "VERDICT: " + "; ".join(parts)
@@ -266,13 +332,15 @@ class Deadline:
   """
 
   # pylint: disable-next=redefined-builtin,protected-access
-  def __init__(self, seconds: float, on_expiry, exit=os._exit,
-               grace_s: float = 10.0):
+  def __init__(
+    self, seconds: float, on_expiry, exit=os._exit, grace_s: float = 10.0
+  ):
     self._end = time.monotonic() + seconds
     self._open: dict[object, Callable[[], None]] = {}
     self._lock = threading.Lock()
-    self._timer = threading.Timer(seconds, self._expire,
-                                  args=(on_expiry, exit, grace_s))
+    self._timer = threading.Timer(
+      seconds, self._expire, args=(on_expiry, exit, grace_s)
+    )
     self._timer.daemon = True
     self._timer.start()
 
@@ -302,8 +370,7 @@ class Deadline:
       on_expiry()
       with self._lock:  # The last opened first: workers stop, then files go.
         closes, self._open = list(self._open.values())[::-1], {}
-      closer = threading.Thread(target=_close_all, args=(closes,),
-                                daemon=True)
+      closer = threading.Thread(target=_close_all, args=(closes,), daemon=True)
       closer.start()
       closer.join(grace_s)
       if closer.is_alive():  # A close that hangs waits for worker processes.
@@ -338,8 +405,10 @@ def _jsonable(value, digits: int | None = None):
 
 def summary(results: dict) -> str:
   """The results as compact JSON, one line per section, 4 significant digits."""
-  lines = [f" {json.dumps(k)}: {json.dumps(_jsonable(v, 4), separators=(',', ':'))}"
-           for k, v in results.items()]
+  lines = [
+    f" {json.dumps(k)}: {json.dumps(_jsonable(v, 4), separators=(',', ':'))}"
+    for k, v in results.items()
+  ]
   return "{\n" + ",\n".join(lines) + "\n}"
 
 
@@ -347,25 +416,42 @@ SECTIONS = ("attention", "training", "breakdown", "data")
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(prog="python -m vidjax.bench.gpu_check",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--dry", action="store_true",
-                      help="every section at toy sizes on CPU (< 2 minutes)")
-  parser.add_argument("--plan", action="store_true",
-                      help="print the plan and stop")
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.bench.gpu_check",
+    description=__doc__.split("\n\n")[0],
+  )
+  parser.add_argument(
+    "--dry",
+    action="store_true",
+    help="every section at toy sizes on CPU (< 2 minutes)",
+  )
+  parser.add_argument(
+    "--plan", action="store_true", help="print the plan and stop"
+  )
   parser.add_argument("--out", default="gpu_check.json")
-  parser.add_argument("--time-limit-s", type=float, default=None,
-                      help="time limit for the whole check, in seconds "
-                      "(default 330, which fits in a short job slot; with "
-                      "--dry 110)")
-  parser.add_argument("--remat", default=None, help="comma-separated remat "
-                      "policies to measure with cuDNN, in order (default: "
-                      "the recipe's, then none and full if they fit while "
-                      "time remains)")
-  parser.add_argument("--sections", default=",".join(SECTIONS),
-                      help="comma-separated subset of "
-                      f"{','.join(SECTIONS)} (the environment, the plan and "
-                      "the verdict always run)")
+  parser.add_argument(
+    "--time-limit-s",
+    type=float,
+    default=None,
+    help="time limit for the whole check, in seconds "
+    "(default 330, which fits in a short job slot; with "
+    "--dry 110)",
+  )
+  parser.add_argument(
+    "--remat",
+    default=None,
+    help="comma-separated remat "
+    "policies to measure with cuDNN, in order (default: "
+    "the recipe's, then none and full if they fit while "
+    "time remains)",
+  )
+  parser.add_argument(
+    "--sections",
+    default=",".join(SECTIONS),
+    help="comma-separated subset of "
+    f"{','.join(SECTIONS)} (the environment, the plan and "
+    "the verdict always run)",
+  )
   args = parser.parse_args(argv)
   chosen = [s for s in args.sections.split(",") if s]
   if unknown := sorted(set(chosen) - set(SECTIONS)):
@@ -394,19 +480,23 @@ def main(argv=None) -> dict:
   def expire():
     if "verdict" not in results:
       results["verdict"] = verdict(results)
-    save(deadline_reached=f"time limit of {plan.time_limit_s:.0f} s reached "
-         f"during {running[0]}")
+    save(
+      deadline_reached=f"time limit of {plan.time_limit_s:.0f} s reached "
+      f"during {running[0]}"
+    )
     finish()
 
   deadline = Deadline(plan.time_limit_s, expire)
   measured = None
   tmp = tempfile.mkdtemp(prefix="vidjax_gpu_check_")
-  with deadline.closing(functools.partial(shutil.rmtree, tmp,
-                                          ignore_errors=True)):
+  with deadline.closing(
+    functools.partial(shutil.rmtree, tmp, ignore_errors=True)
+  ):
 
     def make_plan_section():
       steps = gpu_measure.step_plan(
-          plan, args.remat.split(",") if args.remat else None)
+        plan, args.remat.split(",") if args.remat else None
+      )
       for line in gpu_measure.plan_lines(steps):
         gpu_measure.log(line)
       return dict(steps, sections=chosen)
@@ -414,20 +504,26 @@ def main(argv=None) -> dict:
     def training():
       nonlocal measured
       result, measured = gpu_measure.check_training(
-          plan, results["plan"], deadline, functools.partial(save, "training"))
+        plan, results["plan"], deadline, functools.partial(save, "training")
+      )
       return result
 
     sections = {
-        "environment": lambda: environment(plan),
-        "plan": make_plan_section,
-        "attention": lambda: gpu_measure.check_attention(plan),
-        "training": training,
-        "breakdown": lambda: breakdown.check_breakdown(results, measured,
-                                                       plan.repeats),
-        "data": lambda: check_data(plan, measured, Path(tmp), deadline),
-        "verdict": lambda: verdict(results)}
-    run = ["environment", "plan"] + (
-        [] if args.plan else [s for s in SECTIONS if s in chosen]) + ["verdict"]
+      "environment": lambda: environment(plan),
+      "plan": make_plan_section,
+      "attention": lambda: gpu_measure.check_attention(plan),
+      "training": training,
+      "breakdown": lambda: breakdown.check_breakdown(
+        results, measured, plan.repeats
+      ),
+      "data": lambda: check_data(plan, measured, Path(tmp), deadline),
+      "verdict": lambda: verdict(results),
+    }
+    run = (
+      ["environment", "plan"]
+      + ([] if args.plan else [s for s in SECTIONS if s in chosen])
+      + ["verdict"]
+    )
     for name in run:
       running[0] = name
       gpu_measure.log(f"{name} ...")
@@ -436,8 +532,10 @@ def main(argv=None) -> dict:
         result = sections[name]()
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()  # One failing section must not lose the rest.
-        result = {"error": gpu_measure.error_text(e),
-                  **({"steps": [], "left_out": {}} if name == "plan" else {})}
+        result = {
+          "error": gpu_measure.error_text(e),
+          **({"steps": [], "left_out": {}} if name == "plan" else {}),
+        }
       result["seconds"] = time.monotonic() - start
       save(name, result)
   deadline.cancel()

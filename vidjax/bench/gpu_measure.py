@@ -5,6 +5,7 @@ docstring says what each measures); `Plan` holds the sizes, on a GPU or in
 the CPU dry run; `step_plan` the training steps to measure, in order, with
 the memory each is estimated to need (`vidjax.memory`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,11 +38,11 @@ REL_TOLERANCE = 2e-2  # bf16 attention against float32: 1e-3 to 1e-2.
 # 16-frame CLIP (EK-100 fine-tuning: 3137 tokens), VideoMAE's encoder
 # (visible tokens) and decoder (every patch).
 ATTENTION_CASES = {
-    "clip_vision": ("clip_vitb16_ego4d", "vision"),
-    "clip_text": ("clip_vitb16_ego4d", "text"),
-    "clip_vision_16f": ("ek100_mir_ft", "vision"),
-    "videomae_encoder": ("videomae_vitb_k400_pretrain", "vision"),
-    "videomae_decoder": ("videomae_vitb_k400_pretrain", "decoder"),
+  "clip_vision": ("clip_vitb16_ego4d", "vision"),
+  "clip_text": ("clip_vitb16_ego4d", "text"),
+  "clip_vision_16f": ("ek100_mir_ft", "vision"),
+  "videomae_encoder": ("videomae_vitb_k400_pretrain", "vision"),
+  "videomae_decoder": ("videomae_vitb_k400_pretrain", "decoder"),
 }
 # Policies measured after the recipe's own, while time remains and when
 # their memory estimate fits: AVION's full remat, and nothing recomputed.
@@ -51,6 +52,7 @@ EXTRA_REMATS = ("none", "full")
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """The sizes of one check: on a GPU, or the CPU dry run."""
+
   dry: bool
   config_arg: str  # configs/<recipe>.py[:arg]
   batch_per_device: int
@@ -72,25 +74,49 @@ def make_plan(dry: bool, time_limit_s: float | None = None) -> Plan:
   so.
   """
   if dry:
-    return Plan(dry=True, config_arg="debug", batch_per_device=2,
-                attention_batch=2, warmup_steps=1, timed_steps=2,
-                data_steps=4, data_workers=0,
-                time_limit_s=time_limit_s or 110.0, repeats=2, reserve_s=20.0)
-  return Plan(dry=False, config_arg="", batch_per_device=256,
-              attention_batch=64, warmup_steps=2, timed_steps=10,
-              data_steps=30, data_workers=os.cpu_count() or 1,
-              time_limit_s=time_limit_s or 330.0)
+    return Plan(
+      dry=True,
+      config_arg="debug",
+      batch_per_device=2,
+      attention_batch=2,
+      warmup_steps=1,
+      timed_steps=2,
+      data_steps=4,
+      data_workers=0,
+      time_limit_s=time_limit_s or 110.0,
+      repeats=2,
+      reserve_s=20.0,
+    )
+  return Plan(
+    dry=False,
+    config_arg="",
+    batch_per_device=256,
+    attention_batch=64,
+    warmup_steps=2,
+    timed_steps=10,
+    data_steps=30,
+    data_workers=os.cpu_count() or 1,
+    time_limit_s=time_limit_s or 330.0,
+  )
 
 
-def recipe_config(plan: Plan, recipe: str = "clip_vitb16_ego4d",
-                  attention_impl: str = "cudnn", **model):
+def recipe_config(
+  plan: Plan,
+  recipe: str = "clip_vitb16_ego4d",
+  attention_impl: str = "cudnn",
+  **model,
+):
   """configs/<recipe>.py (:debug when dry), bf16 on a GPU, with the
   attention implementation `attention_impl` (XLA in a dry run)."""
-  spec = str(CONFIGS / f"{recipe}.py") + (f":{plan.config_arg}"
-                                          if plan.config_arg else "")
+  spec = str(CONFIGS / f"{recipe}.py") + (
+    f":{plan.config_arg}" if plan.config_arg else ""
+  )
   config = config_lib.load_config(spec)
-  config.model.update(dtype="float32" if plan.dry else "bfloat16",
-                      attention="xla" if plan.dry else attention_impl, **model)
+  config.model.update(
+    dtype="float32" if plan.dry else "bfloat16",
+    attention="xla" if plan.dry else attention_impl,
+    **model,
+  )
   config.data.synthetic.enabled = False  # :debug's; batches come from here.
   config.batch_size = plan.batch_per_device * jax.device_count()
   return config
@@ -175,24 +201,45 @@ def step_plan(plan: Plan, remats: list[str] | None = None) -> dict:
   steps, left_out = [], {}
   for i, remat in enumerate(cudnn):
     need = gib("cudnn", remat, plan.batch_per_device)
-    why = ("requested" if remats else
-           "the recipe's policy" if i == 0 else "if time remains")
+    why = (
+      "requested"
+      if remats
+      else "the recipe's policy"
+      if i == 0
+      else "if time remains"
+    )
     if not remats and i and usable and need and need * GiB > usable:
-      left_out[f"cudnn/{remat}"] = (f"estimated {need:.3g} GiB > "
-                                    f"{usable / GiB:.3g} GiB usable")
+      left_out[f"cudnn/{remat}"] = (
+        f"estimated {need:.3g} GiB > {usable / GiB:.3g} GiB usable"
+      )
       continue
-    steps.append(dict(key=f"cudnn/{remat}", attention="cudnn", remat=remat,
-                      batch_per_device=plan.batch_per_device,
-                      estimate_gib=need, why=why))
+    steps.append(
+      dict(
+        key=f"cudnn/{remat}",
+        attention="cudnn",
+        remat=remat,
+        batch_per_device=plan.batch_per_device,
+        estimate_gib=need,
+        why=why,
+      )
+    )
     if i == 0:
-      steps.append(dict(
-          key=f"xla/{first}", attention="xla", remat=first,
+      steps.append(
+        dict(
+          key=f"xla/{first}",
+          attention="xla",
+          remat=first,
           batch_per_device=xla_batch,
           estimate_gib=gib("xla", first, xla_batch),
-          why="XLA attention, at the largest batch its estimate fits"))
-  return dict(steps=steps, left_out=left_out,
-              usable_gib=usable / GiB if usable else None,
-              estimate_error=error)
+          why="XLA attention, at the largest batch its estimate fits",
+        )
+      )
+  return dict(
+    steps=steps,
+    left_out=left_out,
+    usable_gib=usable / GiB if usable else None,
+    estimate_error=error,
+  )
 
 
 def plan_lines(planned: dict) -> list[str]:
@@ -200,10 +247,11 @@ def plan_lines(planned: dict) -> list[str]:
   lines = ["training steps, in order:"]
   for i, step in enumerate(planned["steps"], 1):
     estimate = step["estimate_gib"]
-    lines.append(f"  {i}. {step['key']} at {step['batch_per_device']} clips "
-                 f"per device ({step['why']}; estimated "
-                 + (f"{estimate:.3g} GiB)" if estimate is not None else
-                    "memory unknown)"))
+    lines.append(
+      f"  {i}. {step['key']} at {step['batch_per_device']} clips "
+      f"per device ({step['why']}; estimated "
+      + (f"{estimate:.3g} GiB)" if estimate is not None else "memory unknown)")
+    )
   for key, why in planned["left_out"].items():
     lines.append(f"  left out: {key} ({why})")
   if planned["estimate_error"]:
@@ -217,27 +265,39 @@ def attention_cases(plan: Plan) -> dict[str, tuple[shapes.AttentionShape, int]]:
   sizes: as many tokens per batch as `attention_batch` CLIP vision clips."""
   cases = {}
   for name, (recipe, tower) in ATTENTION_CASES.items():
-    cases[name] = shapes.attention_shapes(recipe_config(plan, recipe).model)[tower]
+    cases[name] = shapes.attention_shapes(recipe_config(plan, recipe).model)[
+      tower
+    ]
   tokens = plan.attention_batch * cases["clip_vision"].tokens
-  return {name: (shape, max(1, round(tokens / shape.tokens)))
-          for name, shape in cases.items()}
+  return {
+    name: (shape, max(1, round(tokens / shape.tokens)))
+    for name, shape in cases.items()
+  }
 
 
 @functools.cache  # Cases of one shape (dry runs) compile once.
 def _attention_fns(implementation: str, causal: bool):
-  attend = functools.partial(attention.dot_product_attention,
-                             implementation=implementation, is_causal=causal)
+  attend = functools.partial(
+    attention.dot_product_attention,
+    implementation=implementation,
+    is_causal=causal,
+  )
 
   def with_grads(q, k, v, g):
     out, vjp = jax.vjp(attend, q, k, v)
     return out, vjp(g)
+
   return jax.jit(attend), jax.jit(with_grads)
 
 
 def _relative_errors(got, want) -> dict[str, float]:
   errors = {}
-  for name, a, b in zip(("out", "dq", "dk", "dv"), jax.tree.leaves(got),
-                        jax.tree.leaves(want), strict=True):
+  for name, a, b in zip(
+    ("out", "dq", "dk", "dv"),
+    jax.tree.leaves(got),
+    jax.tree.leaves(want),
+    strict=True,
+  ):
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     errors[name] = float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
   return errors
@@ -254,17 +314,30 @@ def check_attention(plan: Plan) -> dict:
   result = {"dtype": "bfloat16", "tolerance_rel": REL_TOLERANCE}
   for name, (shape, batch) in attention_cases(plan).items():
     dims = (batch, shape.tokens, shape.heads, shape.head_dim)
-    q, k, v, g = (jax.random.normal(key, dims, jnp.float32).astype(dtype)
-                  for key in jax.random.split(jax.random.key(1), 4))
+    q, k, v, g = (
+      jax.random.normal(key, dims, jnp.float32).astype(dtype)
+      for key in jax.random.split(jax.random.key(1), 4)
+    )
     _, reference = _attention_fns("xla", shape.causal)
     with jax.default_matmul_precision("highest"):
       want = reference(*(x.astype(jnp.float32) for x in (q, k, v, g)))
-    entry = {"recipe": ATTENTION_CASES[name][0], "shape": list(dims),
-             "causal": shape.causal, "layers": shape.layers}
+    entry = {
+      "recipe": ATTENTION_CASES[name][0],
+      "shape": list(dims),
+      "causal": shape.causal,
+      "layers": shape.layers,
+    }
     for impl in ("xla", "cudnn"):
       entry[impl] = measured = dict.fromkeys(
-          ("forward_ms", "forward_backward_ms", "errors", "passed", "note",
-           "error"))
+        (
+          "forward_ms",
+          "forward_backward_ms",
+          "errors",
+          "passed",
+          "note",
+          "error",
+        )
+      )
       reason = attention.cudnn_unsupported_reason(shape.head_dim, dtype)
       if impl == "cudnn" and reason:
         key = "note" if plan.dry else "error"  # A dry run cannot say.
@@ -274,25 +347,36 @@ def check_attention(plan: Plan) -> dict:
         forward, with_grads = _attention_fns(impl, shape.causal)
         measured["errors"] = _relative_errors(with_grads(q, k, v, g), want)
         measured["passed"] = max(measured["errors"].values()) < REL_TOLERANCE
-        measured["forward_ms"] = breakdown.median_ms(forward, q, k, v,
-                                            repeats=plan.repeats)
-        measured["forward_backward_ms"] = breakdown.median_ms(with_grads, q, k, v, g,
-                                                     repeats=plan.repeats)
+        measured["forward_ms"] = breakdown.median_ms(
+          forward, q, k, v, repeats=plan.repeats
+        )
+        measured["forward_backward_ms"] = breakdown.median_ms(
+          with_grads, q, k, v, g, repeats=plan.repeats
+        )
       except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()  # Recorded; the other cases still run.
         measured["error"] = error_text(e)
-    both = (entry["cudnn"]["forward_backward_ms"],
-            entry["xla"]["forward_backward_ms"])
+    both = (
+      entry["cudnn"]["forward_backward_ms"],
+      entry["xla"]["forward_backward_ms"],
+    )
     entry["cudnn_speedup"] = both[1] / both[0] if all(both) else None
     result[name] = entry
   cudnn = [result[name]["cudnn"] for name in ATTENTION_CASES]
   errors = [c["error"] for c in cudnn if c["error"]]
   result["cudnn_error"] = errors[0] if errors else None
   result["cudnn_usable"] = (
-      False if errors or any(c["passed"] is False for c in cudnn)
-      else None if plan.dry else True)
-  result["passed"] = all(result[name][impl]["passed"] is not False
-                         for name in ATTENTION_CASES for impl in ("xla", "cudnn"))
+    False
+    if errors or any(c["passed"] is False for c in cudnn)
+    else None
+    if plan.dry
+    else True
+  )
+  result["passed"] = all(
+    result[name][impl]["passed"] is not False
+    for name in ATTENTION_CASES
+    for impl in ("xla", "cudnn")
+  )
   return result
 
 
@@ -300,6 +384,7 @@ def check_attention(plan: Plan) -> dict:
 @dataclasses.dataclass
 class Measured:
   """A compiled step and what it ran on, kept for the later sections."""
+
   config: object
   compiled: object
   state: object
@@ -312,12 +397,17 @@ def _cudnn_calls(hlo, lowered, source: str, *, required: bool) -> dict:
   from JAX's choice, in the lowered step); none is an error if `required`."""
   calls = cuda_trace.cudnn_attention_calls(hlo)
   lowered = cuda_trace.cudnn_attention_calls(lowered)
-  calls = {"forward": calls["forward"], "backward": calls["backward"],
-           "lowered_forward": lowered["forward"],
-           "lowered_backward": lowered["backward"], "source": source}
+  calls = {
+    "forward": calls["forward"],
+    "backward": calls["backward"],
+    "lowered_forward": lowered["forward"],
+    "lowered_backward": lowered["backward"],
+    "source": source,
+  }
   if required and (not calls["forward"] or not calls["backward"]):
-    raise RuntimeError(f"no cuDNN attention in the step ({calls}): XLA "
-                       "attention would run")
+    raise RuntimeError(
+      f"no cuDNN attention in the step ({calls}): XLA attention would run"
+    )
   return calls
 
 
@@ -327,14 +417,20 @@ def _lowered_for_cuda(config, mesh, batch) -> jax.stages.Lowered:
   config.model.update(attention="cudnn", dtype="bfloat16")
   with cuda_trace.forced_cudnn():
     state, rest, steps = steps_lib.build_state_and_steps(
-        config, tasks.get_task(config.task), mesh, abstract=True)
+      config, tasks.get_task(config.task), mesh, abstract=True
+    )
     key = jax.eval_shape(lambda: jax.random.key(0))
     return cuda_trace.lower_for_cuda(steps.train, state, rest, batch, key)
 
 
-def measure_step(plan: Plan, remat: str, deadline=None, *,
-                 attention_impl: str = "cudnn",
-                 batch_per_device: int | None = None) -> Measured:
+def measure_step(
+  plan: Plan,
+  remat: str,
+  deadline=None,
+  *,
+  attention_impl: str = "cudnn",
+  batch_per_device: int | None = None,
+) -> Measured:
   """Compiles the recipe's step under `remat` and times it (see docstring).
 
   With cuDNN attention, the compiled step must call cuDNN (in a dry run,
@@ -354,9 +450,11 @@ def measure_step(plan: Plan, remat: str, deadline=None, *,
       calls = None
       if plan.dry and cudnn:  # The CPU step has XLA attention: count CUDA's.
         lowered = _lowered_for_cuda(
-            config, mesh, batches.batch_spec(config, config.batch_size))
-        calls = _cudnn_calls(lowered, lowered, "lowered for CUDA (dry run)",
-                             required=True)
+          config, mesh, batches.batch_spec(config, config.batch_size)
+        )
+        calls = _cudnn_calls(
+          lowered, lowered, "lowered for CUDA (dry run)", required=True
+        )
       task = tasks.get_task(config.task)
       state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
       batch = random_batches.random_batch(config, config.batch_size, mesh)
@@ -366,8 +464,9 @@ def measure_step(plan: Plan, remat: str, deadline=None, *,
       compiled = lowered.compile()
       compile_s = time.perf_counter() - start
       if not plan.dry:
-        calls = _cudnn_calls(compiled.as_text(), lowered, "compiled HLO",
-                             required=cudnn)
+        calls = _cudnn_calls(
+          compiled.as_text(), lowered, "compiled HLO", required=cudnn
+        )
       for _ in range(plan.warmup_steps):
         state, metrics = compiled(state, rest, batch, key)
       jax.block_until_ready(metrics)
@@ -383,44 +482,67 @@ def measure_step(plan: Plan, remat: str, deadline=None, *,
       spent = time.monotonic() - began  # About what a retry costs.
       if deadline is not None and deadline.left() < spent + plan.reserve_s:
         raise RuntimeError(
-            f"out of memory at {per_device} clips per device, and no time "
-            f"left to compile at {per_device // 2}") from e
+          f"out of memory at {per_device} clips per device, and no time "
+          f"left to compile at {per_device // 2}"
+        ) from e
       halved.append(per_device)
       per_device //= 2
       log(f"  out of memory at {halved[-1]} clips per device: {per_device}")
   analysis = compiled.memory_analysis()
-  flops = flops_lib.flops_per_example(config.model)["training"] * config.batch_size
+  flops = (
+    flops_lib.flops_per_example(config.model)["training"] * config.batch_size
+  )
   peak = monitor.peak_flops_per_device()
   metrics = monitor.to_python(metrics)
   result = dict(
-      attention=attention_impl, remat=remat, batch_per_device=per_device,
-      global_batch=config.batch_size, halved_from=halved,
-      compile_s=compile_s, cudnn_calls=calls,
-      compiled_gib=(analysis.argument_size_in_bytes
-                    + analysis.output_size_in_bytes
-                    - analysis.alias_size_in_bytes
-                    + analysis.temp_size_in_bytes) / GiB,
-      peak_gib=_peak_memory_gib(), step_s=step_s,
-      clips_per_s=config.batch_size / step_s,
-      tflops_per_device=flops / step_s / jax.device_count() / 1e12,
-      mfu=(monitor.model_flops_utilization(flops, step_s, jax.device_count(), peak)
-           if peak else None),
-      loss=metrics["train/loss"])
+    attention=attention_impl,
+    remat=remat,
+    batch_per_device=per_device,
+    global_batch=config.batch_size,
+    halved_from=halved,
+    compile_s=compile_s,
+    cudnn_calls=calls,
+    compiled_gib=(
+      analysis.argument_size_in_bytes
+      + analysis.output_size_in_bytes
+      - analysis.alias_size_in_bytes
+      + analysis.temp_size_in_bytes
+    )
+    / GiB,
+    peak_gib=_peak_memory_gib(),
+    step_s=step_s,
+    clips_per_s=config.batch_size / step_s,
+    tflops_per_device=flops / step_s / jax.device_count() / 1e12,
+    mfu=(
+      monitor.model_flops_utilization(flops, step_s, jax.device_count(), peak)
+      if peak
+      else None
+    ),
+    loss=metrics["train/loss"],
+  )
   return Measured(config, compiled, state, rest, result)
 
 
-def check_training(plan: Plan, steps_plan: dict, deadline,
-                   save) -> tuple[dict, Measured | None]:
+def check_training(
+  plan: Plan, steps_plan: dict, deadline, save
+) -> tuple[dict, Measured | None]:
   """`measure_step` for each planned step while time allows; the fastest
   kept. After a cuDNN failure other than out-of-memory, the later cuDNN
   steps are skipped (they would fail alike); XLA's still run."""
   config = recipe_config(plan)
-  result = {"config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
-            "variant": config.model.variant, "frames": config.model.num_frames,
-            "dtype": config.model.dtype,
-            "training_gflops_per_clip":
-                flops_lib.flops_per_example(config.model)["training"] / 1e9,
-            "steps": {}, "fastest": None, "cudnn_error": None}
+  result = {
+    "config": CONFIG_FILE.name + (f":{plan.config_arg}" if plan.dry else ""),
+    "variant": config.model.variant,
+    "frames": config.model.num_frames,
+    "dtype": config.model.dtype,
+    "training_gflops_per_clip": flops_lib.flops_per_example(config.model)[
+      "training"
+    ]
+    / 1e9,
+    "steps": {},
+    "fastest": None,
+    "cudnn_error": None,
+  }
   fastest, longest = None, 0.0
   for run in steps_plan["steps"]:
     key = run["key"]
@@ -434,12 +556,18 @@ def check_training(plan: Plan, steps_plan: dict, deadline,
     log(f"training step {key}, {run['batch_per_device']} clips per device")
     start = time.monotonic()
     try:
-      measured = measure_step(plan, run["remat"], deadline,
-                              attention_impl=run["attention"],
-                              batch_per_device=run["batch_per_device"])
+      measured = measure_step(
+        plan,
+        run["remat"],
+        deadline,
+        attention_impl=run["attention"],
+        batch_per_device=run["batch_per_device"],
+      )
       result["steps"][key] = measured.result
-      log(f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
-          f"{measured.result['mfu']}")
+      log(
+        f"  {measured.result['clips_per_s']:.1f} clips/s, MFU "
+        f"{measured.result['mfu']}"
+      )
       speed = measured.result["clips_per_s"]
       if fastest is None or speed > fastest.result["clips_per_s"]:
         fastest = measured

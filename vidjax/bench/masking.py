@@ -30,6 +30,7 @@ read_clip's 161 4-frame 224px clips/s per core, `python -m
 vidjax.bench.loader` in BENCHMARKS.md; the whole pipeline costs a little
 more per clip).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,29 +58,36 @@ def xla_gflop_per_clip(config) -> dict[str, float]:
   """XLA's FLOPs per clip of the masked and unmasked training steps."""
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh, abstract=True)
+    config, tasks.get_task(config.task), mesh, abstract=True
+  )
   batch = batches.batch_spec(config, XLA_CLIPS)
   key = jax.eval_shape(lambda: jax.random.key(0))
   out = {}
-  for name, step in (("masked", steps.train),
-                     ("unmasked", steps.unmasked_train)):
+  for name, step in (
+    ("masked", steps.train),
+    ("unmasked", steps.unmasked_train),
+  ):
     analysis = step.trace(state, rest, batch, key).lower().cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis
     out[name] = analysis["flops"] / XLA_CLIPS / 1e9
   return out
 
 
-def cpu_seconds_per_step(config, batch_size: int,
-                         repeats: int) -> dict[str, float]:
+def cpu_seconds_per_step(
+  config, batch_size: int, repeats: int
+) -> dict[str, float]:
   """Median wall seconds of the masked and unmasked steps, run here."""
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh)
+    config, tasks.get_task(config.task), mesh
+  )
   batch = random_batches.random_batch(config, batch_size, mesh)
   key = jax.random.key(0)
   out = {}
-  for name, step in (("masked", steps.train),
-                     ("unmasked", steps.unmasked_train)):
+  for name, step in (
+    ("masked", steps.train),
+    ("unmasked", steps.unmasked_train),
+  ):
     state = jax.block_until_ready(step(state, rest, batch, key)[0])  # Compiles.
     times = []
     for _ in range(repeats):
@@ -91,17 +99,27 @@ def cpu_seconds_per_step(config, batch_size: int,
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(prog="python -m vidjax.bench.masking",
-                                   description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.bench.masking", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("--config", default="configs/clip_vitb16_ego4d.py:flip")
-  parser.add_argument("--mask-ratio", type=float, default=0.0,
-                      help="override model.mask_ratio (0: the config's)")
+  parser.add_argument(
+    "--mask-ratio",
+    type=float,
+    default=0.0,
+    help="override model.mask_ratio (0: the config's)",
+  )
   parser.add_argument("--mask-kind", default="", help="random or tube")
-  parser.add_argument("--batch", type=int, default=2,
-                      help="clips per timed CPU step")
+  parser.add_argument(
+    "--batch", type=int, default=2, help="clips per timed CPU step"
+  )
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--peak-tflops", type=float, default=989.0,
-                      help="per GPU, dense bf16 (H100/H200: 989)")
+  parser.add_argument(
+    "--peak-tflops",
+    type=float,
+    default=989.0,
+    help="per GPU, dense bf16 (H100/H200: 989)",
+  )
   parser.add_argument("--mfu", type=float, default=0.4)
   parser.add_argument("--cores-per-gpu", type=float, default=12.0)
   parser.add_argument("--loader-clips-per-core", type=float, default=161.2)
@@ -115,51 +133,69 @@ def main(argv=None) -> dict:
     model.mask_kind = args.mask_kind
   if model.name != "clip" or not model.mask_ratio > 0:
     raise errors.ConfigError(
-        f"{args.config}: needs a CLIP with model.mask_ratio > 0",
-        hint="e.g. configs/clip_vitb16_ego4d.py:flip, or --mask-ratio 0.5")
+      f"{args.config}: needs a CLIP with model.mask_ratio > 0",
+      hint="e.g. configs/clip_vitb16_ego4d.py:flip, or --mask-ratio 0.5",
+    )
   config.unmask_fraction = config.unmask_fraction or 0.5  # Both steps built.
   config_lib.validate(config, jax.device_count())
   both = {"masked": model, "unmasked": shapes.unmasked(model)}
-  print(f"{args.config}: {model.variant} CLIP, {model.num_frames} frames of "
-        f"{model.image_size}px, mask_ratio {model.mask_ratio:g} "
-        f"({model.mask_kind}) against every token; jax {jax.__version__}, "
-        f"backend {jax.default_backend()}, {jax.device_count()} device(s)",
-        flush=True)
+  print(
+    f"{args.config}: {model.variant} CLIP, {model.num_frames} frames of "
+    f"{model.image_size}px, mask_ratio {model.mask_ratio:g} "
+    f"({model.mask_kind}) against every token; jax {jax.__version__}, "
+    f"backend {jax.default_backend()}, {jax.device_count()} device(s)",
+    flush=True,
+  )
   rows = {
-      "vision tokens": {k: shapes.attention_shapes(m)["vision"].tokens
-                        for k, m in both.items()},
-      "GFLOP/clip (flops.py)": {
-          k: flops_lib.flops_per_example(m)["training"] / 1e9
-          for k, m in both.items()},
-      "GFLOP/clip (XLA)": xla_gflop_per_clip(config)}
+    "vision tokens": {
+      k: shapes.attention_shapes(m)["vision"].tokens for k, m in both.items()
+    },
+    "GFLOP/clip (flops.py)": {
+      k: flops_lib.flops_per_example(m)["training"] / 1e9
+      for k, m in both.items()
+    },
+    "GFLOP/clip (XLA)": xla_gflop_per_clip(config),
+  }
   per_device = config.batch_size // RECIPE_GPUS
   rows["kept MiB/clip"] = {}
   for name, m in both.items():
     phase = config.copy_and_resolve_references()
     phase.model.mask_ratio = m.mask_ratio
     rows["kept MiB/clip"][name] = memory_bench.policy_memory(
-        phase, model.remat, per_device)["kept_mib_per_clip"]
+      phase, model.remat, per_device
+    )["kept_mib_per_clip"]
   rows[f"CPU s/step ({args.batch} clips)"] = cpu_seconds_per_step(
-      config, args.batch, args.repeats)
+    config, args.batch, args.repeats
+  )
   print(f"{'':<28}{'unmasked':>10}{'masked':>10}{'masked/unmasked':>17}")
   for label, row in rows.items():
-    cells = "".join(f"{row[k]:>10d}" if isinstance(row[k], int)
-                    else f"{row[k]:>10.1f}" for k in ("unmasked", "masked"))
+    cells = "".join(
+      f"{row[k]:>10d}" if isinstance(row[k], int) else f"{row[k]:>10.1f}"
+      for k in ("unmasked", "masked")
+    )
     print(f"{label:<28}{cells}{row['masked'] / row['unmasked']:>17.3f}")
   gflop = rows["GFLOP/clip (flops.py)"]
   per_gpu = {k: args.mfu * args.peak_tflops * 1e3 / v for k, v in gflop.items()}
-  print(f"\ndata rate at {args.mfu:.0%} MFU of {args.peak_tflops:g} TFLOP/s "
-        f"per GPU, {args.cores_per_gpu:g} loader cores per GPU:")
-  print(f"{'clips/s per GPU':<28}{per_gpu['unmasked']:>10.0f}"
-        f"{per_gpu['masked']:>10.0f}"
-        f"{per_gpu['masked'] / per_gpu['unmasked']:>17.3f}")
+  print(
+    f"\ndata rate at {args.mfu:.0%} MFU of {args.peak_tflops:g} TFLOP/s "
+    f"per GPU, {args.cores_per_gpu:g} loader cores per GPU:"
+  )
+  print(
+    f"{'clips/s per GPU':<28}{per_gpu['unmasked']:>10.0f}"
+    f"{per_gpu['masked']:>10.0f}"
+    f"{per_gpu['masked'] / per_gpu['unmasked']:>17.3f}"
+  )
   per_core = {k: v / args.cores_per_gpu for k, v in per_gpu.items()}
-  print(f"{'clips/s per loader core':<28}{per_core['unmasked']:>10.0f}"
-        f"{per_core['masked']:>10.0f}")
-  print(f"{'share of one core':<28}"
-        f"{per_core['unmasked'] / args.loader_clips_per_core:>10.0%}"
-        f"{per_core['masked'] / args.loader_clips_per_core:>10.0%}"
-        f"   (read_clip: {args.loader_clips_per_core:g} clips/s per core)")
+  print(
+    f"{'clips/s per loader core':<28}{per_core['unmasked']:>10.0f}"
+    f"{per_core['masked']:>10.0f}"
+  )
+  print(
+    f"{'share of one core':<28}"
+    f"{per_core['unmasked'] / args.loader_clips_per_core:>10.0%}"
+    f"{per_core['masked'] / args.loader_clips_per_core:>10.0%}"
+    f"   (read_clip: {args.loader_clips_per_core:g} clips/s per core)"
+  )
   return dict(rows, data_clips_per_s_per_core=per_core)
 
 

@@ -26,6 +26,7 @@ N and prints XLA's `memory_analysis()` total. On CPU that step uses XLA
 attention (T x T weights kept) and a scheduler that does not delay
 recomputation, so only GPU figures are comparable with the above.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,12 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
   on_gpu = jax.default_backend() == "gpu"
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
     estimate = memory.step_memory(config, remat=remat)
-  return dict(remat=remat,
-              kept_mib_per_clip=estimate.kept_bytes_per_clip / memory.MiB,
-              fixed_gib=estimate.fixed_bytes / memory.GiB,
-              total_gib=estimate.total_bytes(batch_per_device) / memory.GiB)
+  return dict(
+    remat=remat,
+    kept_mib_per_clip=estimate.kept_bytes_per_clip / memory.MiB,
+    fixed_gib=estimate.fixed_bytes / memory.GiB,
+    total_gib=estimate.total_bytes(batch_per_device) / memory.GiB,
+  )
 
 
 def compiled_memory(config, remat: str, global_batch: int) -> float:
@@ -73,26 +76,46 @@ def compiled_memory(config, remat: str, global_batch: int) -> float:
   config.model.update(remat=remat, dtype="bfloat16")
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   state, rest, steps = steps_lib.build_state_and_steps(
-      config, tasks.get_task(config.task), mesh, abstract=True)
+    config, tasks.get_task(config.task), mesh, abstract=True
+  )
   batch = batches.batch_spec(config, global_batch)
   key = jax.eval_shape(lambda: jax.random.key(0))
   a = steps.train.lower(state, rest, batch, key).compile().memory_analysis()
-  return (a.argument_size_in_bytes + a.output_size_in_bytes
-          - a.alias_size_in_bytes + a.temp_size_in_bytes) / memory.GiB
+  return (
+    a.argument_size_in_bytes
+    + a.output_size_in_bytes
+    - a.alias_size_in_bytes
+    + a.temp_size_in_bytes
+  ) / memory.GiB
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python -m vidjax.bench.memory",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", default="configs/clip_vitb16_ego4d.py",
-                      help="a recipe, e.g. configs/ek100_mir_ft.py[:arg]")
-  parser.add_argument("--batch-per-device", type=int, default=0,
-                      help="default: the recipe's batch over 8 GPUs")
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.bench.memory", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument(
+    "--config",
+    default="configs/clip_vitb16_ego4d.py",
+    help="a recipe, e.g. configs/ek100_mir_ft.py[:arg]",
+  )
+  parser.add_argument(
+    "--batch-per-device",
+    type=int,
+    default=0,
+    help="default: the recipe's batch over 8 GPUs",
+  )
   parser.add_argument("--remat", default=DEFAULT_REMATS)
-  parser.add_argument("--residual-dtype", default="",
-                      help="override model.residual_dtype (e.g. bfloat16)")
-  parser.add_argument("--compile-batch", type=int, default=0,
-                      help="also compile the step at this global batch")
+  parser.add_argument(
+    "--residual-dtype",
+    default="",
+    help="override model.residual_dtype (e.g. bfloat16)",
+  )
+  parser.add_argument(
+    "--compile-batch",
+    type=int,
+    default=0,
+    help="also compile the step at this global batch",
+  )
   args = parser.parse_args(argv)
 
   config = config_lib.load_config(args.config)
@@ -100,22 +123,28 @@ def main(argv=None) -> list[dict]:
     config.model.residual_dtype = args.residual_dtype
   per_device = args.batch_per_device or config.batch_size // RECIPE_GPUS
   model = config.model
-  print(f"{args.config}: {model.name} {model.variant}, {model.num_frames} "
-        f"frames of {model.image_size}px, bf16, residual stream "
-        f"{model.residual_dtype}, {per_device} clips per "
-        f"device; attention as on a GPU with cuDNN; jax {jax.__version__}, "
-        f"backend {jax.default_backend()}")
-  header = (f"{'remat':<26}{'kept MiB/clip':>14}{'fixed GiB':>11}"
-            f"{'total GiB':>11}" + (f"{'compiled GiB':>14}"
-                                    if args.compile_batch else ""))
+  print(
+    f"{args.config}: {model.name} {model.variant}, {model.num_frames} "
+    f"frames of {model.image_size}px, bf16, residual stream "
+    f"{model.residual_dtype}, {per_device} clips per "
+    f"device; attention as on a GPU with cuDNN; jax {jax.__version__}, "
+    f"backend {jax.default_backend()}"
+  )
+  header = (
+    f"{'remat':<26}{'kept MiB/clip':>14}{'fixed GiB':>11}"
+    f"{'total GiB':>11}"
+    + (f"{'compiled GiB':>14}" if args.compile_batch else "")
+  )
   print(header)
   print("-" * len(header))
   rows = []
   for remat in args.remat.split(","):
     start = time.perf_counter()
     row = policy_memory(config, remat, per_device)
-    line = (f"{remat:<26}{row['kept_mib_per_clip']:>14.1f}"
-            f"{row['fixed_gib']:>11.2f}{row['total_gib']:>11.1f}")
+    line = (
+      f"{remat:<26}{row['kept_mib_per_clip']:>14.1f}"
+      f"{row['fixed_gib']:>11.2f}{row['total_gib']:>11.1f}"
+    )
     if args.compile_batch:
       row["compiled_gib"] = compiled_memory(config, remat, args.compile_batch)
       line += f"{row['compiled_gib']:>14.2f}"

@@ -14,6 +14,7 @@ needs R clips/s and prints the share of its time spent waiting for data.
 With `--memory-clips N` it reports the host RSS (main process + workers)
 growth over N clips through 2 workers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,26 +33,43 @@ from vidjax.bench import footage
 from vidjax.data import annotations, chunk, pipeline, video
 
 
-def write_records(store: Path, video_id: str, path: Path,
-                  num_clips: int = 200, seconds: float = 4) -> Path:
+def write_records(
+  store: Path,
+  video_id: str,
+  path: Path,
+  num_clips: int = 200,
+  seconds: float = 4,
+) -> Path:
   """Random `seconds`-long clip records of one video, as JSONL."""
   info = video.video_info(store, video_id)
   length = info.num_frames / float(info.frame_rate)
   starts = np.random.default_rng(0).uniform(0, length - seconds, num_clips)
-  annotations.write_jsonl([annotations.ClipRecord(video_id, float(s),
-                                                  float(s) + seconds,
-                                                  label=i % 10)
-                           for i, s in enumerate(starts)], path)
+  annotations.write_jsonl(
+    [
+      annotations.ClipRecord(
+        video_id, float(s), float(s) + seconds, label=i % 10
+      )
+      for i, s in enumerate(starts)
+    ],
+    path,
+  )
   return path
 
 
-def data_config(store: Path, records: Path, frames: int, stride: int,
-                size: int) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict({"seed": 0,
-                                      "data": defaults.data_config()})
-  config.data.update(root=str(store), train_annotations=str(records),
-                     num_frames=frames, sampling="stride", stride=stride,
-                     size=size)
+def data_config(
+  store: Path, records: Path, frames: int, stride: int, size: int
+) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(
+    {"seed": 0, "data": defaults.data_config()}
+  )
+  config.data.update(
+    root=str(store),
+    train_annotations=str(records),
+    num_frames=frames,
+    sampling="stride",
+    stride=stride,
+    size=size,
+  )
   return config
 
 
@@ -97,8 +115,11 @@ def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
   total = time.perf_counter() - t0
   cores = (cpu_seconds(proc) - cpu0) / total
   pipe.close()
-  return {"clips_per_s": batch * batches / total, "wait_share": wait / total,
-          "cores": cores}
+  return {
+    "clips_per_s": batch * batches / total,
+    "wait_share": wait / total,
+    "cores": cores,
+  }
 
 
 # The speed columns of both tables (this benchmark's and the loader's).
@@ -111,9 +132,18 @@ def speed_cells(row: dict, one: float | None) -> str:
   return f"{row['clips_per_s']:8.1f} {ratio} {row['cores']:10.2f}"
 
 
-def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
-            size: int = 224, frames: int = 16, stride: int = 4,
-            batch: int = 16, batches: int = 20) -> dict[int, dict]:
+def scaling(
+  store: Path,
+  video_id: str,
+  work: Path,
+  workers: list[int],
+  *,
+  size: int = 224,
+  frames: int = 16,
+  stride: int = 4,
+  batch: int = 16,
+  batches: int = 20,
+) -> dict[int, dict]:
   """clips/s of the whole pipeline with each number of Grain workers.
 
   Returns and prints, by worker count: `clips_per_s`, `vs_one` (over the
@@ -122,9 +152,12 @@ def scaling(store: Path, video_id: str, work: Path, workers: list[int], *,
   records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, frames, stride, size)
   mesh = sharding.make_mesh()
-  print(f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
-        f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
-        f"{'workers':>7} {SPEED_HEADER}", flush=True)
+  print(
+    f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
+    f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
+    f"{'workers':>7} {SPEED_HEADER}",
+    flush=True,
+  )
   rows = {}
   for w in workers:
     config.data.workers, config.data.threads = w, 0
@@ -150,25 +183,40 @@ def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
 
 def main(argv=None):
   p = argparse.ArgumentParser(
-      prog="python -m vidjax.bench.pipeline",
-      description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--workers", default="0,1,2",
-                 help="comma-separated worker counts")
-  p.add_argument("--threads", type=int, default=2,
-                 help="also run 0 workers with this many reader threads "
-                 "(0: skip)")
+    prog="python -m vidjax.bench.pipeline",
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  p.add_argument(
+    "--workers", default="0,1,2", help="comma-separated worker counts"
+  )
+  p.add_argument(
+    "--threads",
+    type=int,
+    default=2,
+    help="also run 0 workers with this many reader threads (0: skip)",
+  )
   p.add_argument("--batch", type=int, default=16, help="clips per batch")
   p.add_argument("--batches", type=int, default=20, help="batches timed")
   p.add_argument("--frames", type=int, default=16, help="frames per clip")
   p.add_argument("--stride", type=int, default=4, help="frame stride")
-  p.add_argument("--consumer-clips-per-s", type=float, default=0.0,
-                 help="simulate a training loop consuming this many clips/s")
-  p.add_argument("--memory-clips", type=int, default=0,
-                 help="measure RSS growth over this many clips (0: skip)")
-  p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
-                                                   "vidjax_bench_loader"),
-                 help="where the source and chunk store are kept")
+  p.add_argument(
+    "--consumer-clips-per-s",
+    type=float,
+    default=0.0,
+    help="simulate a training loop consuming this many clips/s",
+  )
+  p.add_argument(
+    "--memory-clips",
+    type=int,
+    default=0,
+    help="measure RSS growth over this many clips (0: skip)",
+  )
+  p.add_argument(
+    "--workdir",
+    default=os.path.join(tempfile.gettempdir(), "vidjax_bench_loader"),
+    help="where the source and chunk store are kept",
+  )
   footage.add_arguments(p)
   args = p.parse_args(argv)
   work = Path(args.workdir)
@@ -181,33 +229,42 @@ def main(argv=None):
   settings = [(int(w), 0) for w in args.workers.split(",")]
   if args.threads:
     settings.append((0, args.threads))
-  print(f"\n{args.batch} x {args.frames} frames (stride {args.stride}) -> "
-        f"{args.size}x{args.size} per batch, {args.batches} batches, "
-        f"{psutil.cpu_count()} CPUs\n")
-  print(f"{'workers':>7} {'threads':>7} {SPEED_HEADER}"
-        + (f" {'waiting':>8}" if args.consumer_clips_per_s else ""))
+  print(
+    f"\n{args.batch} x {args.frames} frames (stride {args.stride}) -> "
+    f"{args.size}x{args.size} per batch, {args.batches} batches, "
+    f"{psutil.cpu_count()} CPUs\n"
+  )
+  print(
+    f"{'workers':>7} {'threads':>7} {SPEED_HEADER}"
+    + (f" {'waiting':>8}" if args.consumer_clips_per_s else "")
+  )
   results = {}
   for workers, threads in settings:
     config.data.workers, config.data.threads = workers, threads
-    results[(workers, threads)] = run(config, mesh, args.batch, args.batches,
-                                      0.0)
+    results[(workers, threads)] = run(
+      config, mesh, args.batch, args.batches, 0.0
+    )
     if args.consumer_clips_per_s:
       results[(workers, threads)]["wait_share"] = run(
-          config, mesh, args.batch, args.batches,
-          args.consumer_clips_per_s)["wait_share"]
+        config, mesh, args.batch, args.batches, args.consumer_clips_per_s
+      )["wait_share"]
   one = results.get((1, 0), {}).get("clips_per_s")
   for (workers, threads), r in results.items():
-    wait = (f" {r['wait_share']:8.0%}" if args.consumer_clips_per_s else "")
+    wait = f" {r['wait_share']:8.0%}" if args.consumer_clips_per_s else ""
     print(f"{workers:7d} {threads:7d} {speed_cells(r, one)}{wait}")
   if args.consumer_clips_per_s:
-    print(f"\nwaiting: share of a training loop's time spent waiting for data "
-          f"when each step consumes {args.batch} clips at "
-          f"{args.consumer_clips_per_s:g} clips/s")
+    print(
+      f"\nwaiting: share of a training loop's time spent waiting for data "
+      f"when each step consumes {args.batch} clips at "
+      f"{args.consumer_clips_per_s:g} clips/s"
+    )
   if args.memory_clips:
     config.data.workers, config.data.threads = 2, 0
     before, after = memory(config, mesh, args.batch, args.memory_clips)
-    print(f"\nhost RSS (main + 2 workers) over {args.memory_clips} clips: "
-          f"{before:.0f} MB -> {after:.0f} MB ({after - before:+.0f} MB)")
+    print(
+      f"\nhost RSS (main + 2 workers) over {args.memory_clips} clips: "
+      f"{before:.0f} MB -> {after:.0f} MB ({after - before:+.0f} MB)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Random device batches of the pipeline's shapes: steps timed without video."""
+
 from __future__ import annotations
 
 import functools
@@ -11,8 +12,12 @@ from vidjax import sharding
 from vidjax.data import batches
 
 
-def random_batch(config: ml_collections.ConfigDict, batch_size: int,
-                 mesh: jax.sharding.Mesh, seed: int = 0) -> dict[str, jax.Array]:
+def random_batch(
+  config: ml_collections.ConfigDict,
+  batch_size: int,
+  mesh: jax.sharding.Mesh,
+  seed: int = 0,
+) -> dict[str, jax.Array]:
   """A device-resident random batch of `batch_spec`, sharded as the pipeline's.
 
   Frames are uniform uint8, tokens uniform over the text tower's vocabulary,
@@ -20,9 +25,13 @@ def random_batch(config: ml_collections.ConfigDict, batch_size: int,
   devices, so that a benchmark times the step without the host in the way.
   """
   spec = batches.batch_spec(config, batch_size)
-  high = {"tokens": config.model.text.vocab_size if "text" in config.model else 1,
-          **{name: config.model.num_classes if "num_classes" in config.model else 1
-             for name in ("label", "verb", "noun")}}
+  high = {
+    "tokens": config.model.text.vocab_size if "text" in config.model else 1,
+    **{
+      name: config.model.num_classes if "num_classes" in config.model else 1
+      for name in ("label", "verb", "noun")
+    },
+  }
 
   @functools.partial(jax.jit, out_shardings=sharding.batch_sharding(mesh))
   def make(key):
@@ -32,8 +41,9 @@ def random_batch(config: ml_collections.ConfigDict, batch_size: int,
       if name == "video":
         out[name] = jax.random.bits(keys[name], s.shape, jnp.uint8)
       elif name in high:
-        out[name] = jax.random.randint(keys[name], s.shape, 0, high[name],
-                                       jnp.int32)
+        out[name] = jax.random.randint(
+          keys[name], s.shape, 0, high[name], jnp.int32
+        )
       elif name == "index":
         out[name] = jnp.arange(batch_size, dtype=jnp.int32)
       else:  # view, skipped: 0; valid: True.

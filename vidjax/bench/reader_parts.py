@@ -14,6 +14,7 @@ On the chunk files and decoded frames of one store, one thread:
            with the crop cut from the frame's RGB and resized by OpenCV
            (INTER_AREA): PSNR in dB.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,11 +43,13 @@ def one_pass(frame: av.VideoFrame, window, size: int) -> np.ndarray:
   """The crop copied out, then one swscale pass to RGB at size x size."""
   x, y, w, h = window
   planes = chunk.yuv_planes(frame)
-  cropped = chunk.yuv_frame(planes[0][y:y + h, x:x + w],
-                            *(p[y // 2:(y + h) // 2, x // 2:(x + w) // 2]
-                              for p in planes[1:]))
-  return cropped.reformat(width=size, height=size, format="rgb24",
-                          threads=1).to_ndarray()
+  cropped = chunk.yuv_frame(
+    planes[0][y : y + h, x : x + w],
+    *(p[y // 2 : (y + h) // 2, x // 2 : (x + w) // 2] for p in planes[1:]),
+  )
+  return cropped.reformat(
+    width=size, height=size, format="rgb24", threads=1
+  ).to_ndarray()
 
 
 def measure(store: Path, video_id: str, clips, size: int = 224) -> dict:
@@ -64,39 +67,57 @@ def measure(store: Path, video_id: str, clips, size: int = 224) -> dict:
 
   frames = []  # (decoded frame, crop window) pairs from the clips' crops.
   with av.open(files[0]) as container:
-    decoded = [f for _, f in zip(range(len(clips)),
-                                 container.decode(video=0))]
+    decoded = [f for _, f in zip(range(len(clips)), container.decode(video=0))]
   for frame, (_, box) in zip(decoded, clips):
-    window = video.even_window(footage.pixels(box, info.width, info.height),
-                               info.width, info.height)
+    window = video.even_window(
+      footage.pixels(box, info.width, info.height), info.width, info.height
+    )
     frames.append((frame, window))
   out_wh = (size, size)
   results = {
-      "open_ms": {"av.open": _cpu_ms(open_plain, files * 10),
-                  "read_clip": _cpu_ms(open_fast, files * 10)},
-      "convert_ms": {
-          "one pass": _cpu_ms(lambda fw: one_pass(*fw, size), frames),
-          "read_clip": _cpu_ms(lambda fw: video.crop_to_rgb(*fw, out_wh),
-                               frames)}}
+    "open_ms": {
+      "av.open": _cpu_ms(open_plain, files * 10),
+      "read_clip": _cpu_ms(open_fast, files * 10),
+    },
+    "convert_ms": {
+      "one pass": _cpu_ms(lambda fw: one_pass(*fw, size), frames),
+      "read_clip": _cpu_ms(lambda fw: video.crop_to_rgb(*fw, out_wh), frames),
+    },
+  }
   if importlib.util.find_spec("cv2"):
+
     def score(convert):
-      return float(np.mean([footage.psnr(
-          convert(f, w), footage.reference_crop(f.to_ndarray(format="rgb24"),
-                                                w, size))
-                            for f, w in frames]))
+      return float(
+        np.mean(
+          [
+            footage.psnr(
+              convert(f, w),
+              footage.reference_crop(f.to_ndarray(format="rgb24"), w, size),
+            )
+            for f, w in frames
+          ]
+        )
+      )
+
     results["convert_psnr_db"] = {
-        "one pass": score(lambda f, w: one_pass(f, w, size)),
-        "read_clip": score(lambda f, w: video.crop_to_rgb(f, w, out_wh))}
+      "one pass": score(lambda f, w: one_pass(f, w, size)),
+      "read_clip": score(lambda f, w: video.crop_to_rgb(f, w, out_wh)),
+    }
   return results
 
 
 def report(results: dict) -> None:
   opens, conv = results["open_ms"], results["convert_ms"]
   psnr = results.get("convert_psnr_db", {})
-  print(f"\nread_clip's steps (CPU ms, one thread)\n"
-        f"open a chunk:        av.open {opens['av.open']:.2f}, read_clip "
-        f"{opens['read_clip']:.2f} ({opens['av.open'] / opens['read_clip']:.1f}x)"
-        f"\ncrop -> RGB, frame:  one pass {conv['one pass']:.3f}, read_clip "
-        f"{conv['read_clip']:.3f} ({conv['one pass'] / conv['read_clip']:.1f}x)"
-        + (f"; PSNR vs OpenCV {psnr['one pass']:.1f} / {psnr['read_clip']:.1f}"
-           " dB" if psnr else ""))
+  print(
+    f"\nread_clip's steps (CPU ms, one thread)\n"
+    f"open a chunk:        av.open {opens['av.open']:.2f}, read_clip "
+    f"{opens['read_clip']:.2f} ({opens['av.open'] / opens['read_clip']:.1f}x)"
+    f"\ncrop -> RGB, frame:  one pass {conv['one pass']:.3f}, read_clip "
+    f"{conv['read_clip']:.3f} ({conv['one pass'] / conv['read_clip']:.1f}x)"
+    + (
+      f"; PSNR vs OpenCV {psnr['one pass']:.1f} / {psnr['read_clip']:.1f} dB"
+      if psnr
+      else ""
+    )
+  )

@@ -8,6 +8,7 @@ the training and validation CSVs together (`ek100_actions`), as AVION's
 action heads are. `caption_positives` gives EK-100 MIR training clips the
 captions they are relevant to (`data.train_relevancy`).
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -35,22 +36,32 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
   return annotations.load_records(data.format, split_paths(path), **kw)
 
 
-def ek100_actions(data: ml_collections.ConfigDict) -> dict[tuple[int, int], int]:
+def ek100_actions(
+  data: ml_collections.ConfigDict,
+) -> dict[tuple[int, int], int]:
   """EK-100 action ids, `{(verb, noun): action}`, numbered over the training
   and validation CSVs together (as AVION's action heads are)."""
   return annotations.ek100_action_map(
-      [p for value in (data.train_annotations, data.eval_annotations)
-       for p in split_paths(value)])
+    [
+      p
+      for value in (data.train_annotations, data.eval_annotations)
+      for p in split_paths(value)
+    ]
+  )
 
 
 def _kinetics_classes(path: str) -> set[str]:
   """The class names in a Kinetics CSV's `label` column (none if it has none)."""
-  return {row["label"] for _, row in records_lib.read_csv(path, ())
-          if row.get("label") is not None}
+  return {
+    row["label"]
+    for _, row in records_lib.read_csv(path, ())
+    if row.get("label") is not None
+  }
 
 
-def kinetics_label_map(data: ml_collections.ConfigDict,
-                       path: str) -> dict[str, int]:
+def kinetics_label_map(
+  data: ml_collections.ConfigDict, path: str
+) -> dict[str, int]:
   """Class ids for format 'kinetics': the training files' class names, sorted.
 
   One map for every file, so that training, its evaluations and a later
@@ -68,12 +79,14 @@ def kinetics_label_map(data: ml_collections.ConfigDict,
     unknown = sorted(_kinetics_classes(file) - names)
     if unknown:
       shown = ", ".join(map(repr, unknown[:5])) + (
-          f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+      )
       raise errors.DataFileError(
-          f"{file}: {len(unknown)} class{'es' if len(unknown) > 1 else ''} "
-          f"not in the training classes of {', '.join(train)}: {shown}. "
-          "Class ids come from the training classes (sorted); leave these "
-          "rows out of the file")
+        f"{file}: {len(unknown)} class{'es' if len(unknown) > 1 else ''} "
+        f"not in the training classes of {', '.join(train)}: {shown}. "
+        "Class ids come from the training classes (sorted); leave these "
+        "rows out of the file"
+      )
   return {name: i for i, name in enumerate(sorted(names))}
 
 
@@ -84,9 +97,15 @@ def caption_positives(data: ml_collections.ConfigDict, records):
   files = split_paths(data.train_annotations)
   if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:
     raise errors.ConfigError(
-        "data.train_relevancy needs data.format='ek100_mir', one "
-        "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
-        "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)")
+      "data.train_relevancy needs data.format='ek100_mir', one "
+      "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
+      "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)"
+    )
   return ek100.mir_positives(
-      records, files[0], data.train_sentences, data.train_relevancy,
-      threshold=data.positive_threshold, allow_pickle=data.allow_pickle)
+    records,
+    files[0],
+    data.train_sentences,
+    data.train_relevancy,
+    threshold=data.positive_threshold,
+    allow_pickle=data.allow_pickle,
+  )

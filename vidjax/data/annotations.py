@@ -20,6 +20,7 @@ formats as released and report bad rows as `ValueError: FILE:LINE: problem`:
 
 `load_records(kind, path, **kw)` dispatches on `kind`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,15 +57,28 @@ from vidjax.data.records import (
 )
 
 __all__ = [
-    'ClipRecord', 'FORMATS', 'LOADERS', 'check_relevancy_shape',
-    'ek100_action_map', 'format_hint',
-    'load_ego4d', 'load_ek100_cls', 'load_ek100_mir',
-    'load_ek100_mir_sentences', 'load_jsonl', 'load_kinetics',
-    'load_kinetics_list', 'load_label_map', 'load_records', 'load_relevancy',
-    'parse_timestamp', 'write_jsonl']
+  "ClipRecord",
+  "FORMATS",
+  "LOADERS",
+  "check_relevancy_shape",
+  "ek100_action_map",
+  "format_hint",
+  "load_ego4d",
+  "load_ek100_cls",
+  "load_ek100_mir",
+  "load_ek100_mir_sentences",
+  "load_jsonl",
+  "load_kinetics",
+  "load_kinetics_list",
+  "load_label_map",
+  "load_records",
+  "load_relevancy",
+  "parse_timestamp",
+  "write_jsonl",
+]
 
 # Kinetics clips as the ActivityNet crawler names them (`abc_000014_000024`).
-KINETICS_VIDEO_ID_FORMAT = '{youtube_id}_{time_start:06d}_{time_end:06d}'
+KINETICS_VIDEO_ID_FORMAT = "{youtube_id}_{time_start:06d}_{time_end:06d}"
 
 
 # ---------------------------------------------------------------- JSONL ----
@@ -78,42 +92,52 @@ def load_jsonl(path: PathLike) -> list[ClipRecord]:
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      csv = ',' in line and not line.lstrip().startswith(('{', '['))
-      raise error(where, f'not JSON ({e.msg} at column {e.colno}): expected '
-                  'one JSON object per line'
-                  + ('; this line looks like CSV' if csv else '')) from None
-    if not isinstance(obj, dict) or 'video_id' not in obj:
-      raise error(where, 'expected a JSON object with "video_id", "start", '
-                  '"end" (and "text" or "label")')
-    start, end = span(obj.get('start'), obj.get('end'), where)
-    text, label = obj.get('text'), obj.get('label')
+      csv = "," in line and not line.lstrip().startswith(("{", "["))
+      raise error(
+        where,
+        f"not JSON ({e.msg} at column {e.colno}): expected "
+        "one JSON object per line"
+        + ("; this line looks like CSV" if csv else ""),
+      ) from None
+    if not isinstance(obj, dict) or "video_id" not in obj:
+      raise error(
+        where,
+        'expected a JSON object with "video_id", "start", '
+        '"end" (and "text" or "label")',
+      )
+    start, end = span(obj.get("start"), obj.get("end"), where)
+    text, label = obj.get("text"), obj.get("label")
     if text is not None and not isinstance(text, str):
-      raise error(where, f'text {text!r} is not a string')
+      raise error(where, f"text {text!r} is not a string")
     if label is not None and type(label) is not int:
-      raise error(where, f'label {label!r} is not an integer')
+      raise error(where, f"label {label!r} is not an integer")
     extra = {k: v for k, v in obj.items() if k not in FIELDS}
     records.append(
-        ClipRecord(str(obj['video_id']), start, end, text, label, extra))
+      ClipRecord(str(obj["video_id"]), start, end, text, label, extra)
+    )
   return records
 
 
 def write_jsonl(records: Sequence[ClipRecord], path: PathLike) -> int:
   """Writes records in `load_jsonl`'s format; returns how many."""
-  with open(path, 'w', encoding='utf-8') as f:
+  with open(path, "w", encoding="utf-8") as f:
     for r in records:
       if set(r.extra) & set(FIELDS):
-        raise ValueError(f'{r.video_id}: extra keys {sorted(r.extra)} clash '
-                         f'with the record fields {FIELDS}')
+        raise ValueError(
+          f"{r.video_id}: extra keys {sorted(r.extra)} clash "
+          f"with the record fields {FIELDS}"
+        )
       obj = {k: getattr(r, k) for k in FIELDS if getattr(r, k) is not None}
-      f.write(json.dumps(obj | r.extra, ensure_ascii=False) + '\n')
+      f.write(json.dumps(obj | r.extra, ensure_ascii=False) + "\n")
   return len(records)
 
 
 # --------------------------------------------------------------- Ego4D ----
 
 
-def load_ego4d(path: PathLike, *,
-               allow_pickle: bool = False) -> list[ClipRecord]:
+def load_ego4d(
+  path: PathLike, *, allow_pickle: bool = False
+) -> list[ClipRecord]:
   """Ego4D narration clips from LaViLa/AVION's pickle or its JSONL conversion.
 
   Pickled entries are `(video_uid, start_second, end_second, narration)`, or
@@ -132,27 +156,31 @@ def load_ego4d(path: PathLike, *,
   Returns:
     The records, in file order.
   """
-  if os.fspath(path).endswith('.jsonl'):
+  if os.fspath(path).endswith(".jsonl"):
     return load_jsonl(path)
-  entries = load_pickle(path, allow_pickle, 'convert-ego4d')
+  entries = load_pickle(path, allow_pickle, "convert-ego4d")
   if not isinstance(entries, (list, tuple)):
-    raise error(os.fspath(path), 'expected a list of tuples, got '
-                f'{type(entries).__name__}')
+    raise error(
+      os.fspath(path),
+      f"expected a list of tuples, got {type(entries).__name__}",
+    )
   records = []
   for i, entry in enumerate(entries):
-    where = f'{os.fspath(path)}[{i}]'
+    where = f"{os.fspath(path)}[{i}]"
     if not isinstance(entry, (tuple, list)) or len(entry) not in (4, 5):
-      raise error(where, 'expected (video_uid, start, end, narration'
-                  f'[, score]), got {entry!r}')
+      raise error(
+        where,
+        f"expected (video_uid, start, end, narration[, score]), got {entry!r}",
+      )
     start, end = span(entry[1], entry[2], where)
     text, extra = entry[3], {}
     if isinstance(text, (list, tuple)) and text:
-      extra['texts'] = [str(t) for t in text]
-      text = extra['texts'][0]
+      extra["texts"] = [str(t) for t in text]
+      text = extra["texts"][0]
     if not isinstance(text, str):
-      raise error(where, f'narration {text!r} is not a string or a list')
+      raise error(where, f"narration {text!r} is not a string or a list")
     if len(entry) == 5:
-      extra['score'] = jsonable(entry[4], where)
+      extra["score"] = jsonable(entry[4], where)
     records.append(ClipRecord(str(entry[0]), start, end, text, None, extra))
   return records
 
@@ -164,24 +192,29 @@ def load_label_map(path: PathLike) -> dict[str, int]:
   """Class name -> id from a JSON object, or from a text file with one name
   per line (line order gives the ids)."""
   name = os.fspath(path)
-  with open(name, encoding='utf-8') as f:
+  with open(name, encoding="utf-8") as f:
     content = f.read()
-  if name.endswith('.json'):
+  if name.endswith(".json"):
     mapping = json.loads(content)
-    if not (isinstance(mapping, dict)
-            and all(type(v) is int for v in mapping.values())):
-      raise error(name, 'expected a JSON object of class name -> integer id')
+    if not (
+      isinstance(mapping, dict)
+      and all(type(v) is int for v in mapping.values())
+    ):
+      raise error(name, "expected a JSON object of class name -> integer id")
     return mapping
   names = [line.strip() for line in content.splitlines() if line.strip()]
   if len(set(names)) != len(names):
-    raise error(name, 'class names repeat')
+    raise error(name, "class names repeat")
   return {n: i for i, n in enumerate(names)}
 
 
-def load_kinetics(path: PathLike, *,
-                  label_map: Mapping[str, int] | PathLike | None = None,
-                  video_id_format: str = KINETICS_VIDEO_ID_FORMAT,
-                  trimmed: bool = True) -> list[ClipRecord]:
+def load_kinetics(
+  path: PathLike,
+  *,
+  label_map: Mapping[str, int] | PathLike | None = None,
+  video_id_format: str = KINETICS_VIDEO_ID_FORMAT,
+  trimmed: bool = True,
+) -> list[ClipRecord]:
   """Kinetics-400/600/700 clips (`label,youtube_id,time_start,time_end,split`).
 
   Args:
@@ -201,30 +234,34 @@ def load_kinetics(path: PathLike, *,
     Records with `label` (when labelled) and `extra` holding `youtube_id`,
     `split` and `label_name`.
   """
-  rows = list(read_csv(path, ('youtube_id', 'time_start', 'time_end')))
-  labelled = bool(rows) and 'label' in rows[0][1]
+  rows = list(read_csv(path, ("youtube_id", "time_start", "time_end")))
+  labelled = bool(rows) and "label" in rows[0][1]
   if isinstance(label_map, (str, os.PathLike)):
     label_map = load_label_map(label_map)
   elif label_map is None:
-    names = sorted({row.get('label', '') for _, row in rows})
+    names = sorted({row.get("label", "") for _, row in rows})
     label_map = {n: i for i, n in enumerate(names)}
   records = []
   for where, row in rows:
-    t0, t1 = span(row['time_start'], row['time_end'], where)
-    times = {k: int(t) if t.is_integer() else t
-             for k, t in (('time_start', t0), ('time_end', t1))}
+    t0, t1 = span(row["time_start"], row["time_end"], where)
+    times = {
+      k: int(t) if t.is_integer() else t
+      for k, t in (("time_start", t0), ("time_end", t1))
+    }
     try:
       video_id = video_id_format.format(
-          youtube_id=row['youtube_id'], label=row.get('label', ''), **times)
+        youtube_id=row["youtube_id"], label=row.get("label", ""), **times
+      )
     except (KeyError, ValueError, IndexError) as e:
-      raise error(where,
-                  f'video_id_format {video_id_format!r}: {e!r}') from None
-    extra = {'youtube_id': row['youtube_id'], 'split': row.get('split', '')}
+      raise error(
+        where, f"video_id_format {video_id_format!r}: {e!r}"
+      ) from None
+    extra = {"youtube_id": row["youtube_id"], "split": row.get("split", "")}
     label = None
     if labelled:
-      if row['label'] not in label_map:
+      if row["label"] not in label_map:
         raise error(where, f"label {row['label']!r} is not in the label map")
-      label, extra['label_name'] = label_map[row['label']], row['label']
+      label, extra["label_name"] = label_map[row["label"]], row["label"]
     start, end = (0.0, t1 - t0) if trimmed else (t0, t1)
     records.append(ClipRecord(video_id, start, end, None, label, extra))
   return records
@@ -247,13 +284,20 @@ def load_kinetics_list(path: PathLike) -> list[ClipRecord]:
     if len(fields) != 3:
       raise error(where, f'expected "path num_frames label", got {line!r}')
     video, frames, label = fields
-    num_frames = to_int(frames, where, 'num_frames')
+    num_frames = to_int(frames, where, "num_frames")
     if num_frames < 1:
-      raise error(where, f'num_frames {num_frames} is not positive')
+      raise error(where, f"num_frames {num_frames} is not positive")
     video_id = os.path.splitext(os.path.basename(video))[0]
-    records.append(ClipRecord(
-        video_id, 0.0, math.inf, None, to_int(label, where, 'label'),
-        {'path': video, 'num_frames': num_frames}))
+    records.append(
+      ClipRecord(
+        video_id,
+        0.0,
+        math.inf,
+        None,
+        to_int(label, where, "label"),
+        {"path": video, "num_frames": num_frames},
+      )
+    )
   return records
 
 
@@ -261,49 +305,52 @@ def load_kinetics_list(path: PathLike) -> list[ClipRecord]:
 
 # What each `data.format` reads, for the messages about a file that does not.
 FORMATS = {
-    'jsonl': 'JSON Lines, one JSON object per line: {"video_id": "bikes", '
-             '"start": 0.0, "end": 4.5, "text": "a caption"} (or "label": 3)',
-    'ego4d': "LaViLa/AVION's Ego4D pickles (ego4d_train.pkl), or their JSONL "
-             'conversion (convert-ego4d)',
-    'ek100_cls': "EPIC-Kitchens-100's EPIC_100_train.csv / "
-                 'EPIC_100_validation.csv (columns video_id, start_timestamp, '
-                 'stop_timestamp, verb_class, noun_class)',
-    'ek100_mir': "EPIC-Kitchens-100's EPIC_100_retrieval_train.csv / "
-                 '_test.csv (columns narration_id, video_id, start_timestamp, '
-                 'stop_timestamp, narration)',
-    'kinetics': 'Kinetics CSVs (columns label, youtube_id, time_start, '
-                'time_end)',
-    'kinetics_list': "AVION/VideoMAE lists: one 'path num_frames label' line "
-                     'per video',
+  "jsonl": 'JSON Lines, one JSON object per line: {"video_id": "bikes", '
+  '"start": 0.0, "end": 4.5, "text": "a caption"} (or "label": 3)',
+  "ego4d": "LaViLa/AVION's Ego4D pickles (ego4d_train.pkl), or their JSONL "
+  "conversion (convert-ego4d)",
+  "ek100_cls": "EPIC-Kitchens-100's EPIC_100_train.csv / "
+  "EPIC_100_validation.csv (columns video_id, start_timestamp, "
+  "stop_timestamp, verb_class, noun_class)",
+  "ek100_mir": "EPIC-Kitchens-100's EPIC_100_retrieval_train.csv / "
+  "_test.csv (columns narration_id, video_id, start_timestamp, "
+  "stop_timestamp, narration)",
+  "kinetics": "Kinetics CSVs (columns label, youtube_id, time_start, time_end)",
+  "kinetics_list": "AVION/VideoMAE lists: one 'path num_frames label' line "
+  "per video",
 }
 
 
 def format_hint(kind: str) -> str:
   """What `data.format=kind` reads, and how to choose another."""
-  return (f'data.format={kind!r} reads {FORMATS[kind]}; for another format '
-          f"set --config.data.format ({', '.join(FORMATS)})")
+  return (
+    f"data.format={kind!r} reads {FORMATS[kind]}; for another format "
+    f"set --config.data.format ({', '.join(FORMATS)})"
+  )
 
 
 LOADERS = {
-    'ego4d': load_ego4d,
-    'ek100_cls': load_ek100_cls,
-    'ek100_mir': load_ek100_mir,
-    'kinetics': load_kinetics,
-    'kinetics_list': load_kinetics_list,
-    'jsonl': load_jsonl,
+  "ego4d": load_ego4d,
+  "ek100_cls": load_ek100_cls,
+  "ek100_mir": load_ek100_mir,
+  "kinetics": load_kinetics,
+  "kinetics_list": load_kinetics_list,
+  "jsonl": load_jsonl,
 }
 
 
-def load_records(kind: str, path: PathLike | Sequence[PathLike],
-                 **kwargs) -> list[ClipRecord]:
+def load_records(
+  kind: str, path: PathLike | Sequence[PathLike], **kwargs
+) -> list[ClipRecord]:
   """Loads `path` with the loader for `kind`, a key of `LOADERS`.
 
   Several paths (e.g. LaViLa's rephraser and narrator files) are read in
   order and their records concatenated, as AVION's `ConcatDataset`.
   """
   if kind not in LOADERS:
-    raise ValueError(f'unknown annotation kind {kind!r}; expected one of '
-                     f'{sorted(LOADERS)}')
+    raise ValueError(
+      f"unknown annotation kind {kind!r}; expected one of {sorted(LOADERS)}"
+    )
   if isinstance(path, (str, os.PathLike)):
     return LOADERS[kind](path, **kwargs)
   return [r for p in path for r in LOADERS[kind](p, **kwargs)]
@@ -311,47 +358,56 @@ def load_records(kind: str, path: PathLike | Sequence[PathLike],
 
 def main(argv: Sequence[str] | None = None) -> int:
   """One-time conversions of pickled annotations to formats safe to load."""
-  parser = argparse.ArgumentParser(prog='python -m vidjax.data.annotations')
-  commands = parser.add_subparsers(dest='command', required=True)
-  for command, what in (('convert-ego4d', 'Ego4D narration pickle -> JSONL'),
-                        ('convert-relevancy', 'EK-100 MIR relevancy -> .npy')):
+  parser = argparse.ArgumentParser(prog="python -m vidjax.data.annotations")
+  commands = parser.add_subparsers(dest="command", required=True)
+  for command, what in (
+    ("convert-ego4d", "Ego4D narration pickle -> JSONL"),
+    ("convert-relevancy", "EK-100 MIR relevancy -> .npy"),
+  ):
     sub = commands.add_parser(command, help=what)
-    sub.add_argument('src')
-    sub.add_argument('dst')
-    sub.add_argument('--allow-pickle', action='store_true',
-                     help='required: you trust SRC (unpickling can run code)')
+    sub.add_argument("src")
+    sub.add_argument("dst")
+    sub.add_argument(
+      "--allow-pickle",
+      action="store_true",
+      help="required: you trust SRC (unpickling can run code)",
+    )
   args = parser.parse_args(argv)
   if not args.allow_pickle:
-    parser.error(f'refusing to unpickle {args.src} without --allow-pickle '
-                 '(unpickling can run code stored in the file)')
-  ego4d = args.command == 'convert-ego4d'
+    parser.error(
+      f"refusing to unpickle {args.src} without --allow-pickle "
+      "(unpickling can run code stored in the file)"
+    )
+  ego4d = args.command == "convert-ego4d"
   try:
-    data = (load_ego4d if ego4d else load_relevancy)(args.src,
-                                                     allow_pickle=True)
+    data = (load_ego4d if ego4d else load_relevancy)(
+      args.src, allow_pickle=True
+    )
   except (errors.UserError, OSError, ValueError) as e:
     _refuse(parser, args.src, e)
   try:
     if ego4d:
-      wrote = f'{write_jsonl(data, args.dst)} records'
+      wrote = f"{write_jsonl(data, args.dst)} records"
     else:
-      with open(args.dst, 'wb') as f:  # np.save(name) would append '.npy'.
+      with open(args.dst, "wb") as f:  # np.save(name) would append '.npy'.
         np.save(f, data, allow_pickle=False)
-      wrote = f'{data.dtype}{list(data.shape)}'
+      wrote = f"{data.dtype}{list(data.shape)}"
   except OSError as e:
     _refuse(parser, args.dst, e)
-  print(f'wrote {wrote} to {args.dst}')
+  print(f"wrote {wrote} to {args.dst}")
   return 0
 
 
-def _refuse(parser: argparse.ArgumentParser, path: str,
-            e: Exception) -> NoReturn:
+def _refuse(
+  parser: argparse.ArgumentParser, path: str, e: Exception
+) -> NoReturn:
   """Exits 2 with the error's message, naming `path`: bad input gets no
   traceback."""
   message = e.describe() if isinstance(e, errors.UserError) else str(e)
   if path not in message:
-    message = f'{path}: {message}'
-  parser.exit(errors.EXIT_USAGE, f'{parser.prog}: error: {message}\n')
+    message = f"{path}: {message}"
+  parser.exit(errors.EXIT_USAGE, f"{parser.prog}: error: {message}\n")
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
   sys.exit(main())

@@ -7,6 +7,7 @@ batches the pipeline yields (the elements' `loader.element_spec` with a
 batch axis), for what traces or compiles the steps without reading any
 video (the memory check, the benchmarks).
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,13 +37,15 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
   nbytes = int(np.prod(shape)) * dtype.itemsize
   raw = np.empty(nbytes + ALIGNMENT, np.uint8)
   start = -raw.ctypes.data % ALIGNMENT
-  return raw[start:start + nbytes].view(dtype).reshape(shape)
+  return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
   """'FILE: N failed reads' lines, most failures first, at most `limit`."""
-  lines = [f"{path}: {n} failed read{'s' if n > 1 else ''}"
-           for path, n in failures.most_common(limit)]
+  lines = [
+    f"{path}: {n} failed read{'s' if n > 1 else ''}"
+    for path, n in failures.most_common(limit)
+  ]
   if len(failures) > limit:
     lines.append(f"... and {len(failures) - limit} more files")
   return lines
@@ -85,17 +88,28 @@ class HostBatches:
       one it yields next (the one it waits for while in `next`).
   """
 
-  def __init__(self, iterator, batch_size: int, max_skip_fraction: float,
-               train: bool = False, group: int = 1, state: dict | None = None):
+  def __init__(
+    self,
+    iterator,
+    batch_size: int,
+    max_skip_fraction: float,
+    train: bool = False,
+    group: int = 1,
+    state: dict | None = None,
+  ):
     if batch_size % group:
-      raise ValueError(f"batch size {batch_size} is not a multiple of the "
-                       f"{group} clips per transfer")
+      raise ValueError(
+        f"batch size {batch_size} is not a multiple of the "
+        f"{group} clips per transfer"
+      )
     self._it, self._batch_size, self._group = iterator, batch_size, group
     self._max_fraction, self._train = max_skip_fraction, train
     state = state or {}
     self.start = self.groups = resume_group(state, group) if state else 0
-    self.skipped, self.attempts = state.get("skipped", 0), state.get(
-        "attempts", 0)
+    self.skipped, self.attempts = (
+      state.get("skipped", 0),
+      state.get("attempts", 0),
+    )
     # States saved before the failures were kept have none.
     self.failures = collections.Counter(state.get("failures", {}))
 
@@ -114,12 +128,15 @@ class HostBatches:
       self.groups += 1
       messages.extend(str(m) for m in group.pop("errors"))
       if not batch:
-        batch = {k: aligned_empty((self._batch_size,) + np.shape(v)[1:],
-                                  np.asarray(v).dtype)
-                 for k, v in group.items()}
+        batch = {
+          k: aligned_empty(
+            (self._batch_size,) + np.shape(v)[1:], np.asarray(v).dtype
+          )
+          for k, v in group.items()
+        }
       size = len(group["valid"])
       for key, value in group.items():
-        batch[key][count:count + size] = value  # The shm block goes with it.
+        batch[key][count : count + size] = value  # The shm block goes with it.
       count += size
     return batch, messages, count
 
@@ -128,8 +145,11 @@ class HostBatches:
     path = message.split(": ", 1)[0]
     if path not in _REPORTED_FILES:
       _REPORTED_FILES.add(path)
-      logging.warning("cannot read a clip: %s (reported once per file; such "
-                      "clips are replaced and counted)", message)
+      logging.warning(
+        "cannot read a clip: %s (reported once per file; such "
+        "clips are replaced and counted)",
+        message,
+      )
     self.failures[path] += 1
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -143,23 +163,28 @@ class HostBatches:
       self._count(message)
     fraction = self.skipped / max(self.attempts, 1)
     if (self._train and not batch["valid"][:count].any()) or (
-        self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
-        and fraction > self._max_fraction):
+      self.attempts >= MIN_ATTEMPTS_BEFORE_STOP
+      and fraction > self._max_fraction
+    ):
       raise errors.DataError(
-          f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
-          f" in {len(self.failures)} file{'s' if len(self.failures) > 1 else ''}"
-          ":\n  "
-          + "\n  ".join(failure_lines(self.failures)),
-          hint="re-chunk or remove those videos; the limit is "
-          f"data.max_skip_fraction={self._max_fraction}")
+        f"{self.skipped} of {self.attempts} clip reads failed ({fraction:.0%}),"
+        f" in {len(self.failures)} file{'s' if len(self.failures) > 1 else ''}"
+        ":\n  " + "\n  ".join(failure_lines(self.failures)),
+        hint="re-chunk or remove those videos; the limit is "
+        f"data.max_skip_fraction={self._max_fraction}",
+      )
     for value in batch.values():  # A short final eval batch: invalid rows.
       value[count:] = 0
     return batch
 
   def get_state(self) -> dict:
     """JSON-able: the position in clips and the counts, failures per file."""
-    return {"clips": self.groups * self._group, "skipped": self.skipped,
-            "attempts": self.attempts, "failures": dict(self.failures)}
+    return {
+      "clips": self.groups * self._group,
+      "skipped": self.skipped,
+      "attempts": self.attempts,
+      "failures": dict(self.failures),
+    }
 
   def close(self) -> None:
     """Stops Grain's worker processes, if it has any."""
@@ -180,14 +205,17 @@ def resume_group(state: dict, group: int) -> int:
     # own state (of one iterator, or one per worker), counting groups.
     grain = state["grain"]
     clips = state.get("clips_per_transfer", 1) * sum(
-        s["next_index"] for s in grain.get("iterators_in_use_states", [grain])
-        if s)
+      s["next_index"]
+      for s in grain.get("iterators_in_use_states", [grain])
+      if s
+    )
   if clips % group:
     raise errors.ConfigError(
-        f"the data iterator was saved {clips} clips into its stream, which "
-        f"is not a whole number of this run's transfers of {group} clips "
-        "(the batch size changed): resume with the saved run's batch size, "
-        "or start a new workdir from its weights with --config.init_from")
+      f"the data iterator was saved {clips} clips into its stream, which "
+      f"is not a whole number of this run's transfers of {group} clips "
+      "(the batch size changed): resume with the saved run's batch size, "
+      "or start a new workdir from its weights with --config.init_from"
+    )
   return clips // group
 
 
@@ -200,13 +228,15 @@ def target_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """
   keys = ("tokens",) if defaults.needs_text(config.task) else ()
   if config.task == "classification":
-    keys += ("label",) + (("verb", "noun")
-                          if config.data.format == "ek100_cls" else ())
+    keys += ("label",) + (
+      ("verb", "noun") if config.data.format == "ek100_cls" else ()
+    )
   return keys
 
 
-def batch_spec(config: ml_collections.ConfigDict,
-               batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+def batch_spec(
+  config: ml_collections.ConfigDict, batch_size: int
+) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes and dtypes of the global batches `make_pipeline` yields.
 
   For tracing, compiling or timing the steps without reading any video: the
@@ -224,7 +254,11 @@ def batch_spec(config: ml_collections.ConfigDict,
   """
   text = config.model.get("text")
   spec = loader.element_spec(
-      loader.ClipSpec.from_config(config.data), target_keys(config),
-      text.context_length if text else defaults.CONTEXT_LENGTH)
-  return {k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
-          for k, (shape, dtype) in spec.items()}
+    loader.ClipSpec.from_config(config.data),
+    target_keys(config),
+    text.context_length if text else defaults.CONTEXT_LENGTH,
+  )
+  return {
+    k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
+    for k, (shape, dtype) in spec.items()
+  }

@@ -25,6 +25,7 @@ The videos the rows use are checked against their chunk files: the last
 chunk the manifest's frame count implies exists and no chunk follows it;
 the first few videos' last chunk is opened to compare its frames and rate.
 """
+
 from __future__ import annotations
 
 import collections
@@ -58,12 +59,14 @@ _EXAMPLES = 3  # Example rows shown per kind of problem.
 _UNSCORABLE = ("no_text", "no_label")  # What an evaluation cannot keep.
 
 KINDS = {  # kind -> how the summary counts it: one, several
-    "unknown_video": ("unknown video id", "unknown video ids"),
-    "outside_video": ("span outside its video", "spans outside their video"),
-    "no_text": ("row without a caption", "rows without a caption"),
-    "no_label": ("row without a label", "rows without a label"),
-    "bad_label": ("label outside model.num_classes",
-                  "labels outside model.num_classes"),
+  "unknown_video": ("unknown video id", "unknown video ids"),
+  "outside_video": ("span outside its video", "spans outside their video"),
+  "no_text": ("row without a caption", "rows without a caption"),
+  "no_label": ("row without a label", "rows without a label"),
+  "bad_label": (
+    "label outside model.num_classes",
+    "labels outside model.num_classes",
+  ),
 }
 
 
@@ -75,18 +78,24 @@ def check_paths(config: ml_collections.ConfigDict, keys: list[str]) -> None:
   """
   problems = []
   for key in keys:
-    value = functools.reduce(lambda node, part: node[part], key.split("."),
-                             config)
+    value = functools.reduce(
+      lambda node, part: node[part], key.split("."), config
+    )
     for path in annotation_files.split_paths(value) or [value]:
       if not path or not os.path.exists(path):
-        problems.append(f"{key} = {path!r} "
-                        f"({'unset' if not path else 'not found'})")
+        problems.append(
+          f"{key} = {path!r} ({'unset' if not path else 'not found'})"
+        )
   if problems:
-    raise errors.PathError("data paths to fix:\n  " + "\n  ".join(problems),
-                           hint="set them with --config.KEY=PATH")
+    raise errors.PathError(
+      "data paths to fix:\n  " + "\n  ".join(problems),
+      hint="set them with --config.KEY=PATH",
+    )
 
 
-def load_tokenizer(config: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer:
+def load_tokenizer(
+  config: ml_collections.ConfigDict,
+) -> tokenizer_lib.Tokenizer:
   """The CLIP tokenizer of `data.vocab`, found in open_clip when unset,
   making texts of `model.text.context_length` tokens.
 
@@ -97,28 +106,34 @@ def load_tokenizer(config: ml_collections.ConfigDict) -> tokenizer_lib.Tokenizer
     found = tokenizer_lib.find_clip_vocab()
     if found is None:
       raise errors.PathError(
-          "data.vocab is unset and no CLIP vocabulary was found",
-          hint="pass --config.data.vocab=PATH to CLIP's "
-          f"{tokenizer_lib.CLIP_VOCAB_FILE} (`pip install open_clip_torch` "
-          "ships it, and then it is found)")
+        "data.vocab is unset and no CLIP vocabulary was found",
+        hint="pass --config.data.vocab=PATH to CLIP's "
+        f"{tokenizer_lib.CLIP_VOCAB_FILE} (`pip install open_clip_torch` "
+        "ships it, and then it is found)",
+      )
     logging.info("data.vocab: CLIP's vocabulary from %s", found)
     config.data.vocab = found
   check_paths(config, ["data.vocab"])
   try:
     tokenizer = tokenizer_lib.Tokenizer(
-        config.data.vocab, context_length=config.model.text.context_length)
+      config.data.vocab, context_length=config.model.text.context_length
+    )
   except ValueError as e:
-    raise errors.ConfigError(f"data.vocab: {e}", hint="it should be a gzip "
-                             f"BPE merges file like {tokenizer_lib.CLIP_VOCAB_FILE}") from e
+    raise errors.ConfigError(
+      f"data.vocab: {e}",
+      hint="it should be a gzip "
+      f"BPE merges file like {tokenizer_lib.CLIP_VOCAB_FILE}",
+    ) from e
   text = config.model.text
   if text.vocab_size == 0:
     text.vocab_size = tokenizer.vocab_size
   elif tokenizer.vocab_size > text.vocab_size:
     raise errors.ConfigError(
-        f"{config.data.vocab} has {tokenizer.vocab_size} tokens but "
-        f"model.text.vocab_size is {text.vocab_size}",
-        hint=f"set --config.model.text.vocab_size={tokenizer.vocab_size} (or 0:"
-        " the vocabulary's size)")
+      f"{config.data.vocab} has {tokenizer.vocab_size} tokens but "
+      f"model.text.vocab_size is {text.vocab_size}",
+      hint=f"set --config.model.text.vocab_size={tokenizer.vocab_size} (or 0:"
+      " the vocabulary's size)",
+    )
   return tokenizer
 
 
@@ -133,6 +148,7 @@ class Report:
     bad: row index -> its problems, as (kind, detail) pairs.
     warnings: what the run should hear about the file, but goes on with.
   """
+
   split: str
   path: str
   records: list
@@ -153,9 +169,11 @@ class Report:
     """Evaluation rows without the caption or label they are scored by."""
     if self.split == "train":
       return {}
-    return {i: [p for p in problems if p[0] in _UNSCORABLE]
-            for i, problems in self.bad.items()
-            if any(kind in _UNSCORABLE for kind, _ in problems)}
+    return {
+      i: [p for p in problems if p[0] in _UNSCORABLE]
+      for i, problems in self.bad.items()
+      if any(kind in _UNSCORABLE for kind, _ in problems)
+    }
 
   @property
   def good_records(self) -> list:
@@ -174,25 +192,35 @@ class Report:
     if not self.good_records:
       head = f"none of its {len(self.records)} rows is usable{listed}"
     elif self.unscorable:
-      head = (f"{len(self.unscorable)} of {len(self.records)} rows cannot be "
-              f"scored{listed}")
+      head = (
+        f"{len(self.unscorable)} of {len(self.records)} rows cannot be "
+        f"scored{listed}"
+      )
     else:
       what = "left out" if self.split == "train" else "kept in the evaluation"
-      head = (f"{len(self.bad)} of {len(self.records)} rows are bad "
-              f"({self.fraction:.1%}; the limit is data.max_bad_row_fraction="
-              f"{limit}){listed}"
-              + ("" if self.too_many(limit) else f"; {what}"))
+      head = (
+        f"{len(self.bad)} of {len(self.records)} rows are bad "
+        f"({self.fraction:.1%}; the limit is data.max_bad_row_fraction="
+        f"{limit}){listed}" + ("" if self.too_many(limit) else f"; {what}")
+      )
     shown = self.unscorable if self.good_records else self.bad
-    return "\n  ".join([f"{self.split} {name}: {head}"]
-                       + _examples(shown or self.bad))
+    return "\n  ".join(
+      [f"{self.split} {name}: {head}"] + _examples(shown or self.bad)
+    )
 
   def write_bad_rows(self, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
       for row, problems in sorted(self.bad.items()):
         r = self.records[row]
-        line = {"row": row + 1, "problems": [d for _, d in problems],
-                **{k: getattr(r, k) for k in ("video_id", "start", "end", "text",
-                                              "label")}, **r.extra}
+        line = {
+          "row": row + 1,
+          "problems": [d for _, d in problems],
+          **{
+            k: getattr(r, k)
+            for k in ("video_id", "start", "end", "text", "label")
+          },
+          **r.extra,
+        }
         if line["end"] == math.inf:  # A whole video (Kinetics lists).
           line["end"] = None
         f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
@@ -204,8 +232,11 @@ def _examples(bad: dict[int, list[tuple[str, str]]]) -> list[str]:
   for row, problems in sorted(bad.items()):
     for kind, detail in problems:
       examples[kind].append(f"row {row + 1}: {detail}")
-  return [f"{len(rows)} {KINDS[kind][len(rows) > 1]}, e.g. "
-          f"{'; '.join(rows[:_EXAMPLES])}" for kind, rows in examples.items()]
+  return [
+    f"{len(rows)} {KINDS[kind][len(rows) > 1]}, e.g. "
+    f"{'; '.join(rows[:_EXAMPLES])}"
+    for kind, rows in examples.items()
+  ]
 
 
 def _suggest(video_id: str, videos: dict, lower: dict, close: bool) -> str:
@@ -219,34 +250,60 @@ def _suggest(video_id: str, videos: dict, lower: dict, close: bool) -> str:
 def _other_keys(record, what: str, field: str) -> str:
   """' (it has 'caption': the caption goes under 'text')' when a key is off."""
   keys = [k for k, v in record.extra.items() if v not in (None, "")]
-  return (f" (it has {', '.join(map(repr, keys))}: {what} goes under {field!r})"
-          if keys else "")
+  return (
+    f" (it has {', '.join(map(repr, keys))}: {what} goes under {field!r})"
+    if keys
+    else ""
+  )
 
 
-def _row_problems(r, videos, lower, *, needs_text, needs_label, num_classes,
-                  detailed: bool) -> list[tuple[str, str]]:
+def _row_problems(
+  r, videos, lower, *, needs_text, needs_label, num_classes, detailed: bool
+) -> list[tuple[str, str]]:
   problems = []
   info = videos.get(r.video_id)
   if info is None:
-    problems.append(("unknown_video", f"{r.video_id!r} is not in the chunk "
-                     f"store{_suggest(r.video_id, videos, lower, detailed)}"))
+    problems.append(
+      (
+        "unknown_video",
+        f"{r.video_id!r} is not in the chunk "
+        f"store{_suggest(r.video_id, videos, lower, detailed)}",
+      )
+    )
   else:
     length = info.num_frames / float(info.frame_rate)
     # An infinite end is a whole-video record (AVION's Kinetics lists).
-    if r.start >= length or (math.isfinite(r.end)
-                             and r.end > MAX_END_OVER_LENGTH * length + 1):
+    if r.start >= length or (
+      math.isfinite(r.end) and r.end > MAX_END_OVER_LENGTH * length + 1
+    ):
       # Milliseconds: about 1000x too large, and fitting once divided.
-      ms = (" (milliseconds?)" if r.end > 100 * length and
-            r.end / 1000 <= length + 1 else "")
-      problems.append(("outside_video", f"{r.start:g}-{r.end:g} s but "
-                       f"{r.video_id!r} has {length:.1f} s{ms}"))
+      ms = (
+        " (milliseconds?)"
+        if r.end > 100 * length and r.end / 1000 <= length + 1
+        else ""
+      )
+      problems.append(
+        (
+          "outside_video",
+          f"{r.start:g}-{r.end:g} s but {r.video_id!r} has {length:.1f} s{ms}",
+        )
+      )
   if needs_text and not (r.text or "").strip():
-    problems.append(("no_text", "no caption in 'text'" + _other_keys(r, "the caption", "text")))
+    problems.append(
+      (
+        "no_text",
+        "no caption in 'text'" + _other_keys(r, "the caption", "text"),
+      )
+    )
   if needs_label:
     if r.label is None:
-      problems.append(("no_label", "no 'label'" + _other_keys(r, "the class", "label")))
+      problems.append(
+        ("no_label", "no 'label'" + _other_keys(r, "the class", "label"))
+      )
     elif num_classes and not 0 <= r.label < num_classes:
-      problems.append(("bad_label", f"label {r.label} is not in [0, {num_classes})"))
+      problems.append(
+        ("bad_label", f"label {r.label} is not in [0, {num_classes})")
+      )
   return problems
 
 
@@ -261,8 +318,9 @@ def _num_classes(config, labels: set[int]) -> int:
   return model.num_classes
 
 
-def _untrained_labels(records, trained: set[int], num_classes: int,
-                      train_file: str) -> list[str]:
+def _untrained_labels(
+  records, trained: set[int], num_classes: int, train_file: str
+) -> list[str]:
   """A warning for the evaluation labels that no training row has (without
   training rows: those outside the model's classes)."""
   if trained:
@@ -272,18 +330,27 @@ def _untrained_labels(records, trained: set[int], num_classes: int,
     where = f"among the model's {num_classes} classes"
   else:
     return []
-  rows = collections.Counter(r.label for r in records
-                             if r.label is not None and untrained(r.label))
+  rows = collections.Counter(
+    r.label for r in records if r.label is not None and untrained(r.label)
+  )
   if not rows:
     return []
   shown = ", ".join(map(str, sorted(rows)[:10])) + (
-      f" and {len(rows) - 10} more" if len(rows) > 10 else "")
-  return [f"{sum(rows.values())} rows have labels that never occur {where} "
-          f"({shown}): the model cannot predict them, they count as wrong"]
+    f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+  )
+  return [
+    f"{sum(rows.values())} rows have labels that never occur {where} "
+    f"({shown}): the model cannot predict them, they count as wrong"
+  ]
 
 
-def check_annotations(config: ml_collections.ConfigDict, splits, *,
-                      needs_text: bool, needs_label: bool) -> dict[str, Report]:
+def check_annotations(
+  config: ml_collections.ConfigDict,
+  splits,
+  *,
+  needs_text: bool,
+  needs_label: bool,
+) -> dict[str, Report]:
   """Loads and checks the annotation files of `splits` ('train', 'eval').
 
   Reads only; `report` then logs and writes. Raises `errors.DataError` for
@@ -295,8 +362,10 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     videos = video.manifest(data.root)
   except video.VideoReadError as e:
     raise errors.DataError(str(e)) from None
-  paths = {s: data.train_annotations if s == "train" else data.eval_annotations
-           for s in splits}
+  paths = {
+    s: data.train_annotations if s == "train" else data.eval_annotations
+    for s in splits
+  }
   files = list(paths.values())
   if needs_label:  # num_classes comes from the training labels.
     files += [p for p in (data.train_annotations, data.eval_annotations) if p]
@@ -307,22 +376,34 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     except (OSError, ValueError, KeyError) as e:
       # Ours name their file (maybe another: EK-100's action ids read both).
       named = isinstance(e, errors.DataFileError) or path in str(e)
-      raise errors.DataError(str(e) if named else f"{path}: {e}",
-                             hint=annotations.format_hint(data.format)
-                             if data.format in annotations.FORMATS else
-                             "see the README for the formats") from None
+      raise errors.DataError(
+        str(e) if named else f"{path}: {e}",
+        hint=annotations.format_hint(data.format)
+        if data.format in annotations.FORMATS
+        else "see the README for the formats",
+      ) from None
   for split in splits:  # Unset: no such set (named evaluation sets only).
     if paths[split] and not records[paths[split]]:
       raise errors.DataFileError(
-          f"{paths[split]}: no annotation rows",
-          hint=f"data.{split}_annotations should name a file with clips")
+        f"{paths[split]}: no annotation rows",
+        hint=f"data.{split}_annotations should name a file with clips",
+      )
   trained, num_classes = set(), 0
   if needs_label:  # Without training files: the evaluation's labels.
-    trained = {r.label for r in records.get(data.train_annotations, ())
-               if r.label is not None}
-    num_classes = _num_classes(config, trained or {
-        r.label for r in records.get(data.eval_annotations, ())
-        if r.label is not None})
+    trained = {
+      r.label
+      for r in records.get(data.train_annotations, ())
+      if r.label is not None
+    }
+    num_classes = _num_classes(
+      config,
+      trained
+      or {
+        r.label
+        for r in records.get(data.eval_annotations, ())
+        if r.label is not None
+      },
+    )
   lower = {v.lower(): v for v in videos}
   reports = {}
   for split in splits:
@@ -330,28 +411,45 @@ def check_annotations(config: ml_collections.ConfigDict, splits, *,
     for i, r in enumerate(recs):
       # An evaluation label outside the classes is scored (as wrong).
       problems = _row_problems(
-          r, videos, lower, needs_text=needs_text, needs_label=needs_label,
-          num_classes=num_classes if split == "train" else 0,
-          detailed=shown["unknown_video"] < _EXAMPLES)
+        r,
+        videos,
+        lower,
+        needs_text=needs_text,
+        needs_label=needs_label,
+        num_classes=num_classes if split == "train" else 0,
+        detailed=shown["unknown_video"] < _EXAMPLES,
+      )
       if problems:
         bad[i] = problems
         shown.update(kind for kind, _ in problems)
     reports[split] = Report(split, paths[split], recs, bad)
     if needs_label and split != "train":
       reports[split].warnings = _untrained_labels(
-          recs, trained, num_classes, ", ".join(
-              map(os.path.basename,
-                  annotation_files.split_paths(data.train_annotations))))
+        recs,
+        trained,
+        num_classes,
+        ", ".join(
+          map(
+            os.path.basename,
+            annotation_files.split_paths(data.train_annotations),
+          )
+        ),
+      )
   return reports
 
 
-def check_chunk_files(config: ml_collections.ConfigDict,
-                      reports: dict[str, Report]) -> None:
+def check_chunk_files(
+  config: ml_collections.ConfigDict, reports: dict[str, Report]
+) -> None:
   """The chunk files of the videos that the kept rows use, against their
   manifest lines (`video.check_chunk_files`)."""
   videos = video.manifest(config.data.root)
-  used = {r.video_id for checked in reports.values()
-          for r in checked.kept_records() if r.video_id in videos}
+  used = {
+    r.video_id
+    for checked in reports.values()
+    for r in checked.kept_records()
+    if r.video_id in videos
+  }
   video.check_chunk_files(config.data.root, sorted(used))
 
 
@@ -372,8 +470,9 @@ def _write_bad_rows(r: Report, workdir) -> str | None:
   return path
 
 
-def stop_if_unusable(reports: dict[str, Report],
-                     config: ml_collections.ConfigDict, workdir) -> None:
+def stop_if_unusable(
+  reports: dict[str, Report], config: ml_collections.ConfigDict, workdir
+) -> None:
   """Stops the run, before anything is built, on a file it cannot use.
 
   Only then is something written: the bad rows of those files.
@@ -386,27 +485,35 @@ def stop_if_unusable(reports: dict[str, Report],
   """
   limit = config.data.max_bad_row_fraction
   stops = {split: _stops(r, limit) for split, r in reports.items()}
-  over = [r.summary(limit, _write_bad_rows(r, workdir))
-          for split, r in reports.items() if stops[split]]
+  over = [
+    r.summary(limit, _write_bad_rows(r, workdir))
+    for split, r in reports.items()
+    if stops[split]
+  ]
   if not over:
     return
   if "fix" in stops.values():  # No fraction would help.
     hint = "fix these rows in the file (see the README for the format)"
   else:
     needed = max(r.fraction for r in reports.values())
-    hint = ("fix the rows listed, or leave them out with --config.data."
-            f"max_bad_row_fraction={math.ceil(needed * 20) / 20:g}")
+    hint = (
+      "fix the rows listed, or leave them out with --config.data."
+      f"max_bad_row_fraction={math.ceil(needed * 20) / 20:g}"
+    )
   raise errors.DataError("data check: " + "\n".join(over), hint=hint)
 
 
-def report(reports: dict[str, Report], config: ml_collections.ConfigDict,
-           workdir) -> None:
+def report(
+  reports: dict[str, Report], config: ml_collections.ConfigDict, workdir
+) -> None:
   """Logs each file's summary and warnings and writes its bad rows, once the
   run is accepted (after `stop_if_unusable`)."""
   for r in reports.values():
-    summary = r.summary(config.data.max_bad_row_fraction,
-                        _write_bad_rows(r, workdir))
+    summary = r.summary(
+      config.data.max_bad_row_fraction, _write_bad_rows(r, workdir)
+    )
     logging.info("data check: %s", summary)
     for warning in r.warnings:
-      logging.warning("data check: %s %s: %s", r.split,
-                      os.path.basename(r.path), warning)
+      logging.warning(
+        "data check: %s %s: %s", r.split, os.path.basename(r.path), warning
+      )

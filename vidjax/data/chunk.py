@@ -36,6 +36,7 @@ Together clearly faster to read than the previous defaults (`--bframes 3
 BT.601 limited range; the manifest records each video's encoding, and
 `read_clip` reads any H.264 chunks (older stores included).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,20 @@ import tqdm
 
 from vidjax import errors
 
-VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg",
-                    ".mpeg", ".flv", ".wmv", ".ts", ".3gp")
+VIDEO_EXTENSIONS = (
+  ".mp4",
+  ".mkv",
+  ".mov",
+  ".avi",
+  ".webm",
+  ".m4v",
+  ".mpg",
+  ".mpeg",
+  ".flv",
+  ".wmv",
+  ".ts",
+  ".3gp",
+)
 MANIFEST = "manifest.jsonl"
 ERRORS = "errors.jsonl"
 
@@ -69,6 +82,7 @@ ERRORS = "errors.jsonl"
 @dataclasses.dataclass(frozen=True)
 class ChunkOptions:
   """How chunks are encoded. See the module docstring for the defaults' why."""
+
   chunk_seconds: float = 15
   short_side: int = 288  # 0 keeps the source resolution.
   fps: float | None = None  # None keeps the source's average rate.
@@ -83,19 +97,24 @@ class ChunkOptions:
   def __post_init__(self):
     # A chunk of no length never ends: readers would loop forever.
     if not (math.isfinite(self.chunk_seconds) and self.chunk_seconds > 0):
-      raise errors.ConfigError(f"chunk_seconds (--chunk-seconds) must be a "
-                               f"positive number, not {self.chunk_seconds}")
+      raise errors.ConfigError(
+        f"chunk_seconds (--chunk-seconds) must be a "
+        f"positive number, not {self.chunk_seconds}"
+      )
     if self.fps is not None and not (math.isfinite(self.fps) and self.fps > 0):
-      raise errors.ConfigError(f"fps (--fps) must be positive (or unset: the "
-                               f"source's rate), not {self.fps}")
+      raise errors.ConfigError(
+        f"fps (--fps) must be positive (or unset: the "
+        f"source's rate), not {self.fps}"
+      )
 
 
 class ChunkError(Exception):
   """A source video could not be chunked; the message names file and reason."""
 
 
-def chunk_start_frames(num_frames: int, fps: fractions.Fraction,
-                       chunk_seconds: float) -> list[int]:
+def chunk_start_frames(
+  num_frames: int, fps: fractions.Fraction, chunk_seconds: float
+) -> list[int]:
   """First global frame index of every chunk: `ceil(k * chunk_seconds * fps)`.
 
   Args:
@@ -109,8 +128,9 @@ def chunk_start_frames(num_frames: int, fps: fractions.Fraction,
   """
   step = _seconds(chunk_seconds) * fps
   if step <= 0:
-    raise ValueError(f"chunk_seconds {chunk_seconds} and fps {fps} must be "
-                     "positive")
+    raise ValueError(
+      f"chunk_seconds {chunk_seconds} and fps {fps} must be positive"
+    )
   starts, k = [], 0
   while (start := math.ceil(k * step)) < max(num_frames, 1):
     starts.append(start)
@@ -134,8 +154,10 @@ def output_size(width: int, height: int, short_side: int) -> tuple[int, int]:
   if short_side <= 0:  # Keep the size: drop an odd last row/column.
     return max(2, width // 2 * 2), max(2, height // 2 * 2)
   scale = short_side / min(width, height)
-  return (max(2, round(width * scale / 2) * 2),
-          max(2, round(height * scale / 2) * 2))
+  return (
+    max(2, round(width * scale / 2) * 2),
+    max(2, round(height * scale / 2) * 2),
+  )
 
 
 def find_videos(src: str | os.PathLike) -> list[Path]:
@@ -145,8 +167,11 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
   """
   src = Path(src)
   if src.is_dir():
-    return sorted(p for p in src.rglob("*")
-                  if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS)
+    return sorted(
+      p
+      for p in src.rglob("*")
+      if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS
+    )
   if not src.is_file():
     raise errors.PathError(f"{src}: no such file or folder")
   if src.suffix.lower() == ".txt":
@@ -183,17 +208,22 @@ def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
         if lineno == len(lines):  # No newline after it: not finished.
           if (where, line) not in _TORN_SEEN:
             _TORN_SEEN.add((where, line))
-            logging.warning("%s: skipped: the last line is incomplete (being "
-                            "written, or cut short by a killed chunker)",
-                            where)
+            logging.warning(
+              "%s: skipped: the last line is incomplete (being "
+              "written, or cut short by a killed chunker)",
+              where,
+            )
           continue
         raise errors.DataFileError(
-            f"{where}: not JSON ({e.msg}): not a manifest line",
-            hint="delete the line; chunking again redoes its video") from None
-      if not isinstance(entry, dict) or not isinstance(entry.get("video_id"),
-                                                        str):
-        raise errors.DataFileError(f"{where}: not a manifest entry (a JSON "
-                                   "object with a video_id)")
+          f"{where}: not JSON ({e.msg}): not a manifest line",
+          hint="delete the line; chunking again redoes its video",
+        ) from None
+      if not isinstance(entry, dict) or not isinstance(
+        entry.get("video_id"), str
+      ):
+        raise errors.DataFileError(
+          f"{where}: not a manifest entry (a JSON object with a video_id)"
+        )
       yield where, entry
 
 
@@ -206,7 +236,7 @@ def _end_last_line(path: Path) -> None:
   if data.endswith(b"\n"):
     return
   try:
-    json.loads(data[data.rfind(b"\n") + 1:])
+    json.loads(data[data.rfind(b"\n") + 1 :])
   except ValueError:
     with open(path, "r+b") as f:
       f.truncate(data.rfind(b"\n") + 1)
@@ -240,9 +270,11 @@ def _source_frames(container, stream) -> Iterator[tuple[float, av.VideoFrame]]:
     yield t, frame
 
 
-def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
-                   fps: fractions.Fraction,
-                   source_rate: float) -> Iterator[av.VideoFrame]:
+def _constant_rate(
+  frames: Iterable[tuple[float, av.VideoFrame]],
+  fps: fractions.Fraction,
+  source_rate: float,
+) -> Iterator[av.VideoFrame]:
   """Places frames on the grid t_i = i / fps: output i shows the source frame
   nearest to t_i (ties to the earlier), duplicating or dropping as needed.
 
@@ -269,8 +301,9 @@ def _constant_rate(frames: Iterable[tuple[float, av.VideoFrame]],
 _REFORMAT = av.video.reformatter
 
 
-def _upright(frame: av.VideoFrame, width: int, height: int,
-             rotation: int) -> av.VideoFrame:
+def _upright(
+  frame: av.VideoFrame, width: int, height: int, rotation: int
+) -> av.VideoFrame:
   """Scales to (width, height) of the *displayed* picture, yuv420p, upright.
 
   Colours are converted to BT.601 limited range, what an untagged H.264
@@ -280,9 +313,13 @@ def _upright(frame: av.VideoFrame, width: int, height: int,
   """
   quarter = (round(rotation / 90)) % 4
   stored = (height, width) if quarter % 2 else (width, height)
-  out = frame.reformat(width=stored[0], height=stored[1], format="yuv420p",
-                       dst_colorspace=_REFORMAT.Colorspace.ITU601,
-                       dst_color_range=_REFORMAT.ColorRange.MPEG)
+  out = frame.reformat(
+    width=stored[0],
+    height=stored[1],
+    format="yuv420p",
+    dst_colorspace=_REFORMAT.Colorspace.ITU601,
+    dst_color_range=_REFORMAT.ColorRange.MPEG,
+  )
   if not quarter:
     return out
   planes = yuv_planes(out)
@@ -295,7 +332,7 @@ def yuv_planes(frame: av.VideoFrame) -> list[np.ndarray]:
   out = []
   for plane in frame.planes:
     rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
-    out.append(rows[:, :plane.width])
+    out.append(rows[:, : plane.width])
   return out
 
 
@@ -309,8 +346,14 @@ def yuv_frame(y: np.ndarray, u: np.ndarray, v: np.ndarray) -> av.VideoFrame:
 class _ChunkWriter:
   """Writes one chunk to a temporary name; `close()` renames it into place."""
 
-  def __init__(self, path: Path, width: int, height: int,
-               fps: fractions.Fraction, opts: ChunkOptions):
+  def __init__(
+    self,
+    path: Path,
+    width: int,
+    height: int,
+    fps: fractions.Fraction,
+    opts: ChunkOptions,
+  ):
     self.path, self.tmp = path, path.with_name(path.stem + ".tmp.mp4")
     self.container = av.open(str(self.tmp), "w")
     self.stream = self.container.add_stream("libx264", rate=fps)
@@ -318,11 +361,16 @@ class _ChunkWriter:
     self.stream.pix_fmt = "yuv420p"
     self.stream.codec_context.time_base = 1 / fps
     self.stream.codec_context.thread_count = opts.threads
-    params = (f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
-              f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:open-gop=0")
-    options = {"crf": str(opts.crf), "preset": opts.preset,
-               "x264-params": params + (f":{opts.x264_params}"
-                                        if opts.x264_params else "")}
+    params = (
+      f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
+      f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:open-gop=0"
+    )
+    options = {
+      "crf": str(opts.crf),
+      "preset": opts.preset,
+      "x264-params": params
+      + (f":{opts.x264_params}" if opts.x264_params else ""),
+    }
     if opts.tune:
       options["tune"] = opts.tune
     self.stream.codec_context.options = options
@@ -340,9 +388,12 @@ class _ChunkWriter:
     os.replace(self.tmp, self.path)
 
 
-def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
-                video_id: str | None = None,
-                opts: ChunkOptions = ChunkOptions()) -> dict:
+def chunk_video(
+  src: str | os.PathLike,
+  dst: str | os.PathLike,
+  video_id: str | None = None,
+  opts: ChunkOptions = ChunkOptions(),
+) -> dict:
   """Chunks one video into `dst/<video_id>/` and returns its manifest entry.
 
   Raises:
@@ -354,8 +405,14 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
   try:
     container = av.open(str(src))
   except av.error.InvalidDataError as e:
-    raise ChunkError(f"{src}: " + ("empty file (0 bytes)" if src.stat(
-        ).st_size == 0 else "not a video (no format FFmpeg knows)")) from e
+    raise ChunkError(
+      f"{src}: "
+      + (
+        "empty file (0 bytes)"
+        if src.stat().st_size == 0
+        else "not a video (no format FFmpeg knows)"
+      )
+    ) from e
   except (av.error.FFmpegError, OSError) as e:
     raise ChunkError(f"{src}: cannot open: {e.strerror or e}") from e
   with container:
@@ -363,8 +420,11 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
       raise ChunkError(f"{src}: no video stream (audio-only or not a video)")
     stream = container.streams.video[0]
     stream.thread_type = "AUTO"
-    fps = fractions.Fraction(opts.fps).limit_denominator(1001) if opts.fps else (
-        stream.average_rate or stream.guessed_rate)
+    fps = (
+      fractions.Fraction(opts.fps).limit_denominator(1001)
+      if opts.fps
+      else (stream.average_rate or stream.guessed_rate)
+    )
     if not fps or fps <= 0:
       raise ChunkError(f"{src}: unknown frame rate; pass --fps")
     fps = fractions.Fraction(fps)
@@ -375,45 +435,69 @@ def chunk_video(src: str | os.PathLike, dst: str | os.PathLike,
     step = _seconds(opts.chunk_seconds) * fps
     writer, size, num_frames, next_start, k = None, None, 0, 0, 0
     try:
-      for frame in _constant_rate(_source_frames(container, stream), fps,
-                                  source_rate):
+      for frame in _constant_rate(
+        _source_frames(container, stream), fps, source_rate
+      ):
         if size is None:
           rotation = int(frame.rotation or 0)
-          w, h = (frame.height, frame.width) if round(rotation / 90) % 2 else (
-              frame.width, frame.height)
+          w, h = (
+            (frame.height, frame.width)
+            if round(rotation / 90) % 2
+            else (frame.width, frame.height)
+          )
           size = output_size(w, h, opts.short_side)
         if num_frames == next_start:  # First frame of chunk k.
           if writer:
             writer.close()
-          writer = _ChunkWriter(out_dir / chunk_name(k, opts.chunk_seconds),
-                                *size, fps, opts)
+          writer = _ChunkWriter(
+            out_dir / chunk_name(k, opts.chunk_seconds), *size, fps, opts
+          )
           k += 1
           next_start = math.ceil(k * step)
         writer.write(_upright(frame, *size, rotation))
         num_frames += 1
     except av.error.FFmpegError as e:
-      raise ChunkError(f"{src}: decoding failed at frame {num_frames}: {e}") from e
+      raise ChunkError(
+        f"{src}: decoding failed at frame {num_frames}: {e}"
+      ) from e
     if writer:
       writer.close()
     if not num_frames:
       raise ChunkError(f"{src}: no decodable video frames")
-    expected = (float(container.duration) / av.time_base
-                if container.duration else None)
+    expected = (
+      float(container.duration) / av.time_base if container.duration else None
+    )
     if expected and num_frames / fps < 0.9 * expected - 1:
-      raise ChunkError(f"{src}: truncated: decoded {float(num_frames / fps):.1f}"
-                       f" s of {expected:.1f} s")
-  return {"video_id": video_id, "fps": float(fps), "frame_rate": str(fps),
-          "num_frames": num_frames, "width": size[0], "height": size[1],
-          "chunk_seconds": opts.chunk_seconds,
-          "source": os.path.abspath(src), "encoding": encoding(opts)}
+      raise ChunkError(
+        f"{src}: truncated: decoded {float(num_frames / fps):.1f}"
+        f" s of {expected:.1f} s"
+      )
+  return {
+    "video_id": video_id,
+    "fps": float(fps),
+    "frame_rate": str(fps),
+    "num_frames": num_frames,
+    "width": size[0],
+    "height": size[1],
+    "chunk_seconds": opts.chunk_seconds,
+    "source": os.path.abspath(src),
+    "encoding": encoding(opts),
+  }
 
 
 def encoding(opts: ChunkOptions) -> dict:
   """How chunks were encoded, as recorded in the manifest (for the record
   only: reading a store never depends on it)."""
-  return {"codec": "h264", "gop": opts.gop, "bframes": opts.bframes,
-          "crf": opts.crf, "preset": opts.preset, "tune": opts.tune,
-          "x264_params": opts.x264_params, "short_side": opts.short_side}
+  return {
+    "codec": "h264",
+    "gop": opts.gop,
+    "bframes": opts.bframes,
+    "crf": opts.crf,
+    "preset": opts.preset,
+    "tune": opts.tune,
+    "x264_params": opts.x264_params,
+    "short_side": opts.short_side,
+  }
 
 
 def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
@@ -427,8 +511,13 @@ def _chunk_or_error(src: Path, dst: Path, video_id: str, opts: ChunkOptions):
     return None, f"{src}: {type(e).__name__}: {e}"
 
 
-def _chunk_in_workers(todo: list[tuple[str, Path]], dst: Path,
-                      opts: ChunkOptions, workers: int, finish) -> None:
+def _chunk_in_workers(
+  todo: list[tuple[str, Path]],
+  dst: Path,
+  opts: ChunkOptions,
+  workers: int,
+  finish,
+) -> None:
   """Chunks the (video id, source) pairs `todo` in `workers` processes and
   calls `finish(video_id, source, entry, error)` for each.
 
@@ -444,16 +533,22 @@ def _chunk_in_workers(todo: list[tuple[str, Path]], dst: Path,
     else:
       lost = _chunk_in_pool(queue, dst, opts, workers, finish)
     if len(lost) == 1:  # Alone in flight, it killed its worker.
-      (vid, path), = lost
+      ((vid, path),) = lost
       shutil.rmtree(dst / vid, ignore_errors=True)
-      finish(vid, path, None, f"{path}: the worker process chunking it died "
-             "(an FFmpeg crash, or out of memory?)")
+      finish(
+        vid,
+        path,
+        None,
+        f"{path}: the worker process chunking it died "
+        "(an FFmpeg crash, or out of memory?)",
+      )
     else:
       suspects.extend(lost)
 
 
-def _chunk_in_pool(queue: collections.deque, dst: Path, opts: ChunkOptions,
-                   workers: int, finish) -> list[tuple[str, Path]]:
+def _chunk_in_pool(
+  queue: collections.deque, dst: Path, opts: ChunkOptions, workers: int, finish
+) -> list[tuple[str, Path]]:
   """Chunks videos from `queue` in a new pool until the queue is empty or a
   worker dies; returns the videos that were in flight when it died."""
   running: dict[futures.Future, tuple[str, Path]] = {}
@@ -464,7 +559,8 @@ def _chunk_in_pool(queue: collections.deque, dst: Path, opts: ChunkOptions,
         while queue and len(running) < workers:  # A crash loses no more.
           vid, path = queue[0]
           running[pool.submit(_chunk_or_error, path, dst, vid, opts)] = (
-              queue.popleft())
+            queue.popleft()
+          )
         done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
         for job in done:
           finish(*running[job], *job.result())
@@ -480,9 +576,13 @@ def _chunk_in_pool(queue: collections.deque, dst: Path, opts: ChunkOptions,
   return lost
 
 
-def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
-                 opts: ChunkOptions = ChunkOptions(), workers: int = 1,
-                 progress: bool = True) -> dict:
+def chunk_videos(
+  src: str | os.PathLike,
+  dst: str | os.PathLike,
+  opts: ChunkOptions = ChunkOptions(),
+  workers: int = 1,
+  progress: bool = True,
+) -> dict:
   """Chunks every video under `src` into `dst`, skipping finished ones.
 
   Returns:
@@ -496,9 +596,11 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
   by_id: dict[str, Path] = {}
   for path in find_videos(src):
     if path.stem in by_id:
-      raise errors.DataError(f"two source videos map to video id "
-                             f"{path.stem!r}: {by_id[path.stem]} and {path}",
-                             hint="rename one of them")
+      raise errors.DataError(
+        f"two source videos map to video id "
+        f"{path.stem!r}: {by_id[path.stem]} and {path}",
+        hint="rename one of them",
+      )
     by_id[path.stem] = path
   dst = Path(dst)
   finished = read_manifest(dst)
@@ -508,9 +610,14 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
   failed, done = [], 0
   threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
   opts = dataclasses.replace(opts, threads=threads)
-  bar = tqdm.tqdm(total=len(todo), unit="video", desc="chunking",
-                  disable=not progress or not todo)
+  bar = tqdm.tqdm(
+    total=len(todo),
+    unit="video",
+    desc="chunking",
+    disable=not progress or not todo,
+  )
   with open(dst / MANIFEST, "a") as manifest:
+
     def finish(vid, path, entry, error):
       nonlocal done
       if entry:
@@ -536,39 +643,74 @@ def chunk_videos(src: str | os.PathLike, dst: str | os.PathLike,
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m vidjax.data.chunk", description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    prog="python -m vidjax.data.chunk",
+    description=__doc__.split("\n\n")[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
   parser.add_argument("src", help="a video, a folder of videos, or a .txt list")
   parser.add_argument("dst", help="output root (chunks + manifest.jsonl)")
   d = ChunkOptions()
-  parser.add_argument("--chunk-seconds", type=float, default=d.chunk_seconds,
-                      help="length of each chunk file in seconds")
-  parser.add_argument("--short-side", type=int, default=d.short_side,
-                      help="output short side in pixels; 0 keeps the size")
-  parser.add_argument("--fps", type=float, default=0,
-                      help="output frame rate; 0 keeps the source's")
-  parser.add_argument("--gop", type=int, default=d.gop,
-                      help="keyframe interval in frames")
-  parser.add_argument("--bframes", type=int, default=d.bframes,
-                      help="non-reference B-frames between P-frames")
-  parser.add_argument("--crf", type=int, default=d.crf,
-                      help="x264 constant rate factor: lower is better "
-                      "quality and larger files")
+  parser.add_argument(
+    "--chunk-seconds",
+    type=float,
+    default=d.chunk_seconds,
+    help="length of each chunk file in seconds",
+  )
+  parser.add_argument(
+    "--short-side",
+    type=int,
+    default=d.short_side,
+    help="output short side in pixels; 0 keeps the size",
+  )
+  parser.add_argument(
+    "--fps",
+    type=float,
+    default=0,
+    help="output frame rate; 0 keeps the source's",
+  )
+  parser.add_argument(
+    "--gop", type=int, default=d.gop, help="keyframe interval in frames"
+  )
+  parser.add_argument(
+    "--bframes",
+    type=int,
+    default=d.bframes,
+    help="non-reference B-frames between P-frames",
+  )
+  parser.add_argument(
+    "--crf",
+    type=int,
+    default=d.crf,
+    help="x264 constant rate factor: lower is better quality and larger files",
+  )
   parser.add_argument("--preset", default=d.preset, help="x264 preset")
-  parser.add_argument("--tune", default=d.tune,
-                      help="x264 tune; '' for none (fastdecode: CAVLC, no "
-                      "deblocking, no weighted prediction)")
-  parser.add_argument("--x264-params", default=d.x264_params,
-                      help="extra x264 options, key=value:key=value")
-  parser.add_argument("--workers", type=int, default=1,
-                      help="videos chunked in parallel")
+  parser.add_argument(
+    "--tune",
+    default=d.tune,
+    help="x264 tune; '' for none (fastdecode: CAVLC, no "
+    "deblocking, no weighted prediction)",
+  )
+  parser.add_argument(
+    "--x264-params",
+    default=d.x264_params,
+    help="extra x264 options, key=value:key=value",
+  )
+  parser.add_argument(
+    "--workers", type=int, default=1, help="videos chunked in parallel"
+  )
   args = parser.parse_args(argv)
   try:
-    opts = ChunkOptions(chunk_seconds=args.chunk_seconds,
-                        short_side=args.short_side, fps=args.fps or None,
-                        gop=args.gop, bframes=args.bframes, crf=args.crf,
-                        preset=args.preset, tune=args.tune,
-                        x264_params=args.x264_params)
+    opts = ChunkOptions(
+      chunk_seconds=args.chunk_seconds,
+      short_side=args.short_side,
+      fps=args.fps or None,
+      gop=args.gop,
+      bframes=args.bframes,
+      crf=args.crf,
+      preset=args.preset,
+      tune=args.tune,
+      x264_params=args.x264_params,
+    )
   except errors.ConfigError as e:
     parser.error(str(e))
   try:
@@ -576,9 +718,11 @@ def main(argv: list[str] | None = None) -> int:
   except (errors.UserError, OSError) as e:  # Bad input: no traceback.
     message = e.describe() if isinstance(e, errors.UserError) else str(e)
     parser.exit(errors.EXIT_USAGE, f"{parser.prog}: error: {message}\n")
-  print(f"chunked {summary['done']}, already done {summary['skipped']}, "
-        f"failed {len(summary['failed'])}"
-        + (f" (listed in {Path(args.dst) / ERRORS})" if summary["failed"] else ""))
+  print(
+    f"chunked {summary['done']}, already done {summary['skipped']}, "
+    f"failed {len(summary['failed'])}"
+    + (f" (listed in {Path(args.dst) / ERRORS})" if summary["failed"] else "")
+  )
   return 1 if summary["failed"] else 0
 
 

@@ -19,6 +19,7 @@ Samplers:
   * `multi_scale_crop`: VideoMAE's `GroupMultiScaleCrop` (pretraining).
   * `spatial_views`: the 3 crops along the long side for multi-view testing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ class Crop:
     h: box height in pixels.
     hflip: whether the clip is flipped left-right after cropping.
   """
+
   x: int
   y: int
   w: int
@@ -56,17 +58,17 @@ class Crop:
 
 def _flip(rng: np.random.Generator | None, flip_prob: float) -> bool:
   if not 0.0 <= flip_prob <= 1.0:
-    raise ValueError(f'flip_prob must be in [0, 1], got {flip_prob}')
+    raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
   if flip_prob == 0.0:
     return False
   if rng is None:
-    raise ValueError('a random flip (flip_prob > 0) needs an rng')
+    raise ValueError("a random flip (flip_prob > 0) needs an rng")
   return bool(rng.random() < flip_prob)
 
 
 def _check_frame(height: int, width: int) -> None:
   if height < 1 or width < 1:
-    raise ValueError(f'frame size must be positive, got {height}x{width}')
+    raise ValueError(f"frame size must be positive, got {height}x{width}")
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -74,18 +76,18 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
     return int(size), int(size)
   out_h, out_w = (int(s) for s in size)
   if out_h < 1 or out_w < 1:
-    raise ValueError(f'output size must be positive, got {size}')
+    raise ValueError(f"output size must be positive, got {size}")
   return out_h, out_w
 
 
 def random_resized_crop(
-    rng: np.random.Generator,
-    height: int,
-    width: int,
-    *,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
-    flip_prob: float = 0.0,
+  rng: np.random.Generator,
+  height: int,
+  width: int,
+  *,
+  scale: tuple[float, float] = (0.08, 1.0),
+  ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+  flip_prob: float = 0.0,
 ) -> Crop:
   """Samples a box as torchvision's `RandomResizedCrop.get_params` does.
 
@@ -111,7 +113,7 @@ def random_resized_crop(
   """
   _check_frame(height, width)
   if not (0 < scale[0] <= scale[1]) or not (0 < ratio[0] <= ratio[1]):
-    raise ValueError(f'need 0 < min <= max for scale {scale} and ratio {ratio}')
+    raise ValueError(f"need 0 < min <= max for scale {scale} and ratio {ratio}")
   area = height * width
   log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
   for _ in range(10):
@@ -134,8 +136,9 @@ def random_resized_crop(
   return Crop((width - w) // 2, (height - h) // 2, w, h, _flip(rng, flip_prob))
 
 
-def _aspect_window(height: int, width: int, out_h: int,
-                   out_w: int) -> tuple[int, int]:
+def _aspect_window(
+  height: int, width: int, out_h: int, out_w: int
+) -> tuple[int, int]:
   """The largest (w, h) inside the frame with the output's aspect ratio."""
   if width * out_h > height * out_w:  # Frame wider than the output.
     h = height
@@ -147,12 +150,12 @@ def _aspect_window(height: int, width: int, out_h: int,
 
 
 def center_crop(
-    rng: np.random.Generator | None,
-    height: int,
-    width: int,
-    size: int | Sequence[int],
-    *,
-    flip_prob: float = 0.0,
+  rng: np.random.Generator | None,
+  height: int,
+  width: int,
+  size: int | Sequence[int],
+  *,
+  flip_prob: float = 0.0,
 ) -> Crop:
   """The largest centred box with the output's aspect ratio.
 
@@ -177,13 +180,13 @@ def center_crop(
 
 
 def spatial_views(
-    height: int,
-    width: int,
-    size: int | Sequence[int],
-    num_views: int = 3,
-    *,
-    rng: np.random.Generator | None = None,
-    flip_prob: float = 0.0,
+  height: int,
+  width: int,
+  size: int | Sequence[int],
+  num_views: int = 3,
+  *,
+  rng: np.random.Generator | None = None,
+  flip_prob: float = 0.0,
 ) -> list[Crop]:
   """Evaluation crops spread along the long side (multi-view testing).
 
@@ -206,7 +209,7 @@ def spatial_views(
   """
   _check_frame(height, width)
   if num_views < 1:
-    raise ValueError(f'num_views must be >= 1, got {num_views}')
+    raise ValueError(f"num_views must be >= 1, got {num_views}")
   if num_views == 1:
     return [center_crop(rng, height, width, size, flip_prob=flip_prob)]
   out_h, out_w = _pair(size)
@@ -225,29 +228,37 @@ def spatial_views(
 
 
 def _fixed_offsets(
-    width: int, height: int, crop_w: int, crop_h: int, more_fix_crop: bool
+  width: int, height: int, crop_w: int, crop_h: int, more_fix_crop: bool
 ) -> list[tuple[int, int]]:
   """GroupMultiScaleCrop's candidate (x, y) offsets, on a grid of quarters."""
   step_x = (width - crop_w) // 4
   step_y = (height - crop_h) // 4
   grid = [(0, 0), (4, 0), (0, 4), (4, 4), (2, 2)]  # corners, centre
   if more_fix_crop:
-    grid += [(0, 2), (4, 2), (2, 4), (2, 0),  # edge middles
-             (1, 1), (3, 1), (1, 3), (3, 3)]  # quarter points
+    grid += [
+      (0, 2),
+      (4, 2),
+      (2, 4),
+      (2, 0),  # edge middles
+      (1, 1),
+      (3, 1),
+      (1, 3),
+      (3, 3),
+    ]  # quarter points
   return [(gx * step_x, gy * step_y) for gx, gy in grid]
 
 
 def multi_scale_crop(
-    rng: np.random.Generator,
-    height: int,
-    width: int,
-    size: int | Sequence[int],
-    *,
-    scales: Sequence[float] = MULTI_SCALE_SCALES,
-    max_distort: int = 1,
-    fix_crop: bool = True,
-    more_fix_crop: bool = True,
-    flip_prob: float = 0.0,
+  rng: np.random.Generator,
+  height: int,
+  width: int,
+  size: int | Sequence[int],
+  *,
+  scales: Sequence[float] = MULTI_SCALE_SCALES,
+  max_distort: int = 1,
+  fix_crop: bool = True,
+  more_fix_crop: bool = True,
+  flip_prob: float = 0.0,
 ) -> Crop:
   """VideoMAE's `GroupMultiScaleCrop` box (its pretraining augmentation).
 
@@ -280,14 +291,18 @@ def multi_scale_crop(
   base = min(height, width)
   sides = [int(base * s) for s in scales]
   if min(sides) < 1 or max(scales) > 1:
-    raise ValueError(f'scales {tuple(scales)} give empty or oversized boxes '
-                     f'for a {height}x{width} frame')
+    raise ValueError(
+      f"scales {tuple(scales)} give empty or oversized boxes "
+      f"for a {height}x{width} frame"
+    )
   crop_hs = [out_h if abs(s - out_h) < 3 else s for s in sides]
   crop_ws = [out_w if abs(s - out_w) < 3 else s for s in sides]
-  pairs = [(w, h)
-           for i, h in enumerate(crop_hs)
-           for j, w in enumerate(crop_ws)
-           if abs(i - j) <= max_distort]
+  pairs = [
+    (w, h)
+    for i, h in enumerate(crop_hs)
+    for j, w in enumerate(crop_ws)
+    if abs(i - j) <= max_distort
+  ]
   # Snapping can push a side past the frame (a frame barely larger than the
   # output); VideoMAE would then crop out of bounds. Clamp instead.
   w, h = pairs[int(rng.integers(len(pairs)))]

@@ -31,6 +31,7 @@ captions its clip is relevant to (EK-100 MIR, `positives`), else one of the
 record's alternative narrations (`extra['texts']`, LaViLa's LLM-generated
 lists), else its narration. Evaluation always uses the narration.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ class ClipSpec:
     eval_clips: clips per record in evaluation (spread evenly).
     eval_crops: crops per clip in evaluation (1: centre; 3: along the long side).
   """
+
   num_frames: int = 16
   sampling: str = "segment"
   stride: int = 4
@@ -74,11 +76,13 @@ class ClipSpec:
 
   def __post_init__(self):
     if self.sampling not in defaults.SAMPLINGS:
-      raise ValueError(f"sampling must be one of {defaults.SAMPLINGS}, got "
-                       f"{self.sampling!r}")
+      raise ValueError(
+        f"sampling must be one of {defaults.SAMPLINGS}, got {self.sampling!r}"
+      )
     if self.crop not in defaults.CROPS:
-      raise ValueError(f"crop must be one of {defaults.CROPS}, got "
-                       f"{self.crop!r}")
+      raise ValueError(
+        f"crop must be one of {defaults.CROPS}, got {self.crop!r}"
+      )
 
   @property
   def views(self) -> int:
@@ -87,16 +91,27 @@ class ClipSpec:
   @classmethod
   def from_config(cls, data) -> ClipSpec:
     """From `config.data` (its `size` an int side or (H, W))."""
-    size = data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
-    return cls(num_frames=data.num_frames, sampling=data.sampling,
-               stride=data.stride, size=tuple(size), crop=data.crop,
-               crop_scale=tuple(data.crop_scale), hflip=data.hflip,
-               eval_clips=data.eval_clips, eval_crops=data.eval_crops)
+    size = (
+      data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
+    )
+    return cls(
+      num_frames=data.num_frames,
+      sampling=data.sampling,
+      stride=data.stride,
+      size=tuple(size),
+      crop=data.crop,
+      crop_scale=tuple(data.crop_scale),
+      hflip=data.hflip,
+      eval_clips=data.eval_clips,
+      eval_crops=data.eval_crops,
+    )
 
 
-def element_spec(spec: ClipSpec, targets: Sequence[str],
-                 context_length: int = defaults.CONTEXT_LENGTH
-                 ) -> dict[str, tuple[tuple[int, ...], type]]:
+def element_spec(
+  spec: ClipSpec,
+  targets: Sequence[str],
+  context_length: int = defaults.CONTEXT_LENGTH,
+) -> dict[str, tuple[tuple[int, ...], type]]:
   """(shape, dtype) of each array of an element carrying `targets` (of
   `TARGETS`), as in the module docstring; the `errors` string aside."""
   height, width = spec.size
@@ -104,18 +119,28 @@ def element_spec(spec: ClipSpec, targets: Sequence[str],
   for key in TARGETS:
     if key in targets:
       out[key] = ((context_length,) if key == "tokens" else (), np.int32)
-  out.update(index=((), np.int32), view=((), np.int32), valid=((), np.bool_),
-             skipped=((), np.int32))
+  out.update(
+    index=((), np.int32),
+    view=((), np.int32),
+    valid=((), np.bool_),
+    skipped=((), np.int32),
+  )
   return out
 
 
 class ClipLoader:
   """Loads element `index` of a record list (see the module docstring)."""
 
-  def __init__(self, records: Sequence[annotations.ClipRecord], root: str,
-               spec: ClipSpec, tokenizer=None, max_attempts: int = 10,
-               positives: ek100.CaptionPositives | None = None,
-               targets: Sequence[str] | None = None):
+  def __init__(
+    self,
+    records: Sequence[annotations.ClipRecord],
+    root: str,
+    spec: ClipSpec,
+    tokenizer=None,
+    max_attempts: int = 10,
+    positives: ek100.CaptionPositives | None = None,
+    targets: Sequence[str] | None = None,
+  ):
     if not records:
       raise DataFileError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
@@ -125,13 +150,18 @@ class ClipLoader:
     # Only the targets the task reads (`batches.target_keys`): two sets of
     # one shape then make batches of one structure, and one compiled step.
     wanted = set(TARGETS if targets is None else targets)
-    carried = {"tokens": tokenizer is not None and first.text is not None,
-               "label": first.label is not None,
-               "verb": "verb_class" in first.extra,
-               "noun": "noun_class" in first.extra}
+    carried = {
+      "tokens": tokenizer is not None and first.text is not None,
+      "label": first.label is not None,
+      "verb": "verb_class" in first.extra,
+      "noun": "noun_class" in first.extra,
+    }
     self.targets = tuple(k for k in TARGETS if k in wanted and carried[k])
-    self._spec = element_spec(spec, self.targets, getattr(
-        tokenizer, "context_length", defaults.CONTEXT_LENGTH))
+    self._spec = element_spec(
+      spec,
+      self.targets,
+      getattr(tokenizer, "context_length", defaults.CONTEXT_LENGTH),
+    )
 
   # Grain calls this with (element, rng) in training (`random_map`).
   def train_element(self, index: int, rng: np.random.Generator) -> dict:
@@ -155,23 +185,35 @@ class ClipLoader:
     except video.VideoReadError as e:
       return self._invalid(index, view, [str(e)])
 
-  def _element(self, index: int, rng, view: int | None,
-               errors: list[str]) -> dict:
+  def _element(
+    self, index: int, rng, view: int | None, errors: list[str]
+  ) -> dict:
     record = self.records[index]
     info = video.video_info(self.root, record.video_id)
     fps = float(info.frame_rate)
     # An open end (a whole-video record) stops at the video's last frame.
     end = min(record.end, info.num_frames / fps)
-    lo, hi = sampling.clip_frame_range(min(record.start, end), end, fps,
-                                       info.num_frames)
+    lo, hi = sampling.clip_frame_range(
+      min(record.start, end), end, fps, info.num_frames
+    )
     ids = self._frame_ids(lo, hi, rng, view)
     box = self._crop(info.height, info.width, rng, view)
-    clip = video.read_clip(self.root, record.video_id, ids, crop=box.box,
-                           size=self.spec.size, hflip=box.hflip)
+    clip = video.read_clip(
+      self.root,
+      record.video_id,
+      ids,
+      crop=box.box,
+      size=self.spec.size,
+      hflip=box.hflip,
+    )
     out = {"video": clip, **self._targets(index, rng)}
-    out.update(index=np.int32(index), view=np.int32(view or 0),
-               valid=np.bool_(True), skipped=np.int32(len(errors)),
-               errors="\n".join(errors))
+    out.update(
+      index=np.int32(index),
+      view=np.int32(view or 0),
+      valid=np.bool_(True),
+      skipped=np.int32(len(errors)),
+      errors="\n".join(errors),
+    )
     return out
 
   def _frame_ids(self, lo: int, hi: int, rng, view) -> np.ndarray:
@@ -184,24 +226,30 @@ class ClipLoader:
     if s.sampling == "segment":  # Views shift the segment points evenly.
       seg = (hi - lo) / s.num_frames
       offset = (clip + 0.5) / s.eval_clips * seg
-      return np.minimum(lo + (np.arange(s.num_frames) * seg + offset).astype(
-          np.int64), max(hi - 1, lo))
-    return sampling.multi_view_frame_ids(lo, hi, s.num_frames, s.stride,
-                                         s.eval_clips)[clip]
+      return np.minimum(
+        lo + (np.arange(s.num_frames) * seg + offset).astype(np.int64),
+        max(hi - 1, lo),
+      )
+    return sampling.multi_view_frame_ids(
+      lo, hi, s.num_frames, s.stride, s.eval_clips
+    )[clip]
 
   def _crop(self, height: int, width: int, rng, view) -> crop_lib.Crop:
     s = self.spec
     if view is not None:
       if s.eval_crops == 1:
         return crop_lib.center_crop(None, height, width, s.size)
-      return crop_lib.spatial_views(height, width, s.size,
-                                    s.eval_crops)[view % s.eval_crops]
+      return crop_lib.spatial_views(height, width, s.size, s.eval_crops)[
+        view % s.eval_crops
+      ]
     if s.crop == "random_resized":
-      return crop_lib.random_resized_crop(rng, height, width,
-                                          scale=s.crop_scale, flip_prob=s.hflip)
+      return crop_lib.random_resized_crop(
+        rng, height, width, scale=s.crop_scale, flip_prob=s.hflip
+      )
     if s.crop == "multi_scale":
-      return crop_lib.multi_scale_crop(rng, height, width, s.size,
-                                       flip_prob=s.hflip)
+      return crop_lib.multi_scale_crop(
+        rng, height, width, s.size, flip_prob=s.hflip
+      )
     return crop_lib.center_crop(rng, height, width, s.size, flip_prob=s.hflip)
 
   def _text(self, index: int, rng) -> str:
@@ -230,8 +278,14 @@ class ClipLoader:
 
   def _invalid(self, index: int, view: int, errors: list[str]) -> dict:
     """A zero clip marked invalid, same structure as a good element."""
-    out = {k: np.zeros(shape, dtype)[()]  # [()]: 0-d ones as numpy scalars.
-           for k, (shape, dtype) in self._spec.items()}
-    out.update(index=np.int32(index), view=np.int32(view),
-               skipped=np.int32(len(errors)), errors="\n".join(errors))
+    out = {
+      k: np.zeros(shape, dtype)[()]  # [()]: 0-d ones as numpy scalars.
+      for k, (shape, dtype) in self._spec.items()
+    }
+    out.update(
+      index=np.int32(index),
+      view=np.int32(view),
+      skipped=np.int32(len(errors)),
+      errors="\n".join(errors),
+    )
     return out

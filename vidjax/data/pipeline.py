@@ -67,6 +67,7 @@ A failed read is logged when a file fails for the first time (once per
 file and process), counted per file (`Pipeline.failures`), and the
 `DataError` past `max_skip_fraction` lists each bad file once with its count.
 """
+
 from __future__ import annotations
 
 import collections
@@ -104,14 +105,16 @@ def clip_bytes(data: ml_collections.ConfigDict) -> int:
   return data.num_frames * height * width * 3
 
 
-def clips_per_transfer(data: ml_collections.ConfigDict,
-                       local_batch: int) -> int:
+def clips_per_transfer(
+  data: ml_collections.ConfigDict, local_batch: int
+) -> int:
   """Clips a worker hands over at once: the largest divisor of the local
   batch whose frames fit in `TRANSFER_BYTES` (at least 1), so that every
   batch is made of whole groups."""
   most = max(1, TRANSFER_BYTES // clip_bytes(data))
-  return max(g for g in range(1, min(most, local_batch) + 1)
-             if local_batch % g == 0)
+  return max(
+    g for g in range(1, min(most, local_batch) + 1) if local_batch % g == 0
+  )
 
 
 def _buffered_groups(worker_buffer: int, group: int) -> int:
@@ -119,8 +122,9 @@ def _buffered_groups(worker_buffer: int, group: int) -> int:
   return -(-worker_buffer // group)
 
 
-def shared_memory_bytes(data: ml_collections.ConfigDict,
-                        local_batch: int) -> int:
+def shared_memory_bytes(
+  data: ml_collections.ConfigDict, local_batch: int
+) -> int:
   """The most /dev/shm the workers' clips can take at once (0: no workers).
 
   Per worker: `worker_buffer` clips (in whole groups of
@@ -136,8 +140,9 @@ def shared_memory_bytes(data: ml_collections.ConfigDict,
   return (groups + PENDING_FREES) * group * clip_bytes(data)
 
 
-def check_shared_memory(data: ml_collections.ConfigDict, local_batch: int,
-                        path: str = SHM_DIR) -> None:
+def check_shared_memory(
+  data: ml_collections.ConfigDict, local_batch: int, path: str = SHM_DIR
+) -> None:
   """Stops at start-up, saying what to change, if /dev/shm is too small."""
   need = shared_memory_bytes(data, local_batch)
   if not need or not os.path.isdir(path):
@@ -145,21 +150,31 @@ def check_shared_memory(data: ml_collections.ConfigDict, local_batch: int,
   free = shutil.disk_usage(path).free
   if need > free:
     raise errors.ConfigError(
-        f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
-        f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
-        f"decoded clips there ({need // clip_bytes(data)} clips of "
-        f"{clip_bytes(data) / 1024:,.0f} KiB). Lower "
-        "--config.data.worker_buffer or --config.data.workers (or use "
-        "--config.data.threads instead), or give the machine a larger "
-        "/dev/shm (in a container: docker run --shm-size=...).")
+      f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
+      f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
+      f"decoded clips there ({need // clip_bytes(data)} clips of "
+      f"{clip_bytes(data) / 1024:,.0f} KiB). Lower "
+      "--config.data.worker_buffer or --config.data.workers (or use "
+      "--config.data.threads instead), or give the machine a larger "
+      "/dev/shm (in a container: docker run --shm-size=...)."
+    )
 
 
-def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
-                 num_epochs: int | None = None,
-                 workers: workers_lib.Workers | None = None,
-                 threads: int = 0, worker_buffer: int = 8,
-                 batch_size: int = 1, group: int = 1, process_index: int = 0,
-                 process_count: int = 1, start: int = 0) -> grain.IterDataset:
+def make_dataset(
+  clip_loader: loader.ClipLoader,
+  *,
+  train: bool,
+  seed: int,
+  num_epochs: int | None = None,
+  workers: workers_lib.Workers | None = None,
+  threads: int = 0,
+  worker_buffer: int = 8,
+  batch_size: int = 1,
+  group: int = 1,
+  process_index: int = 0,
+  process_count: int = 1,
+  start: int = 0,
+) -> grain.IterDataset:
   """The Grain graph of this process's clips, `group` clips per element.
 
   Args:
@@ -201,29 +216,43 @@ def make_dataset(clip_loader: loader.ClipLoader, *, train: bool, seed: int,
   ds = ds[start:] if start else ds
   if workers is not None:  # Frames in blocks named after this run.
     ds = ds.map(workers.to_shared_memory(MIN_SHM_BYTES))
-  ds = ds.to_iter_dataset(grain.ReadOptions(
-      num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)))
+  ds = ds.to_iter_dataset(
+    grain.ReadOptions(
+      num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)
+    )
+  )
   if workers is not None:
     workers_lib.mark_flags_parsed()  # Process-wide: absl's FLAGS parsed.
     # Grain sets its queue of frees up on first use; setting it first keeps
     # it short (`shared_memory_bytes`).
     grain.multiprocessing.SharedMemoryArray.enable_async_del(
-        1, max_outstanding_requests=PENDING_FREES)
+      1, max_outstanding_requests=PENDING_FREES
+    )
     ds = grain.experimental.WithOptionsIterDataset(
-        ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
+      ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES)
+    )
     ds = ds.mp_prefetch(
-        grain.MultiprocessingOptions(
-            num_workers=workers.count,
-            per_worker_buffer_size=_buffered_groups(worker_buffer, group)),
-        worker_init_fn=workers.init_fn())
+      grain.MultiprocessingOptions(
+        num_workers=workers.count,
+        per_worker_buffer_size=_buffered_groups(worker_buffer, group),
+      ),
+      worker_init_fn=workers.init_fn(),
+    )
   return ds
 
 
-def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-                  *, train: bool, batch_size: int, tokenizer=None,
-                  records=None, num_epochs: int | None = None,
-                  seed: int | None = None, state: dict | None = None
-                  ) -> Pipeline:
+def make_pipeline(
+  config: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  *,
+  train: bool,
+  batch_size: int,
+  tokenizer=None,
+  records=None,
+  num_epochs: int | None = None,
+  seed: int | None = None,
+  state: dict | None = None,
+) -> Pipeline:
   """Global device batches for training or evaluation.
 
   Args:
@@ -248,8 +277,10 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   """
   data = config.data
   if batch_size % jax.process_count():
-    raise ValueError(f"batch size {batch_size} does not divide over "
-                     f"{jax.process_count()} processes")
+    raise ValueError(
+      f"batch size {batch_size} does not divide over "
+      f"{jax.process_count()} processes"
+    )
   path = data.train_annotations if train else data.eval_annotations
   if records is None:
     records = annotation_files.load_annotations(data, path)
@@ -259,24 +290,48 @@ def make_pipeline(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   check_shared_memory(data, local_batch)
   group = clips_per_transfer(data, local_batch)
   clip_loader = loader.ClipLoader(
-      records, data.root, loader.ClipSpec.from_config(data), tokenizer,
-      max_attempts=data.max_attempts,
-      positives=(annotation_files.caption_positives(data, records)
-                 if train else None),
-      targets=batches.target_keys(config))
+    records,
+    data.root,
+    loader.ClipSpec.from_config(data),
+    tokenizer,
+    max_attempts=data.max_attempts,
+    positives=(
+      annotation_files.caption_positives(data, records) if train else None
+    ),
+    targets=batches.target_keys(config),
+  )
   start = batches.resume_group(state, group) if state else 0
   workers = workers_lib.Workers(data.workers) if data.workers else None
   ds = make_dataset(
-      clip_loader, train=train, seed=config.seed if seed is None else seed,
-      num_epochs=num_epochs, workers=workers, threads=data.threads,
-      worker_buffer=data.worker_buffer, batch_size=local_batch, group=group,
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      start=start)
-  host = batches.HostBatches(iter(ds), local_batch, data.max_skip_fraction,
-                             train=train, group=group, state=state)
-  return Pipeline(host, data.device_prefetch, mesh, workers=workers,
-                  stall_warn_s=data.stall_warn_s,
-                  name="training" if train else "evaluation")
+    clip_loader,
+    train=train,
+    seed=config.seed if seed is None else seed,
+    num_epochs=num_epochs,
+    workers=workers,
+    threads=data.threads,
+    worker_buffer=data.worker_buffer,
+    batch_size=local_batch,
+    group=group,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    start=start,
+  )
+  host = batches.HostBatches(
+    iter(ds),
+    local_batch,
+    data.max_skip_fraction,
+    train=train,
+    group=group,
+    state=state,
+  )
+  return Pipeline(
+    host,
+    data.device_prefetch,
+    mesh,
+    workers=workers,
+    stall_warn_s=data.stall_warn_s,
+    name="training" if train else "evaluation",
+  )
 
 
 class Pipeline(prefetch.DevicePrefetcher):
@@ -286,8 +341,15 @@ class Pipeline(prefetch.DevicePrefetcher):
   FIRST_WAIT_S = 10.0
   STUCK_WAIT_S = 2.0  # Closing after an interrupted wait: for the thread.
 
-  def __init__(self, host: batches.HostBatches, prefetch_size: int, mesh, *,
-               workers: workers_lib.Workers | None = None, **kwargs):
+  def __init__(
+    self,
+    host: batches.HostBatches,
+    prefetch_size: int,
+    mesh,
+    *,
+    workers: workers_lib.Workers | None = None,
+    **kwargs,
+  ):
     self.host, self.workers = host, workers
     super().__init__(host, prefetch_size, mesh, **kwargs)
 
@@ -327,13 +389,15 @@ class Pipeline(prefetch.DevicePrefetcher):
     """
     self._stop.set()  # The thread then asks Grain for nothing more.
     stopped = self.wait_for_thread(
-        0.0 if self.interrupted else self.FIRST_WAIT_S)
+      0.0 if self.interrupted else self.FIRST_WAIT_S
+    )
     if not stopped and self.workers is not None:
       self.workers.kill()  # Grain sees it within a second, and ends the wait.
       self.wait_for_thread(self.STUCK_WAIT_S)
     self.host.close()
-    super().close(self.STUCK_WAIT_S if self.interrupted
-                  else prefetch.CLOSE_TIMEOUT_S)
+    super().close(
+      self.STUCK_WAIT_S if self.interrupted else prefetch.CLOSE_TIMEOUT_S
+    )
     if self.workers is not None:
       self.workers.close()
 

@@ -7,6 +7,7 @@ last batch handed out, for an exact resume. Waiting for a batch
 (`next_batch`) warns every `stall_warn_s` seconds while none comes, saying
 what it waits on (`waiting_on`), and gives up when asked to (a signal).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
@@ -42,9 +43,15 @@ class DevicePrefetcher:
   it makes the iterator yield exactly the first batch not yet consumed.
   """
 
-  def __init__(self, iterator: Iterator[Mapping[str, np.ndarray]], size: int,
-               mesh: Mesh, *, stall_warn_s: float = 60.0,
-               name: str = "training"):
+  def __init__(
+    self,
+    iterator: Iterator[Mapping[str, np.ndarray]],
+    size: int,
+    mesh: Mesh,
+    *,
+    stall_warn_s: float = 60.0,
+    name: str = "training",
+  ):
     self._iterator = iterator
     self.stall_warn_s, self.name = stall_warn_s, name
     self.interrupted = False  # `next_batch` gave up on a batch.
@@ -56,8 +63,9 @@ class DevicePrefetcher:
     self._done = False
     self._thread = None
     if size > 0:
-      self._thread = threading.Thread(target=self._produce, daemon=True,
-                                      name="vidjax-device-prefetch")
+      self._thread = threading.Thread(
+        target=self._produce, daemon=True, name="vidjax-device-prefetch"
+      )
       self._thread.start()
 
   def _capture_state(self):
@@ -91,8 +99,9 @@ class DevicePrefetcher:
   def __next__(self) -> dict[str, jax.Array]:
     return self.next_batch()
 
-  def next_batch(self, interrupt: Callable[[], bool] | None = None
-                 ) -> dict[str, jax.Array] | None:
+  def next_batch(
+    self, interrupt: Callable[[], bool] | None = None
+  ) -> dict[str, jax.Array] | None:
     """The next batch; None if `interrupt()` turned true while waiting.
 
     Every `stall_warn_s` seconds without a batch, a warning says what the
@@ -108,10 +117,14 @@ class DevicePrefetcher:
         self.interrupted = True
         return None
       if time.monotonic() >= warn_at:
-        logging.warning("no %s batch for %.0f s: waiting on %s (warned every "
-                        "data.stall_warn_s=%g s)", self.name,
-                        time.monotonic() - started, self.waiting_on(),
-                        self.stall_warn_s)
+        logging.warning(
+          "no %s batch for %.0f s: waiting on %s (warned every "
+          "data.stall_warn_s=%g s)",
+          self.name,
+          time.monotonic() - started,
+          self.waiting_on(),
+          self.stall_warn_s,
+        )
         warn_at += self.stall_warn_s
     return batch
 
@@ -159,9 +172,12 @@ class DevicePrefetcher:
     """
     self._stop.set()
     if not self.wait_for_thread(timeout):
-      logging.warning("the device prefetch thread did not stop within %g s "
-                      "(waiting on %s); left to end on its own", timeout,
-                      self.waiting_on())
+      logging.warning(
+        "the device prefetch thread did not stop within %g s "
+        "(waiting on %s); left to end on its own",
+        timeout,
+        self.waiting_on(),
+      )
     self._done = True
 
   def wait_for_thread(self, timeout: float) -> bool:

@@ -12,6 +12,7 @@ in progress (`in_progress`) without waiting for it.
 Only the standard library: the command line reads this without loading
 the pipeline.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,10 +42,12 @@ def describe(reads: list[tuple[str, float]], limit: int = 3) -> str:
   """'reading A for 59 s, B for 2 s' (at most `limit`), or that none is."""
   if not reads:
     return "reading no video file right now"
-  reads = list({path: (path, start) for path, start in reversed(reads)}
-               .values())[::-1]  # Each file once, at its oldest read.
+  reads = list(
+    {path: (path, start) for path, start in reversed(reads)}.values()
+  )[::-1]  # Each file once, at its oldest read.
   now = time.time()
-  shown = ", ".join(f"{path} for {now - start:.0f} s"
-                    for path, start in reads[:limit])
+  shown = ", ".join(
+    f"{path} for {now - start:.0f} s" for path, start in reads[:limit]
+  )
   more = f" and {len(reads) - limit} more" if len(reads) > limit else ""
   return f"reading {shown}{more}"

@@ -12,6 +12,7 @@ training; `rng=None` gives the deterministic evaluation choice.
   * `stride_frame_ids`: T frames at a fixed stride (VideoMAE/Kinetics).
   * `multi_view_frame_ids`: K evenly spread stride clips for testing.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,14 +36,14 @@ def seconds_to_frame(t: float, fps: float) -> int:
     The frame id.
   """
   if fps <= 0:
-    raise ValueError(f'fps must be positive, got {fps}')
+    raise ValueError(f"fps must be positive, got {fps}")
   if t < 0:
-    raise ValueError(f'time must be >= 0, got {t}')
+    raise ValueError(f"time must be >= 0, got {t}")
   return int(math.floor(t * fps + 0.5))
 
 
 def clip_frame_range(
-    start: float, end: float, fps: float, num_frames: int | None = None
+  start: float, end: float, fps: float, num_frames: int | None = None
 ) -> tuple[int, int]:
   """Seconds `[start, end)` -> a non-empty half-open frame range.
 
@@ -60,11 +61,11 @@ def clip_frame_range(
     `(start_frame, end_frame)` with `start_frame < end_frame`.
   """
   if end < start:
-    raise ValueError(f'clip end {end} s is before its start {start} s')
+    raise ValueError(f"clip end {end} s is before its start {start} s")
   first, stop = seconds_to_frame(start, fps), seconds_to_frame(end, fps)
   if num_frames is not None:
     if num_frames < 1:
-      raise ValueError(f'num_frames must be >= 1, got {num_frames}')
+      raise ValueError(f"num_frames must be >= 1, got {num_frames}")
     first = min(first, num_frames - 1)
     stop = min(stop, num_frames)
   return first, max(stop, first + 1)
@@ -72,15 +73,16 @@ def clip_frame_range(
 
 def _check_range(start_frame: int, end_frame: int) -> None:
   if start_frame < 0 or end_frame <= start_frame:
-    raise ValueError(f'need 0 <= start_frame < end_frame, got '
-                     f'[{start_frame}, {end_frame})')
+    raise ValueError(
+      f"need 0 <= start_frame < end_frame, got [{start_frame}, {end_frame})"
+    )
 
 
 def segment_frame_ids(
-    start_frame: int,
-    end_frame: int,
-    num_segments: int,
-    rng: np.random.Generator | None = None,
+  start_frame: int,
+  end_frame: int,
+  num_segments: int,
+  rng: np.random.Generator | None = None,
 ) -> np.ndarray:
   """One frame from each of N equal segments of `[start_frame, end_frame)`.
 
@@ -103,7 +105,7 @@ def segment_frame_ids(
   """
   _check_range(start_frame, end_frame)
   if num_segments < 1:
-    raise ValueError(f'num_segments must be >= 1, got {num_segments}')
+    raise ValueError(f"num_segments must be >= 1, got {num_segments}")
   length = (end_frame - start_frame) / num_segments
   if rng is None:
     offsets = np.full(num_segments, 0.5)
@@ -115,11 +117,11 @@ def segment_frame_ids(
 
 
 def stride_frame_ids(
-    start_frame: int,
-    end_frame: int,
-    num_frames: int,
-    stride: int,
-    rng: np.random.Generator | None = None,
+  start_frame: int,
+  end_frame: int,
+  num_frames: int,
+  stride: int,
+  rng: np.random.Generator | None = None,
 ) -> np.ndarray:
   """T frames at a fixed stride: `first + stride * [0, 1, ..., T - 1]`.
 
@@ -142,8 +144,9 @@ def stride_frame_ids(
   """
   _check_range(start_frame, end_frame)
   if num_frames < 1 or stride < 1:
-    raise ValueError(f'need num_frames >= 1 and stride >= 1, got '
-                     f'{num_frames} and {stride}')
+    raise ValueError(
+      f"need num_frames >= 1 and stride >= 1, got {num_frames} and {stride}"
+    )
   available = end_frame - start_frame
   slack = available - num_frames * stride
   steps = np.arange(num_frames, dtype=np.int64)
@@ -155,11 +158,11 @@ def stride_frame_ids(
 
 
 def multi_view_frame_ids(
-    start_frame: int,
-    end_frame: int,
-    num_frames: int,
-    stride: int,
-    num_views: int,
+  start_frame: int,
+  end_frame: int,
+  num_frames: int,
+  stride: int,
+  num_views: int,
 ) -> np.ndarray:
   """K stride clips with evenly spread starts, for multi-view testing.
 
@@ -182,8 +185,10 @@ def multi_view_frame_ids(
   """
   _check_range(start_frame, end_frame)
   if num_frames < 1 or stride < 1 or num_views < 1:
-    raise ValueError(f'need num_frames, stride and num_views >= 1, got '
-                     f'{num_frames}, {stride} and {num_views}')
+    raise ValueError(
+      f"need num_frames, stride and num_views >= 1, got "
+      f"{num_frames}, {stride} and {num_views}"
+    )
   candidates = np.arange(start_frame, end_frame, stride, dtype=np.int64)
   if len(candidates) < num_frames:
     pad = np.full(num_frames - len(candidates), candidates[-1])
@@ -194,4 +199,4 @@ def multi_view_frame_ids(
   else:
     step = slack / (num_views - 1)  # As VideoMAE: the step, then int(k * step).
     firsts = [int(k * step) for k in range(num_views)]
-  return np.stack([candidates[f:f + num_frames] for f in firsts])
+  return np.stack([candidates[f : f + num_frames] for f in firsts])

@@ -24,6 +24,7 @@ real pipeline runs on them.
       root/settings.json               the settings it was made with
       root/classes.json                class names by label id
 """
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,20 @@ DATA_PATH_KEYS = ("root", "train_annotations", "eval_annotations")
 SETTINGS = "settings.json"  # make_corpus's arguments, to tell a stale corpus.
 
 SHAPES = ("square", "circle", "triangle")
-COLOURS = {"red": (230, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 240),
-           "yellow": (240, 220, 40)}
+COLOURS = {
+  "red": (230, 40, 40),
+  "green": (40, 200, 60),
+  "blue": (50, 80, 240),
+  "yellow": (240, 220, 40),
+}
 MOTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 
 
 def class_names() -> list[str]:
   """The 48 captions, indexed by label: shape-major, then colour, motion."""
-  return [f"a {c} {s} moves {m}" for s in SHAPES for c in COLOURS
-          for m in MOTIONS]
+  return [
+    f"a {c} {s} moves {m}" for s in SHAPES for c in COLOURS for m in MOTIONS
+  ]
 
 
 def label_of(shape: int, colour: int, motion: int) -> int:
@@ -69,9 +75,15 @@ def _shape_mask(shape: str, size: int) -> np.ndarray:
   return np.abs(xx - size / 2) <= yy / 2  # Triangle pointing up.
 
 
-def render_segment(rng: np.random.Generator, shape: int, colour: int,
-                   motion: int, num_frames: int, height: int,
-                   width: int) -> np.ndarray:
+def render_segment(
+  rng: np.random.Generator,
+  shape: int,
+  colour: int,
+  motion: int,
+  num_frames: int,
+  height: int,
+  width: int,
+) -> np.ndarray:
   """uint8[num_frames, height, width, 3]: one shape crossing a texture."""
   base = rng.integers(40, 200, (height // 8 + 2, width // 8 + 2, 3))
   background = np.repeat(np.repeat(base, 8, 0), 8, 1)[:height, :width]
@@ -80,17 +92,23 @@ def render_segment(rng: np.random.Generator, shape: int, colour: int,
   mask = _shape_mask(SHAPES[shape], size)
   dx, dy = MOTIONS[list(MOTIONS)[motion]]
   # Start on one side, cross to the other along the motion axis.
-  cx0 = rng.uniform(0.3, 0.7) * (width - size) if dx == 0 else (
-      0 if dx > 0 else width - size)
-  cy0 = rng.uniform(0.3, 0.7) * (height - size) if dy == 0 else (
-      0 if dy > 0 else height - size)
+  cx0 = (
+    rng.uniform(0.3, 0.7) * (width - size)
+    if dx == 0
+    else (0 if dx > 0 else width - size)
+  )
+  cy0 = (
+    rng.uniform(0.3, 0.7) * (height - size)
+    if dy == 0
+    else (0 if dy > 0 else height - size)
+  )
   frames = np.empty((num_frames, height, width, 3), np.uint8)
   for k in range(num_frames):
     t = k / max(num_frames - 1, 1)
     x = int(round(cx0 + dx * t * (width - size)))
     y = int(round(cy0 + dy * t * (height - size)))
     frames[k] = background
-    frames[k, y:y + size, x:x + size][mask] = list(COLOURS.values())[colour]
+    frames[k, y : y + size, x : x + size][mask] = list(COLOURS.values())[colour]
   return frames
 
 
@@ -107,11 +125,20 @@ def _write_h264(path: Path, frames: np.ndarray, fps: int) -> None:
     out.mux(stream.encode(None))
 
 
-def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
-                segments_per_video: int = 2, segment_seconds: float = 3.0,
-                fps: int = 8, height: int = 96, width: int = 128,
-                val_fraction: float = 0.25, chunk_seconds: float = 2.0,
-                seed: int = 0, progress: bool = True) -> Path:
+def make_corpus(
+  root: str | os.PathLike,
+  *,
+  num_videos: int = 48,
+  segments_per_video: int = 2,
+  segment_seconds: float = 3.0,
+  fps: int = 8,
+  height: int = 96,
+  width: int = 128,
+  val_fraction: float = 0.25,
+  chunk_seconds: float = 2.0,
+  seed: int = 0,
+  progress: bool = True,
+) -> Path:
   """Writes the corpus under `root`, unless it is there, complete, and made
   with the same settings (recorded in `root/settings.json`): a corpus made
   with other settings is made anew.
@@ -120,10 +147,17 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
     `root` as a Path; `root/chunks` is the chunk store.
   """
   root = Path(root)
-  settings = dict(num_videos=num_videos, segments_per_video=segments_per_video,
-                  segment_seconds=segment_seconds, fps=fps, height=height,
-                  width=width, val_fraction=val_fraction,
-                  chunk_seconds=chunk_seconds, seed=seed)
+  settings = dict(
+    num_videos=num_videos,
+    segments_per_video=segments_per_video,
+    segment_seconds=segment_seconds,
+    fps=fps,
+    height=height,
+    width=width,
+    val_fraction=val_fraction,
+    chunk_seconds=chunk_seconds,
+    seed=seed,
+  )
   done = root / "classes.json"
   if done.exists():
     try:
@@ -132,8 +166,12 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
       made_with = None
     if made_with == settings:
       return root
-    logging.info("%s was made with other settings (%s): making it anew with "
-                 "%s", root, made_with, settings)
+    logging.info(
+      "%s was made with other settings (%s): making it anew with %s",
+      root,
+      made_with,
+      settings,
+    )
     done.unlink()
   raw = root / "raw"
   for stale in (raw, root / "chunks"):  # Left by other settings, or a crash.
@@ -147,33 +185,55 @@ def make_corpus(root: str | os.PathLike, *, num_videos: int = 48,
     video_id = f"vid{v:03d}"
     parts = []
     for s in range(segments_per_video):
-      shape, colour, motion = (int(rng.integers(n)) for n in (
-          len(SHAPES), len(COLOURS), len(MOTIONS)))
-      parts.append(render_segment(rng, shape, colour, motion, seg_frames,
-                                  height, width))
+      shape, colour, motion = (
+        int(rng.integers(n)) for n in (len(SHAPES), len(COLOURS), len(MOTIONS))
+      )
+      parts.append(
+        render_segment(rng, shape, colour, motion, seg_frames, height, width)
+      )
       label = label_of(shape, colour, motion)
       words = (list(COLOURS)[colour], SHAPES[shape], list(MOTIONS)[motion])
-      records.append(annotations.ClipRecord(
-          video_id, s * seg_frames / fps, (s + 1) * seg_frames / fps,
-          text=names[label], label=label, extra={
-              "verb": f"move-{words[2]}", "verb_class": motion,
-              "noun": f"{words[0]} {words[1]}",
-              "noun_class": shape * len(COLOURS) + colour, "words": words}))
+      records.append(
+        annotations.ClipRecord(
+          video_id,
+          s * seg_frames / fps,
+          (s + 1) * seg_frames / fps,
+          text=names[label],
+          label=label,
+          extra={
+            "verb": f"move-{words[2]}",
+            "verb_class": motion,
+            "noun": f"{words[0]} {words[1]}",
+            "noun_class": shape * len(COLOURS) + colour,
+            "words": words,
+          },
+        )
+      )
     _write_h264(raw / f"{video_id}.mp4", np.concatenate(parts), fps)
   summary = chunk.chunk_videos(
-      raw, root / "chunks",
-      chunk.ChunkOptions(chunk_seconds=chunk_seconds, short_side=0, gop=8),
-      progress=progress)
+    raw,
+    root / "chunks",
+    chunk.ChunkOptions(chunk_seconds=chunk_seconds, short_side=0, gop=8),
+    progress=progress,
+  )
   if summary["failed"]:
     raise RuntimeError(f"chunking the synthetic corpus failed: {summary}")
   # Split by video so no validation video is seen in training.
   num_val = max(1, int(round(num_videos * val_fraction)))
   val_ids = {f"vid{v:03d}" for v in range(num_videos - num_val, num_videos)}
-  synthetic_annotations.write_annotation_files(root, {
+  synthetic_annotations.write_annotation_files(
+    root,
+    {
       split: [r for r in records if (r.video_id in val_ids) == keep]
-      for split, keep in (("train", False), ("val", True))}, fps, seed)
+      for split, keep in (("train", False), ("val", True))
+    },
+    fps,
+    seed,
+  )
   (root / SETTINGS).write_text(json.dumps(settings, indent=1))
-  done.write_text(json.dumps(names, indent=1))  # Written last: marks completion.
+  done.write_text(
+    json.dumps(names, indent=1)
+  )  # Written last: marks completion.
   return root
 
 
@@ -185,6 +245,7 @@ def write_vocab(path: str | os.PathLike) -> Path:
   gzip text in the format of CLIP's `bpe_simple_vocab_16e6.txt.gz`.
   """
   import gzip  # pylint: disable=import-outside-toplevel
+
   words = sorted({w for name in class_names() for w in name.split()})
   merges, seen = [], set()
   for word in words:
@@ -202,7 +263,9 @@ def write_vocab(path: str | os.PathLike) -> Path:
   return path
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bool:
+def prepare(
+  config: ml_collections.ConfigDict, workdir: str | os.PathLike
+) -> bool:
   """Points `config.data` at the synthetic corpus when no data is given.
 
   Only when `data.synthetic.enabled` and none of `data.root`,
@@ -220,17 +283,23 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bo
     return False
   given = [f"data.{k}" for k in DATA_PATH_KEYS if config.data[k]]
   if given:
-    logging.info("data: %s given, so the synthetic corpus is not used",
-                 ", ".join(given))
+    logging.info(
+      "data: %s given, so the synthetic corpus is not used", ", ".join(given)
+    )
     return False
   root = rundir.path(workdir, rundir.SYNTHETIC)
 
   def make():
-    make_corpus(root, num_videos=spec.num_videos,
-                segments_per_video=spec.segments_per_video,
-                segment_seconds=spec.segment_seconds, height=spec.height,
-                width=spec.width, seed=spec.seed,
-                progress=jax.process_index() == 0)
+    make_corpus(
+      root,
+      num_videos=spec.num_videos,
+      segments_per_video=spec.segments_per_video,
+      segment_seconds=spec.segment_seconds,
+      height=spec.height,
+      width=spec.width,
+      seed=spec.seed,
+      progress=jax.process_index() == 0,
+    )
     if not config.data.vocab and not (root / "vocab.txt.gz").exists():
       write_vocab(root / "vocab.txt.gz")
 
@@ -241,6 +310,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> bo
     if jax.process_index() != 0:
       make()
   synthetic_annotations.use_corpus(config, root)
-  logging.info("data: the synthetic corpus in %s (set data.root and the "
-               "annotation paths to train on your own videos)", root)
+  logging.info(
+    "data: the synthetic corpus in %s (set data.root and the "
+    "annotation paths to train on your own videos)",
+    root,
+  )
   return True

@@ -19,6 +19,7 @@ does. It repairs mojibake ('fÃ¼r' -> 'für'), straightens curly quotes
 without it, only text containing such characters tokenizes differently from
 CLIP. `fix_text=False` skips it (faster, and the same on any machine).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,19 +36,20 @@ from vidjax import defaults, errors
 
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2
-CLIP_VOCAB_FILE = 'bpe_simple_vocab_16e6.txt.gz'
+CLIP_VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
 # Installed packages that ship CLIP's vocabulary next to their code.
-VOCAB_PACKAGES = ('open_clip', 'clip')
-START_TOKEN = '<|startoftext|>'
-END_TOKEN = '<|endoftext|>'
+VOCAB_PACKAGES = ("open_clip", "clip")
+START_TOKEN = "<|startoftext|>"
+END_TOKEN = "<|endoftext|>"
 
 # CLIP's pre-tokenisation: special tokens, English contractions, runs of
 # letters, single digits, runs of other non-space symbols.
 _SPLIT = regex.compile(
-    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d"""
-    r"""|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
-    regex.IGNORECASE)
-_WHITESPACE = regex.compile(r'\s+')
+  r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d"""
+  r"""|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
+  regex.IGNORECASE,
+)
+_WHITESPACE = regex.compile(r"\s+")
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,9 +60,11 @@ def _bytes_to_unicode() -> dict[int, str]:
   space, ...) map to characters from 256 up, in byte order, so BPE symbols
   never contain whitespace.
   """
-  printable = (list(range(ord('!'), ord('~') + 1))
-               + list(range(ord('¡'), ord('¬') + 1))
-               + list(range(ord('®'), ord('ÿ') + 1)))
+  printable = (
+    list(range(ord("!"), ord("~") + 1))
+    + list(range(ord("¡"), ord("¬") + 1))
+    + list(range(ord("®"), ord("ÿ") + 1))
+  )
   # Insertion order fixes the ids: printable bytes first, then the rest.
   table = {b: chr(b) for b in printable}
   for b in range(256):
@@ -79,34 +83,43 @@ def _ftfy_fix_text():
   return ftfy.fix_text
 
 
-def _load_merges(vocab_path: str | os.PathLike,
-                 num_merges: int) -> list[tuple[str, str]]:
+def _load_merges(
+  vocab_path: str | os.PathLike, num_merges: int
+) -> list[tuple[str, str]]:
   try:
-    with gzip.open(vocab_path, 'rt', encoding='utf-8') as f:
-      lines = f.read().split('\n')
+    with gzip.open(vocab_path, "rt", encoding="utf-8") as f:
+      lines = f.read().split("\n")
   except (OSError, EOFError, UnicodeDecodeError) as e:
     raise errors.DataFileError(
-        f'{vocab_path}: cannot read a gzip BPE vocabulary ({e})') from e
+      f"{vocab_path}: cannot read a gzip BPE vocabulary ({e})"
+    ) from e
   # CLIP's header: '"bpe_simple_vocab_16e6.txt#version: 0.2'.
-  if '#version' not in lines[0]:
+  if "#version" not in lines[0]:
     raise errors.DataFileError(
-        f'{vocab_path}:1: ' + ('an empty file' if lines == [''] else
-                               f'{lines[0][:40]!r} is not a header line')
-        + f': expected a BPE vocabulary such as CLIP\'s {CLIP_VOCAB_FILE} '
-        "(a '#version' header, then one merge 'a b' per line)")
+      f"{vocab_path}:1: "
+      + (
+        "an empty file"
+        if lines == [""]
+        else f"{lines[0][:40]!r} is not a header line"
+      )
+      + f": expected a BPE vocabulary such as CLIP's {CLIP_VOCAB_FILE} "
+      "(a '#version' header, then one merge 'a b' per line)"
+    )
   merges = []
-  for line_no, line in enumerate(lines[1:num_merges + 1], start=2):
+  for line_no, line in enumerate(lines[1 : num_merges + 1], start=2):
     parts = line.split()
     if not parts:  # Trailing newline at the end of a short file.
       continue
     if len(parts) != 2:
       raise errors.DataFileError(
-          f'{vocab_path}:{line_no}: expected a merge "a b", got {line!r}')
+        f'{vocab_path}:{line_no}: expected a merge "a b", got {line!r}'
+      )
     merges.append((parts[0], parts[1]))
   if not merges:
     raise errors.DataFileError(
-        f'{vocab_path}: no merges after the header line: expected one merge '
-        f"'a b' per line, as in CLIP's {CLIP_VOCAB_FILE} (262145 lines)")
+      f"{vocab_path}: no merges after the header line: expected one merge "
+      f"'a b' per line, as in CLIP's {CLIP_VOCAB_FILE} (262145 lines)"
+    )
   return merges
 
 
@@ -143,13 +156,16 @@ class Tokenizer:
     end_id: id of the end-of-text token.
   """
 
-  def __init__(self, vocab_path: str | os.PathLike,
-               context_length: int = defaults.CONTEXT_LENGTH,
-               fix_text: bool | None = None):
+  def __init__(
+    self,
+    vocab_path: str | os.PathLike,
+    context_length: int = defaults.CONTEXT_LENGTH,
+    fix_text: bool | None = None,
+  ):
     if context_length < 2:
-      raise ValueError(f'context_length must be >= 2, got {context_length}')
+      raise ValueError(f"context_length must be >= 2, got {context_length}")
     if fix_text and _ftfy_fix_text() is None:
-      raise ImportError('fix_text=True needs ftfy (pip install ftfy)')
+      raise ImportError("fix_text=True needs ftfy (pip install ftfy)")
     self.context_length = context_length
     self._fix_text = fix_text
     merges = _load_merges(vocab_path, NUM_MERGES)
@@ -158,7 +174,7 @@ class Tokenizer:
     # Ids: 256 byte symbols, the same with the end-of-word mark, one per
     # merge, then the two special tokens.
     symbols = list(self._byte_encoder.values())
-    vocab = symbols + [s + '</w>' for s in symbols]
+    vocab = symbols + [s + "</w>" for s in symbols]
     vocab += [a + b for a, b in merges] + [START_TOKEN, END_TOKEN]
     self._encoder = {token: i for i, token in enumerate(vocab)}
     self._decoder = dict(enumerate(vocab))
@@ -173,17 +189,17 @@ class Tokenizer:
     if fix is not None:
       text = fix(text)
     text = html.unescape(html.unescape(text)).strip()
-    return _WHITESPACE.sub(' ', text).strip().lower()
+    return _WHITESPACE.sub(" ", text).strip().lower()
 
   def _bpe(self, token: str) -> tuple[str, ...]:
     """Merges a word's byte symbols by rank, lowest rank first."""
     cached = self._cache.get(token)
     if cached is not None:
       return cached
-    word = list(token[:-1]) + [token[-1] + '</w>']
+    word = list(token[:-1]) + [token[-1] + "</w>"]
     while len(word) > 1:
       pairs = {(word[i], word[i + 1]) for i in range(len(word) - 1)}
-      best = min(pairs, key=lambda p: self._ranks.get(p, float('inf')))
+      best = min(pairs, key=lambda p: self._ranks.get(p, float("inf")))
       if best not in self._ranks:
         break
       merged, i = [], 0
@@ -204,7 +220,7 @@ class Tokenizer:
     """Token ids of `text`, without start/end tokens or padding."""
     ids = []
     for piece in _SPLIT.findall(self._clean(text)):
-      symbols = ''.join(self._byte_encoder[b] for b in piece.encode('utf-8'))
+      symbols = "".join(self._byte_encoder[b] for b in piece.encode("utf-8"))
       ids.extend(self._encoder[s] for s in self._bpe(symbols))
     return ids
 
@@ -221,11 +237,12 @@ class Tokenizer:
       if i == self.start_id:
         continue
       if not 0 <= i < self.vocab_size:
-        raise ValueError(f'token id {i} is outside the vocabulary '
-                         f'(size {self.vocab_size})')
+        raise ValueError(
+          f"token id {i} is outside the vocabulary (size {self.vocab_size})"
+        )
       symbols.append(self._decoder[i])
-    data = bytearray(self._byte_decoder[c] for c in ''.join(symbols))
-    return data.decode('utf-8', errors='replace').replace('</w>', ' ')
+    data = bytearray(self._byte_decoder[c] for c in "".join(symbols))
+    return data.decode("utf-8", errors="replace").replace("</w>", " ")
 
   def __call__(self, texts: str | Sequence[str]) -> np.ndarray:
     """Tokenizes text(s) into fixed-length rows.
@@ -243,7 +260,7 @@ class Tokenizer:
     for row, text in enumerate(texts):
       ids = [self.start_id] + self.encode(text) + [self.end_id]
       if len(ids) > self.context_length:
-        ids = ids[:self.context_length]
+        ids = ids[: self.context_length]
         ids[-1] = self.end_id
-      out[row, :len(ids)] = ids
+      out[row, : len(ids)] = ids
     return out

@@ -26,6 +26,7 @@ so samplers may overshoot at the end of a video. Any failure to produce a
 frame raises `VideoReadError` naming the file and the frame.
 `check_chunk_files` compares manifest lines with the chunk files at start-up.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -51,6 +52,7 @@ class VideoReadError(Exception):
 @dataclasses.dataclass(frozen=True)
 class VideoInfo:
   """One video of a chunk store (a line of manifest.jsonl)."""
+
   video_id: str
   frame_rate: fractions.Fraction
   num_frames: int
@@ -61,8 +63,9 @@ class VideoInfo:
 
   @functools.cached_property
   def chunk_starts(self) -> list[int]:
-    return chunk_lib.chunk_start_frames(self.num_frames, self.frame_rate,
-                                        self.chunk_seconds)
+    return chunk_lib.chunk_start_frames(
+      self.num_frames, self.frame_rate, self.chunk_seconds
+    )
 
   @property
   def num_chunks(self) -> int:
@@ -81,7 +84,8 @@ class VideoInfo:
 @dataclasses.dataclass
 class DecodeStats:
   """Counters of one `read_clip` call, for benchmarks."""
-  decoded: int = 0    # frames out of the decoder
+
+  decoded: int = 0  # frames out of the decoder
   delivered: int = 0  # frames returned (with repeats)
   packets_sent: int = 0
   packets_skipped: int = 0
@@ -91,8 +95,10 @@ class DecodeStats:
 def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
   del mtime  # Part of the cache key only: a rewritten manifest is reloaded.
   try:
-    return {entry["video_id"]: _video_info(entry, where)
-            for where, entry in chunk_lib.manifest_lines(path)}
+    return {
+      entry["video_id"]: _video_info(entry, where)
+      for where, entry in chunk_lib.manifest_lines(path)
+    }
   except errors.DataFileError as e:
     raise VideoReadError(e.describe()) from None
   except OSError as e:
@@ -103,28 +109,40 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
   """The VideoInfo of a manifest entry; VideoReadError('FILE:LINE: ...')."""
   try:
     info = VideoInfo(
-        entry["video_id"],
-        fractions.Fraction(entry.get("frame_rate", entry["fps"])),
-        int(entry["num_frames"]), int(entry["width"]), int(entry["height"]),
-        float(entry["chunk_seconds"]), where)
+      entry["video_id"],
+      fractions.Fraction(entry.get("frame_rate", entry["fps"])),
+      int(entry["num_frames"]),
+      int(entry["width"]),
+      int(entry["height"]),
+      float(entry["chunk_seconds"]),
+      where,
+    )
   except KeyError as e:
     raise VideoReadError(f"{where}: no {e} in this manifest entry") from None
   except (TypeError, ValueError, ZeroDivisionError) as e:
     raise VideoReadError(f"{where}: bad manifest entry ({e})") from None
   # Chunk boundaries need a positive chunk length and rate (else no end).
-  for name, value in (("chunk_seconds", info.chunk_seconds),
-                      ("frame rate", info.frame_rate),
-                      ("num_frames", info.num_frames), ("width", info.width),
-                      ("height", info.height)):
+  for name, value in (
+    ("chunk_seconds", info.chunk_seconds),
+    ("frame rate", info.frame_rate),
+    ("num_frames", info.num_frames),
+    ("width", info.width),
+    ("height", info.height),
+  ):
     if not (math.isfinite(value) and value > 0):
-      raise VideoReadError(f"{where}: {name} {value} is not a positive "
-                           "number")
+      raise VideoReadError(f"{where}: {name} {value} is not a positive number")
   # The id names the video's folder: it must stay inside the store.
-  if (info.video_id in ("", ".", "..") or "/" in info.video_id
-      or os.sep in info.video_id or "\0" in info.video_id):
-    raise VideoReadError(f"{where}: video_id {info.video_id!r} is not a "
-                         "plain name: its chunks would be read outside the "
-                         "chunk store")
+  if (
+    info.video_id in ("", ".", "..")
+    or "/" in info.video_id
+    or os.sep in info.video_id
+    or "\0" in info.video_id
+  ):
+    raise VideoReadError(
+      f"{where}: video_id {info.video_id!r} is not a "
+      "plain name: its chunks would be read outside the "
+      "chunk store"
+    )
   return info
 
 
@@ -134,8 +152,10 @@ def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
   try:
     mtime = os.stat(path).st_mtime
   except FileNotFoundError:
-    raise VideoReadError(f"{path}: no manifest; chunk the videos first "
-                         "(python -m vidjax.data.chunk SRC DST)") from None
+    raise VideoReadError(
+      f"{path}: no manifest; chunk the videos first "
+      "(python -m vidjax.data.chunk SRC DST)"
+    ) from None
   return _load_manifest(path, mtime)
 
 
@@ -145,15 +165,22 @@ def video_info(root: str | os.PathLike, video_id: str) -> VideoInfo:
   except KeyError:
     # The message starts with the video's own path: failures are counted
     # (and named) per video, not all as the manifest's.
-    raise VideoReadError(f"{os.path.join(root, video_id)}: no video "
-                         f"{video_id!r} in {chunk_lib.MANIFEST}") from None
+    raise VideoReadError(
+      f"{os.path.join(root, video_id)}: no video "
+      f"{video_id!r} in {chunk_lib.MANIFEST}"
+    ) from None
 
 
-def read_clip(root: str | os.PathLike, video_id: str,
-              frame_ids: Sequence[int] | np.ndarray, *,
-              crop: tuple[int, int, int, int] | None = None,
-              size: tuple[int, int] | None = None, hflip: bool = False,
-              stats: DecodeStats | None = None) -> np.ndarray:
+def read_clip(
+  root: str | os.PathLike,
+  video_id: str,
+  frame_ids: Sequence[int] | np.ndarray,
+  *,
+  crop: tuple[int, int, int, int] | None = None,
+  size: tuple[int, int] | None = None,
+  hflip: bool = False,
+  stats: DecodeStats | None = None,
+) -> np.ndarray:
   """Decodes frames of a chunked video, cropped and scaled in the decoder.
 
   Args:
@@ -175,8 +202,9 @@ def read_clip(root: str | os.PathLike, video_id: str,
       message names the file and the frame.
   """
   info = video_info(root, video_id)
-  ids = np.clip(np.asarray(frame_ids, dtype=np.int64).reshape(-1), 0,
-                info.num_frames - 1)
+  ids = np.clip(
+    np.asarray(frame_ids, dtype=np.int64).reshape(-1), 0, info.num_frames - 1
+  )
   window = even_window(crop, info.width, info.height)
   out_h, out_w = size if size is not None else (window[3], window[2])
   stats = stats if stats is not None else DecodeStats()
@@ -186,12 +214,14 @@ def read_clip(root: str | os.PathLike, video_id: str,
   for i in np.unique(ids).tolist():
     by_chunk.setdefault(bisect.bisect_right(starts, i) - 1, []).append(i)
   for k, global_ids in by_chunk.items():
-    path = os.path.join(root, video_id,
-                        chunk_lib.chunk_name(k, info.chunk_seconds))
+    path = os.path.join(
+      root, video_id, chunk_lib.chunk_name(k, info.chunk_seconds)
+    )
     local = {i - starts[k]: i for i in global_ids}
     with reads.reading(path):  # Named if the pipeline stalls on it.
-      for j, rgb in _decode_chunk(path, info.frame_rate, local, window,
-                                  (out_w, out_h), stats):
+      for j, rgb in _decode_chunk(
+        path, info.frame_rate, local, window, (out_w, out_h), stats
+      ):
         frames[local[j]] = rgb
   clip = np.stack([frames[i] for i in ids.tolist()])
   stats.delivered += len(ids)
@@ -220,7 +250,7 @@ def _is_reference(packet: av.Packet, length_size: int) -> bool:
   data = memoryview(packet)  # No copy: only NAL headers are read.
   pos = 0
   while pos + length_size < len(data):
-    n = int.from_bytes(data[pos:pos + length_size], "big")
+    n = int.from_bytes(data[pos : pos + length_size], "big")
     header = data[pos + length_size]
     if header & 0x1F in (1, 5):  # Coded slice (non-IDR or IDR).
       return bool(header >> 5)
@@ -248,13 +278,19 @@ class _Converter:
     if (x, y, w, h) != (0, 0, frame.width, frame.height):
       # One copy of the window's planes; nothing outside it is touched again.
       cropped = av.VideoFrame(w, h, frame.format.name)
-      for src, dst, sub in zip(chunk_lib.yuv_planes(frame),
-                               chunk_lib.yuv_planes(cropped), (1, 2, 2)):
-        dst[...] = src[y // sub:(y + h) // sub, x // sub:(x + w) // sub]
+      for src, dst, sub in zip(
+        chunk_lib.yuv_planes(frame), chunk_lib.yuv_planes(cropped), (1, 2, 2)
+      ):
+        dst[...] = src[y // sub : (y + h) // sub, x // sub : (x + w) // sub]
       frame = cropped
     if (frame.width, frame.height) != out_wh:
-      frame = self.scaler.reformat(frame, width=out_wh[0], height=out_wh[1],
-                                   interpolation=_BILINEAR, threads=1)
+      frame = self.scaler.reformat(
+        frame,
+        width=out_wh[0],
+        height=out_wh[1],
+        interpolation=_BILINEAR,
+        threads=1,
+      )
     return self.to_rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
 
@@ -274,8 +310,11 @@ def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
 # again by ours. The mp4 header already holds everything read_clip needs, and
 # chunks are always mp4 (no format guessing either). `options` reach only the
 # probe's decoders, not the stream's own.
-OPEN_OPTIONS = {"format": "mp4", "container_options": {"probesize": "32"},
-                "options": {"skip_frame": "all"}}
+OPEN_OPTIONS = {
+  "format": "mp4",
+  "container_options": {"probesize": "32"},
+  "options": {"skip_frame": "all"},
+}
 
 
 def chunk_header(path: str) -> tuple[int | None, fractions.Fraction | None]:
@@ -290,8 +329,9 @@ def chunk_header(path: str) -> tuple[int | None, fractions.Fraction | None]:
     return None, None
 
 
-def check_chunk_files(root: str | os.PathLike, video_ids: Sequence[str], *,
-                      opened: int = 3) -> None:
+def check_chunk_files(
+  root: str | os.PathLike, video_ids: Sequence[str], *, opened: int = 3
+) -> None:
   """The manifest lines of `video_ids` against their chunk files.
 
   The last chunk that a line's frame count and rate imply must exist and
@@ -309,35 +349,55 @@ def check_chunk_files(root: str | os.PathLike, video_ids: Sequence[str], *,
     if not os.path.isdir(folder):
       continue
     last = info.num_chunks - 1
-    names = [chunk_lib.chunk_name(k, info.chunk_seconds)
-             for k in (last, last + 1)]
+    names = [
+      chunk_lib.chunk_name(k, info.chunk_seconds) for k in (last, last + 1)
+    ]
     paths = [os.path.join(folder, name) for name in names]
-    says = (f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
-            f"{float(info.frame_rate):g} fps ({info.num_chunks} chunks of "
-            f"{info.chunk_seconds:g} s)")
-    hint = ("the manifest line does not describe the chunk files: chunk the "
-            "video again (delete its line and folder, then run the chunker)")
+    says = (
+      f"{info.where}: {video_id!r} has num_frames {info.num_frames} at "
+      f"{float(info.frame_rate):g} fps ({info.num_chunks} chunks of "
+      f"{info.chunk_seconds:g} s)"
+    )
+    hint = (
+      "the manifest line does not describe the chunk files: chunk the "
+      "video again (delete its line and folder, then run the chunker)"
+    )
     if not os.path.exists(paths[0]) or os.path.exists(paths[1]):
       found = len([f for f in os.listdir(folder) if f.endswith(".mp4")])
       raise errors.DataError(
-          f"{says}, but " + (f"{video_id}/{names[1]} follows its last chunk"
-                             if os.path.exists(paths[0]) else
-                             f"its last chunk {video_id}/{names[0]} is missing")
-          + f" ({found} chunk files in {folder})", hint=hint)
+        f"{says}, but "
+        + (
+          f"{video_id}/{names[1]} follows its last chunk"
+          if os.path.exists(paths[0])
+          else f"its last chunk {video_id}/{names[0]} is missing"
+        )
+        + f" ({found} chunk files in {folder})",
+        hint=hint,
+      )
     if n < opened:  # An unreadable chunk is the reader's to skip.
       frames, rate = chunk_header(paths[0])
       expected = info.num_frames - info.chunk_start(last)
       if (frames and frames != expected) or (
-          rate and abs(rate / info.frame_rate - 1) > 1e-3):
+        rate and abs(rate / info.frame_rate - 1) > 1e-3
+      ):
         holds = f"{frames or 'unknown'} frames at " + (
-            f"{float(rate):g} fps" if rate else "an unknown rate")
+          f"{float(rate):g} fps" if rate else "an unknown rate"
+        )
         raise errors.DataError(
-            f"{says}, so its last chunk {video_id}/{names[0]} should hold "
-            f"{expected} frames at that rate, but it holds {holds}", hint=hint)
+          f"{says}, so its last chunk {video_id}/{names[0]} should hold "
+          f"{expected} frames at that rate, but it holds {holds}",
+          hint=hint,
+        )
 
 
-def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
-                  window, out_wh, stats: DecodeStats):
+def _decode_chunk(
+  path: str,
+  rate: fractions.Fraction,
+  needed: dict[int, int],
+  window,
+  out_wh,
+  stats: DecodeStats,
+):
   """Yields (local index, uint8[H, W, 3]) for each needed local frame."""
   first, todo = min(needed), set(needed)
   current = None
@@ -366,8 +426,11 @@ def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
           stats.packets_skipped += len(pending)
           pending = []
         if j not in needed:
-          if packet.is_keyframe or not length_size or _is_reference(
-              packet, length_size):
+          if (
+            packet.is_keyframe
+            or not length_size
+            or _is_reference(packet, length_size)
+          ):
             pending.append(packet)
           else:
             stats.packets_skipped += 1
@@ -384,15 +447,20 @@ def _decode_chunk(path: str, rate: fractions.Fraction, needed: dict[int, int],
       for frame in ctx.decode(None):
         yield from _deliver(frame, index, todo, window, out_wh, stats)
   except FileNotFoundError:
-    raise VideoReadError(f"{path}: missing chunk (needed for local frame "
-                         f"{first})") from None
+    raise VideoReadError(
+      f"{path}: missing chunk (needed for local frame {first})"
+    ) from None
   except (av.error.FFmpegError, OSError, IndexError, ValueError) as e:
-    raise VideoReadError(f"{path}: cannot decode near local frame "
-                         f"{current if current is not None else first}: "
-                         f"{type(e).__name__}: {e}") from e
+    raise VideoReadError(
+      f"{path}: cannot decode near local frame "
+      f"{current if current is not None else first}: "
+      f"{type(e).__name__}: {e}"
+    ) from e
   if todo:
-    raise VideoReadError(f"{path}: local frames {sorted(todo)[:5]} not found "
-                         "(truncated or corrupt chunk)")
+    raise VideoReadError(
+      f"{path}: local frames {sorted(todo)[:5]} not found "
+      "(truncated or corrupt chunk)"
+    )
 
 
 def _packets_from(container, stream, first: int, rate: fractions.Fraction):
@@ -407,8 +475,11 @@ def _packets_from(container, stream, first: int, rate: fractions.Fraction):
     container.seek(target, stream=stream, backward=True, any_frame=False)
     packets = container.demux(stream)
     head = next(packets, None)
-    if head is not None and head.pts is not None and (
-        head.is_keyframe and round((head.pts - start) * tb * rate) <= first):
+    if (
+      head is not None
+      and head.pts is not None
+      and (head.is_keyframe and round((head.pts - start) * tb * rate) <= first)
+    ):
       yield head
       yield from (p for p in packets if p.pts is not None)
       return
@@ -419,7 +490,7 @@ def _packets_from(container, stream, first: int, rate: fractions.Fraction):
 def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
   stats.decoded += 1
   if frame.pts is None:  # No place on the timeline (a damaged stream): a
-    return               # frame it leaves missing is reported as not found.
+    return  # frame it leaves missing is reported as not found.
   j = index(frame.pts)
   if j in todo:
     todo.discard(j)

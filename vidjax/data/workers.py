@@ -26,6 +26,7 @@ and `died(error)` turns Grain's "terminated unexpectedly" into a
 `DataWorkerDied` naming the worker, the signal or exit code, and whether
 the kernel's OOM killer struck (the memory cgroup's `oom_kill` count).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,14 +49,21 @@ from vidjax.data import reads
 
 SHM_DIR = "/dev/shm"
 PREFIX = "vidjax_"  # Of every /dev/shm block of vidjax's.
-WATCH_S = 0.5  # How often a worker looks for its trainer and says what it reads.
+WATCH_S = (
+  0.5  # How often a worker looks for its trainer and says what it reads.
+)
 STATUS_BYTES = 16384
 STATUS_READS = 8  # Reads in progress published per worker, oldest first.
 # Process states in /proc/PID/stat, as the warning says them.
-STATES = {"R": "running", "S": "sleeping",
-          "D": "blocked in the kernel on IO: a stuck file system?",
-          "T": "stopped: SIGCONT resumes it", "t": "stopped by a debugger",
-          "Z": "dead", "X": "dead"}
+STATES = {
+  "R": "running",
+  "S": "sleeping",
+  "D": "blocked in the kernel on IO: a stuck file system?",
+  "T": "stopped: SIGCONT resumes it",
+  "t": "stopped by a debugger",
+  "Z": "dead",
+  "X": "dead",
+}
 _GRAIN_DEATH = re.compile(r"terminated unexpectedly with exit code (-?\d+)")
 
 
@@ -82,14 +90,16 @@ class Workers:
 
   def init_fn(self):
     """Grain's `worker_init_fn`: called with (index, count) in each worker."""
-    return functools.partial(_init_worker, trainer=self.trainer,
-                             prefix=self.prefix)
+    return functools.partial(
+      _init_worker, trainer=self.trainer, prefix=self.prefix
+    )
 
   def to_shared_memory(self, min_bytes: int):
     """A Grain map run in the workers: a group's arrays of at least
     `min_bytes` into /dev/shm blocks of this pipeline's name."""
-    return functools.partial(_to_shared_memory, prefix=self.prefix,
-                             min_bytes=min_bytes)
+    return functools.partial(
+      _to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
+    )
 
   def status(self, index: int) -> dict | None:
     """{'pid', 'reads': [(path, start), ...]} as worker `index` last
@@ -106,8 +116,10 @@ class Workers:
     if status is None:
       return f"worker {index} of {self.count} (starting)"
     state = _stat(status["pid"])[0]
-    return (f"worker {index} of {self.count} (pid {status['pid']}, "
-            f"{STATES.get(state, 'gone')}), {reads.describe(status['reads'])}")
+    return (
+      f"worker {index} of {self.count} (pid {status['pid']}, "
+      f"{STATES.get(state, 'gone')}), {reads.describe(status['reads'])}"
+    )
 
   def kill(self) -> None:
     """SIGKILL to the workers still running (their clips are not needed)."""
@@ -119,8 +131,9 @@ class Workers:
         except ProcessLookupError:
           pass
 
-  def died(self, error: BaseException,
-           waiting_on: int) -> errors.DataWorkerDied | None:
+  def died(
+    self, error: BaseException, waiting_on: int
+  ) -> errors.DataWorkerDied | None:
     """The error to raise for Grain's `error` if it says a worker died.
 
     Args:
@@ -137,13 +150,18 @@ class Workers:
     before, now = self._oom_kills, oom_kills()
     new_oom_kills = None if None in (before, now) else now - before
     return errors.DataWorkerDied(
-        f"data worker {index} of {self.count} (pid "
-        f"{pids.get(index, 'unknown')}) died: "
-        f"{describe_exit(int(match.group(1)), new_oom_kills)}",
-        hint="the same command resumes from the last checkpoint" + (
-            "" if new_oom_kills == 0 else "; to use less memory, lower "
-            "--config.data.workers, --config.data.threads or "
-            "--config.data.worker_buffer"))
+      f"data worker {index} of {self.count} (pid "
+      f"{pids.get(index, 'unknown')}) died: "
+      f"{describe_exit(int(match.group(1)), new_oom_kills)}",
+      hint="the same command resumes from the last checkpoint"
+      + (
+        ""
+        if new_oom_kills == 0
+        else "; to use less memory, lower "
+        "--config.data.workers, --config.data.threads or "
+        "--config.data.worker_buffer"
+      ),
+    )
 
   def close(self) -> None:
     """Once the workers are stopped: unlinks the blocks of this pipeline
@@ -152,8 +170,9 @@ class Workers:
     by its array)."""
     try:
       with open("/proc/self/maps") as f:
-        mapped = {os.path.basename(line.split()[-1]) for line in f
-                  if SHM_DIR in line}
+        mapped = {
+          os.path.basename(line.split()[-1]) for line in f if SHM_DIR in line
+        }
       names = os.listdir(SHM_DIR)
     except OSError:
       return  # Not Linux: Python's resource tracker unlinks them at exit.
@@ -180,13 +199,17 @@ def describe_exit(code: int, new_oom_kills: int | None) -> str:
   if -code != signal.SIGKILL:
     return how
   if new_oom_kills:
-    return (f"{how}: out of memory (the kernel's OOM killer killed "
-            f"{new_oom_kills} process{'es' if new_oom_kills > 1 else ''} of "
-            "this run's memory cgroup meanwhile)")
+    return (
+      f"{how}: out of memory (the kernel's OOM killer killed "
+      f"{new_oom_kills} process{'es' if new_oom_kills > 1 else ''} of "
+      "this run's memory cgroup meanwhile)"
+    )
   if new_oom_kills is None:
     return f"{how}, by hand or by the kernel's OOM killer (dmesg says which)"
-  return (f"{how}, not by the kernel's OOM killer (this run's memory cgroup "
-          "counts none)")
+  return (
+    f"{how}, not by the kernel's OOM killer (this run's memory cgroup "
+    "counts none)"
+  )
 
 
 def oom_kills() -> int | None:
@@ -207,8 +230,10 @@ def oom_kills() -> int | None:
     else:
       continue
     # In a container the cgroup is often mounted as the root.
-    files += [os.path.join(root, path.lstrip("/"), name),
-              os.path.join(root, name)]
+    files += [
+      os.path.join(root, path.lstrip("/"), name),
+      os.path.join(root, name),
+    ]
   for file in files:
     try:
       with open(file) as f:
@@ -238,10 +263,15 @@ _BLOCKS = itertools.count()  # This worker's blocks, numbered.
 def _init_worker(index: int, count: int, *, trainer: int, prefix: str) -> None:
   mark_flags_parsed()
   del count
-  status = shared_memory.SharedMemory(f"{prefix}w{index}", create=True,
-                                      size=STATUS_BYTES)
-  threading.Thread(target=_watch, args=(trainer, status), daemon=True,
-                   name="vidjax-worker-watch").start()
+  status = shared_memory.SharedMemory(
+    f"{prefix}w{index}", create=True, size=STATUS_BYTES
+  )
+  threading.Thread(
+    target=_watch,
+    args=(trainer, status),
+    daemon=True,
+    name="vidjax-worker-watch",
+  ).start()
 
 
 def _watch(trainer: int, status: shared_memory.SharedMemory) -> None:
@@ -252,26 +282,35 @@ def _watch(trainer: int, status: shared_memory.SharedMemory) -> None:
   os._exit(1)  # pylint: disable=protected-access
 
 
-def publish(status: shared_memory.SharedMemory, pid: int,
-            in_progress: list[tuple[str, float]]) -> None:
+def publish(
+  status: shared_memory.SharedMemory,
+  pid: int,
+  in_progress: list[tuple[str, float]],
+) -> None:
   """Writes a worker's status block, as `Workers.status` reads it."""
   blob = json.dumps({"pid": pid, "reads": in_progress[:STATUS_READS]})
-  blob = blob.encode()[:STATUS_BYTES - 1] + b"\0"
-  status.buf[:len(blob)] = blob
+  blob = blob.encode()[: STATUS_BYTES - 1] + b"\0"
+  status.buf[: len(blob)] = blob
 
 
 def _to_shared_memory(group: dict, *, prefix: str, min_bytes: int) -> dict:
-  return {key: _shared(value, prefix, min_bytes)
-          for key, value in group.items()}
+  return {
+    key: _shared(value, prefix, min_bytes) for key, value in group.items()
+  }
 
 
 def _shared(value, prefix: str, min_bytes: int):
-  if (not isinstance(value, np.ndarray) or value.dtype.hasobject
-      or value.nbytes < min_bytes):
+  if (
+    not isinstance(value, np.ndarray)
+    or value.dtype.hasobject
+    or value.nbytes < min_bytes
+  ):
     return value  # Pickled: a block would cost more than the copy.
   block = shared_memory.SharedMemory(
-      f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=value.nbytes)
+    f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=value.nbytes
+  )
   array = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
-      block, value.shape, value.dtype)
+    block, value.shape, value.dtype
+  )
   array[...] = value
   return array

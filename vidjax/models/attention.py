@@ -23,6 +23,7 @@ an explicit choice and some care necessary:
 `implementation` is therefore one of 'cudnn' (fail early, saying why),
 'xla', or 'auto' (cuDNN when the inputs allow it, else XLA, logged once).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,13 +43,13 @@ _logged_choices: set[str] = set()
 
 def _gpu_compute_capability() -> tuple[int, int] | None:
   """The first CUDA device's compute capability, or None without one."""
-  if jax.default_backend() != 'gpu':
+  if jax.default_backend() != "gpu":
     return None
   device = jax.devices()[0]
-  capability = getattr(device, 'compute_capability', None)
+  capability = getattr(device, "compute_capability", None)
   if not capability:  # ROCm devices have none; cuDNN is CUDA-only.
     return None
-  major, minor = (int(part) for part in str(capability).split('.')[:2])
+  major, minor = (int(part) for part in str(capability).split(".")[:2])
   return major, minor
 
 
@@ -58,6 +59,7 @@ def cudnn_version() -> int | None:
   # API tells the version (tests/test_layers.py pins this private one).
   # pylint: disable-next=import-outside-toplevel
   from jax._src.cudnn import fused_attention_stablehlo
+
   try:
     return int(fused_attention_stablehlo.check_cudnn_version())
   except (RuntimeError, ImportError, AttributeError):
@@ -81,26 +83,38 @@ def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
   """
   capability = _gpu_compute_capability()
   if capability is None:
-    return (f'the default JAX backend is {jax.default_backend()!r}; cuDNN '
-            'attention needs an NVIDIA GPU')
-  name = f'{capability[0]}.{capability[1]}'
+    return (
+      f"the default JAX backend is {jax.default_backend()!r}; cuDNN "
+      "attention needs an NVIDIA GPU"
+    )
+  name = f"{capability[0]}.{capability[1]}"
   if capability < (8, 0):
-    return (f'the GPU has compute capability {name}; cuDNN flash attention '
-            'needs 8.0 (Ampere) or newer')
+    return (
+      f"the GPU has compute capability {name}; cuDNN flash attention "
+      "needs 8.0 (Ampere) or newer"
+    )
   version = cudnn_version()
   if version is None:
-    return ('JAX finds no cuDNN library (install JAX with its CUDA extra, '
-            'e.g. pip install "jax[cuda12]")')
+    return (
+      "JAX finds no cuDNN library (install JAX with its CUDA extra, "
+      'e.g. pip install "jax[cuda12]")'
+    )
   if capability == (10, 3) and version < 91100:
-    return (f'compute capability 10.3 needs cuDNN 9.11 or newer; JAX finds '
-            f'cuDNN {version}')
+    return (
+      f"compute capability 10.3 needs cuDNN 9.11 or newer; JAX finds "
+      f"cuDNN {version}"
+    )
   if jnp.dtype(dtype) not in [jnp.dtype(d) for d in _CUDNN_DTYPES]:
-    return (f'the compute dtype is {jnp.dtype(dtype).name}; cuDNN attention '
-            'needs bfloat16 or float16 (set the model dtype to bfloat16)')
+    return (
+      f"the compute dtype is {jnp.dtype(dtype).name}; cuDNN attention "
+      "needs bfloat16 or float16 (set the model dtype to bfloat16)"
+    )
   max_head_dim = 256 if capability >= (9, 0) else 128
   if head_dim % 8 or head_dim > max_head_dim:
-    return (f'the head size is {head_dim}; cuDNN needs a multiple of 8 up to '
-            f'{max_head_dim} on compute capability {name}')
+    return (
+      f"the head size is {head_dim}; cuDNN needs a multiple of 8 up to "
+      f"{max_head_dim} on compute capability {name}"
+    )
   return None
 
 
@@ -120,30 +134,41 @@ def resolve_implementation(implementation: str, head_dim: int, dtype) -> str:
       head size cannot use it.
   """
   if implementation not in defaults.ATTENTION:
-    raise ValueError(f'attention implementation must be one of '
-                     f'{defaults.ATTENTION}, got {implementation!r}')
-  if implementation == 'xla':
-    return 'xla'
+    raise ValueError(
+      f"attention implementation must be one of "
+      f"{defaults.ATTENTION}, got {implementation!r}"
+    )
+  if implementation == "xla":
+    return "xla"
   reason = cudnn_unsupported_reason(head_dim, dtype)
-  if implementation == 'cudnn':
+  if implementation == "cudnn":
     if reason:
-      raise ValueError(f"attention='cudnn' cannot be used: {reason}. "
-                       "Use attention='auto' to fall back to XLA.")
-    return 'cudnn'
-  choice = 'xla' if reason else 'cudnn'
-  message = (f"attention='auto' chose {choice} for head size {head_dim}, "
-             f'dtype {jnp.dtype(dtype).name}')
+      raise ValueError(
+        f"attention='cudnn' cannot be used: {reason}. "
+        "Use attention='auto' to fall back to XLA."
+      )
+    return "cudnn"
+  choice = "xla" if reason else "cudnn"
+  message = (
+    f"attention='auto' chose {choice} for head size {head_dim}, "
+    f"dtype {jnp.dtype(dtype).name}"
+  )
   if reason:
-    message += f' ({reason})'
+    message += f" ({reason})"
   if message not in _logged_choices:  # once per distinct choice, not per layer
     _logged_choices.add(message)
     logging.info(message)
   return choice
 
 
-def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
-                          *, implementation: str = 'auto',
-                          is_causal: bool = False) -> jax.Array:
+def dot_product_attention(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  *,
+  implementation: str = "auto",
+  is_causal: bool = False,
+) -> jax.Array:
   """softmax(Q K^T / sqrt(H)) V with the chosen kernel.
 
   Args:
@@ -157,17 +182,19 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     [B, T, N, H] attention output, in the dtype of `query`.
   """
   chosen = resolve_implementation(implementation, query.shape[-1], query.dtype)
-  if chosen == 'xla':
+  if chosen == "xla":
     out = jax.nn.dot_product_attention(
-        query, key, value, is_causal=is_causal, implementation='xla')
+      query, key, value, is_causal=is_causal, implementation="xla"
+    )
     # Named so that a remat policy can keep it (transformer.REMAT_POLICIES); cuDNN's
     # output is kept through its kernel instead, with its statistics.
-    return checkpoint_name(out, 'attention')
+    return checkpoint_name(out, "attention")
   return _cudnn_attention(query, key, value, is_causal=is_causal)
 
 
-def _cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
-                     is_causal: bool) -> jax.Array:
+def _cudnn_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, *, is_causal: bool
+) -> jax.Array:
   """cuDNN flash attention with T and S padded to `CUDNN_LENGTH_MULTIPLE`.
 
   Padded keys are masked by `key_value_seq_lengths` (for causal attention the
@@ -176,8 +203,9 @@ def _cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
   """
   length, kv_length = query.shape[1], key.shape[1]
   if is_causal and length != kv_length:
-    raise ValueError(f'causal attention needs as many queries ({length}) as '
-                     f'keys ({kv_length})')
+    raise ValueError(
+      f"causal attention needs as many queries ({length}) as keys ({kv_length})"
+    )
 
   def pad(x):
     extra = -x.shape[1] % CUDNN_LENGTH_MULTIPLE
@@ -187,8 +215,13 @@ def _cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
   if kv_length % CUDNN_LENGTH_MULTIPLE and not is_causal:
     kv_lengths = jnp.full((query.shape[0],), kv_length, jnp.int32)
   out = jax.nn.dot_product_attention(
-      pad(query), pad(key), pad(value), is_causal=is_causal,
-      key_value_seq_lengths=kv_lengths, implementation='cudnn')
+    pad(query),
+    pad(key),
+    pad(value),
+    is_causal=is_causal,
+    key_value_seq_lengths=kv_lengths,
+    implementation="cudnn",
+  )
   return out[:, :length]
 
 
@@ -199,19 +232,34 @@ class MultiHeadAttention(nnx.Module):
   heads in order) and `out` (kernel [D, D]).
   """
 
-  def __init__(self, width: int, heads: int, *, qkv_bias: bool = True,
-               implementation: str = 'auto', dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    width: int,
+    heads: int,
+    *,
+    qkv_bias: bool = True,
+    implementation: str = "auto",
+    dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if width % heads:
-      raise ValueError(f'attention width {width} is not divisible by '
-                       f'{heads} heads')
+      raise ValueError(
+        f"attention width {width} is not divisible by {heads} heads"
+      )
     self.heads = heads
     self.implementation = implementation
     init = nnx.initializers.xavier_uniform()
-    self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype,
-                          kernel_init=init, rngs=rngs)
-    self.out = nnx.Linear(width, width, dtype=dtype, kernel_init=init,
-                          rngs=rngs)
+    self.qkv = nnx.Linear(
+      width,
+      3 * width,
+      use_bias=qkv_bias,
+      dtype=dtype,
+      kernel_init=init,
+      rngs=rngs,
+    )
+    self.out = nnx.Linear(
+      width, width, dtype=dtype, kernel_init=init, rngs=rngs
+    )
 
   def __call__(self, x: jax.Array, *, is_causal: bool = False) -> jax.Array:
     """Attends over the tokens of `x`.
@@ -226,6 +274,7 @@ class MultiHeadAttention(nnx.Module):
     batch, length, width = x.shape
     qkv = self.qkv(x).reshape(batch, length, 3, self.heads, -1)
     query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    attended = dot_product_attention(query, key, value, is_causal=is_causal,
-                                     implementation=self.implementation)
+    attended = dot_product_attention(
+      query, key, value, is_causal=is_causal, implementation=self.implementation
+    )
     return self.out(attended.reshape(batch, length, width))

@@ -36,6 +36,7 @@ video-text training at 1/0.07). Projection sizes are not facts: a
 projection of another size than `model.embed_dim` starts fresh
 (`init_from.fill`).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,19 +48,32 @@ from vidjax.models import transformer
 from vidjax.models.videomae import BACKBONE_STYLES
 
 # In the order they are settled: the backbone decides the others' defaults.
-FACT_KEYS = ('backbone', 'pool', 'act', 'ln_eps', 'head_ln_eps', 'text.ln_eps',
-             'logit_scale_init')
+FACT_KEYS = (
+  "backbone",
+  "pool",
+  "act",
+  "ln_eps",
+  "head_ln_eps",
+  "text.ln_eps",
+  "logit_scale_init",
+)
 
 Facts = dict  # {key of config.model: (value, why)}
 
-_CLIP = {'backbone': ('clip', 'a CLIP: class token, learned positions'),
-         'pool': ('token', 'CLIP normalises its class token')}
+_CLIP = {
+  "backbone": ("clip", "a CLIP: class token, learned positions"),
+  "pool": ("token", "CLIP normalises its class token"),
+}
 _LN_1E5 = "PyTorch's LayerNorm default"
 
 
-def clip_facts(origin: str, *, temperature: float | None = None,
-               hf_config: dict | None = None, where: str = 'config.json'
-               ) -> Facts:
+def clip_facts(
+  origin: str,
+  *,
+  temperature: float | None = None,
+  hf_config: dict | None = None,
+  where: str = "config.json",
+) -> Facts:
   """The facts of a CLIP (or AVION's CLIP classifier).
 
   Args:
@@ -70,36 +84,51 @@ def clip_facts(origin: str, *, temperature: float | None = None,
     where: its path, for messages.
   """
   facts = dict(_CLIP)
-  if origin in ('openai', 'openclip'):
-    facts.update({'ln_eps': (1e-5, _LN_1E5), 'text.ln_eps': (1e-5, _LN_1E5)})
-    if origin == 'openai':
-      facts['act'] = ('quick_gelu', "OpenAI's CLIP computes QuickGELU")
-  elif origin == 'avion':
-    facts.update({
-        'act': ('gelu', "AVION's towers compute exact GELU (nn.GELU; its "
-                'use_quick_gelu flag is ignored)'),
-        'ln_eps': (1e-6, "AVION's vision tower: LayerNorm(eps=1e-6)"),
-        'text.ln_eps': (1e-5, "AVION's text tower: " + _LN_1E5)})
+  if origin in ("openai", "openclip"):
+    facts.update({"ln_eps": (1e-5, _LN_1E5), "text.ln_eps": (1e-5, _LN_1E5)})
+    if origin == "openai":
+      facts["act"] = ("quick_gelu", "OpenAI's CLIP computes QuickGELU")
+  elif origin == "avion":
+    facts.update(
+      {
+        "act": (
+          "gelu",
+          "AVION's towers compute exact GELU (nn.GELU; its "
+          "use_quick_gelu flag is ignored)",
+        ),
+        "ln_eps": (1e-6, "AVION's vision tower: LayerNorm(eps=1e-6)"),
+        "text.ln_eps": (1e-5, "AVION's text tower: " + _LN_1E5),
+      }
+    )
     if temperature is not None:
-      facts['logit_scale_init'] = (temperature, "the video CLIP's temperature")
-  elif origin == 'hugging_face' and hf_config:
-    towers = {k: hf_config.get(f'{k}_config') or {} for k in ('vision', 'text')}
-    acts = {k: c.get('hidden_act', 'quick_gelu') for k, c in towers.items()}
+      facts["logit_scale_init"] = (temperature, "the video CLIP's temperature")
+  elif origin == "hugging_face" and hf_config:
+    towers = {k: hf_config.get(f"{k}_config") or {} for k in ("vision", "text")}
+    acts = {k: c.get("hidden_act", "quick_gelu") for k, c in towers.items()}
     if len(set(acts.values())) > 1:
       raise errors.InitFromError(
-          f"{where}: hidden_act {acts['vision']!r} (vision) and "
-          f"{acts['text']!r} (text): vidjax's CLIP has one activation")
-    why = 'config.json'
-    facts.update({'act': (_activation(acts['vision'], where), why),
-                  'ln_eps': (towers['vision'].get('layer_norm_eps', 1e-5), why),
-                  'text.ln_eps': (towers['text'].get('layer_norm_eps', 1e-5),
-                                  why)})
+        f"{where}: hidden_act {acts['vision']!r} (vision) and "
+        f"{acts['text']!r} (text): vidjax's CLIP has one activation"
+      )
+    why = "config.json"
+    facts.update(
+      {
+        "act": (_activation(acts["vision"], where), why),
+        "ln_eps": (towers["vision"].get("layer_norm_eps", 1e-5), why),
+        "text.ln_eps": (towers["text"].get("layer_norm_eps", 1e-5), why),
+      }
+    )
   return facts
 
 
-def videomae_facts(origin: str, *, finetuned: bool, mean_pooling: bool,
-                   hf_config: dict | None = None, where: str = 'config.json'
-                   ) -> Facts:
+def videomae_facts(
+  origin: str,
+  *,
+  finetuned: bool,
+  mean_pooling: bool,
+  hf_config: dict | None = None,
+  where: str = "config.json",
+) -> Facts:
   """The facts of a VideoMAE.
 
   Args:
@@ -111,25 +140,38 @@ def videomae_facts(origin: str, *, finetuned: bool, mean_pooling: bool,
       VideoMAEConfig's defaults, which the hub's models keep).
     where: its path, for messages.
   """
-  facts = {'backbone': ('videomae', 'a VideoMAE: no class token, sinusoid '
-                        'positions')}
+  facts = {
+    "backbone": ("videomae", "a VideoMAE: no class token, sinusoid positions")
+  }
   if finetuned:
-    facts['pool'] = (('mean', 'fc_norm: VideoMAE use_mean_pooling=True')
-                     if mean_pooling else
-                     ('token', 'no fc_norm: use_mean_pooling=False normalises '
-                      'every token and classifies the first'))
-  if origin != 'hugging_face':
-    return {**facts, 'act': ('gelu', "VideoMAE's nn.GELU"),
-            'ln_eps': (1e-6, "VideoMAE's LayerNorm(eps=1e-6)")}
-  why = ('config.json' if hf_config is not None else
-         "VideoMAEConfig's default (no config.json: give the save_pretrained "
-         'directory to read it)')
+    facts["pool"] = (
+      ("mean", "fc_norm: VideoMAE use_mean_pooling=True")
+      if mean_pooling
+      else (
+        "token",
+        "no fc_norm: use_mean_pooling=False normalises "
+        "every token and classifies the first",
+      )
+    )
+  if origin != "hugging_face":
+    return {
+      **facts,
+      "act": ("gelu", "VideoMAE's nn.GELU"),
+      "ln_eps": (1e-6, "VideoMAE's LayerNorm(eps=1e-6)"),
+    }
+  why = (
+    "config.json"
+    if hf_config is not None
+    else "VideoMAEConfig's default (no config.json: give the save_pretrained "
+    "directory to read it)"
+  )
   hf_config = hf_config or {}
-  act = _activation(hf_config.get('hidden_act', 'gelu'), where)
-  facts.update({'act': (act, why),
-                'ln_eps': (hf_config.get('layer_norm_eps', 1e-12), why)})
+  act = _activation(hf_config.get("hidden_act", "gelu"), where)
+  facts.update(
+    {"act": (act, why), "ln_eps": (hf_config.get("layer_norm_eps", 1e-12), why)}
+  )
   if finetuned and mean_pooling:
-    facts['head_ln_eps'] = (1e-5, "Hugging Face's fc_norm: " + _LN_1E5)
+    facts["head_ln_eps"] = (1e-5, "Hugging Face's fc_norm: " + _LN_1E5)
   return facts
 
 
@@ -140,48 +182,62 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
     saved: the run's config as a dict ({} if none was saved: no facts).
     temperature: its trained logit scale, if it learned one.
   """
-  model = saved.get('model') or {}
-  name = model.get('name')
-  backbone = model.get('backbone') if name == 'classifier' else (
-      {'clip': 'clip', 'videomae': 'videomae'}.get(name))
+  model = saved.get("model") or {}
+  name = model.get("name")
+  backbone = (
+    model.get("backbone")
+    if name == "classifier"
+    else ({"clip": "clip", "videomae": "videomae"}.get(name))
+  )
   if backbone not in BACKBONE_STYLES:
     return {}
   style = BACKBONE_STYLES[backbone]
   why = "the run's config"
   # Runs saved before a key existed had the style's value built in.
-  facts = {'backbone': (backbone, why),
-           'act': (model.get('act') or style['act'], why),
-           'ln_eps': (model.get('ln_eps') or style['norm_eps'], why)}
-  if name == 'clip':
-    facts.update({
-        'pool': ('token', why),
-        'text.ln_eps': ((model.get('text') or {}).get('ln_eps', 1e-5), why),
-        'logit_scale_init': (model.get('logit_scale_init') if temperature
-                             is None else temperature, why)})
-  elif name == 'classifier':
-    facts['pool'] = (model.get('pool') or (
-        'token' if style['class_token'] else 'mean'), why)
-    if model.get('head_ln_eps') is not None:
-      facts['head_ln_eps'] = (model['head_ln_eps'], why)
+  facts = {
+    "backbone": (backbone, why),
+    "act": (model.get("act") or style["act"], why),
+    "ln_eps": (model.get("ln_eps") or style["norm_eps"], why),
+  }
+  if name == "clip":
+    facts.update(
+      {
+        "pool": ("token", why),
+        "text.ln_eps": ((model.get("text") or {}).get("ln_eps", 1e-5), why),
+        "logit_scale_init": (
+          model.get("logit_scale_init") if temperature is None else temperature,
+          why,
+        ),
+      }
+    )
+  elif name == "classifier":
+    facts["pool"] = (
+      model.get("pool") or ("token" if style["class_token"] else "mean"),
+      why,
+    )
+    if model.get("head_ln_eps") is not None:
+      facts["head_ln_eps"] = (model["head_ln_eps"], why)
   return {k: v for k, v in facts.items() if v[0] is not None}
 
 
 def _activation(name: str, where: str) -> str:
   if name not in transformer.ACTIVATIONS:
     raise errors.InitFromError(
-        f'{where}: hidden_act {name!r} is not one vidjax computes '
-        f'({sorted(transformer.ACTIVATIONS)})')
+      f"{where}: hidden_act {name!r} is not one vidjax computes "
+      f"({sorted(transformer.ACTIVATIONS)})"
+    )
   return name
 
 
 def _has(model, key: str) -> bool:
-  section, _, name = key.rpartition('.')
+  section, _, name = key.rpartition(".")
   return (not section or section in model) and name in (
-      model[section] if section else model)
+    model[section] if section else model
+  )
 
 
 def _get(model, key: str):
-  section, _, name = key.rpartition('.')
+  section, _, name = key.rpartition(".")
   return (model[section] if section else model)[name]
 
 
@@ -189,20 +245,24 @@ def effective(model, key: str):
   """What `config.model`'s `key` means: '' and None resolved (the
   classifier's backbone defaults)."""
   value = _get(model, key)
-  if model.name == 'clip' or key not in ('act', 'ln_eps', 'head_ln_eps',
-                                         'pool'):
+  if model.name == "clip" or key not in (
+    "act",
+    "ln_eps",
+    "head_ln_eps",
+    "pool",
+  ):
     return value
-  style = BACKBONE_STYLES[model.get('backbone') or 'videomae']
-  if key == 'head_ln_eps':
-    return effective(model, 'ln_eps') if value is None else value
-  if key == 'pool':
-    return value or ('token' if style['class_token'] else 'mean')
-  default = style['norm_eps' if key == 'ln_eps' else 'act']
-  return default if value in (None, '') else value
+  style = BACKBONE_STYLES[model.get("backbone") or "videomae"]
+  if key == "head_ln_eps":
+    return effective(model, "ln_eps") if value is None else value
+  if key == "pool":
+    return value or ("token" if style["class_token"] else "mean")
+  default = style["norm_eps" if key == "ln_eps" else "act"]
+  return default if value in (None, "") else value
 
 
 def _show(value) -> str:
-  return f'{value:.6g}' if isinstance(value, float) else repr(value)
+  return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
 def _same(a, b) -> bool:
@@ -228,7 +288,7 @@ def settle(config, source) -> list[str]:
   """
   if source is None:
     return []
-  model, given = config.model, set(config.get('overrides', ()))
+  model, given = config.model, set(config.get("overrides", ()))
   changes, conflicts = [], []
   for key in FACT_KEYS:
     if key not in source.facts or not _has(model, key):
@@ -237,22 +297,29 @@ def settle(config, source) -> list[str]:
     current = effective(model, key)
     if _same(current, value):
       continue
-    if f'model.{key}' in given:
-      conflicts.append(f'model.{key}={_show(current)} but the weights '
-                       f'computed {_show(value)} ({why})')
+    if f"model.{key}" in given:
+      conflicts.append(
+        f"model.{key}={_show(current)} but the weights "
+        f"computed {_show(value)} ({why})"
+      )
     else:
-      changes.append((key, value, f'model.{key}: {_show(current)} -> '
-                                  f'{_show(value)} ({why})'))
+      changes.append(
+        (key, value, f"model.{key}: {_show(current)} -> {_show(value)} ({why})")
+      )
   if conflicts:
-    message = (f'{source.description} was trained with another model than '
-               'the command line sets:\n  ' + '\n  '.join(conflicts))
-    if not config.get('init_allow_mismatch', False):
+    message = (
+      f"{source.description} was trained with another model than "
+      "the command line sets:\n  " + "\n  ".join(conflicts)
+    )
+    if not config.get("init_allow_mismatch", False):
       raise errors.InitFromError(
-          message, hint='leave these keys unset to take the weights\' values, '
-          'or add --config.init_allow_mismatch=True to keep yours (the model '
-          'then computes another function than the one trained)')
-    logging.warning('%s\n  (kept: config.init_allow_mismatch=True)', message)
+        message,
+        hint="leave these keys unset to take the weights' values, "
+        "or add --config.init_allow_mismatch=True to keep yours (the model "
+        "then computes another function than the one trained)",
+      )
+    logging.warning("%s\n  (kept: config.init_allow_mismatch=True)", message)
   for key, value, _ in changes:
-    section, _, name = key.rpartition('.')
+    section, _, name = key.rpartition(".")
     (model[section] if section else model)[name] = value
   return [line for _, _, line in changes]

@@ -14,6 +14,7 @@ forward pass (the backward pass costs two matmuls per forward one);
 rematerialisation's recompute is not counted, so MFU stays comparable
 across remat policies.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -22,22 +23,22 @@ from vidjax.models import model_kwargs
 from vidjax.models.shapes import attention_shapes, patch_grid
 
 
-def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int
-                      ) -> int:
+def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> int:
   """Forward FLOPs of `depth` pre-LN blocks over `tokens` tokens."""
   projections = 2 * tokens * width * (3 * width + width + 2 * mlp_dim)
   attention = 2 * 2 * tokens * tokens * width
   return depth * (projections + attention)
 
 
-def _vision_flops(kwargs: dict, tokens: int, prefix: str = '') -> int:
+def _vision_flops(kwargs: dict, tokens: int, prefix: str = "") -> int:
   """Patch embedding of all patches plus the blocks over `tokens` tokens."""
   time, rows, columns = patch_grid(kwargs)
-  width = kwargs[f'{prefix}width']
-  patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
+  width = kwargs[f"{prefix}width"]
+  patch_features = kwargs["tubelet"] * kwargs["patch_size"] ** 2 * 3
   embed = 2 * time * rows * columns * patch_features * width
-  return embed + transformer_flops(tokens, width, kwargs[f'{prefix}depth'],
-                                   kwargs[f'{prefix}mlp_dim'])
+  return embed + transformer_flops(
+    tokens, width, kwargs[f"{prefix}depth"], kwargs[f"{prefix}mlp_dim"]
+  )
 
 
 def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
@@ -52,30 +53,37 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
     ('vision', 'text', 'decoder', 'head' where they exist).
   """
   kwargs = model_kwargs(config)
-  tokens = {name: shape.tokens
-            for name, shape in attention_shapes(config).items()}
+  tokens = {
+    name: shape.tokens for name, shape in attention_shapes(config).items()
+  }
   parts = {}
-  if config.name == 'clip':
-    width = kwargs['vision_width']
-    parts['vision'] = (_vision_flops(kwargs, tokens['vision'], prefix='vision_')
-                       + 2 * width * kwargs['embed_dim'])
-    text_width = kwargs['text_width']
-    parts['text'] = (
-        transformer_flops(tokens['text'], text_width, kwargs['text_depth'],
-                          4 * text_width)
-        + 2 * text_width * kwargs['embed_dim'])
-  elif config.name == 'videomae':
-    visible, patches = tokens['vision'], tokens['decoder']
-    parts['vision'] = _vision_flops(kwargs, visible)
-    decoder_width = kwargs['decoder_width']
-    patch_features = kwargs['tubelet'] * kwargs['patch_size']**2 * 3
-    parts['decoder'] = (
-        2 * visible * kwargs['width'] * decoder_width
-        + transformer_flops(patches, decoder_width, kwargs['decoder_depth'],
-                            4 * decoder_width)
-        + 2 * (patches - visible) * decoder_width * patch_features)
+  if config.name == "clip":
+    width = kwargs["vision_width"]
+    parts["vision"] = (
+      _vision_flops(kwargs, tokens["vision"], prefix="vision_")
+      + 2 * width * kwargs["embed_dim"]
+    )
+    text_width = kwargs["text_width"]
+    parts["text"] = (
+      transformer_flops(
+        tokens["text"], text_width, kwargs["text_depth"], 4 * text_width
+      )
+      + 2 * text_width * kwargs["embed_dim"]
+    )
+  elif config.name == "videomae":
+    visible, patches = tokens["vision"], tokens["decoder"]
+    parts["vision"] = _vision_flops(kwargs, visible)
+    decoder_width = kwargs["decoder_width"]
+    patch_features = kwargs["tubelet"] * kwargs["patch_size"] ** 2 * 3
+    parts["decoder"] = (
+      2 * visible * kwargs["width"] * decoder_width
+      + transformer_flops(
+        patches, decoder_width, kwargs["decoder_depth"], 4 * decoder_width
+      )
+      + 2 * (patches - visible) * decoder_width * patch_features
+    )
   else:
-    parts['vision'] = _vision_flops(kwargs, tokens['vision'])
-    parts['head'] = 2 * kwargs['width'] * kwargs['num_classes']
+    parts["vision"] = _vision_flops(kwargs, tokens["vision"])
+    parts["head"] = 2 * kwargs["width"] * kwargs["num_classes"]
   forward = sum(parts.values())
   return dict(forward=forward, training=3 * forward, **parts)

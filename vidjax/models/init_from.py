@@ -24,6 +24,7 @@ model is built (`vidjax.models.facts`).
 replaces (the model is never built a second time); a `Report` says what was
 loaded, resized, dropped and left at its initial value.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -60,13 +61,14 @@ class Source:
   facts: {key of config.model: (value, why)}: what the source computed with
     (`vidjax.models.facts`), e.g. {'act': ('gelu', "AVION's ...")}.
   """
+
   kind: str
   tensors: dict[str, np.ndarray]
   names: dict[str, str]
   description: str
   unexpected: list[str] = dataclasses.field(default_factory=list)
   tubelet: int | None = 1
-  backbone: str = ''
+  backbone: str = ""
   facts: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
 
@@ -80,41 +82,58 @@ class TaskChange:
     values: missing from the source, or of another shape (a head).
   optional: (source prefix, why) used only if the target has them.
   """
+
   rename: tuple = ()
   drop: tuple = ()
   fresh: tuple = ()
   optional: tuple = ()
 
 
-_TEMPERATURE = ('logit_scale', 'a fixed temperature: model.logit_scale_init '
-                '(a video CLIP\'s own, an image CLIP\'s not)')
-_NO_TEMPORAL = 'an image model has no temporal table: it starts at zero'
-_NEW_HEAD = 'a new classification head'
-_NEW_PROJECTION = 'a projection to another model.embed_dim'
-_DECODER = 'the classifier has no decoder'
+_TEMPERATURE = (
+  "logit_scale",
+  "a fixed temperature: model.logit_scale_init "
+  "(a video CLIP's own, an image CLIP's not)",
+)
+_NO_TEMPORAL = "an image model has no temporal table: it starts at zero"
+_NEW_HEAD = "a new classification head"
+_NEW_PROJECTION = "a projection to another model.embed_dim"
+_DECODER = "the classifier has no decoder"
 TASK_CHANGES = {
-    ('clip', 'clip'): TaskChange(
-        fresh=(('visual.temporal_pos', _NO_TEMPORAL),
-               ('visual.proj.', _NEW_PROJECTION),
-               ('text.proj.', _NEW_PROJECTION)),
-        optional=(_TEMPERATURE,)),
-    ('clip', 'classifier'): TaskChange(
-        rename=(('visual.', 'encoder.'),),
-        drop=(('text.', 'the classifier has no text tower'),
-              ('visual.proj.', 'the classifier has no projection'),
-              ('logit_scale', 'the classifier has no temperature')),
-        fresh=(('head.', _NEW_HEAD), ('encoder.temporal_pos', _NO_TEMPORAL))),
-    ('videomae', 'videomae'): TaskChange(),
-    ('videomae', 'classifier'): TaskChange(
-        drop=(('encoder_to_decoder.', _DECODER), ('mask_token', _DECODER),
-              ('decoder', _DECODER),
-              # VideoMAE's fine-tuning starts its pooled norm (fc_norm)
-              # fresh; the pretraining's per-token norm is not used.
-              ('encoder.norm.', 'fc_norm starts fresh, as in VideoMAE')),
-        fresh=(('head.', _NEW_HEAD),
-               ('encoder.norm.', 'fc_norm starts fresh, as in VideoMAE'))),
-    ('classifier', 'classifier'): TaskChange(
-        fresh=(('head.', _NEW_HEAD), ('encoder.temporal_pos', _NO_TEMPORAL))),
+  ("clip", "clip"): TaskChange(
+    fresh=(
+      ("visual.temporal_pos", _NO_TEMPORAL),
+      ("visual.proj.", _NEW_PROJECTION),
+      ("text.proj.", _NEW_PROJECTION),
+    ),
+    optional=(_TEMPERATURE,),
+  ),
+  ("clip", "classifier"): TaskChange(
+    rename=(("visual.", "encoder."),),
+    drop=(
+      ("text.", "the classifier has no text tower"),
+      ("visual.proj.", "the classifier has no projection"),
+      ("logit_scale", "the classifier has no temperature"),
+    ),
+    fresh=(("head.", _NEW_HEAD), ("encoder.temporal_pos", _NO_TEMPORAL)),
+  ),
+  ("videomae", "videomae"): TaskChange(),
+  ("videomae", "classifier"): TaskChange(
+    drop=(
+      ("encoder_to_decoder.", _DECODER),
+      ("mask_token", _DECODER),
+      ("decoder", _DECODER),
+      # VideoMAE's fine-tuning starts its pooled norm (fc_norm)
+      # fresh; the pretraining's per-token norm is not used.
+      ("encoder.norm.", "fc_norm starts fresh, as in VideoMAE"),
+    ),
+    fresh=(
+      ("head.", _NEW_HEAD),
+      ("encoder.norm.", "fc_norm starts fresh, as in VideoMAE"),
+    ),
+  ),
+  ("classifier", "classifier"): TaskChange(
+    fresh=(("head.", _NEW_HEAD), ("encoder.temporal_pos", _NO_TEMPORAL))
+  ),
 }
 
 
@@ -124,6 +143,7 @@ class Report:
   dropped. `resized`, `dropped` and `fresh` map each name to how or why.
   `facts`: what the source computed with ({'model.act': 'gelu', ...});
   `settled`: the config keys set from them (`facts.settle`'s lines)."""
+
   source: str
   change: str
   loaded: list[str] = dataclasses.field(default_factory=list)
@@ -135,30 +155,39 @@ class Report:
 
   def summary(self) -> str:
     """A few lines for the start-up log; names grouped by reason."""
-    lines = [f'{self.source}, {self.change}: {len(self.loaded)} loaded, '
-             f'{len(self.resized)} resized, {len(self.dropped)} dropped, '
-             f'{len(self.fresh)} at their initial values']
+    lines = [
+      f"{self.source}, {self.change}: {len(self.loaded)} loaded, "
+      f"{len(self.resized)} resized, {len(self.dropped)} dropped, "
+      f"{len(self.fresh)} at their initial values"
+    ]
     if self.facts:
-      lines.append('  computed with ' + ', '.join(
-          f'{k}={v:.6g}' if isinstance(v, float) else f'{k}={v!r}'
-          for k, v in self.facts.items()))
-    lines += [f'  set {line}' for line in self.settled]
-    lines += [f'  resized {name}: {how}' for name, how in self.resized.items()]
-    for title, names in (('dropped', self.dropped), ('fresh', self.fresh)):
+      lines.append(
+        "  computed with "
+        + ", ".join(
+          f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v!r}"
+          for k, v in self.facts.items()
+        )
+      )
+    lines += [f"  set {line}" for line in self.settled]
+    lines += [f"  resized {name}: {how}" for name, how in self.resized.items()]
+    for title, names in (("dropped", self.dropped), ("fresh", self.fresh)):
       by_reason = {}
       for name, why in names.items():
         by_reason.setdefault(why, []).append(name)
       for why, group in by_reason.items():
-        shown = ', '.join(group[:3]) + (', ...' if len(group) > 3 else '')
-        lines.append(f'  {title} ({len(group)}, {why}): {shown}')
-    return '\n'.join(lines)
+        shown = ", ".join(group[:3]) + (", ..." if len(group) > 3 else "")
+        lines.append(f"  {title} ({len(group)}, {why}): {shown}")
+    return "\n".join(lines)
 
   def log(self, workdir=None):
     """Logs the summary; process 0 writes WORKDIR/init_from.json."""
-    logging.info('init_from: %s', self.summary())
+    logging.info("init_from: %s", self.summary())
     if workdir is not None:
-      rundir.write_json(rundir.path(workdir, rundir.INIT_FROM_JSON),
-                        dataclasses.asdict(self), indent=1)
+      rundir.write_json(
+        rundir.path(workdir, rundir.INIT_FROM_JSON),
+        dataclasses.asdict(self),
+        indent=1,
+      )
 
 
 def _match(name: str, rules) -> str | None:
@@ -166,30 +195,37 @@ def _match(name: str, rules) -> str | None:
   return next((why for prefix, why in rules if name.startswith(prefix)), None)
 
 
-def _fit(path: str, value: np.ndarray, shape: tuple, *, inflate: int,
-         patch_inflation: str) -> tuple[np.ndarray | None, str]:
+def _fit(
+  path: str,
+  value: np.ndarray,
+  shape: tuple,
+  *,
+  inflate: int,
+  patch_inflation: str,
+) -> tuple[np.ndarray | None, str]:
   """`value` made to `shape` (resized if its kind allows), or (None, '')."""
   if value.shape == tuple(shape):
-    return value, ''
+    return value, ""
   if value.ndim != len(shape) or value.shape[-1] != shape[-1]:
-    return None, ''
-  if path.endswith('temporal_pos'):
-    how = 'linear interpolation' if shape[0] > value.shape[0] else 'truncated'
+    return None, ""
+  if path.endswith("temporal_pos"):
+    how = "linear interpolation" if shape[0] > value.shape[0] else "truncated"
     return interpolate_temporal(value, shape[0]), how
-  if path.endswith('spatial_pos'):
+  if path.endswith("spatial_pos"):
     try:
-      return interpolate_pos_embed(value, shape[0]), 'bicubic interpolation'
+      return interpolate_pos_embed(value, shape[0]), "bicubic interpolation"
     except ValueError:
-      return None, ''
-  if path.endswith('patch_embed.kernel') and inflate > 1:
+      return None, ""
+  if path.endswith("patch_embed.kernel") and inflate > 1:
     kernel = inflate_kernel(value, inflate, patch_inflation)
     if kernel.shape == tuple(shape):
-      return kernel, f'inflated to {inflate} frames ({patch_inflation})'
-  return None, ''
+      return kernel, f"inflated to {inflate} frames ({patch_inflation})"
+  return None, ""
 
 
-def _renamed(source: Source, change: TaskChange, keep_init: tuple,
-             report: Report) -> dict[str, tuple[np.ndarray, str]]:
+def _renamed(
+  source: Source, change: TaskChange, keep_init: tuple, report: Report
+) -> dict[str, tuple[np.ndarray, str]]:
   """The source's tensors the target may use, under the target's paths:
   {path: (array, name in the source)}. The rest go to `report.dropped`."""
   tensors = {}
@@ -199,10 +235,10 @@ def _renamed(source: Source, change: TaskChange, keep_init: tuple,
     if why is None:
       for old, new in change.rename:
         if path.startswith(old):
-          path = new + path[len(old):]
+          path = new + path[len(old) :]
           break
       if path.startswith(keep_init):
-        why = 'config.init_keep'
+        why = "config.init_keep"
     if why:
       report.dropped[name] = why
     else:
@@ -210,9 +246,15 @@ def _renamed(source: Source, change: TaskChange, keep_init: tuple,
   return tensors
 
 
-def fill(target: dict[str, tuple], source: Source, kind: str, *,
-         tubelet: int = 1, keep_init=(), patch_inflation: str = 'center'
-         ) -> tuple[dict[str, np.ndarray], Report]:
+def fill(
+  target: dict[str, tuple],
+  source: Source,
+  kind: str,
+  *,
+  tubelet: int = 1,
+  keep_init=(),
+  patch_inflation: str = "center",
+) -> tuple[dict[str, np.ndarray], Report]:
   """Matches a source to a model's parameters.
 
   Args:
@@ -234,10 +276,15 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
   """
   change = TASK_CHANGES.get((source.kind, kind))
   if change is None:
-    raise InitFromError(f'{source.description} holds a {source.kind} model; '
-                        f'it cannot initialise a {kind} model')
-  report = Report(source.description, f'{source.kind} -> {kind}',
-                  facts={f'model.{k}': v for k, (v, _) in source.facts.items()})
+    raise InitFromError(
+      f"{source.description} holds a {source.kind} model; "
+      f"it cannot initialise a {kind} model"
+    )
+  report = Report(
+    source.description,
+    f"{source.kind} -> {kind}",
+    facts={f"model.{k}": v for k, (v, _) in source.facts.items()},
+  )
   keep_init = tuple(keep_init)
   tensors = _renamed(source, change, keep_init, report)
   values, missing, mismatched, used = {}, [], [], set()
@@ -247,8 +294,11 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
     present = [p for p in parts if p in tensors]
     used.update(present)
     if not present:
-      why = ('config.init_keep' if keep_init and path.startswith(keep_init)
-             else _match(path, change.fresh))
+      why = (
+        "config.init_keep"
+        if keep_init and path.startswith(keep_init)
+        else _match(path, change.fresh)
+      )
       if why is None:
         missing.append(path)
       else:
@@ -256,23 +306,30 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
       continue
     missing += [p for p in parts if p not in tensors]
     inflate = tubelet if source.tubelet == 1 else 1
-    fitted = [_fit(path, tensors[p][0], shape[1:] if stacked else shape,
-                   inflate=inflate, patch_inflation=patch_inflation)
-              for p in present]
+    fitted = [
+      _fit(
+        path,
+        tensors[p][0],
+        shape[1:] if stacked else shape,
+        inflate=inflate,
+        patch_inflation=patch_inflation,
+      )
+      for p in present
+    ]
     if any(value is None for value, _ in fitted):
       name, value = tensors[present[0]][1], tensors[present[0]][0]
       why = _match(path, change.fresh)
       if why is None:
-        mismatched.append(f'{name} {value.shape} -> {path} {tuple(shape)}')
+        mismatched.append(f"{name} {value.shape} -> {path} {tuple(shape)}")
       else:
-        report.dropped[name] = f'{value.shape} does not fit {tuple(shape)}'
+        report.dropped[name] = f"{value.shape} does not fit {tuple(shape)}"
         report.fresh[path] = why
       continue
-    values[path] = (np.stack([v for v, _ in fitted]) if stacked
-                    else fitted[0][0])
+    values[path] = np.stack([v for v, _ in fitted]) if stacked else fitted[0][0]
     if fitted[0][1]:
-      report.resized[path] = (f'{tensors[present[0]][0].shape} -> '
-                              f'{tuple(shape)}, {fitted[0][1]}')
+      report.resized[path] = (
+        f"{tensors[present[0]][0].shape} -> {tuple(shape)}, {fitted[0][1]}"
+      )
     else:
       report.loaded.append(path)
   unexpected = list(source.unexpected)
@@ -283,38 +340,51 @@ def fill(target: dict[str, tuple], source: Source, kind: str, *,
     else:
       unexpected.append(tensors[path][1])
   if missing or unexpected or mismatched:
-    raise InitFromError(_problems(source, kind, missing, unexpected,
-                                  mismatched, keep_init))
+    raise InitFromError(
+      _problems(source, kind, missing, unexpected, mismatched, keep_init)
+    )
   return values, report
 
 
 def _problems(source, kind, missing, unexpected, mismatched, keep_init) -> str:
   def listing(title, names):
-    shown = ', '.join(names[:12]) + (' ...' if len(names) > 12 else '')
-    return f'\n  {title} ({len(names)}): {shown}' if names else ''
-  hint = ''
+    shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+    return f"\n  {title} ({len(names)}): {shown}" if names else ""
+
+  hint = ""
   if mismatched and not keep_init:
-    hint = ('\n  (to start a part of another size fresh, name it in '
-            "config.init_keep, e.g. ('text.',) for the whole text tower)")
-  return (f'{source.description} does not fit the {kind} model:'
-          + listing('missing', sorted(missing))
-          + listing('unexpected', sorted(unexpected))
-          + listing('shapes differ', mismatched) + hint)
+    hint = (
+      "\n  (to start a part of another size fresh, name it in "
+      "config.init_keep, e.g. ('text.',) for the whole text tower)"
+    )
+  return (
+    f"{source.description} does not fit the {kind} model:"
+    + listing("missing", sorted(missing))
+    + listing("unexpected", sorted(unexpected))
+    + listing("shapes differ", mismatched)
+    + hint
+  )
 
 
 def is_stacked(path: str) -> bool:
   """Whether a parameter holds every layer of a scanned block stack, with a
   leading [depth] axis: 'visual.blocks.layers.mlp.fc1.kernel'."""
-  return re.search(r'\.layers\.(?!\d)', path) is not None
+  return re.search(r"\.layers\.(?!\d)", path) is not None
 
 
 def layer_names(path: str, depth: int) -> list[str]:
   """A stacked parameter's per-layer names: 'visual.blocks.layers.0.mlp...'."""
-  return [path.replace('.layers.', f'.layers.{i}.', 1) for i in range(depth)]
+  return [path.replace(".layers.", f".layers.{i}.", 1) for i in range(depth)]
 
 
-def load_params(params, model_config, source: Source, *, keep_init=(),
-                patch_inflation: str = 'center'):
+def load_params(
+  params,
+  model_config,
+  source: Source,
+  *,
+  keep_init=(),
+  patch_inflation: str = "center",
+):
   """Fills a live parameter tree; each loaded array lands on its sharding.
 
   Args:
@@ -329,30 +399,41 @@ def load_params(params, model_config, source: Source, *, keep_init=(),
     (params with the loaded values, `Report`). Parameters the source does
     not provide keep their value.
   """
-  if model_config.name == 'classifier' and model_config.backbone not in (
-      '', source.backbone):
-    raise InitFromError(f'{source.description} has a {source.backbone} '
-                        'backbone but config.model.backbone is '
-                        f'{model_config.backbone!r}')
-  leaves = {keypaths.name(k): v for k, v in
-            jax.tree_util.tree_flatten_with_path(params)[0]}
+  if model_config.name == "classifier" and model_config.backbone not in (
+    "",
+    source.backbone,
+  ):
+    raise InitFromError(
+      f"{source.description} has a {source.backbone} "
+      "backbone but config.model.backbone is "
+      f"{model_config.backbone!r}"
+    )
+  leaves = {
+    keypaths.name(k): v
+    for k, v in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
   values, report = fill(
-      {name: leaf.shape for name, leaf in leaves.items()}, source,
-      model_config.name, tubelet=model_config.tubelet,
-      keep_init=keep_init,
-      patch_inflation=patch_inflation)
+    {name: leaf.shape for name, leaf in leaves.items()},
+    source,
+    model_config.name,
+    tubelet=model_config.tubelet,
+    keep_init=keep_init,
+    patch_inflation=patch_inflation,
+  )
 
   def put(keypath, leaf):
     value = values.get(keypaths.name(keypath))
     if value is None:
       return leaf
     value = np.asarray(value, leaf.dtype)
-    sharding = getattr(leaf, 'sharding', None)
+    sharding = getattr(leaf, "sharding", None)
     if sharding is None:
       return jnp.asarray(value)
     # Every process holds the whole array; each device takes its slice.
-    return jax.make_array_from_callback(value.shape, sharding,
-                                        lambda index: value[index])
+    return jax.make_array_from_callback(
+      value.shape, sharding, lambda index: value[index]
+    )
+
   return jax.tree_util.tree_map_with_path(put, params), report
 
 
@@ -367,17 +448,26 @@ def build(make: Callable[[], nnx.Module], source: Source, kind: str, **kw):
     **kw: `fill`'s keyword arguments (tubelet, keep_init, patch_inflation).
   """
   abstract = nnx.eval_shape(make)
-  flat = {keypaths.name(k): v for k, v in jax.tree_util.tree_flatten_with_path(
-      nnx.state(abstract, nnx.Param))[0]}
-  values, report = fill({n: v.shape for n, v in flat.items()}, source, kind,
-                        **kw)
-  logging.info('%s', report.summary())
-  dotted = lambda path: '.'.join(str(part) for part in path)
-  rest = jax.jit(lambda: nnx.state(
-      make(), lambda path, _: dotted(path) not in values))()
+  flat = {
+    keypaths.name(k): v
+    for k, v in jax.tree_util.tree_flatten_with_path(
+      nnx.state(abstract, nnx.Param)
+    )[0]
+  }
+  values, report = fill(
+    {n: v.shape for n, v in flat.items()}, source, kind, **kw
+  )
+  logging.info("%s", report.summary())
+  dotted = lambda path: ".".join(str(part) for part in path)
+  rest = jax.jit(
+    lambda: nnx.state(make(), lambda path, _: dotted(path) not in values)
+  )()
   rest = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(rest)}
   for path, variable in nnx.to_flat_state(nnx.state(abstract)):
     name = dotted(path)
-    variable.set_value(jnp.asarray(values[name], variable.get_value().dtype)
-                       if name in values else rest[name])
+    variable.set_value(
+      jnp.asarray(values[name], variable.get_value().dtype)
+      if name in values
+      else rest[name]
+    )
   return abstract

@@ -8,6 +8,7 @@
   (`vidjax_source`; `vidjax.resume.read_init_from` finds and reads the
   checkpoint: the run's best if recorded, else its latest, or one step).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from vidjax.models.tensor_io import load_state_dict
 from vidjax.models.weights import convert
 
 
-def vidjax_source(params: dict, config: dict, description: str
-                  ) -> init_from.Source:
+def vidjax_source(
+  params: dict, config: dict, description: str
+) -> init_from.Source:
   """A vidjax run's parameters, as `checkpoint.read_params` reads them
   ({dotted path: array}, and the config dict saved with them); scanned
   layers are unstacked."""
@@ -31,48 +33,66 @@ def vidjax_source(params: dict, config: dict, description: str
     else:
       tensors[path] = value
   # The saved run's config, read back from its checkpoint: may be empty.
-  model = config.get('model', {})
-  kind = model.get('name') or (
-      'clip' if 'text.pos_embed' in tensors else
-      'videomae' if 'mask_token' in tensors else 'classifier')
-  backbone = {'clip': 'clip', 'videomae': 'videomae'}.get(kind) or (
-      'clip' if 'encoder.class_token' in tensors else 'videomae')
-  temperature = tensors.get('logit_scale')
+  model = config.get("model", {})
+  kind = model.get("name") or (
+    "clip"
+    if "text.pos_embed" in tensors
+    else "videomae"
+    if "mask_token" in tensors
+    else "classifier"
+  )
+  backbone = {"clip": "clip", "videomae": "videomae"}.get(kind) or (
+    "clip" if "encoder.class_token" in tensors else "videomae"
+  )
+  temperature = tensors.get("logit_scale")
   facts = facts_lib.run_facts(
-      config, None if temperature is None else float(temperature))
-  return init_from.Source(kind, tensors, {p: p for p in tensors},
-                          f'{description} (vidjax {kind})',
-                          tubelet=model.get('tubelet'), backbone=backbone,
-                          facts=facts)
+    config, None if temperature is None else float(temperature)
+  )
+  return init_from.Source(
+    kind,
+    tensors,
+    {p: p for p in tensors},
+    f"{description} (vidjax {kind})",
+    tubelet=model.get("tubelet"),
+    backbone=backbone,
+    facts=facts,
+  )
 
 
 # A `save_pretrained` directory's weights: one file, or shards and an index.
-HF_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json',
-              'pytorch_model.bin', 'pytorch_model.bin.index.json')
+HF_WEIGHTS = (
+  "model.safetensors",
+  "model.safetensors.index.json",
+  "pytorch_model.bin",
+  "pytorch_model.bin.index.json",
+)
 
 
 def _hugging_face_source(path: str, allow_pickle: bool) -> init_from.Source:
   """A Hugging Face `save_pretrained` directory: config.json and weights."""
-  config_path = os.path.join(path, 'config.json')
+  config_path = os.path.join(path, "config.json")
   try:
-    with open(config_path, encoding='utf-8') as f:
+    with open(config_path, encoding="utf-8") as f:
       config = json.load(f)
   except (OSError, ValueError) as e:
-    raise errors.InitFromError(f'{config_path}: not readable as JSON ({e})'
-                               ) from None
-  if config.get('model_type') not in ('clip', 'videomae'):
     raise errors.InitFromError(
-        f"{config_path}: model_type {config.get('model_type')!r}; vidjax "
-        "reads Hugging Face's 'clip' and 'videomae' models")
+      f"{config_path}: not readable as JSON ({e})"
+    ) from None
+  if config.get("model_type") not in ("clip", "videomae"):
+    raise errors.InitFromError(
+      f"{config_path}: model_type {config.get('model_type')!r}; vidjax "
+      "reads Hugging Face's 'clip' and 'videomae' models"
+    )
   name = next(n for n in HF_WEIGHTS if os.path.isfile(os.path.join(path, n)))
   files = [name]
-  if name.endswith('.index.json'):
-    with open(os.path.join(path, name), encoding='utf-8') as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
+  if name.endswith(".index.json"):
+    with open(os.path.join(path, name), encoding="utf-8") as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
   state_dict = {}
   for file in files:
-    state_dict.update(load_state_dict(os.path.join(path, file),
-                                      allow_pickle=allow_pickle))
+    state_dict.update(
+      load_state_dict(os.path.join(path, file), allow_pickle=allow_pickle)
+    )
   return convert(state_dict, path, hf_config=config)
 
 
@@ -80,7 +100,7 @@ def is_hugging_face(path: str) -> bool:
   """Whether `path` is a `save_pretrained` directory (config.json and
   weights)."""
   listed = os.listdir(path) if os.path.isdir(path) else []
-  return 'config.json' in listed and bool(set(HF_WEIGHTS) & set(listed))
+  return "config.json" in listed and bool(set(HF_WEIGHTS) & set(listed))
 
 
 def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
@@ -99,11 +119,15 @@ def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
     return _hugging_face_source(path, allow_pickle)
   if os.path.isdir(path):
     listed = os.listdir(path)
-    files = sorted(f for f in listed if f.endswith(
-        ('.safetensors', '.npz') + tensor_io.TORCH_SUFFIXES))
+    files = sorted(
+      f
+      for f in listed
+      if f.endswith((".safetensors", ".npz") + tensor_io.TORCH_SUFFIXES)
+    )
     raise errors.PathError(
-        f'{path}: neither a complete vidjax checkpoint (a workdir, its '
-        'checkpoints/ directory or one step directory) nor a Hugging Face '
-        f'save_pretrained directory (config.json and one of {HF_WEIGHTS})'
-        + (f'; to load a weights file, name it: {files}' if files else ''))
+      f"{path}: neither a complete vidjax checkpoint (a workdir, its "
+      "checkpoints/ directory or one step directory) nor a Hugging Face "
+      f"save_pretrained directory (config.json and one of {HF_WEIGHTS})"
+      + (f"; to load a weights file, name it: {files}" if files else "")
+    )
   return convert(load_state_dict(path, allow_pickle=allow_pickle), path)

@@ -1,4 +1,5 @@
 """CLIP's text transformer: causal attention, pooled at end-of-text."""
+
 from __future__ import annotations
 
 from flax import nnx
@@ -17,29 +18,56 @@ class TextTransformer(nnx.Module):
   (kernel [width, output_dim], CLIP's text_projection).
   """
 
-  def __init__(self, *, vocab_size: int = VOCAB_SIZE,
-               context_length: int = CONTEXT_LENGTH,
-               width: int = 512, heads: int = 8, depth: int = 12,
-               output_dim: int = 512, act: str = 'quick_gelu',
-               norm_eps: float = 1e-5, attention: str = 'auto',
-               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    context_length: int = CONTEXT_LENGTH,
+    width: int = 512,
+    heads: int = 8,
+    depth: int = 12,
+    output_dim: int = 512,
+    act: str = "quick_gelu",
+    norm_eps: float = 1e-5,
+    attention: str = "auto",
+    remat: str = "none",
+    scan: bool = False,
+    dtype=jnp.float32,
+    residual_dtype=jnp.float32,
+    norm_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     self.context_length, self.dtype = context_length, dtype
-    self.token_embed = nnx.Embed(vocab_size, width,
-                                 embedding_init=nnx.initializers.normal(0.02),
-                                 rngs=rngs)
+    self.token_embed = nnx.Embed(
+      vocab_size, width, embedding_init=nnx.initializers.normal(0.02), rngs=rngs
+    )
     self.pos_embed = nnx.Param(
-        nnx.initializers.normal(0.01)(rngs.params(), (context_length, width)))
+      nnx.initializers.normal(0.01)(rngs.params(), (context_length, width))
+    )
     self.blocks = Transformer(
-        width=width, depth=depth, heads=heads, mlp_dim=4 * width, act=act,
-        norm_eps=norm_eps, attention=attention, remat=remat, scan=scan,
-        dtype=dtype, residual_dtype=residual_dtype, norm_dtype=norm_dtype,
-        rngs=rngs)
+      width=width,
+      depth=depth,
+      heads=heads,
+      mlp_dim=4 * width,
+      act=act,
+      norm_eps=norm_eps,
+      attention=attention,
+      remat=remat,
+      scan=scan,
+      dtype=dtype,
+      residual_dtype=residual_dtype,
+      norm_dtype=norm_dtype,
+      rngs=rngs,
+    )
     self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
-    self.proj = nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
-                           kernel_init=nnx.initializers.normal(width**-0.5),
-                           rngs=rngs)
+    self.proj = nnx.Linear(
+      width,
+      output_dim,
+      use_bias=False,
+      dtype=dtype,
+      kernel_init=nnx.initializers.normal(width**-0.5),
+      rngs=rngs,
+    )
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Embeds token ids.
@@ -54,8 +82,10 @@ class TextTransformer(nnx.Module):
     """
     length = tokens.shape[1]
     if length > self.context_length:
-      raise ValueError(f'text of {length} tokens is longer than the context '
-                       f'length {self.context_length}')
+      raise ValueError(
+        f"text of {length} tokens is longer than the context "
+        f"length {self.context_length}"
+      )
     x = self.token_embed(tokens) + self.pos_embed[...][:length]
     x = self.blocks(x, is_causal=True)
     end_of_text = jnp.argmax(tokens, axis=-1)

@@ -19,6 +19,7 @@ code), is refused with `Refused`. The state dict is then what
 `torch.jit.load(path).state_dict()` gives: each module's `__parameters__`
 and `__buffers__` as its class source declares them, depth first.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,15 +30,28 @@ import zipfile
 import ml_dtypes
 import numpy as np
 
-_DTYPES = {'DoubleStorage': np.float64, 'FloatStorage': np.float32,
-           'HalfStorage': np.float16, 'BFloat16Storage': ml_dtypes.bfloat16,
-           'LongStorage': np.int64, 'IntStorage': np.int32,
-           'ShortStorage': np.int16, 'CharStorage': np.int8,
-           'ByteStorage': np.uint8, 'BoolStorage': np.bool_}
+_DTYPES = {
+  "DoubleStorage": np.float64,
+  "FloatStorage": np.float32,
+  "HalfStorage": np.float16,
+  "BFloat16Storage": ml_dtypes.bfloat16,
+  "LongStorage": np.int64,
+  "IntStorage": np.int32,
+  "ShortStorage": np.int16,
+  "CharStorage": np.int8,
+  "ByteStorage": np.uint8,
+  "BoolStorage": np.bool_,
+}
 # torch.jit._pickle's helpers only tag or wrap plain values.
-_PLAIN = ('build_intlist', 'build_floatlist', 'build_boollist',
-          'build_doublelist', 'build_tensorlist', 'build_complexlist',
-          'restore_type_tag')
+_PLAIN = (
+  "build_intlist",
+  "build_floatlist",
+  "build_boollist",
+  "build_doublelist",
+  "build_tensorlist",
+  "build_complexlist",
+  "restore_type_tag",
+)
 
 
 class Refused(Exception):
@@ -46,7 +60,8 @@ class Refused(Exception):
 
 class Module:
   """A `__torch__.*` object: its class name and its pickled state."""
-  qualname = ''
+
+  qualname = ""
   state = None
 
   def __setstate__(self, state):  # BUILD: kept, never interpreted.
@@ -60,7 +75,6 @@ def _plain(value, *unused):
 
 
 class _Storage:
-
   def __init__(self, array: np.ndarray):
     self.array = array
 
@@ -68,65 +82,87 @@ class _Storage:
 def _rebuild_tensor(storage, offset, size, stride, *unused) -> np.ndarray:
   """torch._utils._rebuild_tensor_v2 as a numpy view, inside its storage."""
   del unused  # requires_grad, backward hooks, metadata
-  if not (isinstance(storage, _Storage) and isinstance(offset, int)
-          and all(isinstance(n, int) and n >= 0 for n in (*size, *stride))
-          and len(size) == len(stride) and offset >= 0):
-    raise pickle.UnpicklingError('a tensor with an invalid shape or storage')
+  if not (
+    isinstance(storage, _Storage)
+    and isinstance(offset, int)
+    and all(isinstance(n, int) and n >= 0 for n in (*size, *stride))
+    and len(size) == len(stride)
+    and offset >= 0
+  ):
+    raise pickle.UnpicklingError("a tensor with an invalid shape or storage")
   array = storage.array
   if 0 in size:
     return np.zeros(size, array.dtype)
   last = offset + sum((n - 1) * s for n, s in zip(size, stride))
   if last >= array.size:
-    raise pickle.UnpicklingError(f'a tensor reaching element {last} of a '
-                                 f'storage of {array.size}')
+    raise pickle.UnpicklingError(
+      f"a tensor reaching element {last} of a storage of {array.size}"
+    )
   return np.lib.stride_tricks.as_strided(
-      array[offset:], size, [s * array.itemsize for s in stride],
-      writeable=False)
+    array[offset:], size, [s * array.itemsize for s in stride], writeable=False
+  )
 
 
 class _DataUnpickler(pickle.Unpickler):
   """data.pkl -> `Module`s, numpy arrays and plain values; nothing runs."""
 
-  def __init__(self, file, archive: zipfile.ZipFile, prefix: str,
-               setstate: set[str], byteorder: str):
+  def __init__(
+    self,
+    file,
+    archive: zipfile.ZipFile,
+    prefix: str,
+    setstate: set[str],
+    byteorder: str,
+  ):
     super().__init__(file)
     self.archive, self.prefix, self.setstate = archive, prefix, setstate
     self.byteorder, self.storages = byteorder, {}
 
   def find_class(self, module, name):
-    qualname = f'{module}.{name}'
-    if module == '__torch__' or module.startswith('__torch__.'):
+    qualname = f"{module}.{name}"
+    if module == "__torch__" or module.startswith("__torch__."):
       if qualname in self.setstate:
-        raise Refused(f'its class {qualname} restores itself with its own '
-                      'code (__setstate__)')
-      return type('Module', (Module,), {'qualname': qualname})
-    if module == 'torch' and name in _DTYPES:
+        raise Refused(
+          f"its class {qualname} restores itself with its own "
+          "code (__setstate__)"
+        )
+      return type("Module", (Module,), {"qualname": qualname})
+    if module == "torch" and name in _DTYPES:
       return np.dtype(_DTYPES[name]).newbyteorder(self.byteorder)
-    if (module, name) in (('torch._utils', '_rebuild_tensor_v2'),
-                          ('torch._utils', '_rebuild_tensor')):
+    if (module, name) in (
+      ("torch._utils", "_rebuild_tensor_v2"),
+      ("torch._utils", "_rebuild_tensor"),
+    ):
       return _rebuild_tensor
-    if module == 'torch._utils' and name == '_rebuild_parameter':
+    if module == "torch._utils" and name == "_rebuild_parameter":
       return lambda data, *unused: data
-    if module == 'torch.jit._pickle' and name in _PLAIN:
+    if module == "torch.jit._pickle" and name in _PLAIN:
       return _plain
-    if (module, name) == ('collections', 'OrderedDict'):
+    if (module, name) == ("collections", "OrderedDict"):
       return collections.OrderedDict
-    raise Refused(f'it names {qualname}, which is not plain data')
+    raise Refused(f"it names {qualname}, which is not plain data")
 
   def persistent_load(self, pid):
-    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == 'storage'
-            and isinstance(pid[1], np.dtype) and isinstance(pid[2], str)
-            and isinstance(pid[4], int)):
-      raise pickle.UnpicklingError(f'unknown persistent id {pid!r:.80}')
+    if not (
+      isinstance(pid, tuple)
+      and len(pid) == 5
+      and pid[0] == "storage"
+      and isinstance(pid[1], np.dtype)
+      and isinstance(pid[2], str)
+      and isinstance(pid[4], int)
+    ):
+      raise pickle.UnpicklingError(f"unknown persistent id {pid!r:.80}")
     _, dtype, key, _, numel = pid
     if key not in self.storages:
-      info = self.archive.getinfo(f'{self.prefix}/data/{key}')
+      info = self.archive.getinfo(f"{self.prefix}/data/{key}")
       if info.file_size != numel * dtype.itemsize:
         raise pickle.UnpicklingError(
-            f'storage {key} has {info.file_size} bytes, not {numel} x '
-            f'{dtype.itemsize}')
+          f"storage {key} has {info.file_size} bytes, not {numel} x "
+          f"{dtype.itemsize}"
+        )
       self.storages[key] = _Storage(
-          np.frombuffer(self.archive.read(info), dtype))
+        np.frombuffer(self.archive.read(info), dtype)
+      )
     return self.storages[key]
 
 
@@ -135,18 +171,19 @@ def _declarations(archive: zipfile.ZipFile, prefix: str):
   names)} and the classes that define `__setstate__`."""
   declared, setstate = {}, set()
   for name in archive.namelist():
-    if not (name.startswith(f'{prefix}/code/') and name.endswith('.py')):
+    if not (name.startswith(f"{prefix}/code/") and name.endswith(".py")):
       continue
-    module = name[len(f'{prefix}/code/'):-3].replace('/', '.')
+    module = name[len(f"{prefix}/code/") : -3].replace("/", ".")
     qualname = None
-    for line in archive.read(name).decode('utf-8', 'replace').splitlines():
-      if match := re.match(r'class (\w+)\(', line):
-        qualname = f'{module}.{match.group(1)}'
+    for line in archive.read(name).decode("utf-8", "replace").splitlines():
+      if match := re.match(r"class (\w+)\(", line):
+        qualname = f"{module}.{match.group(1)}"
         declared[qualname] = []
-      elif qualname and (match := re.match(
-          r'  __(?:parameters|buffers)__ = \[(.*)\]', line)):
+      elif qualname and (
+        match := re.match(r"  __(?:parameters|buffers)__ = \[(.*)\]", line)
+      ):
         declared[qualname] += re.findall(r'"([^"]+)"', match.group(1))
-      elif qualname and line.startswith('  def __setstate__('):
+      elif qualname and line.startswith("  def __setstate__("):
         setstate.add(qualname)
   return declared, setstate
 
@@ -155,14 +192,14 @@ def _tensors(module: Module, declared: dict, prefix: str, out: dict) -> None:
   """A module's parameters and buffers, then its submodules', as
   `Module.state_dict` orders them."""
   if not isinstance(module.state, dict):
-    raise Refused(f'{module.qualname} has no attribute dict')
+    raise Refused(f"{module.qualname} has no attribute dict")
   names = declared.get(module.qualname)
   for name, value in module.state.items():
     if isinstance(value, np.ndarray) and (names is None or name in names):
       out[prefix + name] = value
   for name, value in module.state.items():
     if isinstance(value, Module):
-      _tensors(value, declared, f'{prefix}{name}.', out)
+      _tensors(value, declared, f"{prefix}{name}.", out)
 
 
 def read(path: str) -> dict[str, np.ndarray]:
@@ -177,20 +214,24 @@ def read(path: str) -> dict[str, np.ndarray]:
     zipfile.BadZipFile, KeyError, pickle.UnpicklingError, ...: damaged.
   """
   with zipfile.ZipFile(path) as archive:
-    pickles = [n for n in archive.namelist() if n.count('/') == 1
-               and n.endswith('/data.pkl')]
+    pickles = [
+      n
+      for n in archive.namelist()
+      if n.count("/") == 1 and n.endswith("/data.pkl")
+    ]
     if len(pickles) != 1:
-      raise Refused('it is an older TorchScript format (no data.pkl)')
-    prefix = pickles[0].split('/')[0]
-    byteorder = '<'
-    if f'{prefix}/byteorder' in archive.namelist():
-      byteorder = {b'little': '<', b'big': '>'}[
-          archive.read(f'{prefix}/byteorder').strip()]
+      raise Refused("it is an older TorchScript format (no data.pkl)")
+    prefix = pickles[0].split("/")[0]
+    byteorder = "<"
+    if f"{prefix}/byteorder" in archive.namelist():
+      byteorder = {b"little": "<", b"big": ">"}[
+        archive.read(f"{prefix}/byteorder").strip()
+      ]
     declared, setstate = _declarations(archive, prefix)
     with archive.open(pickles[0]) as f:
       root = _DataUnpickler(f, archive, prefix, setstate, byteorder).load()
   if not isinstance(root, Module):
-    raise Refused(f'its data.pkl holds a {type(root).__name__}, not a module')
+    raise Refused(f"its data.pkl holds a {type(root).__name__}, not a module")
   out = {}
-  _tensors(root, declared, '', out)
+  _tensors(root, declared, "", out)
   return out

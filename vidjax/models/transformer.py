@@ -6,6 +6,7 @@ stochastic depth (`drop_path_rates`) and an optional scan over depth. The
 video ViT (`vit.py`), the text tower (`text.py`) and VideoMAE's decoder
 (`videomae.py`) are built on it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,10 +21,10 @@ from vidjax.models.attention import MultiHeadAttention
 
 # `defaults.ACTIVATIONS`: the functions.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    # OpenAI CLIP's sigmoid approximation of GELU.
-    'quick_gelu': lambda x: x * jax.nn.sigmoid(1.702 * x),
-    # PyTorch's nn.GELU(): the exact erf form, not jax's tanh default.
-    'gelu': lambda x: jax.nn.gelu(x, approximate=False),
+  # OpenAI CLIP's sigmoid approximation of GELU.
+  "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+  # PyTorch's nn.GELU(): the exact erf form, not jax's tanh default.
+  "gelu": lambda x: jax.nn.gelu(x, approximate=False),
 }
 
 
@@ -34,45 +35,49 @@ def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
   name) makes the backward pass run the forward kernel again for the
   statistics.
   """
-  return primitive.name.startswith('dot_product_attention_fwd')
+  return primitive.name.startswith("dot_product_attention_fwd")
 
 
 _policies = jax.checkpoint_policies
 # Attention's results: cuDNN's (output + statistics), or XLA's named output.
 _attention_saveable = _policies.save_from_both_policies(
-    _policies.save_only_these_names('attention'), _cudnn_attention_outputs)
+  _policies.save_only_these_names("attention"), _cudnn_attention_outputs
+)
 
 # What a remat'd block keeps for the backward pass ('none' = no remat). The
 # more it keeps, the less the backward pass recomputes and the more memory
 # it holds; each recipe says which fits what GPU (vidjax.bench.memory).
 # The names are `defaults.REMAT_POLICIES`.
 REMAT_POLICIES = {
-    'none': None,
-    # Block inputs only: a whole second forward (AVION's checkpointing).
-    'full': _policies.nothing_saveable,
-    # Attention kept: the matmuls are recomputed, attention is not.
-    'save_attention': _attention_saveable,
-    # Attention and every matmul output kept: only elementwise work
-    # (LayerNorms, activations, residual adds) is recomputed.
-    'save_dots_and_attention': _policies.save_from_both_policies(
-        _policies.dots_saveable, _attention_saveable),
-    'dots_saveable': _policies.dots_saveable,
-    'dots_with_no_batch_dims_saveable':
-        _policies.dots_with_no_batch_dims_saveable,
+  "none": None,
+  # Block inputs only: a whole second forward (AVION's checkpointing).
+  "full": _policies.nothing_saveable,
+  # Attention kept: the matmuls are recomputed, attention is not.
+  "save_attention": _attention_saveable,
+  # Attention and every matmul output kept: only elementwise work
+  # (LayerNorms, activations, residual adds) is recomputed.
+  "save_dots_and_attention": _policies.save_from_both_policies(
+    _policies.dots_saveable, _attention_saveable
+  ),
+  "dots_saveable": _policies.dots_saveable,
+  "dots_with_no_batch_dims_saveable": _policies.dots_with_no_batch_dims_saveable,
 }
 
 
-def drop_path_rates(rate: float, depth: int,
-                    schedule: str = 'linear') -> tuple[float, ...]:
+def drop_path_rates(
+  rate: float, depth: int, schedule: str = "linear"
+) -> tuple[float, ...]:
   """Per-block stochastic-depth rates.
 
   'linear': 0 at the first block to `rate` at the last (timm, VideoMAE).
   'uniform': `rate` at every block (AVION's CLIP classifier).
   """
   if schedule not in defaults.DROP_PATH_SCHEDULES:
-    raise ValueError(f'drop_path_schedule must be one of '
-                     f'{defaults.DROP_PATH_SCHEDULES}, got {schedule!r}')
-  if schedule == 'uniform':
+    raise ValueError(
+      f"drop_path_schedule must be one of "
+      f"{defaults.DROP_PATH_SCHEDULES}, got {schedule!r}"
+    )
+  if schedule == "uniform":
     return (float(rate),) * depth
   return tuple(float(r) for r in np.linspace(0, rate, depth))
 
@@ -89,25 +94,30 @@ def drop_path(x: jax.Array, rate, key: jax.Array | None) -> jax.Array:
 def dropout_stream(rngs: nnx.Rngs) -> nnx.RngStream:
   """A fork of the 'dropout' stream (or 'default'), with a clear error."""
   try:
-    return rngs['dropout'].fork()
+    return rngs["dropout"].fork()
   except KeyError:
-    raise ValueError("models need a 'dropout' (or 'default') stream in rngs, "
-                     'e.g. nnx.Rngs(params=0, dropout=1)') from None
+    raise ValueError(
+      "models need a 'dropout' (or 'default') stream in rngs, "
+      "e.g. nnx.Rngs(params=0, dropout=1)"
+    ) from None
 
 
 class Mlp(nnx.Module):
   """Two linear layers with an activation between (CLIP's c_fc/c_proj)."""
 
-  def __init__(self, width: int, hidden: int, *, act: str, dtype,
-               rngs: nnx.Rngs):
+  def __init__(
+    self, width: int, hidden: int, *, act: str, dtype, rngs: nnx.Rngs
+  ):
     if act not in ACTIVATIONS:
-      raise ValueError(f'act must be one of {sorted(ACTIVATIONS)}, got {act!r}')
+      raise ValueError(f"act must be one of {sorted(ACTIVATIONS)}, got {act!r}")
     self.act = act
     init = nnx.initializers.xavier_uniform()
-    self.fc1 = nnx.Linear(width, hidden, dtype=dtype, kernel_init=init,
-                          rngs=rngs)
-    self.fc2 = nnx.Linear(hidden, width, dtype=dtype, kernel_init=init,
-                          rngs=rngs)
+    self.fc1 = nnx.Linear(
+      width, hidden, dtype=dtype, kernel_init=init, rngs=rngs
+    )
+    self.fc2 = nnx.Linear(
+      hidden, width, dtype=dtype, kernel_init=init, rngs=rngs
+    )
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.fc2(ACTIVATIONS[self.act](self.fc1(x)))
@@ -127,8 +137,9 @@ class LayerNorm(nnx.LayerNorm):
     x = x.astype(self.stats_dtype)
     mean = x.mean(-1, keepdims=True)
     centred = x - mean
-    y = centred * jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True)
-                                + self.epsilon)
+    y = centred * jax.lax.rsqrt(
+      jnp.square(centred).mean(-1, keepdims=True) + self.epsilon
+    )
     y = y * self.scale[...].astype(x.dtype) + self.bias[...].astype(x.dtype)
     return y.astype(self.dtype or x.dtype)
 
@@ -136,22 +147,45 @@ class LayerNorm(nnx.LayerNorm):
 class Block(nnx.Module):
   """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-  def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str,
-               qkv_bias: bool, norm_eps: float, attention: str, dtype,
-               norm_dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    width: int,
+    heads: int,
+    mlp_dim: int,
+    *,
+    act: str,
+    qkv_bias: bool,
+    norm_eps: float,
+    attention: str,
+    dtype,
+    norm_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     norm = dict(epsilon=norm_eps, dtype=dtype, stats_dtype=norm_dtype)
     self.norm1 = LayerNorm(width, **norm, rngs=rngs)
-    self.attn = MultiHeadAttention(width, heads, qkv_bias=qkv_bias,
-                                   implementation=attention, dtype=dtype,
-                                   rngs=rngs)
+    self.attn = MultiHeadAttention(
+      width,
+      heads,
+      qkv_bias=qkv_bias,
+      implementation=attention,
+      dtype=dtype,
+      rngs=rngs,
+    )
     self.norm2 = LayerNorm(width, **norm, rngs=rngs)
     self.mlp = Mlp(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, drop_rate, key: jax.Array | None,
-               is_causal: bool = False) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    drop_rate,
+    key: jax.Array | None,
+    is_causal: bool = False,
+  ) -> jax.Array:
     keys = (None, None) if key is None else jax.random.split(key)
-    x = x + drop_path(self.attn(self.norm1(x), is_causal=is_causal), drop_rate,
-                      keys[0])
+    x = x + drop_path(
+      self.attn(self.norm1(x), is_causal=is_causal), drop_rate, keys[0]
+    )
     return x + drop_path(self.mlp(self.norm2(x)), drop_rate, keys[1])
 
 
@@ -165,40 +199,72 @@ class Transformer(nnx.Module):
   instead of `depth`; otherwise they are `layers.<i>.<name>`.
   """
 
-  def __init__(self, *, width: int, depth: int, heads: int, mlp_dim: int,
-               act: str = 'quick_gelu', qkv_bias: bool = True,
-               norm_eps: float = 1e-5, drop_path: float | tuple = 0.0,
-               attention: str = 'auto', remat: str = 'none', scan: bool = False,
-               dtype=jnp.float32, residual_dtype=jnp.float32,
-               norm_dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    *,
+    width: int,
+    depth: int,
+    heads: int,
+    mlp_dim: int,
+    act: str = "quick_gelu",
+    qkv_bias: bool = True,
+    norm_eps: float = 1e-5,
+    drop_path: float | tuple = 0.0,
+    attention: str = "auto",
+    remat: str = "none",
+    scan: bool = False,
+    dtype=jnp.float32,
+    residual_dtype=jnp.float32,
+    norm_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if remat not in REMAT_POLICIES:
-      raise ValueError(f'remat must be one of {sorted(REMAT_POLICIES)}, '
-                       f'got {remat!r}')
+      raise ValueError(
+        f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}"
+      )
     self.depth, self.remat, self.scan = depth, remat, scan
     self.residual_dtype = residual_dtype
-    self.drop_rates = (tuple(float(r) for r in drop_path)
-                       if isinstance(drop_path, (tuple, list))
-                       else drop_path_rates(drop_path, depth))
+    self.drop_rates = (
+      tuple(float(r) for r in drop_path)
+      if isinstance(drop_path, (tuple, list))
+      else drop_path_rates(drop_path, depth)
+    )
     if len(self.drop_rates) != depth:
-      raise ValueError(f'{len(self.drop_rates)} drop-path rates for {depth} '
-                       'blocks')
+      raise ValueError(
+        f"{len(self.drop_rates)} drop-path rates for {depth} blocks"
+      )
 
     def make_block(block_rngs):
-      return Block(width, heads, mlp_dim, act=act, qkv_bias=qkv_bias,
-                   norm_eps=norm_eps, attention=attention, dtype=dtype,
-                   norm_dtype=norm_dtype, rngs=block_rngs)
+      return Block(
+        width,
+        heads,
+        mlp_dim,
+        act=act,
+        qkv_bias=qkv_bias,
+        norm_eps=norm_eps,
+        attention=attention,
+        dtype=dtype,
+        norm_dtype=norm_dtype,
+        rngs=block_rngs,
+      )
 
     if scan:
       make_stack = nnx.split_rngs(splits=depth)(
-          nnx.vmap(make_block, in_axes=0, out_axes=0))
+        nnx.vmap(make_block, in_axes=0, out_axes=0)
+      )
       self.layers = make_stack(rngs)
     else:
       self.layers = nnx.List([make_block(rngs) for _ in range(depth)])
     self.dropout_rngs = dropout_stream(rngs)
 
-  def __call__(self, x: jax.Array, *, deterministic: bool = True,
-               rngs: nnx.Rngs | jax.Array | None = None,
-               is_causal: bool = False) -> jax.Array:
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    deterministic: bool = True,
+    rngs: nnx.Rngs | jax.Array | None = None,
+    is_causal: bool = False,
+  ) -> jax.Array:
     """Runs the blocks.
 
     Args:
@@ -218,23 +284,26 @@ class Transformer(nnx.Module):
       if rngs is None:
         key = self.dropout_rngs()
       elif isinstance(rngs, nnx.Rngs):
-        key = rngs['dropout']()
+        key = rngs["dropout"]()
       else:
         key = rngs
       keys = jax.random.split(key, self.depth)
 
     def run_block(block, x, rate, key):
       # A compute dtype wider than the stream would widen it block by block.
-      return block(x, drop_rate=rate, key=key,
-                   is_causal=is_causal).astype(x.dtype)
+      return block(x, drop_rate=rate, key=key, is_causal=is_causal).astype(
+        x.dtype
+      )
 
-    if self.remat != 'none':
+    if self.remat != "none":
       run_block = nnx.remat(run_block, policy=REMAT_POLICIES[self.remat])
     if self.scan:
-      scan_blocks = nnx.scan(run_block, in_axes=(0, nnx.Carry, 0, 0),
-                             out_axes=nnx.Carry)
+      scan_blocks = nnx.scan(
+        run_block, in_axes=(0, nnx.Carry, 0, 0), out_axes=nnx.Carry
+      )
       return scan_blocks(self.layers, x, jnp.asarray(self.drop_rates), keys)
     for i, block in enumerate(self.layers):
-      x = run_block(block, x, self.drop_rates[i],
-                    None if keys is None else keys[i])
+      x = run_block(
+        block, x, self.drop_rates[i], None if keys is None else keys[i]
+      )
     return x

@@ -6,6 +6,7 @@ which is what makes VideoMAE cheap; a light decoder fills in the masked ones.
 class token, sinusoid positions, mean pooling) or CLIP style (class token,
 learned positions, token pooling).
 """
+
 from __future__ import annotations
 
 from flax import nnx
@@ -15,16 +16,33 @@ import jax.numpy as jnp
 from vidjax.models.transformer import Transformer, dropout_stream
 from vidjax.models.vit import VisionTransformer, patchify, sincos_table
 
-__all__ = ['BACKBONE_STYLES', 'Classifier', 'VideoMAE', 'num_masked_tokens',
-           'patchify']
+__all__ = [
+  "BACKBONE_STYLES",
+  "Classifier",
+  "VideoMAE",
+  "num_masked_tokens",
+  "patchify",
+]
 
 # Architecture switches that differ between the two pretrainings (the
 # names are `defaults.BACKBONES`).
 BACKBONE_STYLES = {
-    'videomae': dict(class_token=False, pos_embed='sincos', pre_norm=False,
-                     patch_bias=True, act='gelu', norm_eps=1e-6),
-    'clip': dict(class_token=True, pos_embed='learned', pre_norm=True,
-                 patch_bias=False, act='quick_gelu', norm_eps=1e-5),
+  "videomae": dict(
+    class_token=False,
+    pos_embed="sincos",
+    pre_norm=False,
+    patch_bias=True,
+    act="gelu",
+    norm_eps=1e-6,
+  ),
+  "clip": dict(
+    class_token=True,
+    pos_embed="learned",
+    pre_norm=True,
+    patch_bias=False,
+    act="quick_gelu",
+    norm_eps=1e-5,
+  ),
 }
 
 
@@ -74,51 +92,110 @@ class VideoMAE(nnx.Module):
   `decoder` (blocks), `decoder_norm`, `decoder_head` (kernel [Dd, t*p*p*3]).
   """
 
-  def __init__(self, *, width: int = 768, depth: int = 12, heads: int = 12,
-               mlp_dim: int | None = None, patch_size: int = 16,
-               image_size=224, num_frames: int = 16, tubelet: int = 2,
-               decoder_width: int = 384, decoder_depth: int = 4,
-               decoder_heads: int = 6, mask_ratio: float = 0.9,
-               norm_pix_loss: bool = True, act: str = 'gelu',
-               norm_eps: float = 1e-6, drop_path: float = 0.0,
-               attention: str = 'auto', remat: str = 'none',
-               scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
-               rngs: nnx.Rngs):
-    style = dict(BACKBONE_STYLES['videomae'], act=act, norm_eps=norm_eps)
+  def __init__(
+    self,
+    *,
+    width: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    mlp_dim: int | None = None,
+    patch_size: int = 16,
+    image_size=224,
+    num_frames: int = 16,
+    tubelet: int = 2,
+    decoder_width: int = 384,
+    decoder_depth: int = 4,
+    decoder_heads: int = 6,
+    mask_ratio: float = 0.9,
+    norm_pix_loss: bool = True,
+    act: str = "gelu",
+    norm_eps: float = 1e-6,
+    drop_path: float = 0.0,
+    attention: str = "auto",
+    remat: str = "none",
+    scan: bool = False,
+    dtype=jnp.float32,
+    residual_dtype=jnp.float32,
+    norm_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    style = dict(BACKBONE_STYLES["videomae"], act=act, norm_eps=norm_eps)
     self.encoder = VisionTransformer(
-        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
-        patch_size=patch_size, image_size=image_size, num_frames=num_frames,
-        tubelet=tubelet, pool='none', output_dim=None, drop_path=drop_path,
-        attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs,
-        **style)
+      width=width,
+      depth=depth,
+      heads=heads,
+      mlp_dim=mlp_dim,
+      patch_size=patch_size,
+      image_size=image_size,
+      num_frames=num_frames,
+      tubelet=tubelet,
+      pool="none",
+      output_dim=None,
+      drop_path=drop_path,
+      attention=attention,
+      remat=remat,
+      scan=scan,
+      dtype=dtype,
+      residual_dtype=residual_dtype,
+      norm_dtype=norm_dtype,
+      rngs=rngs,
+      **style,
+    )
     self.num_masked = num_masked_tokens(self.encoder.grid, mask_ratio)
     if not 0 < self.num_masked < self.encoder.num_patches:
-      raise ValueError(f'mask_ratio={mask_ratio} masks {self.num_masked} of '
-                       f'{self.encoder.num_patches} tokens; need at least one '
-                       'masked and one visible')
+      raise ValueError(
+        f"mask_ratio={mask_ratio} masks {self.num_masked} of "
+        f"{self.encoder.num_patches} tokens; need at least one "
+        "masked and one visible"
+      )
     self.norm_pix_loss = norm_pix_loss
     self.decoder_width = decoder_width
     self.encoder_to_decoder = nnx.Linear(
-        width, decoder_width, use_bias=False, dtype=dtype,
-        kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+      width,
+      decoder_width,
+      use_bias=False,
+      dtype=dtype,
+      kernel_init=nnx.initializers.xavier_uniform(),
+      rngs=rngs,
+    )
     self.mask_token = nnx.Param(
-        nnx.initializers.normal(0.02)(rngs.params(), (decoder_width,)))
+      nnx.initializers.normal(0.02)(rngs.params(), (decoder_width,))
+    )
     self.decoder = Transformer(
-        width=decoder_width, depth=decoder_depth, heads=decoder_heads,
-        mlp_dim=4 * decoder_width, act=act, norm_eps=norm_eps,
-        attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs)
-    self.decoder_norm = nnx.LayerNorm(decoder_width, epsilon=norm_eps,
-                                      rngs=rngs)
+      width=decoder_width,
+      depth=decoder_depth,
+      heads=decoder_heads,
+      mlp_dim=4 * decoder_width,
+      act=act,
+      norm_eps=norm_eps,
+      attention=attention,
+      remat=remat,
+      scan=scan,
+      dtype=dtype,
+      residual_dtype=residual_dtype,
+      norm_dtype=norm_dtype,
+      rngs=rngs,
+    )
+    self.decoder_norm = nnx.LayerNorm(
+      decoder_width, epsilon=norm_eps, rngs=rngs
+    )
     self.decoder_head = nnx.Linear(
-        decoder_width, tubelet * patch_size * patch_size * 3, dtype=dtype,
-        kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+      decoder_width,
+      tubelet * patch_size * patch_size * 3,
+      dtype=dtype,
+      kernel_init=nnx.initializers.xavier_uniform(),
+      rngs=rngs,
+    )
 
-  def __call__(self, video: jax.Array, mask: jax.Array, *,
-               deterministic: bool = True, rngs=None,
-               return_predictions: bool = False):
+  def __call__(
+    self,
+    video: jax.Array,
+    mask: jax.Array,
+    *,
+    deterministic: bool = True,
+    rngs=None,
+    return_predictions: bool = False,
+  ):
     """Reconstruction loss on the masked tubelets.
 
     Args:
@@ -140,8 +217,10 @@ class VideoMAE(nnx.Module):
     encoder = self.encoder
     num_patches, num_masked = encoder.num_patches, self.num_masked
     if mask.shape != (video.shape[0], num_patches):
-      raise ValueError(f'mask of shape {mask.shape} does not match '
-                       f'[batch, {num_patches}] tokens')
+      raise ValueError(
+        f"mask of shape {mask.shape} does not match "
+        f"[batch, {num_patches}] tokens"
+      )
     # Stable sort puts visible (False) tokens first, each group in order.
     order = jnp.argsort(mask.astype(jnp.int32), axis=1, stable=True)
     visible_idx, masked_idx = order[:, :-num_masked], order[:, -num_masked:]
@@ -151,22 +230,28 @@ class VideoMAE(nnx.Module):
 
     tokens = gather(encoder.embed(video), visible_idx)
     encoder_rngs, decoder_rngs = _split_key(rngs)
-    tokens = encoder.encode_tokens(tokens, deterministic=deterministic,
-                                   rngs=encoder_rngs)
+    tokens = encoder.encode_tokens(
+      tokens, deterministic=deterministic, rngs=encoder_rngs
+    )
     tokens = self.encoder_to_decoder(encoder.head(tokens))
 
     positions = jnp.asarray(sincos_table(num_patches, self.decoder_width))
     positions = jnp.broadcast_to(positions, (video.shape[0],) + positions.shape)
     visible = tokens.astype(jnp.float32) + gather(positions, visible_idx)
     masked = self.mask_token[...] + gather(positions, masked_idx)
-    decoded = self.decoder(jnp.concatenate([visible, masked], axis=1),
-                           deterministic=deterministic, rngs=decoder_rngs)
+    decoded = self.decoder(
+      jnp.concatenate([visible, masked], axis=1),
+      deterministic=deterministic,
+      rngs=decoder_rngs,
+    )
     predictions = self.decoder_head(
-        self.decoder_norm(decoded[:, -num_masked:])).astype(jnp.float32)
+      self.decoder_norm(decoded[:, -num_masked:])
+    ).astype(jnp.float32)
 
     targets = gather(
-        patchify(video.astype(jnp.float32), encoder.tubelet,
-                 encoder.patch_size), masked_idx)
+      patchify(video.astype(jnp.float32), encoder.tubelet, encoder.patch_size),
+      masked_idx,
+    )
     if self.norm_pix_loss:
       targets = normalize_patches(targets)
     loss = jnp.mean(jnp.square(predictions - targets))
@@ -186,48 +271,85 @@ class Classifier(nnx.Module):
   eps; `head_norm_eps` (None: `norm_eps`) the pooled norm's.
   """
 
-  def __init__(self, *, num_classes: int, backbone: str = 'videomae',
-               pool: str | None = None, width: int = 768, depth: int = 12,
-               heads: int = 12, mlp_dim: int | None = None,
-               patch_size: int = 16, image_size=224, num_frames: int = 16,
-               tubelet: int = 2, act: str | None = None,
-               norm_eps: float | None = None,
-               head_norm_eps: float | None = None,
-               drop_path: float = 0.0, head_dropout: float = 0.0,
-               head_init_scale: float = 0.001, attention: str = 'auto',
-               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(
+    self,
+    *,
+    num_classes: int,
+    backbone: str = "videomae",
+    pool: str | None = None,
+    width: int = 768,
+    depth: int = 12,
+    heads: int = 12,
+    mlp_dim: int | None = None,
+    patch_size: int = 16,
+    image_size=224,
+    num_frames: int = 16,
+    tubelet: int = 2,
+    act: str | None = None,
+    norm_eps: float | None = None,
+    head_norm_eps: float | None = None,
+    drop_path: float = 0.0,
+    head_dropout: float = 0.0,
+    head_init_scale: float = 0.001,
+    attention: str = "auto",
+    remat: str = "none",
+    scan: bool = False,
+    dtype=jnp.float32,
+    residual_dtype=jnp.float32,
+    norm_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if backbone not in BACKBONE_STYLES:
-      raise ValueError(f'backbone must be one of {sorted(BACKBONE_STYLES)}, '
-                       f'got {backbone!r}')
+      raise ValueError(
+        f"backbone must be one of {sorted(BACKBONE_STYLES)}, got {backbone!r}"
+      )
     style = dict(BACKBONE_STYLES[backbone])
     if act is not None:
-      style['act'] = act
+      style["act"] = act
     if norm_eps is not None:
-      style['norm_eps'] = norm_eps
-    pool = pool or ('token' if style['class_token'] else 'mean')
+      style["norm_eps"] = norm_eps
+    pool = pool or ("token" if style["class_token"] else "mean")
     self.encoder = VisionTransformer(
-        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim,
-        patch_size=patch_size, image_size=image_size, num_frames=num_frames,
-        tubelet=tubelet, pool=pool, output_dim=None, drop_path=drop_path,
-        head_norm_eps=head_norm_eps, attention=attention, remat=remat,
-        scan=scan, dtype=dtype, residual_dtype=residual_dtype,
-        norm_dtype=norm_dtype, rngs=rngs,
-        **style)
+      width=width,
+      depth=depth,
+      heads=heads,
+      mlp_dim=mlp_dim,
+      patch_size=patch_size,
+      image_size=image_size,
+      num_frames=num_frames,
+      tubelet=tubelet,
+      pool=pool,
+      output_dim=None,
+      drop_path=drop_path,
+      head_norm_eps=head_norm_eps,
+      attention=attention,
+      remat=remat,
+      scan=scan,
+      dtype=dtype,
+      residual_dtype=residual_dtype,
+      norm_dtype=norm_dtype,
+      rngs=rngs,
+      **style,
+    )
     self.head_dropout = nnx.Dropout(head_dropout, rngs=dropout_stream(rngs))
     # Small head init (VideoMAE's init_scale) so fine-tuning starts gently.
     self.head = nnx.Linear(
-        width, num_classes, dtype=dtype,
-        kernel_init=nnx.initializers.normal(0.02 * head_init_scale),
-        rngs=rngs)
+      width,
+      num_classes,
+      dtype=dtype,
+      kernel_init=nnx.initializers.normal(0.02 * head_init_scale),
+      rngs=rngs,
+    )
 
-  def __call__(self, video: jax.Array, *, deterministic: bool = True,
-               rngs=None) -> jax.Array:
+  def __call__(
+    self, video: jax.Array, *, deterministic: bool = True, rngs=None
+  ) -> jax.Array:
     """float32[B, T, H, W, 3] normalised video -> float32[B, num_classes]."""
     encoder_rngs, head_rngs = _split_key(rngs)
-    features = self.encoder(video, deterministic=deterministic,
-                            rngs=encoder_rngs)
-    features = self.head_dropout(features, deterministic=deterministic,
-                                 rngs=head_rngs)
+    features = self.encoder(
+      video, deterministic=deterministic, rngs=encoder_rngs
+    )
+    features = self.head_dropout(
+      features, deterministic=deterministic, rngs=head_rngs
+    )
     return self.head(features).astype(jnp.float32)

@@ -20,6 +20,7 @@ through the blocks) is `residual_dtype`: float32 by default, as under
 PyTorch autocast, or bfloat16 to halve the bytes that the memory-bound part
 of a step (LayerNorms, residual adds, casts) moves, at some precision cost.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,9 @@ from vidjax.models.transformer import Transformer
 _MASK_STREAM = 0x6D61736B  # 'mask'.
 
 
-def num_kept_tokens(grid: tuple[int, int, int], mask_ratio: float,
-                    mask_kind: str = 'random') -> int:
+def num_kept_tokens(
+  grid: tuple[int, int, int], mask_ratio: float, mask_kind: str = "random"
+) -> int:
   """Patch tokens a clip keeps in masked training.
 
   Args:
@@ -53,18 +55,24 @@ def num_kept_tokens(grid: tuple[int, int, int], mask_ratio: float,
     The kept patch tokens, the class token not counted.
   """
   if mask_kind not in defaults.MASK_KINDS:
-    raise ValueError(f'mask_kind must be one of {defaults.MASK_KINDS}, '
-                     f'got {mask_kind!r}')
+    raise ValueError(
+      f"mask_kind must be one of {defaults.MASK_KINDS}, got {mask_kind!r}"
+    )
   if not 0 <= mask_ratio < 1:
-    raise ValueError(f'mask_ratio must be in [0, 1), got {mask_ratio}')
+    raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
   time, rows, columns = grid
-  if mask_kind == 'tube':
+  if mask_kind == "tube":
     return time * (rows * columns - int(mask_ratio * rows * columns))
   return time * rows * columns - int(mask_ratio * time * rows * columns)
 
 
-def kept_token_ids(key: jax.Array, batch: int, grid: tuple[int, int, int],
-                   mask_ratio: float, mask_kind: str = 'random') -> jax.Array:
+def kept_token_ids(
+  key: jax.Array,
+  batch: int,
+  grid: tuple[int, int, int],
+  mask_ratio: float,
+  mask_kind: str = "random",
+) -> jax.Array:
   """A random subset of each clip's patch tokens, of one size for all.
 
   Args:
@@ -80,13 +88,14 @@ def kept_token_ids(key: jax.Array, batch: int, grid: tuple[int, int, int],
   time, rows, columns = grid
   kept = num_kept_tokens(grid, mask_ratio, mask_kind)
   spatial = rows * columns
-  drawn = spatial if mask_kind == 'tube' else time * spatial
+  drawn = spatial if mask_kind == "tube" else time * spatial
   scores = jax.random.uniform(key, (batch, drawn))
-  _, ids = jax.lax.top_k(scores, kept // time if mask_kind == 'tube' else kept)
+  _, ids = jax.lax.top_k(scores, kept // time if mask_kind == "tube" else kept)
   ids = jnp.sort(ids, axis=1)
-  if mask_kind == 'tube':  # The same positions in every time step.
-    ids = (jnp.arange(time)[None, :, None] * spatial
-           + ids[:, None, :]).reshape(batch, kept)
+  if mask_kind == "tube":  # The same positions in every time step.
+    ids = (jnp.arange(time)[None, :, None] * spatial + ids[:, None, :]).reshape(
+      batch, kept
+    )
   return ids.astype(jnp.int32)
 
 
@@ -104,10 +113,20 @@ def patchify(video: jax.Array, tubelet: int, patch: int) -> jax.Array:
   """
   batch, frames, height, width, channels = video.shape
   if frames % tubelet or height % patch or width % patch:
-    raise ValueError(f'video of shape {video.shape} does not split into '
-                     f'{tubelet}x{patch}x{patch} tubelets')
-  x = video.reshape(batch, frames // tubelet, tubelet, height // patch, patch,
-                    width // patch, patch, channels)
+    raise ValueError(
+      f"video of shape {video.shape} does not split into "
+      f"{tubelet}x{patch}x{patch} tubelets"
+    )
+  x = video.reshape(
+    batch,
+    frames // tubelet,
+    tubelet,
+    height // patch,
+    patch,
+    width // patch,
+    patch,
+    channels,
+  )
   x = x.transpose(0, 1, 3, 5, 2, 4, 6, 7)
   return x.reshape(batch, -1, tubelet * patch * patch * channels)
 
@@ -130,8 +149,11 @@ def every_token(model: nnx.Module):
   """Within the block, the video towers of `model` (any nnx graph, also
   an abstract one) train on every token: for the graph of the unmasked
   tuning's steps (`nnx.graphdef` of it), as `vidjax.steps` builds them."""
-  towers = [node for _, node in nnx.iter_graph(model)
-            if isinstance(node, VisionTransformer)]
+  towers = [
+    node
+    for _, node in nnx.iter_graph(model)
+    if isinstance(node, VisionTransformer)
+  ]
   ratios = [tower.mask_ratio for tower in towers]
   for tower in towers:
     tower.mask_ratio = 0.0
@@ -162,64 +184,118 @@ class VisionTransformer(nnx.Module):
   uses PyTorch's 1e-5 whatever its blocks use).
   """
 
-  def __init__(self, *, width: int, depth: int, heads: int,
-               mlp_dim: int | None = None, patch_size: int = 16,
-               image_size=224, num_frames: int = 1, tubelet: int = 1,
-               class_token: bool = True, pos_embed: str = 'learned',
-               pre_norm: bool = True, pool: str = 'token',
-               output_dim: int | None = None, patch_bias: bool = False,
-               act: str = 'quick_gelu', qkv_bias: bool = True,
-               norm_eps: float = 1e-5, head_norm_eps: float | None = None,
-               drop_path: float = 0.0, attention: str = 'auto',
-               remat: str = 'none', scan: bool = False, dtype=jnp.float32,
-               residual_dtype=jnp.float32, norm_dtype=jnp.float32,
-               mask_ratio: float = 0.0, mask_kind: str = 'random',
-               rngs: nnx.Rngs):
-    if pos_embed not in ('learned', 'sincos'):
-      raise ValueError(f"pos_embed must be 'learned' or 'sincos', "
-                       f'got {pos_embed!r}')
-    if pool not in ('token', 'mean', 'none'):
+  def __init__(
+    self,
+    *,
+    width: int,
+    depth: int,
+    heads: int,
+    mlp_dim: int | None = None,
+    patch_size: int = 16,
+    image_size=224,
+    num_frames: int = 1,
+    tubelet: int = 1,
+    class_token: bool = True,
+    pos_embed: str = "learned",
+    pre_norm: bool = True,
+    pool: str = "token",
+    output_dim: int | None = None,
+    patch_bias: bool = False,
+    act: str = "quick_gelu",
+    qkv_bias: bool = True,
+    norm_eps: float = 1e-5,
+    head_norm_eps: float | None = None,
+    drop_path: float = 0.0,
+    attention: str = "auto",
+    remat: str = "none",
+    scan: bool = False,
+    dtype=jnp.float32,
+    residual_dtype=jnp.float32,
+    norm_dtype=jnp.float32,
+    mask_ratio: float = 0.0,
+    mask_kind: str = "random",
+    rngs: nnx.Rngs,
+  ):
+    if pos_embed not in ("learned", "sincos"):
+      raise ValueError(
+        f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}"
+      )
+    if pool not in ("token", "mean", "none"):
       raise ValueError(f"pool must be 'token', 'mean' or 'none', got {pool!r}")
     if num_frames % tubelet:
-      raise ValueError(f'num_frames={num_frames} is not a multiple of '
-                       f'tubelet={tubelet}')
+      raise ValueError(
+        f"num_frames={num_frames} is not a multiple of tubelet={tubelet}"
+      )
     height, width_px = _pair(image_size)
     if height % patch_size or width_px % patch_size:
-      raise ValueError(f'image_size {image_size} is not a multiple of '
-                       f'patch_size {patch_size}')
+      raise ValueError(
+        f"image_size {image_size} is not a multiple of patch_size {patch_size}"
+      )
     self.width, self.patch_size, self.tubelet = width, patch_size, tubelet
     self.num_frames, self.image_size = num_frames, (height, width_px)
-    self.grid = (num_frames // tubelet, height // patch_size,
-                 width_px // patch_size)
+    self.grid = (
+      num_frames // tubelet,
+      height // patch_size,
+      width_px // patch_size,
+    )
     self.pos_embed, self.pool, self.dtype = pos_embed, pool, dtype
     self.has_class_token = class_token
     num_kept_tokens(self.grid, mask_ratio, mask_kind)  # Checks both.
     self.mask_ratio, self.mask_kind = float(mask_ratio), mask_kind
 
     self.patch_embed = nnx.Linear(
-        tubelet * patch_size * patch_size * 3, width, use_bias=patch_bias,
-        dtype=dtype, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+      tubelet * patch_size * patch_size * 3,
+      width,
+      use_bias=patch_bias,
+      dtype=dtype,
+      kernel_init=nnx.initializers.xavier_uniform(),
+      rngs=rngs,
+    )
     normal = nnx.initializers.normal(0.02)
     if class_token:
       self.class_token = nnx.Param(normal(rngs.params(), (width,)))
-    if pos_embed == 'learned':
+    if pos_embed == "learned":
       spatial_len = int(class_token) + self.grid[1] * self.grid[2]
       self.spatial_pos = nnx.Param(normal(rngs.params(), (spatial_len, width)))
       # Zero, so that one frame of an image CLIP is unchanged.
       self.temporal_pos = nnx.Param(jnp.zeros((self.grid[0], width)))
-    self.pre_norm = (nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
-                     if pre_norm else None)
+    self.pre_norm = (
+      nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs) if pre_norm else None
+    )
     self.blocks = Transformer(
-        width=width, depth=depth, heads=heads, mlp_dim=mlp_dim or 4 * width,
-        act=act, qkv_bias=qkv_bias, norm_eps=norm_eps, drop_path=drop_path,
-        attention=attention, remat=remat, scan=scan, dtype=dtype,
-        residual_dtype=residual_dtype, norm_dtype=norm_dtype, rngs=rngs)
+      width=width,
+      depth=depth,
+      heads=heads,
+      mlp_dim=mlp_dim or 4 * width,
+      act=act,
+      qkv_bias=qkv_bias,
+      norm_eps=norm_eps,
+      drop_path=drop_path,
+      attention=attention,
+      remat=remat,
+      scan=scan,
+      dtype=dtype,
+      residual_dtype=residual_dtype,
+      norm_dtype=norm_dtype,
+      rngs=rngs,
+    )
     self.norm = nnx.LayerNorm(
-        width, epsilon=norm_eps if head_norm_eps is None else head_norm_eps,
-        rngs=rngs)
-    self.proj = (nnx.Linear(width, output_dim, use_bias=False, dtype=dtype,
-                            kernel_init=normal, rngs=rngs)
-                 if output_dim else None)
+      width,
+      epsilon=norm_eps if head_norm_eps is None else head_norm_eps,
+      rngs=rngs,
+    )
+    self.proj = (
+      nnx.Linear(
+        width,
+        output_dim,
+        use_bias=False,
+        dtype=dtype,
+        kernel_init=normal,
+        rngs=rngs,
+      )
+      if output_dim
+      else None
+    )
 
   @property
   def num_patches(self) -> int:
@@ -242,11 +318,12 @@ class VisionTransformer(nnx.Module):
     if rngs is None:
       key = self.blocks.dropout_rngs()
     elif isinstance(rngs, nnx.Rngs):
-      key = rngs['dropout']()
+      key = rngs["dropout"]()
     else:
       key = jax.random.fold_in(rngs, _MASK_STREAM)
-    return kept_token_ids(key, batch, self.grid, self.mask_ratio,
-                          self.mask_kind)
+    return kept_token_ids(
+      key, batch, self.grid, self.mask_ratio, self.mask_kind
+    )
 
   def drop_tokens(self, tokens: jax.Array, rngs) -> jax.Array:
     """Masked training: float32[B, N, D] patch tokens (`embed`) ->
@@ -265,16 +342,18 @@ class VisionTransformer(nnx.Module):
     """
     if video.shape[1:4] != (self.num_frames,) + self.image_size:
       raise ValueError(
-          f'video of shape {video.shape} does not match the model '
-          f'({self.num_frames} frames of {self.image_size}); build the model '
-          'with these sizes (weights.py interpolates positional embeddings)')
+        f"video of shape {video.shape} does not match the model "
+        f"({self.num_frames} frames of {self.image_size}); build the model "
+        "with these sizes (weights.py interpolates positional embeddings)"
+      )
     batch = video.shape[0]
     tokens = self.patch_embed(
-        patchify(video.astype(self.dtype), self.tubelet, self.patch_size))
+      patchify(video.astype(self.dtype), self.tubelet, self.patch_size)
+    )
     tokens = tokens.astype(jnp.float32)
-    if self.pos_embed == 'sincos':
+    if self.pos_embed == "sincos":
       return tokens + sincos_table(self.num_patches, self.width)
-    spatial = self.spatial_pos[...][int(self.has_class_token):]
+    spatial = self.spatial_pos[...][int(self.has_class_token) :]
     tokens = tokens.reshape(batch, self.grid[0], -1, self.width)
     temporal = self.temporal_pos[...][None, :, None]
     tokens = tokens + spatial[None, None] + temporal
@@ -285,13 +364,14 @@ class VisionTransformer(nnx.Module):
     if not self.has_class_token:
       return tokens
     cls = self.class_token[...]
-    if self.pos_embed == 'learned':
+    if self.pos_embed == "learned":
       cls = cls + self.spatial_pos[...][0]
     cls = jnp.broadcast_to(cls, (tokens.shape[0], 1, self.width))
     return jnp.concatenate([cls.astype(tokens.dtype), tokens], axis=1)
 
-  def encode_tokens(self, tokens: jax.Array, *, deterministic: bool = True,
-                    rngs=None) -> jax.Array:
+  def encode_tokens(
+    self, tokens: jax.Array, *, deterministic: bool = True, rngs=None
+  ) -> jax.Array:
     """pre-norm and blocks on [B, L, D] tokens -> residual_dtype[B, L, D]."""
     if self.pre_norm is not None:
       tokens = self.pre_norm(tokens)
@@ -307,18 +387,19 @@ class VisionTransformer(nnx.Module):
       float32[B, E] (pooled, projected when `output_dim` is set) or
       float32[B, L, D] for pool='none'.
     """
-    if self.pool == 'token':
+    if self.pool == "token":
       x = self.norm(tokens[:, 0])
-    elif self.pool == 'mean':
-      x = self.norm(tokens[:, int(self.has_class_token):].mean(axis=1))
+    elif self.pool == "mean":
+      x = self.norm(tokens[:, int(self.has_class_token) :].mean(axis=1))
     else:
       x = self.norm(tokens)
     if self.proj is not None:
       x = self.proj(x)
     return x.astype(jnp.float32)
 
-  def __call__(self, video: jax.Array, *, deterministic: bool = True,
-               rngs=None) -> jax.Array:
+  def __call__(
+    self, video: jax.Array, *, deterministic: bool = True, rngs=None
+  ) -> jax.Array:
     """float[B, T, H, W, 3] normalised video -> see `head`.
 
     In training (`deterministic=False`) with `mask_ratio` > 0 the blocks

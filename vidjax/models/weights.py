@@ -19,6 +19,7 @@ Face `save_pretrained` directories, vidjax runs). Each source also says what it 
 activation, LayerNorm eps, pooling, temperature). `*_from_state_dict` build
 a model sized from the weights, computing what they computed.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,10 +40,15 @@ from vidjax.models.tensor_io import (
 )
 from vidjax.models.videomae import Classifier, VideoMAE
 
-__all__ = ['classifier_from_state_dict', 'clip_from_state_dict', 'convert',
-           'videomae_from_state_dict']
+__all__ = [
+  "classifier_from_state_dict",
+  "clip_from_state_dict",
+  "convert",
+  "videomae_from_state_dict",
+]
 
 # ------------------------------------------------ canonical names -> ours
+
 
 def _t(x):
   return x.T
@@ -50,60 +56,84 @@ def _t(x):
 
 def _linear(src: str, dst: str):
   """PyTorch Linear `src` -> our nnx.Linear `dst` (kernel transposed)."""
-  return {f'{src}.weight': (f'{dst}.kernel', _t),
-          f'{src}.bias': (f'{dst}.bias', None)}
+  return {
+    f"{src}.weight": (f"{dst}.kernel", _t),
+    f"{src}.bias": (f"{dst}.bias", None),
+  }
 
 
 def _norm(src: str, dst: str):
-  return {f'{src}.weight': (f'{dst}.scale', None),
-          f'{src}.bias': (f'{dst}.bias', None)}
+  return {
+    f"{src}.weight": (f"{dst}.scale", None),
+    f"{src}.bias": (f"{dst}.bias", None),
+  }
 
 
 CLIP_BLOCK = {
-    **_norm('ln_1', 'norm1'), **_norm('ln_2', 'norm2'),
-    'attn.in_proj_weight': ('attn.qkv.kernel', _t),
-    'attn.in_proj_bias': ('attn.qkv.bias', None),
-    **_linear('attn.out_proj', 'attn.out'),
-    **_linear('mlp.c_fc', 'mlp.fc1'), **_linear('mlp.c_proj', 'mlp.fc2'),
+  **_norm("ln_1", "norm1"),
+  **_norm("ln_2", "norm2"),
+  "attn.in_proj_weight": ("attn.qkv.kernel", _t),
+  "attn.in_proj_bias": ("attn.qkv.bias", None),
+  **_linear("attn.out_proj", "attn.out"),
+  **_linear("mlp.c_fc", "mlp.fc1"),
+  **_linear("mlp.c_proj", "mlp.fc2"),
 }
 VIDEOMAE_BLOCK = {
-    **_norm('norm1', 'norm1'), **_norm('norm2', 'norm2'),
-    **_linear('attn.qkv', 'attn.qkv'), **_linear('attn.proj', 'attn.out'),
-    **_linear('mlp.fc1', 'mlp.fc1'), **_linear('mlp.fc2', 'mlp.fc2'),
+  **_norm("norm1", "norm1"),
+  **_norm("norm2", "norm2"),
+  **_linear("attn.qkv", "attn.qkv"),
+  **_linear("attn.proj", "attn.out"),
+  **_linear("mlp.fc1", "mlp.fc1"),
+  **_linear("mlp.fc2", "mlp.fc2"),
 }
 # OpenAI CLIP names -> our CLIP's (AVION's classifier: `head` from fc_cls).
-CLIP_NAMES = ({
-    'visual.conv1.weight': ('visual.patch_embed.kernel', conv_to_kernel),
-    'visual.class_embedding': ('visual.class_token', None),
-    'visual.positional_embedding': ('visual.spatial_pos', None),
+CLIP_NAMES = (
+  {
+    "visual.conv1.weight": ("visual.patch_embed.kernel", conv_to_kernel),
+    "visual.class_embedding": ("visual.class_token", None),
+    "visual.positional_embedding": ("visual.spatial_pos", None),
     # Video CLIPs (AVION) add a temporal table [T, D]; image CLIPs do not.
-    'visual.temporal_embedding': ('visual.temporal_pos', None),
-    **_norm('visual.ln_pre', 'visual.pre_norm'),
-    **_norm('visual.ln_post', 'visual.norm'),
-    'visual.proj': ('visual.proj.kernel', None),
-    'token_embedding.weight': ('text.token_embed.embedding', None),
-    'positional_embedding': ('text.pos_embed', None),
-    **_norm('ln_final', 'text.norm'),
-    'text_projection': ('text.proj.kernel', None),
-    'logit_scale': ('logit_scale', None),
-    **_linear('head', 'head'),
-}, [(r'visual\.transformer\.resblocks\.(\d+)\.', 'visual.blocks.layers',
-     CLIP_BLOCK),
-    (r'transformer\.resblocks\.(\d+)\.', 'text.blocks.layers', CLIP_BLOCK)])
+    "visual.temporal_embedding": ("visual.temporal_pos", None),
+    **_norm("visual.ln_pre", "visual.pre_norm"),
+    **_norm("visual.ln_post", "visual.norm"),
+    "visual.proj": ("visual.proj.kernel", None),
+    "token_embedding.weight": ("text.token_embed.embedding", None),
+    "positional_embedding": ("text.pos_embed", None),
+    **_norm("ln_final", "text.norm"),
+    "text_projection": ("text.proj.kernel", None),
+    "logit_scale": ("logit_scale", None),
+    **_linear("head", "head"),
+  },
+  [
+    (
+      r"visual\.transformer\.resblocks\.(\d+)\.",
+      "visual.blocks.layers",
+      CLIP_BLOCK,
+    ),
+    (r"transformer\.resblocks\.(\d+)\.", "text.blocks.layers", CLIP_BLOCK),
+  ],
+)
 # Original VideoMAE names ('encoder.' prefixed) -> ours.
-VIDEOMAE_NAMES = ({
-    'encoder.patch_embed.proj.weight': ('encoder.patch_embed.kernel',
-                                        conv_to_kernel),
-    'encoder.patch_embed.proj.bias': ('encoder.patch_embed.bias', None),
-    **_norm('encoder.norm', 'encoder.norm'),
-    **_norm('encoder.fc_norm', 'encoder.norm'),  # fine-tuned: mean pooling
-    **_linear('encoder.head', 'head'),
-    'encoder_to_decoder.weight': ('encoder_to_decoder.kernel', _t),
-    'mask_token': ('mask_token', np.ravel),
-    **_norm('decoder.norm', 'decoder_norm'),
-    **_linear('decoder.head', 'decoder_head'),
-}, [(r'encoder\.blocks\.(\d+)\.', 'encoder.blocks.layers', VIDEOMAE_BLOCK),
-    (r'decoder\.blocks\.(\d+)\.', 'decoder.layers', VIDEOMAE_BLOCK)])
+VIDEOMAE_NAMES = (
+  {
+    "encoder.patch_embed.proj.weight": (
+      "encoder.patch_embed.kernel",
+      conv_to_kernel,
+    ),
+    "encoder.patch_embed.proj.bias": ("encoder.patch_embed.bias", None),
+    **_norm("encoder.norm", "encoder.norm"),
+    **_norm("encoder.fc_norm", "encoder.norm"),  # fine-tuned: mean pooling
+    **_linear("encoder.head", "head"),
+    "encoder_to_decoder.weight": ("encoder_to_decoder.kernel", _t),
+    "mask_token": ("mask_token", np.ravel),
+    **_norm("decoder.norm", "decoder_norm"),
+    **_linear("decoder.head", "decoder_head"),
+  },
+  [
+    (r"encoder\.blocks\.(\d+)\.", "encoder.blocks.layers", VIDEOMAE_BLOCK),
+    (r"decoder\.blocks\.(\d+)\.", "decoder.layers", VIDEOMAE_BLOCK),
+  ],
+)
 
 
 def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
@@ -116,9 +146,9 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
     else:
       for pattern, prefix, table in blocks:
         match = re.match(pattern, name)
-        if match and name[match.end():] in table:
-          dst, transform = table[name[match.end():]]
-          dst = f'{prefix}.{match.group(1)}.{dst}'
+        if match and name[match.end() :] in table:
+          dst, transform = table[name[match.end() :]]
+          dst = f"{prefix}.{match.group(1)}.{dst}"
           break
       else:
         unmatched.append(name)
@@ -133,8 +163,13 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
 
 # ------------------------------------------------------------------ sources
 
-def convert(state_dict: dict, description: str = 'state dict', *,
-            hf_config: dict | None = None) -> init_from.Source:
+
+def convert(
+  state_dict: dict,
+  description: str = "state dict",
+  *,
+  hf_config: dict | None = None,
+) -> init_from.Source:
   """A state dict of any supported format -> an `init_from.Source`.
 
   Args:
@@ -147,115 +182,168 @@ def convert(state_dict: dict, description: str = 'state dict', *,
     errors.InitFromError: a format we do not read, named.
   """
   sd = {name: to_numpy(value) for name, value in state_dict.items()}
-  where = os.path.join(description, 'config.json')  # For hf_config.
-  if any('.timeattn.' in name for name in sd):
+  where = os.path.join(description, "config.json")  # For hf_config.
+  if any(".timeattn." in name for name in sd):
     raise errors.InitFromError(
-        f'{description}: a TimeSformer (divided space-time attention, as in '
-        "LaViLa's own models); vidjax's video ViT uses joint attention, so "
-        "these weights do not apply. Use AVION's checkpoints or a CLIP")
-  if any(k.startswith(('visual.conv1.', 'vision_model.', 'textual.'))
-         for k in sd):
-    released = 'input_resolution' in sd  # OpenAI's .pt archives' extras
+      f"{description}: a TimeSformer (divided space-time attention, as in "
+      "LaViLa's own models); vidjax's video ViT uses joint attention, so "
+      "these weights do not apply. Use AVION's checkpoints or a CLIP"
+    )
+  if any(
+    k.startswith(("visual.conv1.", "vision_model.", "textual.")) for k in sd
+  ):
+    released = "input_resolution" in sd  # OpenAI's .pt archives' extras
     sd, fmt = canonical_clip(sd)
     tensors, names, unexpected = _rename(sd, CLIP_NAMES)
-    kind = 'classifier' if 'head.kernel' in tensors else 'clip'
-    if kind == 'classifier':
-      tensors = {re.sub(r'^visual\.', 'encoder.', k): v
-                 for k, v in tensors.items()}
-      names = {re.sub(r'^visual\.', 'encoder.', k): v for k, v in names.items()}
-    origin = ('hugging_face' if fmt.startswith('Hugging Face') else 'avion'
-              if fmt.startswith('AVION') else 'openai' if released
-              else 'openclip')
-    if origin == 'openai':
-      fmt = 'OpenAI CLIP'
-    temperature = tensors.get('logit_scale') if origin == 'avion' else None
+    kind = "classifier" if "head.kernel" in tensors else "clip"
+    if kind == "classifier":
+      tensors = {
+        re.sub(r"^visual\.", "encoder.", k): v for k, v in tensors.items()
+      }
+      names = {re.sub(r"^visual\.", "encoder.", k): v for k, v in names.items()}
+    origin = (
+      "hugging_face"
+      if fmt.startswith("Hugging Face")
+      else "avion"
+      if fmt.startswith("AVION")
+      else "openai"
+      if released
+      else "openclip"
+    )
+    if origin == "openai":
+      fmt = "OpenAI CLIP"
+    temperature = tensors.get("logit_scale") if origin == "avion" else None
     facts = facts_lib.clip_facts(
-        origin, hf_config=hf_config, where=where,
-        temperature=None if temperature is None else float(temperature))
-    return init_from.Source(kind, tensors, names, f'{description} ({fmt})',
-                            unexpected, tubelet=1, backbone='clip',
-                            facts=facts)
-  if any(k.startswith(('encoder.patch_embed.', 'patch_embed.', 'videomae.'))
-         for k in sd):
+      origin,
+      hf_config=hf_config,
+      where=where,
+      temperature=None if temperature is None else float(temperature),
+    )
+    return init_from.Source(
+      kind,
+      tensors,
+      names,
+      f"{description} ({fmt})",
+      unexpected,
+      tubelet=1,
+      backbone="clip",
+      facts=facts,
+    )
+  if any(
+    k.startswith(("encoder.patch_embed.", "patch_embed.", "videomae."))
+    for k in sd
+  ):
     sd, fmt = canonical_videomae(sd)
     tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
-    finetuned = any(k.startswith(('encoder.head.', 'encoder.fc_norm.'))
-                    for k in sd)
+    finetuned = any(
+      k.startswith(("encoder.head.", "encoder.fc_norm.")) for k in sd
+    )
     facts = facts_lib.videomae_facts(
-        'hugging_face' if 'Hugging Face' in fmt else 'original',
-        finetuned=finetuned, mean_pooling='encoder.fc_norm.weight' in sd,
-        hf_config=hf_config, where=where)
-    conv = sd.get('encoder.patch_embed.proj.weight')
-    return init_from.Source('classifier' if finetuned else 'videomae', tensors,
-                            names, f'{description} ({fmt})', unexpected,
-                            tubelet=conv.shape[2] if conv is not None else None,
-                            backbone='videomae', facts=facts)
-  raise errors.InitFromError(f'{description}: not a CLIP or VideoMAE checkpoint '
-                   f'we know (first names: {list(sd)[:5]})')
+      "hugging_face" if "Hugging Face" in fmt else "original",
+      finetuned=finetuned,
+      mean_pooling="encoder.fc_norm.weight" in sd,
+      hf_config=hf_config,
+      where=where,
+    )
+    conv = sd.get("encoder.patch_embed.proj.weight")
+    return init_from.Source(
+      "classifier" if finetuned else "videomae",
+      tensors,
+      names,
+      f"{description} ({fmt})",
+      unexpected,
+      tubelet=conv.shape[2] if conv is not None else None,
+      backbone="videomae",
+      facts=facts,
+    )
+  raise errors.InitFromError(
+    f"{description}: not a CLIP or VideoMAE checkpoint "
+    f"we know (first names: {list(sd)[:5]})"
+  )
 
 
 # ----------------------------------------------------- standalone builders
 
+
 def _count(tensors: dict, prefix: str) -> int:
-  pattern = re.compile(re.escape(prefix) + r'\.(\d+)\.')
+  pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
   return len({m.group(1) for m in map(pattern.match, tensors) if m})
 
 
 def _require(source: init_from.Source, path: str, kind: str) -> np.ndarray:
   if path not in source.tensors:
-    raise errors.InitFromError(f'not a {kind} state dict: {source.description} has no '
-                     f'{path!r} (first names: {list(source.names.values())[:5]})')
+    raise errors.InitFromError(
+      f"not a {kind} state dict: {source.description} has no "
+      f"{path!r} (first names: {list(source.names.values())[:5]})"
+    )
   return source.tensors[path]
 
 
 def _vision_sizes(source: init_from.Source, prefix: str, kind: str) -> dict:
   """ViT sizes from a tower's tensors (heads = width / 64, as CLIP's)."""
-  kernel = _require(source, f'{prefix}.patch_embed.kernel', kind)
+  kernel = _require(source, f"{prefix}.patch_embed.kernel", kind)
   tubelet = source.tubelet or 1
   patch = math.isqrt(kernel.shape[0] // (3 * tubelet))
-  sizes = dict(width=kernel.shape[1], heads=kernel.shape[1] // 64,
-               depth=_count(source.tensors, f'{prefix}.blocks.layers'),
-               mlp_dim=_require(source, f'{prefix}.blocks.layers.0.mlp.fc1.'
-                                'kernel', kind).shape[1],
-               patch_size=patch, tubelet=tubelet)
-  if f'{prefix}.spatial_pos' in source.tensors:
-    rows = source.tensors[f'{prefix}.spatial_pos'].shape[0]
-    sizes['image_size'] = math.isqrt(rows - 1) * patch
+  sizes = dict(
+    width=kernel.shape[1],
+    heads=kernel.shape[1] // 64,
+    depth=_count(source.tensors, f"{prefix}.blocks.layers"),
+    mlp_dim=_require(
+      source, f"{prefix}.blocks.layers.0.mlp.fc1.kernel", kind
+    ).shape[1],
+    patch_size=patch,
+    tubelet=tubelet,
+  )
+  if f"{prefix}.spatial_pos" in source.tensors:
+    rows = source.tensors[f"{prefix}.spatial_pos"].shape[0]
+    sizes["image_size"] = math.isqrt(rows - 1) * patch
   return sizes
 
 
 def _fact_kwargs(source: init_from.Source, kind: str) -> dict:
   """Constructor arguments for what the source computed with (its facts)."""
-  names = {'act': 'act', 'ln_eps': 'norm_eps'}
-  if kind == 'clip':
-    names['text.ln_eps'] = 'text_norm_eps'
-  elif kind == 'classifier':
-    names.update({'head_ln_eps': 'head_norm_eps', 'pool': 'pool'})
-  return {arg: source.facts[key][0] for key, arg in names.items()
-          if key in source.facts}
+  names = {"act": "act", "ln_eps": "norm_eps"}
+  if kind == "clip":
+    names["text.ln_eps"] = "text_norm_eps"
+  elif kind == "classifier":
+    names.update({"head_ln_eps": "head_norm_eps", "pool": "pool"})
+  return {
+    arg: source.facts[key][0]
+    for key, arg in names.items()
+    if key in source.facts
+  }
 
 
 def _clip_config(source: init_from.Source) -> dict:
-  vision = _vision_sizes(source, 'visual', 'CLIP')
-  embed = _require(source, 'text.token_embed.embedding', 'CLIP')
+  vision = _vision_sizes(source, "visual", "CLIP")
+  embed = _require(source, "text.token_embed.embedding", "CLIP")
   config = dict(
-      embed_dim=_require(source, 'text.proj.kernel', 'CLIP').shape[1],
-      image_size=vision['image_size'], patch_size=vision['patch_size'],
-      **{f'vision_{k}': vision[k] for k in ('width', 'heads', 'depth',
-                                             'mlp_dim')},
-      vocab_size=embed.shape[0],
-      context_length=_require(source, 'text.pos_embed', 'CLIP').shape[0],
-      text_width=embed.shape[1], text_heads=embed.shape[1] // 64,
-      text_depth=_count(source.tensors, 'text.blocks.layers'))
-  if 'logit_scale' in source.tensors:
-    config['logit_scale_init'] = float(source.tensors['logit_scale'])
+    embed_dim=_require(source, "text.proj.kernel", "CLIP").shape[1],
+    image_size=vision["image_size"],
+    patch_size=vision["patch_size"],
+    **{
+      f"vision_{k}": vision[k] for k in ("width", "heads", "depth", "mlp_dim")
+    },
+    vocab_size=embed.shape[0],
+    context_length=_require(source, "text.pos_embed", "CLIP").shape[0],
+    text_width=embed.shape[1],
+    text_heads=embed.shape[1] // 64,
+    text_depth=_count(source.tensors, "text.blocks.layers"),
+  )
+  if "logit_scale" in source.tensors:
+    config["logit_scale_init"] = float(source.tensors["logit_scale"])
   return config
 
 
-def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
-                         patch_inflation: str = 'center',
-                         rngs: nnx.Rngs | None = None,
-                         keep_init: tuple[str, ...] = (), **overrides) -> CLIP:
+def clip_from_state_dict(
+  state_dict: dict,
+  *,
+  num_frames: int = 1,
+  patch_inflation: str = "center",
+  rngs: nnx.Rngs | None = None,
+  keep_init: tuple[str, ...] = (),
+  **overrides,
+) -> CLIP:
   """A video-text CLIP from a CLIP state dict (any format `convert` reads).
 
   Args:
@@ -278,40 +366,64 @@ def clip_from_state_dict(state_dict: dict, *, num_frames: int = 1,
     The CLIP model; `encode_video`/`encode_text` as in the README.
   """
   source = convert(state_dict)
-  kwargs = {**_clip_config(source), 'num_frames': num_frames,
-            **_fact_kwargs(source, 'clip'), **overrides}
-  return init_from.build(lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                      source, 'clip', tubelet=kwargs.get('tubelet', 1),
-                      keep_init=keep_init, patch_inflation=patch_inflation)
+  kwargs = {
+    **_clip_config(source),
+    "num_frames": num_frames,
+    **_fact_kwargs(source, "clip"),
+    **overrides,
+  }
+  return init_from.build(
+    lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    source,
+    "clip",
+    tubelet=kwargs.get("tubelet", 1),
+    keep_init=keep_init,
+    patch_inflation=patch_inflation,
+  )
 
 
 def _videomae_config(source: init_from.Source) -> dict:
-  config = _vision_sizes(source, 'encoder', 'VideoMAE')
-  if 'encoder_to_decoder.kernel' in source.tensors:
-    width = source.tensors['encoder_to_decoder.kernel'].shape[1]
-    config.update(decoder_width=width, decoder_heads=width // 64,
-                  decoder_depth=_count(source.tensors, 'decoder.layers'))
+  config = _vision_sizes(source, "encoder", "VideoMAE")
+  if "encoder_to_decoder.kernel" in source.tensors:
+    width = source.tensors["encoder_to_decoder.kernel"].shape[1]
+    config.update(
+      decoder_width=width,
+      decoder_heads=width // 64,
+      decoder_depth=_count(source.tensors, "decoder.layers"),
+    )
   return config
 
 
-def videomae_from_state_dict(state_dict: dict, *, rngs: nnx.Rngs | None = None,
-                             **overrides) -> VideoMAE:
+def videomae_from_state_dict(
+  state_dict: dict, *, rngs: nnx.Rngs | None = None, **overrides
+) -> VideoMAE:
   """A VideoMAE pretraining model from an original, HF or AVION checkpoint.
 
   Sizes come from the shapes (heads = width / 64); image_size and
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
   source = convert(state_dict)
-  kwargs = {**_videomae_config(source), **_fact_kwargs(source, 'videomae'),
-            **overrides}
-  return init_from.build(lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                         source, 'videomae', tubelet=kwargs['tubelet'])
+  kwargs = {
+    **_videomae_config(source),
+    **_fact_kwargs(source, "videomae"),
+    **overrides,
+  }
+  return init_from.build(
+    lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    source,
+    "videomae",
+    tubelet=kwargs["tubelet"],
+  )
 
 
-def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
-                               patch_inflation: str = 'center',
-                               rngs: nnx.Rngs | None = None,
-                               **overrides) -> Classifier:
+def classifier_from_state_dict(
+  state_dict: dict,
+  *,
+  num_classes: int,
+  patch_inflation: str = "center",
+  rngs: nnx.Rngs | None = None,
+  **overrides,
+) -> Classifier:
   """A classifier initialised from a CLIP or a VideoMAE checkpoint.
 
   CLIP: the vision tower (its projection and the text tower are dropped),
@@ -320,14 +432,23 @@ def classifier_from_state_dict(state_dict: dict, *, num_classes: int,
   with `num_classes` outputs; otherwise it starts fresh (logged).
   """
   source = convert(state_dict)
-  prefix = 'visual' if source.kind == 'clip' else 'encoder'
+  prefix = "visual" if source.kind == "clip" else "encoder"
   sizes = _vision_sizes(source, prefix, source.backbone)
-  if source.backbone == 'clip':
+  if source.backbone == "clip":
     sizes.update(tubelet=1, num_frames=1)
   else:
-    sizes.pop('image_size', None)
-  kwargs = {**sizes, 'backbone': source.backbone, 'num_classes': num_classes,
-            **_fact_kwargs(source, 'classifier'), **overrides}
-  return init_from.build(lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
-                      source, 'classifier', tubelet=kwargs['tubelet'],
-                      patch_inflation=patch_inflation)
+    sizes.pop("image_size", None)
+  kwargs = {
+    **sizes,
+    "backbone": source.backbone,
+    "num_classes": num_classes,
+    **_fact_kwargs(source, "classifier"),
+    **overrides,
+  }
+  return init_from.build(
+    lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    source,
+    "classifier",
+    tubelet=kwargs["tubelet"],
+    patch_inflation=patch_inflation,
+  )

@@ -7,6 +7,7 @@ functions below (a `typing.Protocol`, checked by type checkers and by
 `vidjax.eval_sets` asks for the captions and the embeddings. Whether a
 task's batches carry text is `vidjax.defaults.needs_text(task)`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,14 +27,19 @@ Batch = Mapping[str, jax.Array]
 class Task(Protocol):
   """What the train and eval steps call (`vidjax.steps`, `vidjax.eval_sets`)."""
 
-  def augment_config(self, config: ml_collections.ConfigDict, *,
-                     train: bool) -> dict[str, Any]:
+  def augment_config(
+    self, config: ml_collections.ConfigDict, *, train: bool
+  ) -> dict[str, Any]:
     """`vidjax.augment.make_augment` keys for training, or for evaluation
     (the normalisation, and what the model needs, e.g. VideoMAE's mask)."""
 
-  def loss(self, model: Any, batch: Batch, key: jax.Array,
-           config: ml_collections.ConfigDict
-           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def loss(
+    self,
+    model: Any,
+    batch: Batch,
+    key: jax.Array,
+    config: ml_collections.ConfigDict,
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """(loss, metrics) on an augmented global batch; `key` feeds drop path.
     Elements with `batch['valid']` False change neither."""
 
@@ -41,8 +47,9 @@ class Task(Protocol):
     """Per-example outputs [B, ...] of an evaluation batch, and the
     batch's labels the metrics need."""
 
-  def eval_metrics(self, outputs: dict[str, np.ndarray],
-                   config: ml_collections.ConfigDict) -> dict[str, float]:
+  def eval_metrics(
+    self, outputs: dict[str, np.ndarray], config: ml_collections.ConfigDict
+  ) -> dict[str, float]:
     """Metrics from the outputs of the whole evaluation set, concatenated on
     the host together with the batches' `index`, `view` and `valid`."""
 
@@ -51,14 +58,16 @@ class Task(Protocol):
 class RetrievalTask(Task, Protocol):
   """A video-text task: texts embedded apart, and embeddings to save."""
 
-  def eval_captions(self, config: ml_collections.ConfigDict
-                    ) -> list[tuple[str, str]] | None:
+  def eval_captions(
+    self, config: ml_collections.ConfigDict
+  ) -> list[tuple[str, str]] | None:
     """(id, text) of the texts embedded once each, apart from the clips
     (EK-100's captions), or None; their embeddings reach `eval_metrics` as
     `outputs['caption_emb']` [M, D]."""
 
-  def embeddings(self, outputs: dict[str, np.ndarray],
-                 config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  def embeddings(
+    self, outputs: dict[str, np.ndarray], config: ml_collections.ConfigDict
+  ) -> dict[str, np.ndarray]:
     """The vectors behind the metrics, for `eval.save_embeddings`."""
 
 

@@ -8,6 +8,7 @@ Eval: top-1 (and top-5 with more than 5 classes) and mean class accuracy
 accuracies, from the action scores marginalised as AVION does, each with its
 own chance level.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,32 +34,42 @@ def loss(model, batch, key, config):
   valid = batch.get("valid")
   # Soft targets (mixup/cutmix, label smoothing) when augment made them.
   value = losses.softmax_cross_entropy(
-      logits, batch.get("label_target", batch["label"]), valid=valid)
-  return value, {"accuracy": losses.masked_mean(
-      logits.argmax(-1) == batch["label"], valid)}
+    logits, batch.get("label_target", batch["label"]), valid=valid
+  )
+  return value, {
+    "accuracy": losses.masked_mean(logits.argmax(-1) == batch["label"], valid)
+  }
 
 
 def eval_outputs(model, batch):
-  return {"logits": model(batch["video"]),
-          **{k: batch[k] for k in LABELS if k in batch}}
+  return {
+    "logits": model(batch["video"]),
+    **{k: batch[k] for k in LABELS if k in batch},
+  }
 
 
 def eval_metrics(outputs, config) -> dict[str, float]:
   out = common.valid_outputs(outputs)
   # Views averaged as probabilities, as AVION and VideoMAE do.
-  ids, probs = metrics_lib.average_views(metrics_lib.softmax(out["logits"]),
-                                         out["index"])
+  ids, probs = metrics_lib.average_views(
+    metrics_lib.softmax(out["logits"]), out["index"]
+  )
   first = {int(i): k for k, i in reversed(list(enumerate(out["index"])))}
   labels = np.array([out["label"][first[int(i)]] for i in ids])
   metrics = _accuracy(probs, labels)
-  if "verb" in out and "noun" in out and config.data.format == "ek100_cls" \
-      and config.data.label == "action":
+  if (
+    "verb" in out
+    and "noun" in out
+    and config.data.format == "ek100_cls"
+    and config.data.label == "action"
+  ):
     action_map = annotation_files.ek100_actions(config.data)
     pairs = np.zeros((len(action_map), 2), np.int64)  # action -> (verb, noun)
     for pair, action in action_map.items():
       pairs[action] = pair
     verb_p, noun_p = metrics_lib.marginalize_action_scores(
-        probs[:, :len(pairs)], pairs)  # Heads may be wider than the map.
+      probs[:, : len(pairs)], pairs
+    )  # Heads may be wider than the map.
     for name, p in (("verb", verb_p), ("noun", noun_p)):
       truth = np.array([out[name][first[int(i)]] for i in ids])
       if p.shape[1] > truth.max():
@@ -71,10 +82,11 @@ def _accuracy(probs, labels, prefix: str = "") -> dict[str, float]:
   nearly), mean class accuracy (AVION's), and the chance level of top-1
   (guessing: 1 / classes)."""
   classes = probs.shape[1]
-  metrics = metrics_lib.topk_accuracy(probs, labels,
-                                      ks=(1, 5) if classes > 5 else (1,),
-                                      prefix=prefix)
+  metrics = metrics_lib.topk_accuracy(
+    probs, labels, ks=(1, 5) if classes > 5 else (1,), prefix=prefix
+  )
   metrics[f"{prefix}mean_class_acc"] = metrics_lib.mean_class_accuracy(
-      probs, labels)
+    probs, labels
+  )
   metrics[f"chance_{prefix}top1"] = 1.0 / classes
   return metrics

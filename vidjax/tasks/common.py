@@ -1,4 +1,5 @@
 """Helpers shared by the task modules."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -13,6 +13,7 @@ sentence CSV; the released relevancy is clips x captions), each embedded
 once from its text, or, without a sentence file, against the clips' own
 narrations (a square clips x clips relevancy).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,13 +33,16 @@ def loss(model, batch, key, config):
   video = model.encode_video(batch["video"], deterministic=False, rngs=key)
   text = model.encode_text(batch["tokens"])
   value, metrics = losses.contrastive_loss(
-      video, text, model.logit_scale[...], valid=batch.get("valid"))
+    video, text, model.logit_scale[...], valid=batch.get("valid")
+  )
   return value, metrics
 
 
 def eval_outputs(model, batch):
-  return {"video_emb": model.encode_video(batch["video"]),
-          "text_emb": model.encode_text(batch["tokens"])}
+  return {
+    "video_emb": model.encode_video(batch["video"]),
+    "text_emb": model.encode_text(batch["tokens"]),
+  }
 
 
 def eval_captions(config) -> list[tuple[str, str]] | None:
@@ -66,16 +70,25 @@ def embeddings(outputs, config) -> dict[str, np.ndarray]:
   del config
   captions = outputs.get("caption_emb")
   out = common.valid_outputs(
-      {k: v for k, v in outputs.items() if k != "caption_emb"})
+    {k: v for k, v in outputs.items() if k != "caption_emb"}
+  )
   unit = losses.l2_normalize
   ids, video = metrics_lib.average_views(
-      unit(out["video_emb"].astype(np.float64)), out["index"])
+    unit(out["video_emb"].astype(np.float64)), out["index"]
+  )
   _, own_text = metrics_lib.average_views(out["text_emb"], out["index"])
   own_text = unit(own_text).astype(np.float32)
-  text = own_text if captions is None else unit(
-      np.asarray(captions, np.float64)).astype(np.float32)
-  return {"video": unit(video).astype(np.float32),
-          "text": text, "own_text": own_text, "index": ids}
+  text = (
+    own_text
+    if captions is None
+    else unit(np.asarray(captions, np.float64)).astype(np.float32)
+  )
+  return {
+    "video": unit(video).astype(np.float32),
+    "text": text,
+    "own_text": own_text,
+    "index": ids,
+  }
 
 
 def similarity(video: np.ndarray, text: np.ndarray) -> np.ndarray:
@@ -90,20 +103,29 @@ def _relevancy(config, ids: np.ndarray, num_texts: int) -> np.ndarray:
   columns = np.arange(num_texts) if sentences else ids
   # The shapes were checked against the files at start-up (`eval_sets`);
   # this guards against files changed since.
-  if (matrix.shape[0] <= ids.max() or matrix.shape[1] <= columns.max()
-      or (sentences and matrix.shape[1] != num_texts)):
+  if (
+    matrix.shape[0] <= ids.max()
+    or matrix.shape[1] <= columns.max()
+    or (sentences and matrix.shape[1] != num_texts)
+  ):
     what = f"its {num_texts} captions" if sentences else "clips x clips"
-    raise errors.DataFileError(f"{path} is {matrix.shape[0]} x {matrix.shape[1]}, which "
-                     f"does not fit {config.data.eval_annotations} and {what}")
+    raise errors.DataFileError(
+      f"{path} is {matrix.shape[0]} x {matrix.shape[1]}, which "
+      f"does not fit {config.data.eval_annotations} and {what}"
+    )
   return matrix[np.ix_(ids, columns)]
 
 
 def eval_metrics(outputs, config) -> dict[str, float]:
   emb = embeddings(outputs, config)
   metrics = metrics_lib.retrieval_recall(
-      similarity(emb["video"], emb["own_text"]))
+    similarity(emb["video"], emb["own_text"])
+  )
   if config.eval.relevancy:
     relevancy = _relevancy(config, emb["index"], len(emb["text"]))
-    metrics.update(metrics_lib.ek100_mir_metrics(
-        similarity(emb["video"], emb["text"]), relevancy))
+    metrics.update(
+      metrics_lib.ek100_mir_metrics(
+        similarity(emb["video"], emb["text"]), relevancy
+      )
+    )
   return metrics

@@ -40,15 +40,20 @@ def l2_normalize(x, eps: float = 1e-8):
   kept); anything else goes through jax (the losses, inside `jit`).
   """
   xp = np if isinstance(x, np.ndarray) else jnp
-  norm = xp.linalg.norm(x.astype(xp.promote_types(x.dtype, xp.float32)),
-                        axis=-1, keepdims=True)
+  norm = xp.linalg.norm(
+    x.astype(xp.promote_types(x.dtype, xp.float32)), axis=-1, keepdims=True
+  )
   return (x / xp.maximum(norm, eps)).astype(x.dtype)
 
 
-def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
-                     logit_scale: jax.Array, *, normalize: bool = True,
-                     valid: jax.Array | None = None
-                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def contrastive_loss(
+  video_emb: jax.Array,
+  text_emb: jax.Array,
+  logit_scale: jax.Array,
+  *,
+  normalize: bool = True,
+  valid: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Symmetric InfoNCE over the global batch (CLIP / LaViLa / AVION).
 
   Pair i (video i, text i) is the positive; every other item of the global
@@ -81,21 +86,23 @@ def contrastive_loss(video_emb: jax.Array, text_emb: jax.Array,
   labels = jnp.arange(logits.shape[0])
   valid = _valid(valid, logits.shape[0])
   pair = valid[:, None] & valid[None, :]
-  logits = jnp.where(pair | jnp.eye(len(labels), dtype=bool), logits,
-                     _MASKED_LOGIT)
+  logits = jnp.where(
+    pair | jnp.eye(len(labels), dtype=bool), logits, _MASKED_LOGIT
+  )
   v2t = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   t2v = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels)
   loss = (masked_mean(v2t, valid) + masked_mean(t2v, valid)) / 2
   metrics = {
-      "v2t_acc": masked_mean(jnp.argmax(logits, axis=1) == labels, valid),
-      "t2v_acc": masked_mean(jnp.argmax(logits, axis=0) == labels, valid),
-      "logit_scale": scale,
+    "v2t_acc": masked_mean(jnp.argmax(logits, axis=1) == labels, valid),
+    "t2v_acc": masked_mean(jnp.argmax(logits, axis=0) == labels, valid),
+    "logit_scale": scale,
   }
   return loss, metrics
 
 
-def reconstruction_error(predictions: jax.Array,
-                         targets: jax.Array) -> jax.Array:
+def reconstruction_error(
+  predictions: jax.Array, targets: jax.Array
+) -> jax.Array:
   """Per-example mean squared error of VideoMAE's masked-patch predictions.
 
   Args:
@@ -111,8 +118,9 @@ def reconstruction_error(predictions: jax.Array,
   return jnp.mean(error, axis=(1, 2))
 
 
-def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
-                          valid: jax.Array | None = None) -> jax.Array:
+def softmax_cross_entropy(
+  logits: jax.Array, targets: jax.Array, valid: jax.Array | None = None
+) -> jax.Array:
   """Mean cross-entropy against hard labels or soft (mixup/cutmix) targets.
 
   Label smoothing is `vidjax.augment`'s: it makes soft targets.
@@ -130,11 +138,13 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array,
     targets = jax.nn.one_hot(targets, num_classes, dtype=jnp.float32)
   targets = targets.astype(jnp.float32)
   return masked_mean(
-      optax.softmax_cross_entropy(logits.astype(jnp.float32), targets), valid)
+    optax.softmax_cross_entropy(logits.astype(jnp.float32), targets), valid
+  )
 
 
-def max_margin_ranking_loss(similarity: jax.Array, margin: float = 0.2,
-                            valid: jax.Array | None = None) -> jax.Array:
+def max_margin_ranking_loss(
+  similarity: jax.Array, margin: float = 0.2, valid: jax.Array | None = None
+) -> jax.Array:
   """Bidirectional max-margin ranking loss (EK-100 MIR fine-tuning).
 
   With s = similarity[i, j] (video i vs text j; pair i is the positive),
@@ -157,9 +167,10 @@ def max_margin_ranking_loss(similarity: jax.Array, margin: float = 0.2,
   s = similarity.astype(jnp.float32)
   n = s.shape[0]
   positive = jnp.diag(s)[:, None]  # s_ii, broadcast along each row
-  rows = jax.nn.relu(margin - (positive - s))    # video i: its text vs text j
+  rows = jax.nn.relu(margin - (positive - s))  # video i: its text vs text j
   cols = jax.nn.relu(margin - (positive - s.T))  # text i: its video vs video j
   valid = _valid(valid, n)
   terms = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
   return jnp.sum(jnp.where(terms, rows + cols, 0.0)) / jnp.maximum(
-      2 * jnp.sum(terms), 1)
+    2 * jnp.sum(terms), 1
+  )

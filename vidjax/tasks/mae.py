@@ -5,6 +5,7 @@ The tube mask (ratio `model.mask_ratio`, 0.9) is drawn on the device by
 patches of per-patch-normalised pixels, averaged over the valid examples.
 Eval: the same loss on held-out clips.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -18,28 +19,37 @@ def augment_config(config, *, train: bool) -> dict:
   augment = dict(config.augment)
   patch = defaults.parse_variant(config.model.variant)["patch_size"]
   # The tube mask in evaluation too: the model reconstructs masked tubes.
-  return {**(augment if train else common.eval_augment(augment)),
-          "mask_ratio": config.model.mask_ratio,
-          "tubelet": config.model.tubelet, "patch": patch}
+  return {
+    **(augment if train else common.eval_augment(augment)),
+    "mask_ratio": config.model.mask_ratio,
+    "tubelet": config.model.tubelet,
+    "patch": patch,
+  }
 
 
 def loss(model, batch, key, config):
   del config
-  value, predictions, targets = model(batch["video"], batch["mask"],
-                                      deterministic=False, rngs=key,
-                                      return_predictions=True)
+  value, predictions, targets = model(
+    batch["video"],
+    batch["mask"],
+    deterministic=False,
+    rngs=key,
+    return_predictions=True,
+  )
   # The model's loss averages every example; keep its NaN for a bad mask,
   # but average over the valid examples only (each has as many patches).
   per_example = losses.reconstruction_error(predictions, targets)
-  value = jnp.where(jnp.isnan(value), value,
-                    losses.masked_mean(per_example, batch.get("valid")))
+  value = jnp.where(
+    jnp.isnan(value), value, losses.masked_mean(per_example, batch.get("valid"))
+  )
   return value, {}
 
 
 def eval_outputs(model, batch):
   # Per-example losses, so that padded rows can be dropped exactly.
-  _, predictions, targets = model(batch["video"], batch["mask"],
-                                  return_predictions=True)
+  _, predictions, targets = model(
+    batch["video"], batch["mask"], return_predictions=True
+  )
   return {"loss": losses.reconstruction_error(predictions, targets)}
 
 

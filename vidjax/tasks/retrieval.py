@@ -7,6 +7,7 @@ relevancy > 0.1 to it when `data.train_relevancy` is set (`vidjax.data.ek100`).
 Eval: as contrastive (recall@K, and mAP / nDCG against the captions of
 `eval.sentences` with the clips x captions `eval.relevancy`).
 """
+
 from __future__ import annotations
 
 from vidjax.tasks import contrastive, losses
@@ -20,9 +21,11 @@ eval_metrics = contrastive.eval_metrics
 
 def loss(model, batch, key, config):
   video = losses.l2_normalize(
-      model.encode_video(batch["video"], deterministic=False, rngs=key))
+    model.encode_video(batch["video"], deterministic=False, rngs=key)
+  )
   text = losses.l2_normalize(model.encode_text(batch["tokens"]))
   margin = config.loss.margin
-  value = losses.max_margin_ranking_loss(video @ text.T, margin=margin,
-                                         valid=batch.get("valid"))
+  value = losses.max_margin_ranking_loss(
+    video @ text.T, margin=margin, valid=batch.get("valid")
+  )
   return value, {}
