@@ -21,7 +21,6 @@ from vidjax.data import synthetic
 # 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token.
 STEPS, SWITCH, SAVED = 40, 30, 29
 MASKED = (
-  "--config.batch_size=32",
   "--config.optim.schedule=constant",
   "--config.optim.warmup_steps=0",
   "--config.log.every_steps=1",
