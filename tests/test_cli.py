@@ -260,6 +260,18 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert [r["step"] for r in final] == [2, 2]
   assert not (workdir / rundir.LOCK_FILE).exists()
+  # With one more step, the same command resumes from the checkpoint of
+  # step 2 (in a copy of the run, which the test above reads as it was).
+  shutil.copytree(workdir, root / "runs/resumed")
+  command = _own_command("--config.total_steps=3")
+  command[6] = "runs/resumed"
+  assert _in_process(command) == (errors.EXIT_FINISHED, "")
+  resumed = root / "runs/resumed"
+  losses = [
+    r["step"] for r in plot.monitor.read_metrics(resumed) if "train/loss" in r
+  ]
+  assert losses == [1, 2, 3]  # Steps 1 and 2 were not run again.
+  assert (resumed / "checkpoints" / "3").is_dir()
 
 
 def _bad_rows(own):
