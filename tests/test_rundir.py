@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import debug_runs
 from vidjax import config as config_lib, errors, main, rundir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,55 @@ def test_an_unwritable_workdir_is_refused_in_one_line_before_the_data(
   assert len(message.splitlines()) == 1, message
   assert str(workdir) in message
   assert ("is a file" if kind == "a file" else "cannot write there") in message
+
+
+def test_a_full_disk_at_start_up_says_so_and_leaves_no_lock(
+  small_disk, tmp_path_factory
+):
+  """No room for the lock: refused in one line. Room for the lock only: the
+  command stops at its first write (config.json), exit 74 in two lines.
+  Neither leaves a lock behind that would refuse the rerun."""
+  demo = str(debug_runs.CONFIGS / "demo.py:debug")
+  workdir = debug_runs.prepare(
+    debug_runs.load("demo"), small_disk.path / "run", tmp_path_factory
+  )
+  small_disk.leave_free(0)
+  with pytest.raises(errors.WorkdirError) as e:
+    main.run(demo, str(workdir))
+  assert e.value.describe().splitlines() == [
+    f"workdir {workdir}: cannot write its lock (No space left on device)",
+    "  hint: free space (or choose another --workdir), then run the same "
+    "command",
+  ]
+  assert not (workdir / rundir.LOCK_FILE).exists()
+
+  small_disk.free_up()
+  small_disk.leave_free(4096)  # One page: the lock's.
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "vidjax.main",
+      "--config",
+      demo,
+      "--workdir",
+      str(workdir),
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert proc.returncode == errors.EXIT_WRITE_FAILED, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  error = proc.stderr[proc.stderr.index("error: ") :].splitlines()
+  assert error[:2] == [
+    f"error: could not write in {workdir}: No space left on device",
+    "  hint: free space (or choose another --workdir), then run the same "
+    "command: it continues from the last checkpoint saved whole",
+  ], proc.stderr[-3000:]
+  assert not (workdir / rundir.LOCK_FILE).exists()
+  assert not (workdir / rundir.CONFIG_JSON).exists()
 
 
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ JAX_NUM_PROCESSES / JAX_PROCESS_ID).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -192,7 +193,29 @@ def main(parsed) -> int:
   except errors.Stopped as e:
     logging.warning("%s", e)
     return e.exit_code
+  except OSError as e:
+    if e.errno not in REFUSED_WRITES:
+      raise  # A bug: its traceback.
+    error = refused_write(e, _WORKDIR.value)
+    logging.error("%s", error.describe())
+    return error.exit_code
   return errors.EXIT_FINISHED
+
+
+# The system refusing a write (a full disk or quota, a read-only mount) at
+# any point outside a checkpoint save (which says it itself): what was
+# written before is whole (checkpoints, `vidjax.whole_files`).
+REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def refused_write(error: OSError, workdir: str) -> errors.WriteError:
+  """The one-line error for a write the system refused."""
+  where = error.filename or f"in {workdir}"
+  return errors.WriteError(
+    f"could not write {where}: {error.strerror}",
+    hint="free space (or choose another --workdir), then run the same "
+    "command: it continues from the last checkpoint saved whole",
+  )
 
 
 def _main_past_stuck_reads(parsed) -> int:

@@ -299,10 +299,19 @@ class WorkdirLock:
         f"workdir {self.path.parent}: cannot create "
         f"its lock ({e.strerror or e})"
       ) from None
-    with os.fdopen(fd, "w") as f:
-      f.write(json.dumps(self._me) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+    try:
+      with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(self._me) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as e:  # A full disk: the empty lock is not left behind.
+      self.path.unlink(missing_ok=True)
+      raise errors.WorkdirError(
+        f"workdir {self.path.parent}: cannot write its lock "
+        f"({e.strerror or e})",
+        hint="free space (or choose another --workdir), then run the same "
+        "command",
+      ) from None
     self.held = True
     self._thread = threading.Thread(
       target=self._heartbeat, daemon=True, name="vidjax-workdir-lock"

@@ -588,7 +588,16 @@ def _train(
     # Imported here: matplotlib is needed for the plots only.
     from vidjax import plot  # pylint: disable=import-outside-toplevel
 
-    plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    try:
+      plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    except OSError as e:  # The run is whole without them: said, not fatal.
+      plots = []
+      logging.warning(
+        "the plots could not be written (%s): `python -m vidjax.plot %s` "
+        "draws them once there is room",
+        e.strerror or e,
+        workdir,
+      )
     logging.info(
       "%s",
       console.end_message(
