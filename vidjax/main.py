@@ -194,9 +194,9 @@ def main(parsed) -> int:
     logging.warning("%s", e)
     return e.exit_code
   except OSError as e:
-    if e.errno not in REFUSED_WRITES:
+    if e.errno not in _REFUSED_WRITES:
       raise  # A bug: its traceback.
-    error = refused_write(e, _WORKDIR.value)
+    error = _refused_write(e, _WORKDIR.value)
     logging.error("%s", error.describe())
     return error.exit_code
   return errors.EXIT_FINISHED
@@ -205,10 +205,10 @@ def main(parsed) -> int:
 # The system refusing a write (a full disk or quota, a read-only mount) at
 # any point outside a checkpoint save (which says it itself): what was
 # written before is whole (checkpoints, `vidjax.whole_files`).
-REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
-def refused_write(error: OSError, workdir: str) -> errors.WriteError:
+def _refused_write(error: OSError, workdir: str) -> errors.WriteError:
   """The one-line error for a write the system refused."""
   where = error.filename or f"in {workdir}"
   return errors.WriteError(

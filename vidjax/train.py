@@ -594,7 +594,7 @@ def _train(
       plots = []
       logging.warning(
         "the plots could not be written (%s): `python -m vidjax.plot %s` "
-        "draws them once there is room",
+        "draws them later",
         e.strerror or e,
         workdir,
       )
