@@ -155,13 +155,8 @@ class _LogFile(logging.Handler):
     self._file, self._failed = whole_files.LineFile(path), False
     pending, self._pending = "".join(self._pending), []
     self._write(pending)
-    if self._file is not None and self._file.dropped:
-      logging.getLogger(__name__).warning(
-        "%s ended in a torn line, left by a run stopped while writing it: "
-        "dropped %r",
-        path,
-        self._file.dropped[:80],
-      )
+    if self._file is not None and (note := self._file.dropped_note()):
+      logging.getLogger(__name__).warning("%s", note)
 
   def _write(self, text: str) -> None:
     try:

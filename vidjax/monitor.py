@@ -127,13 +127,8 @@ class MetricWriter:
     if self.enabled:
       os.makedirs(os.fspath(workdir), exist_ok=True)
       self._file = whole_files.LineFile(self.path)
-      if self._file.dropped:
-        logging.warning(
-          "%s ended in a torn line, left by a run stopped while "
-          "writing it: dropped %r",
-          self.path,
-          self._file.dropped[:80],
-        )
+      if note := self._file.dropped_note():
+        logging.warning("%s", note)
       if tensorboard:
         self._tb = tfevents.EventWriter(os.fspath(workdir))
 

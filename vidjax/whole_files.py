@@ -45,7 +45,7 @@ class LineFile:
   """A text file appended to in whole lines.
 
     log = LineFile("WORKDIR/metrics.jsonl")
-    if log.dropped: ...say so...
+    if note := log.dropped_note(): ...warn...
     log.write('{"step": 1}\\n')
     log.close()
 
@@ -62,6 +62,15 @@ class LineFile:
     except OSError:
       os.close(self._fd)
       raise
+
+  def dropped_note(self) -> str | None:
+    """What to warn when a torn line was dropped at opening, else None."""
+    if not self.dropped:
+      return None
+    return (
+      f"{self.path} ended in a torn line, left by a run stopped while "
+      f"writing it: dropped {self.dropped[:80]!r}"
+    )
 
   def write(self, text: str) -> None:
     """Appends `text` (whole lines, ending in a newline), or nothing.
