@@ -99,8 +99,7 @@ def test_a_full_disk_at_start_up_says_so_and_leaves_no_lock(
   error = proc.stderr[proc.stderr.index("error: ") :].splitlines()
   assert error[:2] == [
     f"error: could not write in {workdir}: No space left on device",
-    "  hint: free space (or choose another --workdir), then run the same "
-    "command: it continues from the last checkpoint saved whole",
+    f"  hint: {errors.WRITE_HINT}",
   ], proc.stderr[-3000:]
   assert not (workdir / rundir.LOCK_FILE).exists()
   assert not (workdir / rundir.CONFIG_JSON).exists()

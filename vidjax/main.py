@@ -212,9 +212,7 @@ def _refused_write(error: OSError, workdir: str) -> errors.WriteError:
   """The one-line error for a write the system refused."""
   where = error.filename or f"in {workdir}"
   return errors.WriteError(
-    f"could not write {where}: {error.strerror}",
-    hint="free space (or choose another --workdir), then run the same "
-    "command: it continues from the last checkpoint saved whole",
+    f"could not write {where}: {error.strerror}", hint=errors.WRITE_HINT
   )
 
 
