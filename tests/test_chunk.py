@@ -1,5 +1,6 @@
 """The chunker: constant-rate grid, sizes, rotation, failures, resume, CLI."""
 
+import fractions
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import video_fixtures as vf
 from vidjax import errors
 from vidjax.data import chunk, video
+from vidjax.data.chunk import cli, store
 
 
 def numbers(clip):
@@ -37,7 +39,7 @@ def test_manifest_and_chunk_files(tmp_path):
 
 
 def test_odd_rates_and_fractional_chunks():
-  fps = chunk.fractions.Fraction(30000, 1001)
+  fps = fractions.Fraction(30000, 1001)
   starts = chunk.chunk_start_frames(2000, fps, 15)
   assert starts[:3] == [0, 450, 900]  # ceil(k * 15 * 29.97)
   assert chunk.chunk_name(3, 0.5) == "1.5.mp4"
@@ -169,7 +171,7 @@ def test_interrupted_run_resumes_cleanly(tmp_path):
 
 def test_cli_options_all_have_help_and_show_their_default(capsys):
   with pytest.raises(SystemExit):
-    chunk.main(["--help"])
+    cli.main(["--help"])
   out = capsys.readouterr().out
   text = " ".join(out[out.index("--help") :].split())  # The options' list.
   options = [
@@ -195,7 +197,7 @@ def test_chunks_of_no_length_are_refused(tmp_path, capsys):
     chunk.ChunkOptions(chunk_seconds=0)
   for seconds in ("0", "-15", "nan"):
     with pytest.raises(SystemExit) as exit_info:
-      chunk.main(
+      cli.main(
         [str(tmp_path), str(tmp_path / "out"), "--chunk-seconds", seconds]
       )
     assert exit_info.value.code == 2
@@ -211,7 +213,7 @@ def test_cli_with_list_file_and_workers(tmp_path, capsys):
   (tmp_path / "list.txt").write_text(
     f"# videos\n{tmp_path / 'x.mp4'}\n\n{tmp_path / 'y.mp4'}\n"
   )
-  rc = chunk.main(
+  rc = cli.main(
     [
       str(tmp_path / "list.txt"),
       str(tmp_path / "out"),
@@ -245,7 +247,7 @@ class _KillsItsWorker(type(Path())):
 def test_a_worker_that_dies_fails_only_its_video(tmp_path, monkeypatch, capsys):
   vf.write_numbered_video(tmp_path / "good.mp4", 5, fps=10, width=64, height=48)
   monkeypatch.setattr(
-    chunk,
+    store,
     "find_videos",
     lambda src: [
       tmp_path / "good.mp4",
@@ -270,7 +272,7 @@ def test_duplicate_video_ids_are_refused(tmp_path, capsys):
   with pytest.raises(errors.DataError, match="same"):
     chunk.chunk_videos(tmp_path, tmp_path / "out", progress=False)
   with pytest.raises(SystemExit) as exit_info:
-    chunk.main([str(tmp_path), str(tmp_path / "out")])
+    cli.main([str(tmp_path), str(tmp_path / "out")])
   assert exit_info.value.code == 2
   assert "hint: rename one" in capsys.readouterr().err
 
@@ -285,12 +287,12 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
     ("src", "out", "manifest.jsonl:2: not JSON"),
   ):
     with pytest.raises(SystemExit) as exit_info:
-      chunk.main([str(tmp_path / src), str(tmp_path / dst)])
+      cli.main([str(tmp_path / src), str(tmp_path / dst)])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
   assert not (tmp_path / "o").exists()  # Refused before writing anything.
   (tmp_path / "empty.mp4").write_bytes(b"")  # Tried, and said plainly.
-  assert chunk.main([str(tmp_path / "empty.mp4"), str(tmp_path / "o")]) == 1
+  assert cli.main([str(tmp_path / "empty.mp4"), str(tmp_path / "o")]) == 1
   assert f"FAILED {tmp_path / 'empty.mp4'}: empty file (0 bytes)\n" in (
     capsys.readouterr().err
   )
@@ -299,10 +301,10 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
 def test_millisecond_timestamps_keep_every_frame(tmp_path):
   # MKV stores milliseconds: at 29.97 fps frame 44 is stamped 1468 ms, just
   # before its grid time 1468.13 ms.
-  fps = chunk.fractions.Fraction(30000, 1001)
+  fps = fractions.Fraction(30000, 1001)
   vf.write_numbered_video(tmp_path / "ms.mkv", 45, fps=fps)
   with av.open(str(tmp_path / "ms.mkv")) as c:
-    assert c.streams.video[0].time_base == chunk.fractions.Fraction(1, 1000)
+    assert c.streams.video[0].time_base == fractions.Fraction(1, 1000)
   chunk.chunk_videos(
     tmp_path / "ms.mkv",
     tmp_path / "out",

@@ -8,18 +8,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _layout_sections() -> dict[str | None, str]:
-  """Package folder ('' for vidjax/ itself) -> the layout's lines for it."""
+  """Package folder ('' for vidjax/ itself, 'data/chunk' for a package in
+  a package) -> the layout's lines for it."""
   readme = (REPO / "README.md").read_text()
   block = re.search(r"## Layout\n.*?```\n(.*?)```", readme, re.S).group(1)
-  sections, folder = {}, None
+  sections, folder, package = {}, None, None
   for line in block.splitlines():
     header = re.fullmatch(r"  (\w+)/(.*)", line)
+    subpackage = re.fullmatch(r"    (\w+)/(.*)", line)  # e.g. data/chunk/
     if not line.startswith(" "):  # vidjax/, or configs/, tests/, ...
-      folder = "" if line.startswith("vidjax/") else None
+      folder = package = "" if line.startswith("vidjax/") else None
     elif header:
-      folder = header.group(1)
+      folder = package = header.group(1)
+    elif subpackage and package:
+      folder = f"{package}/{subpackage.group(1)}"
     elif not line.startswith("    "):
-      folder = ""
+      folder = package = ""
+    elif not line.startswith("      "):
+      folder = package
     sections[folder] = sections.get(folder, "") + line + "\n"
   return sections
 

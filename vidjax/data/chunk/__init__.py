@@ -1,0 +1,51 @@
+"""The chunker: long videos -> short constant-rate H.264 chunks + a manifest.
+
+    python -m vidjax.data.chunk SRC DST [options]     (`cli`; --help)
+
+A chunk store:
+
+    DST/<video_id>/<start_second>.mp4   the chunks of each video (`encode`)
+    DST/manifest.jsonl                  one line per finished video (`manifest`)
+    DST/errors.jsonl                    the videos that failed, with why (`store`)
+
+`encode` turns one video into its chunks and manifest entry; `store` runs it
+over every video of a source, resumably, in worker processes; `manifest`
+reads a store's lines. The names below are the package's API.
+"""
+
+from vidjax.data.chunk.encode import (
+  ChunkError,
+  ChunkOptions,
+  chunk_name,
+  chunk_start_frames,
+  chunk_video,
+  encoding,
+  output_size,
+  yuv_frame,
+  yuv_planes,
+)
+from vidjax.data.chunk.manifest import (
+  ERRORS,
+  MANIFEST,
+  manifest_lines,
+  read_manifest,
+)
+from vidjax.data.chunk.store import chunk_videos, find_videos
+
+__all__ = [
+  "ERRORS",
+  "MANIFEST",
+  "ChunkError",
+  "ChunkOptions",
+  "chunk_name",
+  "chunk_start_frames",
+  "chunk_video",
+  "chunk_videos",
+  "encoding",
+  "find_videos",
+  "manifest_lines",
+  "output_size",
+  "read_manifest",
+  "yuv_frame",
+  "yuv_planes",
+]
