@@ -42,6 +42,7 @@ LAYERS = [
     "monitor",
     "console",
     "eval_sets",
+    "scoreboard",
     "resume",
     "memory",
     "plot",
