@@ -80,6 +80,7 @@ TRAIN_CLIPS = {
   "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
   "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
   "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
+  "egtea": 8_299,  # EGTEA Gaze+ train_split1.txt rows
 }
 
 
