@@ -12,6 +12,16 @@ temperature).
 pretraining instead: the same model on LaViLa's rephrased and narrator-
 generated narrations (see below).
 
+Optional zero-shot sets, every epoch (skipped while their files are unset;
+`vidjax.scoreboard`): EgoMCQ (`eval/egomcq/inter_video`, `.../intra_video`,
+`--config.eval.sets.egomcq.data.eval_annotations=egomcq.json` on the Ego4D
+chunks), EGTEA (`eval/egtea/mean_class_acc`, test_split1.txt on the
+chunked cropped_clips), Charades-Ego (`eval/charades_ego/mAP`,
+CharadesEgo_v1_test_only1st.csv on the chunked CharadesEgo_v1_480) and
+EK-100 CLS (`eval/ek100_cls/top1`, EPIC_100_validation.csv with
+`data.train_annotations=EPIC_100_train.csv`); each set's `data.root` is its
+chunk store.
+
 Evaluation, every epoch: video<->text recall on held-out Ego4D narrations
 (`eval/t2v_r1`, `eval/v2t_r1`, `eval/chance_r1`) and, as AVION evaluates
 and selects its pretraining, zero-shot EK-100 multi-instance retrieval on
@@ -145,7 +155,7 @@ training").
 Hyper-parameters: AVION docs/MODEL_ZOO.md (launch commands) and
 scripts/main_lavila_pretrain.py (argparse defaults); see `get_config`.
 `configs/clip_vitb16_ego4d.py:debug` runs the same task, model family and
-both evaluation sets, tiny, for 2 steps on the synthetic corpus (CPU, tests);
+every evaluation set, tiny, for 2 steps on the synthetic corpus (CPU, tests);
 `:flip,debug` the first of them masked, the second unmasked.
 """
 
@@ -211,6 +221,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.sets.ek100_mir = defaults.eval_set("ek100_mir", allow_pickle=False)
   # AVION keeps checkpoint_best by zero-shot EK-100 MIR average mAP.
   c.checkpoint.best_metric = "eval/ek100_mir/mAP_avg"
+  # LaViLa's zero-shot list, optional (skipped until their files are given):
+  # EgoMCQ every epoch, as LaViLa; EGTEA, Charades-Ego and EK-100 CLS
+  # zero-shot with the run's frames (README, "Benchmarks" for the papers'
+  # protocols with --mode eval).
+  for name in ("egomcq", "egtea", "charades_ego", "ek100_cls"):
+    c.eval.sets[name] = defaults.benchmark_set(name)
 
   if "lavila" in variants:
     # AVION's LLM-augmented pretraining on LaViLa's two narration files: the

@@ -228,3 +228,93 @@ def test_ek100_mean_class_accuracy_and_marginals_as_avion():
     assert metrics.mean_class_accuracy(marginal, truth) == pytest.approx(
       avion_mean_accuracy(truth, theirs)
     )
+
+
+def _egomcq_loop(scores, answers, types):
+  """The reference's loop, with each group named by its `types` value."""
+  out = {}
+  for t, name in ((1, "inter_video"), (2, "intra_video")):
+    right = total = 0
+    for row, answer, kind in zip(scores, answers, types):
+      if kind == t:
+        right += int(np.argmax(row)) == answer
+        total += 1
+    if total:
+      out[name] = right / total
+  return out
+
+
+def test_egomcq_accuracy_equals_the_reference_loop():
+  rng = np.random.default_rng(3)
+  scores = rng.normal(size=(40, 5))
+  scores[:6] = 0.5  # Ties: the first candidate wins, as torch.argmax.
+  answers = rng.integers(0, 5, 40)
+  types = rng.integers(1, 3, 40)
+  got = metrics.egomcq_accuracy(scores, answers, types)
+  assert got == pytest.approx(_egomcq_loop(scores, answers, types))
+  assert set(got) == {"inter_video", "intra_video"}
+  # Scores that pick every answer: 1.0 in both groups; one group only.
+  perfect = np.eye(5)[answers]
+  assert metrics.egomcq_accuracy(perfect, answers, types) == {
+    "inter_video": 1.0,
+    "intra_video": 1.0,
+  }
+  assert set(metrics.egomcq_accuracy(scores, answers, np.ones(40))) == {
+    "inter_video"
+  }
+  with pytest.raises(ValueError, match=r"types \[3\]"):
+    metrics.egomcq_accuracy(scores, answers, types + 1)
+
+
+def test_egomcq_scores_cosine_and_unnormalised():
+  rng = np.random.default_rng(4)
+  q, v = rng.normal(size=(3, 6)), rng.normal(size=(3, 5, 6))
+  v[0, 1] *= 100  # Long vectors win the dot product, not the cosine.
+  dot = metrics.egomcq_scores(q, v, cosine=False)
+  cos = metrics.egomcq_scores(q, v)
+  for n in range(3):
+    for k in range(5):
+      assert dot[n, k] == pytest.approx(q[n] @ v[n, k])
+      want = q[n] @ v[n, k] / np.linalg.norm(q[n]) / np.linalg.norm(v[n, k])
+      assert cos[n, k] == pytest.approx(want)
+
+
+def _charades_loop(scores, labels, kind="quicksort"):
+  """The reference: label-less videos scored -inf, then AP per class."""
+  scores = scores.astype(np.float64).copy()
+  scores[labels.sum(1) == 0] = -np.inf
+  aps = []
+  for c in range(scores.shape[1]):
+    order = np.argsort(-scores[:, c], kind=kind)
+    tp = labels[order, c] == 1
+    if tp.sum() == 0:
+      aps.append(float("nan"))
+      continue
+    precision = np.cumsum(tp) / np.arange(1, len(tp) + 1)
+    aps.append(sum(precision[i] for i in range(len(tp)) if tp[i]) / tp.sum())
+  return np.array(aps)
+
+
+def test_charades_map_equals_the_reference_loop():
+  rng = np.random.default_rng(5)
+  scores = rng.normal(size=(60, 7))
+  labels = (rng.random((60, 7)) < 0.2).astype(int)
+  labels[:5] = 0  # Videos without a label.
+  labels[5, :] = 1  # Every class has a positive.
+  got = metrics.charades_map(scores, labels)
+  assert got["classes_left_out"] == 0
+  assert got["mAP"] == pytest.approx(np.mean(_charades_loop(scores, labels)))
+  # Ties: the lower index first, in both.
+  tied = np.round(scores, 0)
+  want = np.mean(_charades_loop(tied, labels, kind="stable"))
+  assert metrics.charades_map(tied, labels)["mAP"] == pytest.approx(want)
+  # Two classes without a positive: the reference says NaN, we leave them out.
+  labels[:, [1, 4]] = 0
+  ref = _charades_loop(scores, labels)
+  assert np.isnan(np.mean(ref))
+  got = metrics.charades_map(scores, labels)
+  assert got == {"mAP": pytest.approx(np.nanmean(ref)), "classes_left_out": 2}
+  # A perfect ranking scores 1.
+  assert metrics.charades_map(labels + 0.0, labels)["mAP"] == 1.0
+  with pytest.raises(ValueError, match="no class has a positive"):
+    metrics.charades_map(scores, np.zeros_like(labels))

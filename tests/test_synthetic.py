@@ -47,8 +47,12 @@ def test_corpus_layout_and_content(tmp_path):
     tmp_path, num_videos=2, segment_seconds=2, progress=False
   )
   assert len(annotations.load_jsonl(root / "train.jsonl")) == 2
-  assert sorted(video.manifest(root / "chunks")) == ["vid000", "vid001"]
+  # The videos, and EGTEA's cropped clips of their segments (2 each).
+  videos = sorted(video.manifest(root / "chunks"))
+  assert [v for v in videos if v.startswith("vid")] == ["vid000", "vid001"]
+  assert len(videos) == 2 + 4
   assert sorted(p.name for p in (root / "raw").iterdir()) == [
+    "cropped_clips",
     "vid000.mp4",
     "vid001.mp4",
   ]

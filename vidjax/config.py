@@ -497,6 +497,7 @@ PATH_KEYS = {
     "train_annotations",
     "eval_annotations",
     "vocab",
+    "classes",
     "train_sentences",
     "train_relevancy",
   ),

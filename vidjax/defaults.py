@@ -68,7 +68,16 @@ DATA_FORMATS = (
   "ek100_mir",
   "kinetics",
   "kinetics_list",
+  "egomcq",
+  "egtea",
+  "charades_ego",
+  "charades_ego_trimmed",
 )
+# `eval.kind`: '' scores a set by its task's metrics; 'zeroshot' classifies
+# it with text prompts (`vidjax.zeroshot`), 'egomcq' picks EgoMCQ's clips
+# (`vidjax.scoreboard`). `eval.views`: how a clip's views are reduced.
+EVAL_KINDS = ("", "zeroshot", "egomcq")
+VIEW_REDUCTIONS = ("mean", "max")
 EK100_LABELS = ("action", "verb", "noun")  # `data.label` of 'ek100_cls'.
 SAMPLINGS = ("segment", "stride")
 CROPS = ("random_resized", "multi_scale", "center")
@@ -119,6 +128,8 @@ def choices(config) -> dict[str, tuple]:
     "optim.schedule": SCHEDULES,
     "augment.erase_mode": ERASE_MODES,
     "checkpoint.best_mode": BEST_MODES,
+    "eval.kind": EVAL_KINDS,
+    "eval.views": VIEW_REDUCTIONS,
   }
 
 
@@ -161,6 +172,7 @@ def data_config() -> ml_collections.ConfigDict:
       label="action",
       allow_pickle=False,
       vocab="",
+      classes="",
       train_sentences="",
       train_relevancy="",
       positive_threshold=0.1,
@@ -372,6 +384,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       relevancy="",
       sentences="",
       save_embeddings=False,
+      kind="",
+      templates=("{}",),
+      views="mean",
+      egomcq_cosine=True,
       sets=ml_collections.ConfigDict(),
     )
   )
@@ -410,3 +426,33 @@ def eval_set(data_format: str, **data) -> ml_collections.ConfigDict:
       sentences="",
     )
   )
+
+
+# The field's benchmarks as named sets (`benchmark_set`): format, kind,
+# view reduction (LaViLa's protocols) and the data keys they change.
+BENCHMARKS = {
+  "egomcq": ("egomcq", "egomcq", "mean", {}),
+  "egtea": ("egtea", "zeroshot", "max", {"classes": ""}),
+  "charades_ego": (
+    "charades_ego",
+    "zeroshot",
+    "mean",
+    {"classes": "", "sampling": "segment"},
+  ),
+  "ek100_cls": (
+    "ek100_cls",
+    "zeroshot",
+    "mean",
+    {"label": "action", "train_annotations": ""},
+  ),
+}
+
+
+def benchmark_set(name: str) -> ml_collections.ConfigDict:
+  """One of the field's benchmarks as a named set (`vidjax.scoreboard`):
+  `eval_set` of its format with its `kind`, `views` and `templates`; its
+  files ('' until given: skipped) are the user's."""
+  data_format, kind, views, data = BENCHMARKS[name]
+  spec = eval_set(data_format, **data)
+  spec.update(dict(kind=kind, views=views, templates=("{}",)))
+  return spec

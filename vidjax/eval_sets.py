@@ -4,7 +4,8 @@ A run evaluates its main set, `data.eval_annotations` with the `eval` keys
 (`relevancy`, `sentences`, `save_embeddings`, `batch_size`), under `eval/`
 (`eval/t2v_r1`, `eval/mAP_avg`, `eval/top1`, `eval/skipped`, ...), and each
 named set of `eval.sets` under `eval/<name>/` (e.g. `eval/ek100_mir/mAP_avg`,
-zero-shot EK-100 multi-instance retrieval during Ego4D pretraining). A named
+zero-shot EK-100 multi-instance retrieval during Ego4D pretraining; a set
+with `eval.kind` is one of the field's benchmarks, `vidjax.scoreboard`). A named
 set is a ConfigDict of `data` (the `config.data` keys it changes: format,
 root, eval_annotations, ...; an empty value keeps the run's) and `eval`
 keys; the rest is the run's:
@@ -24,6 +25,7 @@ the format has none) in the order of the annotation and sentence files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 from absl import logging
@@ -32,7 +34,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from vidjax import errors, rundir, sharding, tasks, whole_files
+from vidjax import errors, rundir, scoreboard, sharding, tasks, whole_files
 from vidjax.data import annotation_files, ek100, pipeline
 
 # `eval` keys that a named set may not change: they belong to the run.
@@ -108,6 +110,11 @@ def required_paths(
       for k in ("relevancy", "sentences")
       if spec[k]
     ]
+    keys += [  # A benchmark's class names, and a set's own action CSVs.
+      f"{base}data.{k}"
+      for k in ("classes", "train_annotations")
+      if (spec.data.get(k) if es.name else k == "classes" and config.data[k])
+    ]
   return keys
 
 
@@ -124,6 +131,8 @@ def check_files(config: ml_collections.ConfigDict) -> None:
       )
   for es in eval_sets(config):
     c = es.config
+    if c.eval.kind:
+      scoreboard.check_set(c, es.name, config.eval.sets.get(es.name))
     if not c.eval.relevancy:
       continue
     matrix = ek100.load_relevancy(
@@ -146,6 +155,19 @@ def check_files(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def encode_tokens(run, tokens: np.ndarray) -> np.ndarray:
+  """float32[B, D] text embeddings of one global batch of tokens
+  int32[B, L] (the same on every process)."""
+  local = len(tokens) // jax.process_count()
+  first = jax.process_index() * local
+  batch = tokens[first : first + local]
+  glob = sharding.host_to_global_batch({"tokens": batch}, run.mesh)
+  emb = run.steps.text(run.state["params"], run.rest, glob["tokens"])
+  return np.asarray(
+    multihost_utils.process_allgather(emb, tiled=True), np.float32
+  )
+
+
 def embed_texts(run, texts: list[str], batch_size: int) -> np.ndarray:
   """float32[len(texts), D] text embeddings, `batch_size` texts per step."""
   tokens = run.tokenizer(texts)
@@ -153,15 +175,11 @@ def embed_texts(run, texts: list[str], batch_size: int) -> np.ndarray:
   tokens = np.concatenate(
     [tokens, np.zeros((pad, tokens.shape[1]), tokens.dtype)]
   )
-  local = batch_size // jax.process_count()
-  first = jax.process_index() * local
-  out = []
-  for start in range(0, len(tokens), batch_size):
-    batch = tokens[start + first : start + first + local]
-    glob = sharding.host_to_global_batch({"tokens": batch}, run.mesh)
-    emb = run.steps.text(run.state["params"], run.rest, glob["tokens"])
-    out.append(np.asarray(multihost_utils.process_allgather(emb, tiled=True)))
-  return np.concatenate(out)[: len(texts)].astype(np.float32)
+  out = [
+    encode_tokens(run, tokens[start : start + batch_size])
+    for start in range(0, len(tokens), batch_size)
+  ]
+  return np.concatenate(out)[: len(texts)]
 
 
 def _record_ids(records) -> np.ndarray:
@@ -212,6 +230,18 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   skipped = batches.skipped
   batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  if config.eval.kind:  # The field's benchmarks, by their definitions.
+    metrics = scoreboard.evaluate(
+      config,
+      records,
+      merged,
+      encode_tokens=functools.partial(encode_tokens, run),
+      tokenizer=run.tokenizer,
+    )
+    return {
+      **{f"{es.prefix}{k}": v for k, v in metrics.items()},
+      f"{es.prefix}skipped": skipped,
+    }
   retrieval = isinstance(run.task, tasks.RetrievalTask)
   captions = run.task.eval_captions(config) if retrieval else None
   if captions:

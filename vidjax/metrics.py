@@ -1,4 +1,5 @@
-"""Evaluation metrics: EK-100 retrieval mAP/nDCG, recall@K, top-k, views.
+"""Evaluation metrics: EK-100 retrieval mAP/nDCG, recall@K, top-k, views,
+EgoMCQ accuracy, Charades-Ego mAP.
 
 All metrics are fractions in [0, 1] (AVION and LaViLa print them x100).
 They take numpy (or jax) arrays of a whole evaluation set, gathered on the
@@ -15,7 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+  "EGOMCQ_TYPES",
   "average_views",
+  "charades_map",
+  "egomcq_accuracy",
+  "egomcq_scores",
   "ek100_mir_metrics",
   "marginalize_action_scores",
   "mean_class_accuracy",
@@ -283,3 +288,112 @@ def retrieval_recall(
   }
   out["chance_r1"] = 1.0 / n
   return out
+
+
+# EgoMCQ's `types` values (as in egomcq.json): 1 = the 5 candidates come from
+# 5 different videos, 2 = from the query's own video. (The reference metric
+# prints them the other way round; inter-video is the easier, higher one.)
+EGOMCQ_TYPES = {1: "inter_video", 2: "intra_video"}
+
+
+def egomcq_scores(query_emb, choice_emb, cosine: bool = True) -> np.ndarray:
+  """How well each of an EgoMCQ question's candidate clips fits its text.
+
+  Args:
+    query_emb: float[N, D], the narration of each question.
+    choice_emb: float[N, K, D], its K (5) candidate clips.
+    cosine: cosine similarity (both sides L2-normalised, vidjax's default);
+      False takes the dot product of the unnormalised embeddings, as
+      LaViLa's `validate_mcq` scores.
+
+  Returns:
+    float64[N, K].
+  """
+  q = np.asarray(query_emb, np.float64)
+  v = np.asarray(choice_emb, np.float64)
+  if q.ndim != 2 or v.ndim != 3 or v.shape[::2] != q.shape:
+    raise ValueError(
+      f"egomcq_scores: query {q.shape} and choices {v.shape} must be "
+      "[N, D] and [N, K, D]"
+    )
+  if cosine:
+    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-30)
+    v = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-30)
+  return np.einsum("nd,nkd->nk", q, v)
+
+
+def egomcq_accuracy(scores, answers, types) -> dict[str, float]:
+  """EgoMCQ accuracy per question type, labelled by the `types` value.
+
+  A question is right when its highest-scored candidate is the answer (the
+  first of equal scores, as the reference's `argmax`).
+
+  Args:
+    scores: float[N, K], K candidates per question (5 in EgoMCQ).
+    answers: int[N] in [0, K).
+    types: int[N], 1 (inter-video) or 2 (intra-video), see `EGOMCQ_TYPES`.
+
+  Returns:
+    {'inter_video': ..., 'intra_video': ...} fractions, each over the
+    questions of its type; a type with no question has no key.
+  """
+  scores = np.asarray(scores)
+  answers, types = np.asarray(answers).reshape(-1), np.asarray(types)
+  if scores.ndim != 2 or not len(answers) == len(scores) == types.size:
+    raise ValueError(
+      f"egomcq_accuracy: scores {scores.shape}, answers {answers.shape} and "
+      f"types {types.shape} must be [N, K], [N], [N]"
+    )
+  types = types.reshape(-1)
+  unknown = sorted(set(types.tolist()) - set(EGOMCQ_TYPES))
+  if unknown:
+    raise ValueError(
+      f"egomcq_accuracy: types {unknown} are not EgoMCQ's (1 inter-video, "
+      "2 intra-video)"
+    )
+  right = scores.argmax(1) == answers
+  return {
+    name: float(right[types == t].mean())
+    for t, name in EGOMCQ_TYPES.items()
+    if (types == t).any()
+  }
+
+
+def charades_map(scores, labels) -> dict[str, float]:
+  """Charades(-Ego) mean average precision over classes, never NaN.
+
+  Each class ranks the videos by decreasing score (ties: the lower index
+  first) and scores the mean of the precision at each positive's rank; the
+  mAP is the mean over classes. Videos with no label at all do not count
+  (the reference ranks them last, which is the same). Equal to the
+  reference's `charades_map` where every class has a positive; where some
+  have none (the reference returns NaN), the mean is over the classes that
+  have one, and `classes_left_out` says how many did not.
+
+  Args:
+    scores: float[N, C].
+    labels: {0, 1}[N, C].
+
+  Returns:
+    {'mAP': fraction, 'classes_left_out': int count}.
+
+  Raises:
+    ValueError: mismatched shapes, or no class with a positive.
+  """
+  scores = np.asarray(scores, np.float64)
+  positive = np.asarray(labels) == 1
+  if scores.ndim != 2 or scores.shape != positive.shape:
+    raise ValueError(
+      f"charades_map: scores {scores.shape} and labels {positive.shape} "
+      "must be [N, C] matrices of the same shape"
+    )
+  keep = positive.any(1)
+  scores, positive = scores[keep], positive[keep]
+  scored = positive.any(0)
+  if not scored.any():
+    raise ValueError("charades_map: no class has a positive; nothing to score")
+  order = np.argsort(-scores[:, scored], axis=0, kind="stable")
+  hits = np.take_along_axis(positive[:, scored], order, axis=0)
+  precision = np.cumsum(hits, 0) / np.arange(1, len(hits) + 1)[:, None]
+  ap = (precision * hits).sum(0) / hits.sum(0)
+  return {"mAP": float(ap.mean()), "classes_left_out": int((~scored).sum())}

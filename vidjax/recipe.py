@@ -58,8 +58,11 @@ read):
   augment         `vidjax.augment`
   loss.margin     the retrieval task's max-margin ranking loss
   eval            every_steps (0: only at the end), every_epochs,
-                  batch_size, relevancy, sentences, save_embeddings and
-                  named `sets` (`defaults.eval_set`; `vidjax.eval_sets`)
+                  batch_size, relevancy, sentences, save_embeddings,
+                  kind, templates, views, egomcq_cosine (the field's
+                  benchmarks: `vidjax.scoreboard`) and named `sets`
+                  (`defaults.eval_set`, `defaults.benchmark_set`;
+                  `vidjax.eval_sets`)
   checkpoint      every_steps, every_epochs, keep (the last N), async_save,
                   best_metric ('' for none) and best_mode ('max' | 'min')
   log.every_steps metrics written every N steps
@@ -77,6 +80,7 @@ TRAIN_CLIPS = {
   "ego4d": 4_000_000,  # LaViLa's ego4d_train.pkl: "Corpus size 4.0M"
   "ek100": 67_217,  # EPIC_100_train.csv, EPIC_100_retrieval_train.csv rows
   "k400": 240_000,  # ~240k in VideoMAE's and AVION's lists
+  "egtea": 8_299,  # EGTEA Gaze+ train_split1.txt rows
 }
 
 

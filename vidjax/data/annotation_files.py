@@ -14,7 +14,12 @@ from __future__ import annotations
 import ml_collections
 
 from vidjax import errors
-from vidjax.data import annotations, ek100, records as records_lib
+from vidjax.data import (
+  annotations,
+  benchmark_files,
+  ek100,
+  records as records_lib,
+)
 
 
 def split_paths(value: str) -> list[str]:
@@ -29,6 +34,8 @@ def load_annotations(data: ml_collections.ConfigDict, path: str):
     kw["allow_pickle"] = data.allow_pickle
   if data.format == "kinetics":
     kw["label_map"] = kinetics_label_map(data, path)
+  if data.format in benchmark_files.CLASS_FILES:
+    kw["classes"] = data.classes
   if data.format == "ek100_cls":
     kw["label"] = data.label
     if data.label == "action":

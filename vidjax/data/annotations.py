@@ -17,6 +17,8 @@ formats as released and report bad rows as `ValueError: FILE:LINE: problem`:
   kinetics       Kinetics-400/600/700 CSVs (label,youtube_id,time_start,...)
   kinetics_list  VideoMAE/AVION lists: `path num_frames label` lines
   jsonl          generic: video_id, start, end, text and/or label
+  egomcq, egtea, charades_ego, charades_ego_trimmed
+                 the field's benchmarks (see `benchmark_files`)
 
 `load_records(kind, path, **kw)` dispatches on `kind`.
 """
@@ -34,6 +36,12 @@ from typing import NoReturn
 import numpy as np
 
 from vidjax import errors
+from vidjax.data.benchmark_files import (
+  load_charades_ego,
+  load_charades_ego_trimmed,
+  load_egomcq,
+  load_egtea,
+)
 from vidjax.data.ek100 import (
   check_relevancy_shape,
   ek100_action_map,
@@ -318,6 +326,13 @@ FORMATS = {
   "kinetics": "Kinetics CSVs (columns label, youtube_id, time_start, time_end)",
   "kinetics_list": "AVION/VideoMAE lists: one 'path num_frames label' line "
   "per video",
+  "egomcq": 'Ego4D\'s egomcq.json (an object keyed "0".."N-1" of query, '
+  "choices, answer, types)",
+  "egtea": "EGTEA Gaze+'s train_split1.txt / test_split1.txt ('clip_name "
+  "action verb noun' lines) with action_idx.txt beside them",
+  "charades_ego": "Charades-Ego's CharadesEgo_v1_{train,test}_only1st.csv "
+  "(columns id, actions, length) with Charades_v1_classes.txt beside them",
+  "charades_ego_trimmed": "the Charades-Ego CSVs, one clip per action span",
 }
 
 
@@ -336,6 +351,10 @@ LOADERS = {
   "kinetics": load_kinetics,
   "kinetics_list": load_kinetics_list,
   "jsonl": load_jsonl,
+  "egomcq": load_egomcq,
+  "egtea": load_egtea,
+  "charades_ego": load_charades_ego,
+  "charades_ego_trimmed": load_charades_ego_trimmed,
 }
 
 

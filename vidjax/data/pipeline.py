@@ -39,9 +39,12 @@ Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
                   files separated by commas are concatenated (LaViLa's
                   rephraser + narrator narrations)
   format          jsonl | ego4d | ek100_cls | ek100_mir | kinetics |
-                  kinetics_list (see `vidjax.data.annotations`); the
+                  kinetics_list | egomcq | egtea | charades_ego |
+                  charades_ego_trimmed (see `vidjax.data.annotations`); the
                   `kinetics` class ids are the training classes, sorted
                   (`vidjax.data.annotation_files`)
+  classes         EGTEA's action_idx.txt or Charades_v1_classes.txt ('':
+                  the one beside the annotation file, as released)
   label           for ek100_cls: action | verb | noun
   allow_pickle    let `ego4d` / relevancy loaders unpickle (runs code!)
   train_sentences, train_relevancy   EK-100 MIR training positives: each

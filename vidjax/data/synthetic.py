@@ -23,6 +23,10 @@ real pipeline runs on them.
                                        `vidjax.data.synthetic_annotations`
       root/settings.json               the settings it was made with
       root/classes.json                class names by label id
+      root/egtea, root/charades_ego, root/egomcq.json
+                                       the benchmarks' layouts, EGTEA's
+                                       cropped clips chunked with the rest:
+                                       see `vidjax.data.synthetic_benchmarks`
 """
 
 from __future__ import annotations
@@ -40,7 +44,12 @@ import ml_collections
 import numpy as np
 
 from vidjax import rundir
-from vidjax.data import annotations, chunk, synthetic_annotations
+from vidjax.data import (
+  annotations,
+  chunk,
+  synthetic_annotations,
+  synthetic_benchmarks,
+)
 
 DATA_PATH_KEYS = ("root", "train_annotations", "eval_annotations")
 SETTINGS = "settings.json"  # make_corpus's arguments, to tell a stale corpus.
@@ -181,6 +190,9 @@ def make_corpus(
   names = class_names()
   records = []
   seg_frames = int(round(segment_seconds * fps))
+  # Split by video so no validation video is seen in training.
+  num_val = max(1, int(round(num_videos * val_fraction)))
+  egtea = synthetic_benchmarks.egtea_videos(num_videos, num_val)
   for v in range(num_videos):
     video_id = f"vid{v:03d}"
     parts = []
@@ -210,6 +222,10 @@ def make_corpus(
         )
       )
     _write_h264(raw / f"{video_id}.mp4", np.concatenate(parts), fps)
+    if video_id in egtea:
+      synthetic_benchmarks.write_cropped_clips(
+        raw, records[-len(parts) :], parts, fps, _write_h264
+      )
   summary = chunk.chunk_videos(
     raw,
     root / "chunks",
@@ -218,17 +234,14 @@ def make_corpus(
   )
   if summary["failed"]:
     raise RuntimeError(f"chunking the synthetic corpus failed: {summary}")
-  # Split by video so no validation video is seen in training.
-  num_val = max(1, int(round(num_videos * val_fraction)))
   val_ids = {f"vid{v:03d}" for v in range(num_videos - num_val, num_videos)}
-  synthetic_annotations.write_annotation_files(
-    root,
-    {
-      split: [r for r in records if (r.video_id in val_ids) == keep]
-      for split, keep in (("train", False), ("val", True))
-    },
-    fps,
-    seed,
+  splits = {
+    split: [r for r in records if (r.video_id in val_ids) == keep]
+    for split, keep in (("train", False), ("val", True))
+  }
+  synthetic_annotations.write_annotation_files(root, splits, fps, seed)
+  synthetic_benchmarks.write_benchmark_files(
+    root, splits, names, fps, egtea, seed
   )
   (root / SETTINGS).write_text(json.dumps(settings, indent=1))
   done.write_text(

@@ -79,6 +79,19 @@ FILES = {
   "ek100_cls": ("ek100_train.csv", "ek100_val.csv"),
   "ek100_mir": ("ek100_retrieval_train.csv", "ek100_retrieval_val.csv"),
   "ego4d": (",".join(LAVILA_FILES), "val.jsonl"),
+  "egtea": ("egtea/train_split1.txt", "egtea/test_split1.txt"),
+  "charades_ego_trimmed": (
+    "charades_ego/CharadesEgo_v1_train_only1st.csv",
+    "charades_ego/CharadesEgo_v1_test_only1st.csv",
+  ),
+}
+# The benchmarks' evaluation files (`vidjax.data.synthetic_benchmarks`),
+# for evaluation sets in these formats.
+BENCHMARK_FILES = {
+  "egtea": "egtea/test_split1.txt",
+  "charades_ego": "charades_ego/CharadesEgo_v1_test_only1st.csv",
+  "egomcq": "egomcq.json",
+  "ek100_cls": "ek100_val.csv",
 }
 
 
@@ -269,7 +282,8 @@ def use_corpus(
   positives, the sentence file and the clips x captions relevancy pickle;
   'jsonl' with `data.synthetic.relevancy` the square `relevancy_val.npy`.
   Evaluation sets in the 'ek100_mir' format (`eval.sets`) get the retrieval
-  validation files.
+  validation files; sets of the benchmarks (`defaults.benchmark_set`) their
+  files in `vidjax.data.synthetic_benchmarks`'s layouts.
   """
   root, data = Path(root), config.data
   if data.format not in FILES:
@@ -295,6 +309,14 @@ def use_corpus(
     elif data.synthetic.relevancy:
       config.eval.relevancy = str(root / "relevancy_val.npy")
     for eval_set in config.eval.sets.values():
+      fmt = eval_set.data.format
+      if fmt in BENCHMARK_FILES:
+        eval_set.data.update(
+          root=str(root / "chunks"),
+          eval_annotations=str(root / BENCHMARK_FILES[fmt]),
+        )
+        if fmt == "ek100_cls":  # Its actions: both CSVs'.
+          eval_set.data.train_annotations = str(root / FILES[fmt][0])
       if eval_set.data.format == "ek100_mir":
         eval_set.data.update(
           root=str(root / "chunks"),
