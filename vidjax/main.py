@@ -68,6 +68,9 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
   return overrides, rest
 
 
+_HELP = {"-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml"}
+
+
 def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
   """absl's flags; the config overrides are kept for `load_config`."""
   overrides, rest = _split_overrides(argv[1:])
@@ -75,6 +78,10 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     rest = flags.FLAGS([argv[0]] + rest)
     if len(rest) > 1:
       raise flags.Error(f"unexpected arguments {rest[1:]}")
+  except SystemExit:
+    if _HELP & set(rest):  # absl ends the help it printed with exit 1.
+      sys.exit(0)
+    raise
   except flags.Error as e:
     print(
       f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
