@@ -171,15 +171,21 @@ def run(
   """
   from vidjax import config as config_lib  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load_config(config, overrides)
+  spec, config = config, config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
-  from vidjax import train  # pylint: disable=import-outside-toplevel
+  from vidjax import memory, train  # pylint: disable=import-outside-toplevel
 
   stopping.check()
-  if mode == "eval":
-    train.evaluate_only(config, workdir)
-  else:
-    train.train_and_evaluate(config, workdir)
+  try:
+    if mode == "eval":
+      train.evaluate_only(config, workdir)
+    else:
+      train.train_and_evaluate(config, workdir)
+  except memory.StepTooLarge as e:
+    variant = config_lib.cpu_variant(spec) if e.on_host else None
+    if variant:  # The exact one, where the hint could only describe it.
+      e.hint = e.hint.replace(memory.CPU_VARIANT, f"--config {variant}")
+    raise
 
 
 def main(parsed) -> int:
