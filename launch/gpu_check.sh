@@ -8,7 +8,7 @@
 # compactly at the end. Every field: vidjax/bench/gpu_check.py.
 #
 #   launch/gpu_check.sh [--dry] [--plan] [--out FILE] [--time-limit-s S]
-#                       [--remat LIST] [--sections LIST]
+#                       [--remat LIST] [--sections LIST] [--smoke]
 #   launch/gpu_check.sh --wheels [DIR] [--only-missing "PACKAGES"]
 #
 # --time-limit-s: a time limit for the whole check; the default, 330 s
@@ -52,6 +52,11 @@
 # for the GPU instead.
 set -euo pipefail
 
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  # This header is the help: both forms, every option, the offline steps.
+  sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-python3}
 wheels=${VIDJAX_WHEELS:-${repo}/.whl}
@@ -126,7 +131,7 @@ export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
 export XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true${XLA_FLAGS:+ ${XLA_FLAGS}}"
 for arg in "$@"; do
-  if [[ "${arg}" == "--dry" ]]; then
+  if [[ "${arg}" == "--dry" || "${arg}" == "--smoke" ]]; then
     export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
   fi
 done

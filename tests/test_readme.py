@@ -62,3 +62,36 @@ def test_ci_runs_the_readme_test_command():
   # After `set` and `cd`: the style first (seconds), then the tests.
   assert steps[2].endswith("&& ruff check && ruff format --check"), steps
   assert steps[3] == command, steps
+
+
+def _benchmarks_the_docs_name() -> set[str]:
+  """NAME of every `python -m vidjax.bench.NAME` in README.md and
+  BENCHMARKS.md (a command may break across lines), as .ci/run finds them."""
+  text = " ".join(
+    (REPO / name).read_text().replace("\n", " ")
+    for name in ("README.md", "BENCHMARKS.md")
+  )
+  return set(re.findall(r"python +-m +vidjax\.bench\.([a-z_]+)", text))
+
+
+def test_ci_smokes_every_benchmark_the_docs_name():
+  named = _benchmarks_the_docs_name()
+  assert {"loader", "pipeline", "memory"} <= named, named
+  lacking = [
+    name
+    for name in sorted(named)
+    if '"--smoke"' not in (REPO / f"vidjax/bench/{name}.py").read_text()
+  ]
+  assert not lacking, f"benchmarks the docs name without --smoke: {lacking}"
+  ci = (REPO / ".ci/run").read_text()
+  assert "cat README.md BENCHMARKS.md" in ci, "CI no longer finds them"
+  assert 'python -m "vidjax.bench.${bench}" --smoke' in ci
+  benchmarks = (REPO / "BENCHMARKS.md").read_text()
+  for name in named:  # Each one's section says how long it runs.
+    section = re.search(
+      rf"\n## [^\n]*`python -m vidjax\.bench\.{name}`.*?(?=\n## |\Z)",
+      benchmarks,
+      re.S,
+    )
+    if section:
+      assert "Running time:" in section.group(0), name

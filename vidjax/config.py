@@ -187,6 +187,25 @@ def _load_module(path: str, spec: str):
   return module
 
 
+def cpu_variant(spec: str) -> str | None:
+  """The recipe's variant made for a CPU: `spec` with `cpu` added to its
+  `:arg` (configs/own_videos.py) or else `debug`, the first its get_config
+  takes; None if it takes neither or `spec` names one already."""
+  path, _, arg = spec.partition(":")
+  named = [v.strip() for v in arg.split(",") if v.strip()]
+  if {"cpu", "debug"} & set(named):
+    return None
+  module = _load_module(path, spec)
+  for extra in ("cpu", "debug"):
+    candidate = ",".join(named + [extra])
+    try:
+      module.get_config(candidate)
+    except Exception:  # pylint: disable=broad-except
+      continue  # Not one of its variants.
+    return f"{path}:{candidate}"
+  return None
+
+
 def _override_args(overrides: Sequence[str]) -> list[str]:
   """'a.b=v', '--config.a.b=v', '--noconfig.flag' -> ml_collections flags."""
   args = []

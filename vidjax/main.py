@@ -68,6 +68,9 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
   return overrides, rest
 
 
+_HELP = {"-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml"}
+
+
 def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
   """absl's flags; the config overrides are kept for `load_config`."""
   overrides, rest = _split_overrides(argv[1:])
@@ -75,6 +78,10 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     rest = flags.FLAGS([argv[0]] + rest)
     if len(rest) > 1:
       raise flags.Error(f"unexpected arguments {rest[1:]}")
+  except SystemExit:
+    if _HELP & set(rest):  # absl ends the help it printed with exit 1.
+      sys.exit(0)
+    raise
   except flags.Error as e:
     print(
       f"vidjax: error: {e}\n  hint: python -m vidjax.main --helpshort "
@@ -164,15 +171,21 @@ def run(
   """
   from vidjax import config as config_lib  # pylint: disable=import-outside-toplevel
 
-  config = config_lib.load_config(config, overrides)
+  spec, config = config, config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
-  from vidjax import train  # pylint: disable=import-outside-toplevel
+  from vidjax import memory, train  # pylint: disable=import-outside-toplevel
 
   stopping.check()
-  if mode == "eval":
-    train.evaluate_only(config, workdir)
-  else:
-    train.train_and_evaluate(config, workdir)
+  try:
+    if mode == "eval":
+      train.evaluate_only(config, workdir)
+    else:
+      train.train_and_evaluate(config, workdir)
+  except memory.StepTooLarge as e:
+    variant = config_lib.cpu_variant(spec) if e.on_host else None
+    if variant:  # The exact one, where the hint could only describe it.
+      e.hint = e.hint.replace(memory.CPU_VARIANT, f"--config {variant}")
+    raise
 
 
 def main(parsed) -> int:

@@ -21,11 +21,12 @@ The step then needs about fixed + kept x clips per device (per microbatch).
 Under masked training (a CLIP's `model.mask_ratio`) the loss keeps what
 the kept tokens need; a run with an unmasked tuning is checked at that
 phase's step, which keeps every token's.
-At start-up on a GPU (or wherever `device_memory_gib` states the memory),
-`check_step_fits` compares that with the device's memory less `HEADROOM`
-(cuDNN workspaces, the input batches, the allocator's fragmentation) and
-refuses a configuration that will not fit, naming a remat policy and a batch
-per device that would. `python -m vidjax.bench.memory` prints the same
+At start-up `check_step_fits` compares that with the device's memory less
+`HEADROOM` (cuDNN workspaces, the input batches, the allocator's
+fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
+host's available memory shared by its devices; it refuses a configuration
+that will not fit, naming a remat policy and a batch per device that would
+(on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU). `python -m vidjax.bench.memory` prints the same
 estimate for every policy, as on a GPU with cuDNN.
 """
 
@@ -39,6 +40,7 @@ from flax import nnx
 import jax
 import ml_collections
 import numpy as np
+import psutil
 
 from vidjax import errors, models, sharding, steps as steps_lib, tasks
 from vidjax.data import batches
@@ -175,12 +177,30 @@ def step_memory(
 
 def device_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
   """The memory per device to plan with: `device_memory_gib` when stated
-  (> 0), else what the device reports (GPUs); None: no check (-1, CPUs)."""
+  (> 0), else what a GPU reports, else on a CPU the host's available
+  memory over its devices (`on_host`); None: no check (-1, other devices)."""
   stated = config.device_memory_gib
   if stated:
     return int(stated * GiB) if stated > 0 else None
+  if on_host(config):
+    return psutil.virtual_memory().available // jax.local_device_count()
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit") if jax.default_backend() == "gpu" else None
+
+
+def on_host(config: ml_collections.ConfigDict) -> bool:
+  """Whether the step is held against the host's memory: a CPU run that
+  states no `device_memory_gib`."""
+  return not config.device_memory_gib and jax.default_backend() == "cpu"
+
+
+class StepTooLarge(errors.ConfigError):
+  """A training step that will not fit; `on_host`: in a CPU host's memory
+  (`main` then names the recipe's CPU variant)."""
+
+  def __init__(self, message: str, hint: str, *, on_host: bool):
+    super().__init__(message, hint)
+    self.on_host = on_host
 
 
 def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
@@ -191,9 +211,11 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
     `device_memory_bytes`).
 
   Raises:
-    errors.ConfigError: the estimate exceeds the usable memory; names the
+    StepTooLarge: the estimate exceeds the usable memory; names the
       policy that keeps the most and still fits, and the most clips per
-      device that fit under the configured policy.
+      device that fit under the configured policy (in a CPU host's memory:
+      the recipe's CPU variant, the batch that fits, and
+      `device_memory_gib` to check it for a GPU).
   """
   limit = device_memory_bytes(config)
   if limit is None:
@@ -207,6 +229,9 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   usable = (1 - HEADROOM) * limit
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
+  host = on_host(config)
+  if host:  # XLA's CPU scheduler does not delay recomputation: on a CPU
+    remat = "none"  # every policy keeps what 'none' keeps.
   # The configured policy, then (only if it does not fit) those keeping less.
   estimates = step_memories(
     config,
@@ -226,8 +251,20 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   )
   if need <= usable:
     return estimate
+  if host:  # A GPU recipe typed on a CPU, most likely: say so first.
+    raise StepTooLarge(
+      f"{step_name} will not fit in this host's memory: about "
+      f"{need * jax.local_device_count() / GiB:.1f} GiB for "
+      f"{clips * jax.local_device_count()} clips at a time (on a CPU every "
+      "remat policy keeps what 'none' keeps) against "
+      f"{usable * jax.local_device_count() / GiB:.1f} GiB usable of the "
+      f"{limit * jax.local_device_count() / GiB:.1f} GiB available on this "
+      "CPU",
+      hint=_what_fits_on_host(config, estimate, usable),
+      on_host=True,
+    )
   fitting = next((e for e in estimates if e.total_bytes(clips) <= usable), None)
-  raise errors.ConfigError(
+  raise StepTooLarge(
     f"{step_name} will not fit in the device's memory: about "
     f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
     f"of parameters, optimizer state and gradients + "
@@ -236,6 +273,32 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
     f"attention) against {usable / GiB:.1f} GiB usable of "
     f"{limit / GiB:.1f} GiB",
     hint=_what_fits(config, estimate, fitting, usable),
+    on_host=False,
+  )
+
+
+# The hint's words for the recipes' CPU variants; `main` names the exact
+# one (`config.cpu_variant`) where it knows the recipe.
+CPU_VARIANT = (
+  "its CPU variant (configs/own_videos.py:...,cpu, or a recipe's :debug)"
+)
+
+
+def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
+  """A GPU recipe on a CPU: the CPU variant, the batch that fits here, and
+  how to check the configuration for a GPU instead."""
+  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
+  step = jax.device_count() * config.accum_steps  # What a batch divides by.
+  batch = (
+    f"--config.batch_size={most * step} (at most {most} clips per device "
+    "fit here)"
+    if most >= 1
+    else "not one clip per device fits here"
+  )
+  return (
+    f"this is a GPU-sized run: on a CPU, train {CPU_VARIANT}, or "
+    f"{batch}; to check it for a GPU, --config.device_memory_gib=N plans "
+    "for N GiB per device (-1: no check)"
   )
 
 

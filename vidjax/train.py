@@ -99,15 +99,17 @@ def setup(
 ) -> Run:
   """Config, data, model and optimizer state (sharded), resume point.
 
-  Everything a user can get wrong is checked before the workdir is touched:
-  the config (its paths made absolute), whether the attention configured
-  can run and the training step fits the device's memory (`vidjax.memory`;
-  a GPU whose attention falls back to XLA is warned about), the data
-  paths, the vocabulary, the annotation files of `splits` ('train',
-  'eval'; none for tools on synthetic batches), whether a checkpoint to
-  resume fits the model, the checkpoint or `init_from` weights the run
-  starts from are read, and with 'train' the training batches are set up
-  at their saved position (`run.train_batches`, to close). (Only a
+  Everything a user can get wrong is checked before the workdir is touched,
+  in the order the facts become known: the config (its paths made
+  absolute), whether the attention configured can run (a GPU whose
+  attention falls back to XLA is warned about), the data paths, the
+  vocabulary, the annotation files of `splits` ('train', 'eval'; none for
+  tools on synthetic batches), which settle what the files decide
+  (`model.text.vocab_size`, `model.num_classes`, steps per epoch); then
+  whether the training step fits the memory (`vidjax.memory`), whether a
+  checkpoint to resume fits the model, the checkpoint or `init_from`
+  weights the run starts from are read, and with 'train' the training
+  batches are set up at their saved position (`run.train_batches`, to close). (Only a
   synthetic corpus, which these checks read, is written before:
   WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt are
   written, damaged checkpoints set aside, and the config keys changed
@@ -117,8 +119,6 @@ def setup(
   config_lib.make_paths_absolute(config)
   config_lib.validate(config, jax.device_count())
   memory.check_attention(config)
-  if "train" in splits:  # Before compiling: a step that cannot fit.
-    memory.check_step_fits(config)
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   synthetic.prepare(config, workdir)
@@ -142,6 +142,10 @@ def setup(
     checks.stop_if_unusable(reports, config, workdir)
   if "train" in reports:  # `*_epochs` keys count epochs of these records.
     config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
+  # What the files decide (vocabulary, classes, steps per epoch) is now
+  # settled: the first model is built, abstract, to size the step.
+  if "train" in splits:  # Before compiling: a step that cannot fit.
+    memory.check_step_fits(config)
   stopping.check()
 
   start = resume.resolve_start(workdir, config)

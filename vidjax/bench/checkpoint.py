@@ -1,7 +1,7 @@
 """What checkpoint checksums cost: a recipe's train state saved, verified, restored.
 
     python -m vidjax.bench.checkpoint [--config configs/clip_vitb16_ego4d.py] \
-        [--dir /tmp/vidjax_bench_checkpoint]
+        [--dir /tmp/vidjax_bench_checkpoint] [--rounds 3] [--smoke]
 
 The train state of the recipe (parameters and optimizer state, float32, as
 `vidjax.steps` builds it) filled with random values (they do not compress,
@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from vidjax import (
+  bench,
   checkpoint,
   checksums,
   config as config_lib,
@@ -58,12 +59,18 @@ def _timed(fn):
   return time.perf_counter() - start, out
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.bench.checkpoint",
+    description=__doc__.splitlines()[0],
+  )
   parser.add_argument("--config", default="configs/clip_vitb16_ego4d.py")
   parser.add_argument("--dir", default="/tmp/vidjax_bench_checkpoint")
   parser.add_argument("--rounds", type=int, default=3)
-  args = parser.parse_args()
+  parser.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
+  args = parser.parse_args(argv)
+  if args.smoke:
+    args.config, args.rounds = "configs/demo.py:debug", 1
   config = config_lib.load_config(args.config, [])
   mesh = sharding.make_mesh()
   target = steps_lib.build_state_and_steps(

@@ -3,7 +3,7 @@ r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
     launch/gpu_check.sh [--dry] [--out gpu_check.json] [--time-limit-s 330]
     python -m vidjax.bench.gpu_check [--dry] [--plan] [--out FILE]
         [--time-limit-s S] [--remat save_dots_and_attention,none,...]
-        [--sections attention,training,breakdown,data]
+        [--sections attention,training,breakdown,data] [--smoke]
 
 The whole check stops at a time limit (--time-limit-s; by default 330 s,
 110 s with --dry, so that it fits in a short job slot); launch/gpu_check.sh
@@ -81,7 +81,7 @@ import traceback
 import jax
 import numpy as np
 
-from vidjax import monitor, sharding
+from vidjax import bench, monitor, sharding
 from vidjax.bench import breakdown, footage, gpu_measure
 from vidjax.bench.gpu_measure import GiB, make_plan
 from vidjax.data import chunk, pipeline, synthetic, tokenizer
@@ -452,7 +452,17 @@ def main(argv=None) -> dict:
     f"{','.join(SECTIONS)} (the environment, the plan and "
     "the verdict always run)",
   )
+  parser.add_argument(
+    "--smoke",
+    action="store_true",
+    help=f"--dry --plan, written to a temporary file; {bench.SMOKE_HELP}",
+  )
   args = parser.parse_args(argv)
+  if args.smoke:
+    args.dry = args.plan = True
+    args.out = os.path.join(
+      tempfile.gettempdir(), "vidjax_gpu_check_smoke.json"
+    )
   chosen = [s for s in args.sections.split(",") if s]
   if unknown := sorted(set(chosen) - set(SECTIONS)):
     parser.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")

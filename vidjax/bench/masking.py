@@ -3,7 +3,7 @@
     python -m vidjax.bench.masking [--config configs/clip_vitb16_ego4d.py:flip]
         [--mask-ratio R] [--mask-kind random|tube] [--batch 2] [--repeats 3]
         [--peak-tflops 989] [--mfu 0.4] [--cores-per-gpu 12]
-        [--loader-clips-per-core 161]
+        [--loader-clips-per-core 161] [--smoke]
 
 The config's CLIP with its `model.mask_ratio` (the masked step) and with
 every token (its unmasked tuning's step), both as `vidjax.steps` builds
@@ -40,6 +40,7 @@ import time
 import jax
 
 from vidjax import (
+  bench,
   config as config_lib,
   errors,
   sharding,
@@ -123,7 +124,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--mfu", type=float, default=0.4)
   parser.add_argument("--cores-per-gpu", type=float, default=12.0)
   parser.add_argument("--loader-clips-per-core", type=float, default=161.2)
+  parser.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = parser.parse_args(argv)
+  if args.smoke:
+    vars(args).update(config="configs/demo.py:debug", mask_ratio=0.5, repeats=1)
 
   config = config_lib.load_config(args.config)
   model = config.model

@@ -2,7 +2,7 @@
 
     python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py \
         [--batch-per-device 256] [--remat none,save_dots_and_attention,full] \
-        [--residual-dtype float32] [--compile-batch 0]
+        [--residual-dtype float32] [--compile-batch 0] [--smoke]
 
 Everything comes from the train step `vidjax.steps` builds for the config
 (compute dtype bfloat16, attention as on an NVIDIA GPU with cuDNN: traced
@@ -36,6 +36,7 @@ import time
 import jax
 
 from vidjax import (
+  bench,
   config as config_lib,
   memory,
   sharding,
@@ -116,7 +117,14 @@ def main(argv=None) -> list[dict]:
     default=0,
     help="also compile the step at this global batch",
   )
+  parser.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = parser.parse_args(argv)
+  if args.smoke:
+    args.config, args.remat, args.batch_per_device = (
+      "configs/demo.py:debug",
+      "none",
+      1,
+    )
 
   config = config_lib.load_config(args.config)
   if args.residual_dtype:

@@ -2,7 +2,7 @@
 
     python -m vidjax.bench.pipeline [--workers 1,2] [--threads 2]
         [--batch 16] [--batches 20] [--frames 16] [--stride 4] [--size 224]
-        [--consumer-clips-per-s 0] [--memory-clips 0]
+        [--consumer-clips-per-s 0] [--memory-clips 0] [--smoke]
 
 Chunks the loader benchmark's real footage (`vidjax.bench.footage`, reused
 if present) with the chunker's defaults, annotates random 4-second clips, and
@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 import psutil
 
-from vidjax import defaults, sharding
+from vidjax import bench, defaults, sharding
 from vidjax.bench import footage
 from vidjax.data import annotations, chunk, pipeline, video
 
@@ -60,7 +60,7 @@ def data_config(
   store: Path, records: Path, frames: int, stride: int, size: int
 ) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict(
-    {"seed": 0, "data": defaults.data_config()}
+    {"seed": 0, "task": "classification", "data": defaults.data_config()}
   )
   config.data.update(
     root=str(store),
@@ -181,6 +181,12 @@ def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
   return before, after
 
 
+# --smoke: every step once at the smallest sizes (CI), not a measurement.
+SMOKE = dict(
+  workers="0,1", threads=0, batch=2, batches=2, frames=4, size=32, seconds=8
+)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(
     prog="python -m vidjax.bench.pipeline",
@@ -218,7 +224,10 @@ def main(argv=None):
     help="where the source and chunk store are kept",
   )
   footage.add_arguments(p)
+  p.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = p.parse_args(argv)
+  if args.smoke:
+    vars(args).update(SMOKE)
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
   source = footage.prepare_source(work, args.seconds, 568, 320)
