@@ -261,9 +261,10 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   }
   assert after == before
   # `--mode eval` from the same relative paths evaluates the checkpoint.
-  assert _in_process(
-    _own_command("--mode=eval", "--config.batch_size=16")
-  ) == (errors.EXIT_FINISHED, "")
+  assert _in_process(_own_command("--mode=eval", "--config.batch_size=16")) == (
+    errors.EXIT_FINISHED,
+    "",
+  )
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert [r["step"] for r in final] == [2, 2]
   assert not (workdir / rundir.LOCK_FILE).exists()
