@@ -227,8 +227,9 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
 
 def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   """The same command (its relative paths) again, with another model or
-  another batch (the saved data position would not fit): refused with the
-  reason before the workdir is touched; `--mode eval` evaluates it."""
+  another batch size (the saved data position and step count are in its
+  batches): refused with the reason before the workdir is touched; `--mode
+  eval` evaluates it (at another batch size too)."""
   root, workdir, _, _ = trained
   monkeypatch.chdir(root)
   before = {
@@ -241,12 +242,16 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
       r"saved by another model: changed config: model.width 64 -> 96\. \d+ "
       r"arrays differ, e.g. params\.",
     ),
-    (
-      "--config.batch_size=24",
-      r"error: the data iterator was saved 16 "
-      r"clips into its stream, which is not a whole number of this run's "
-      r"transfers of 24 clips",
-    ),
+    *[  # Larger, smaller, a whole number of transfers or not: all refused.
+      (
+        f"--config.batch_size={batch}",
+        rf"error: the checkpoint .*checkpoints/2 was trained with "
+        rf"batch_size=8, this run has batch_size={batch}: .*\n *"
+        r"hint: resume with --config.batch_size=8, or start a new --workdir "
+        r"from these weights with --config.init_from=.*checkpoints/2",
+      )
+      for batch in (16, 24)
+    ],
   ]:
     code, stderr = _in_process(_own_command(override))
     assert code == 2 and re.search(pattern, stderr), stderr
@@ -256,7 +261,10 @@ def test_a_resume_that_does_not_fit_changes_nothing(trained, monkeypatch):
   }
   assert after == before
   # `--mode eval` from the same relative paths evaluates the checkpoint.
-  assert _in_process(_own_command("--mode=eval")) == (errors.EXIT_FINISHED, "")
+  assert _in_process(_own_command("--mode=eval", "--config.batch_size=16")) == (
+    errors.EXIT_FINISHED,
+    "",
+  )
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert [r["step"] for r in final] == [2, 2]
   assert not (workdir / rundir.LOCK_FILE).exists()

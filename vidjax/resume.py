@@ -225,17 +225,20 @@ def _shapes(tree) -> dict[str, tuple]:
 
 
 def check_fits(
-  start: StartPoint, target: Any, config
+  start: StartPoint, target: Any, config, *, training: bool = True
 ) -> list[tuple[str, Any, Any]]:
   """Stops before a restore whose arrays would not fit the new run.
 
   Reads the checkpoint's metadata only (shapes, and the config it was saved
-  with), so nothing is loaded, written or left half-done.
+  with), so nothing is loaded, written or left half-done. Training goes on
+  with the checkpoint's batch size only (`check_batch`).
 
   Args:
     start: a 'workdir' or 'resume' start point.
     target: the new run's state: arrays or `jax.ShapeDtypeStruct`s.
     config: the new run's config.
+    training: the run trains on from the checkpoint (its batch size must
+      be the saved one); False: it only evaluates the checkpoint.
 
   Returns:
     The config keys that changed since the checkpoint was saved, accepted:
@@ -254,6 +257,8 @@ def check_fits(
   changed = (
     config_lib.changes(saved_config, config.to_dict()) if saved_config else []
   )
+  if training:
+    check_batch(start, changed)
   want = _shapes(target)
   differ = sorted(
     k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)
@@ -278,6 +283,36 @@ def check_fits(
     hint="use a new --workdir for the new model, or set those keys back to "
     "resume (the run's config is in its config.json); nothing was changed",
   )
+
+
+def check_batch(start: StartPoint, changed: list[tuple[str, Any, Any]]) -> None:
+  """Refuses to train on from a checkpoint with another global batch size.
+
+  The saved data position counts clips of batches of the saved size, the
+  saved step counts those batches (the schedule, `total_steps`, the
+  evaluations and checkpoints are in them), and the optimizer state was
+  built on them: another size would go on from a position and a schedule
+  that mean something else (and, where the position is not a whole
+  number of the new transfers, could not start at all).
+
+  Args:
+    start: the checkpoint's start point.
+    changed: `config_lib.changes` since the checkpoint (see `check_fits`).
+
+  Raises:
+    errors.WorkdirError: `batch_size` changed, naming the saved one.
+  """
+  for key, saved, now in changed:
+    if key == config_lib.BATCH_KEY and saved is not None:
+      raise errors.WorkdirError(
+        f"the checkpoint {start.path}/{start.step} was trained with "
+        f"batch_size={saved!r}, this run has batch_size={now!r}: a run "
+        "resumes with its own batch size (its data position, step count "
+        "and schedule are counted in those batches)",
+        hint=f"resume with --config.batch_size={saved}, or start a new "
+        f"--workdir from these weights with --config.init_from="
+        f"{start.path}/{start.step}; nothing was changed",
+      )
 
 
 def set_aside_damaged(start: StartPoint) -> list[str]:

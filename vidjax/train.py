@@ -159,6 +159,7 @@ def setup(
       start,
       steps_lib.build_state_and_steps(config, task, mesh, abstract=True)[0],
       config,
+      training="train" in splits,
     )
   state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
   run = Run(
