@@ -88,7 +88,13 @@ AVION's recipe), `vocab` CLIP's BPE vocabulary. The format 'ego4d' reads the
 converted JSONL and refuses pickles unless `data.allow_pickle=True`. Keep the
 Ego4D evaluation file to a few thousand clips, since its similarity matrix is
 N x N. With less GPU memory, choose a leaner `model.remat` (see
-`get_config`) or raise `accum_steps` (the global batch stays 2048).
+`get_config`) or raise `accum_steps`: the global batch stays 2048 and so
+does the loss, InfoNCE over all 2048 pairs (each clip still sees 2047
+negatives), its gradients those of the unsplit batch, at the cost of one
+more forward pass (4/3 the FLOPs; GradCache, see `vidjax.steps`). One H200
+takes the whole recipe that way: `--config.accum_steps=4`, 512 clips at a
+time, about 88 GiB by the estimate (`python -m vidjax.bench.memory
+--batch-per-device 2048 --accum-steps 4`), and the cached embeddings 8 MiB.
 
 The run evaluates zero-shot EK-100 MIR every `eval.every_steps`
 (`eval.sets.ek100_mir`) and keeps its best checkpoint by

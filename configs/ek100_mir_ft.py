@@ -57,6 +57,10 @@ interpolated to 16 frames as AVION does. What was loaded, resized, dropped
 or started fresh is logged and written to WORKDIR/init_from.json. Without
 `data.train_relevancy` each clip trains against its own narration. The
 relevancy pickles also load as they are with `data.allow_pickle=True`.
+Under `accum_steps` > 1 (less GPU memory, or one GPU for the 512 clips) the
+loss stays the max-margin ranking over all 512 pairs, its gradients those of
+the unsplit batch, for one more forward pass (GradCache, `vidjax.steps`):
+in AVION's issue #14 MIR fine-tuning lost 4 mAP at a smaller total batch.
 `--config.eval.save_embeddings=True` writes the normalised clip and caption
 embeddings of each evaluation to `WORKDIR/embeddings/step_<N>.npz` (with
 their narration ids).

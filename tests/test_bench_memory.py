@@ -15,6 +15,8 @@ def test_kept_memory_falls_as_the_policy_keeps_less(capsys):
       str(config),
       "--batch-per-device",
       "4",
+      "--accum-steps",
+      "2",
       "--remat",
       "none,save_attention,full",
     ]
@@ -22,8 +24,16 @@ def test_kept_memory_falls_as_the_policy_keeps_less(capsys):
   kept = [row["kept_mib_per_clip"] for row in rows]
   assert kept == sorted(kept, reverse=True) and kept[-1] > 0
   assert kept[0] > 2 * kept[-1]
+  # 2 microbatches of 2 clips, and the step's 4 clips' cached embeddings
+  # and gradients: 2 towers x 64 dimensions x 4 bytes x 2, per clip.
   for row in rows:
+    assert row["cached_mib"] == pytest.approx(4 * 2 * 64 * 4 * 2 / 2**20)
     assert row["total_gib"] == pytest.approx(
-      row["fixed_gib"] + 4 * row["kept_mib_per_clip"] / 1024
+      row["fixed_gib"]
+      + (2 * row["kept_mib_per_clip"] + row["cached_mib"]) / 1024
     )
-  assert "save_attention" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "save_attention" in out
+  assert "4 clips per device in 2 microbatches of 2" in out
+  # The extra forward pass that keeps the loss the whole batch's: 1/3 more.
+  assert "TFLOP for the embedding cache's extra forward pass (+33%)" in out

@@ -41,6 +41,13 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
   # smaller microbatches.
   assert "--config.model.remat=dots_with_no_batch_dims_saveable (about" in text
   assert "--config.accum_steps=2 (128 clips per device at a time" in text
+  # What it costs: the contrastive loss stays the whole batch's.
+  assert (
+    "the same global batch; the loss stays the whole batch's, for one " in text
+  )
+  assert (
+    "more forward pass (4/3 the FLOPs) and 2 MiB of cached embeddings" in text
+  )
   assert not workdir.exists() and not compiles, compiles
 
 

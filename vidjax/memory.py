@@ -17,7 +17,10 @@ abstract arrays: nothing is allocated or compiled. What it counts:
                  second gradient buffer with `accum_steps` > 1), and the
                  residuals every clip shares (bf16 copies of the weights).
 
-The step then needs about fixed + kept x clips per device (per microbatch).
+The step then needs about fixed + kept x clips per device (per microbatch);
+a contrastive or MIR step in several microbatches (`accum_steps` > 1) also
+holds the whole step's embeddings and their gradients (GradCache, see
+`vidjax.steps`), a few KiB per clip.
 Under masked training (a CLIP's `model.mask_ratio`) the loss keeps what
 the kept tokens need; a run with an unmasked tuning is checked at that
 phase's step, which keeps every token's.
@@ -70,9 +73,29 @@ class StepMemory:
   attention: str  # The vision tower's implementation: 'cudnn' or 'xla'.
   kept_bytes_per_clip: float
   fixed_bytes: float
+  # A task whose loss couples the batch (contrastive, MIR) accumulates by
+  # caching the whole step's embeddings and their gradients: bytes per clip
+  # of the step (not of the microbatch), held when accum_steps > 1.
+  cached_bytes_per_clip: float = 0.0
+  accum_steps: int = 1
 
-  def total_bytes(self, clips_per_device: int) -> float:
-    return self.fixed_bytes + self.kept_bytes_per_clip * clips_per_device
+  def cached_bytes(self, clips_per_device: int, accum_steps: int) -> float:
+    """The cached embeddings' bytes at `clips_per_device` per microbatch."""
+    if accum_steps == 1:
+      return 0.0
+    return self.cached_bytes_per_clip * clips_per_device * accum_steps
+
+  def total_bytes(
+    self, clips_per_device: int, accum_steps: int | None = None
+  ) -> float:
+    """Per device at `clips_per_device` per microbatch, in `accum_steps`
+    microbatches (the config's when None)."""
+    accum = self.accum_steps if accum_steps is None else accum_steps
+    return (
+      self.fixed_bytes
+      + self.kept_bytes_per_clip * clips_per_device
+      + self.cached_bytes(clips_per_device, accum)
+    )
 
 
 def clips_per_device(config: ml_collections.ConfigDict) -> int:
@@ -165,7 +188,31 @@ def step_memories(
       + kept_small
       - per_clip * small
     )
-    yield StepMemory(remat, vision_attention(config.model), per_clip, fixed)
+    yield StepMemory(
+      remat,
+      vision_attention(config.model),
+      per_clip,
+      fixed,
+      cached_bytes_per_clip=_cached_per_clip(config, steps, state, rest),
+      accum_steps=config.accum_steps,
+    )
+
+
+def _cached_per_clip(config, steps, state, rest) -> float:
+  """Bytes per clip that accumulation by embedding cache holds: the clip's
+  embeddings and their gradients (0 for a task that does not cache)."""
+  if steps.embed is None:
+    return 0.0
+  clips = jax.device_count()
+  embeddings = jax.eval_shape(
+    steps.embed,
+    state["params"],
+    rest,
+    batches.batch_spec(config, clips),
+    jax.eval_shape(lambda: jax.random.key(0)),
+  )
+  size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(embeddings))
+  return 2 * size / clips
 
 
 def step_memory(
@@ -264,12 +311,14 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
       on_host=True,
     )
   fitting = next((e for e in estimates if e.total_bytes(clips) <= usable), None)
+  cached = estimate.cached_bytes(clips, config.accum_steps)
+  cached = f" + {cached / MiB:.0f} MiB of cached embeddings" if cached else ""
   raise StepTooLarge(
     f"{step_name} will not fit in the device's memory: about "
     f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
     f"of parameters, optimizer state and gradients + "
     f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "
-    f"clips per device; remat {estimate.remat!r}, {estimate.attention} "
+    f"clips per device{cached}; remat {estimate.remat!r}, {estimate.attention} "
     f"attention) against {usable / GiB:.1f} GiB usable of "
     f"{limit / GiB:.1f} GiB",
     hint=_what_fits(config, estimate, fitting, usable),
@@ -313,8 +362,11 @@ def _what_fits(
       f"--config.model.remat={fitting.remat} (about "
       f"{fitting.total_bytes(clips) / GiB:.1f} GiB)"
     )
-  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
   per_step = clips * config.accum_steps  # Clips per device and step.
+  cached = estimate.cached_bytes(per_step, 2)  # The same for any accum > 1.
+  most = int(
+    (usable - estimate.fixed_bytes - cached) // estimate.kept_bytes_per_clip
+  )
   accum = next(
     (
       a
@@ -324,9 +376,15 @@ def _what_fits(
     None,
   )
   if most >= 1 and accum:
+    cost = (
+      f"; the loss stays the whole batch's, for one more forward pass "
+      f"(4/3 the FLOPs) and {cached / MiB:.0f} MiB of cached embeddings"
+      if estimate.cached_bytes_per_clip
+      else ""
+    )
     ways.append(
       f"--config.accum_steps={accum} ({per_step // accum} clips per "
-      f"device at a time, the same global batch; at most {most} "
+      f"device at a time, the same global batch{cost}; at most {most} "
       "clips per device fit)"
     )
   elif most >= 1:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vidjax import augment, keypaths, models, optim, sharding
+from vidjax import augment, keypaths, models, optim, sharding, tasks
 from vidjax.models import clip as clip_lib, vit
 from vidjax.tasks import Task
 
@@ -58,8 +58,19 @@ def _microbatches(batch: dict, accum: int) -> dict:
   )
 
 
+def _whole_batch(micro: dict) -> dict:
+  """The inverse of `_microbatches`: [accum, B/accum, ...] -> [B, ...]."""
+  return jax.tree.map(
+    lambda x: jnp.moveaxis(x, 0, 1).reshape((-1,) + x.shape[2:]), micro
+  )
+
+
 def _accumulate(grad_fn, accum: int, params, rest, batch, key):
-  """grad_fn over `accum` microbatches of the batch, averaged (lax.scan)."""
+  """grad_fn over `accum` microbatches of the batch, averaged (lax.scan).
+
+  For a loss that is a mean over examples (classification, VideoMAE): the
+  average of the microbatches' gradients is the whole batch's.
+  """
   if accum == 1:
     return grad_fn(params, rest, batch, key)
   micro = _microbatches(batch, accum)
@@ -74,6 +85,54 @@ def _accumulate(grad_fn, accum: int, params, rest, batch, key):
 
   total, _ = jax.lax.scan(add, zeros, (micro, keys))
   return jax.tree.map(lambda x: x / accum, total)
+
+
+def _cached_accumulate(embed_fn, head_fn, accum: int, params, rest, batch, key):
+  """The loss over the whole batch, its gradient computed in microbatches.
+
+  GradCache (Gao et al., 2021; OpenCLIP's `--accum-freq`), for a loss that
+  couples the batch's examples (InfoNCE's negatives, max-margin ranking):
+  every microbatch is embedded without gradients, the loss runs on all the
+  embeddings at once, and each microbatch is then embedded again with
+  gradients and back-propagates its share of the loss's gradient with
+  respect to the embeddings (a vjp). The gradients equal the unsplit
+  batch's at the cost of one more forward pass; memory holds one
+  microbatch's activations plus the whole batch's embeddings.
+
+  Args:
+    embed_fn: (params, rest, batch [b, ...], key) -> embeddings {name: [b, D]}.
+    head_fn: (params, rest, embeddings [B, D], batch [B, ...]) -> (loss,
+      metrics): the loss on the whole batch's embeddings (the parameters
+      for what it learns itself, e.g. CLIP's temperature).
+    accum, params, rest, batch, key: as `_accumulate` (microbatch a's key
+      is `split(key, accum)[a]`, in both passes).
+
+  Returns:
+    ((loss, metrics), grads), as `jax.value_and_grad(..., has_aux=True)`.
+  """
+  micro = _microbatches(batch, accum)
+  keys = jax.random.split(key, accum)
+  cached = jax.lax.map(lambda xs: embed_fn(params, rest, *xs), (micro, keys))
+  (loss, metrics), (grads, cotangents) = jax.value_and_grad(
+    head_fn, argnums=(0, 2), has_aux=True
+  )(params, rest, _whole_batch(cached), batch)
+
+  def add(total, xs):
+    batch, key, cotangent = xs
+    _, vjp = jax.vjp(lambda p: embed_fn(p, rest, batch, key), params)
+    return jax.tree.map(jnp.add, total, vjp(cotangent)[0]), None
+
+  cotangents = _microbatches(cotangents, accum)
+  grads, _ = jax.lax.scan(add, grads, (micro, keys, cotangents))
+  return (loss, metrics), grads
+
+
+def caches_embeddings(config) -> bool:
+  """Whether the run's step is `_cached_accumulate`'s: a task whose loss
+  couples the batch (it has `embed`), in more than one microbatch. Its
+  step runs the towers' forward pass twice (4x, not 3x, the FLOPs)."""
+  task = tasks.get_task(config.task)
+  return config.accum_steps > 1 and isinstance(task, tasks.EmbeddingTask)
 
 
 def unmask_start(config) -> int | None:
@@ -114,8 +173,14 @@ class Steps:
   loss: Callable[
     [Any, Any, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]
   ]
+  # (params, rest, batch, key) -> ((loss, metrics), gradients): what
+  # `train` applies, on one raw batch, unjitted; `accum_steps` microbatches.
+  gradients: Callable[[Any, Any, Batch, jax.Array], tuple] | None = None
   # (params, rest, tokens) -> text embeddings (captions, `eval_sets`).
   text: Callable[[Any, Any, jax.Array], jax.Array] | None = None
+  # An `EmbeddingTask`'s (params, rest, raw batch, key) -> the embeddings
+  # the step caches under `accum_steps` > 1, unjitted (for memory).
+  embed: Callable[[Any, Any, Batch, jax.Array], dict] | None = None
   unmasked_train: TrainStep | None = None
   unmask_start: int | None = None
 
@@ -145,7 +210,7 @@ def make_steps(
   model's graph training on every token, for the unmasked tuning (then
   `graphdef` is the masked one's, which evaluation runs unmasked anyway).
   """
-  accum = config.accum_steps
+  accum, cache = config.accum_steps, caches_embeddings(config)
   # Frames leave the augment in the compute dtype (bf16 on GPU): the model
   # casts them anyway, and half the bytes cross HBM.
   dtype = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name}
@@ -163,18 +228,26 @@ def make_steps(
       model = nnx.merge(graphdef, params, rest)
       return task.loss(model, batch, key, config)
 
+    def embed_fn(params, rest, batch, key):
+      return task.embed(nnx.merge(graphdef, params, rest), batch, key, config)
+
+    def head_fn(params, rest, embeddings, batch):
+      model = nnx.merge(graphdef, params, rest)
+      return task.embedded_loss(model, embeddings, batch, config)
+
+    def gradients(params, rest, batch, key):
+      if cache:
+        return _cached_accumulate(
+          embed_fn, head_fn, accum, params, rest, batch, key
+        )
+      grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+      return _accumulate(grad_fn, accum, params, rest, batch, key)
+
     def train_step(state, rest, batch, base_key):
       key = jax.random.fold_in(base_key, state["step"])
       aug_key, drop_key = jax.random.split(key)
       batch = train_augment(batch, aug_key)
-      (loss, metrics), grads = _accumulate(
-        jax.value_and_grad(loss_fn, has_aux=True),
-        accum,
-        state["params"],
-        rest,
-        batch,
-        drop_key,
-      )
+      (loss, metrics), grads = gradients(state["params"], rest, batch, drop_key)
       updates, opt = tx.update(grads, state["opt"], state["params"])
       params = _clamp_logit_scale(optax.apply_updates(state["params"], updates))
       metrics = {f"train/{k}": v for k, v in metrics.items()}
@@ -187,9 +260,9 @@ def make_steps(
       )
       return {"step": state["step"] + 1, "params": params, "opt": opt}, metrics
 
-    return loss_fn, train_step
+    return loss_fn, embed_fn, gradients, train_step
 
-  loss_fn, train_step = make_train_step(graphdef)
+  loss_fn, embed_fn, gradients, train_step = make_train_step(graphdef)
 
   def eval_step(params, rest, batch):
     batch = eval_augment(batch, jax.random.key(0))
@@ -202,6 +275,14 @@ def make_steps(
   def raw_batch_loss(params, rest, batch, key):
     aug_key, drop_key = jax.random.split(key)
     return loss_fn(params, rest, train_augment(batch, aug_key), drop_key)
+
+  def raw_batch_gradients(params, rest, batch, key):
+    aug_key, drop_key = jax.random.split(key)
+    return gradients(params, rest, train_augment(batch, aug_key), drop_key)
+
+  def raw_batch_embed(params, rest, batch, key):
+    aug_key, drop_key = jax.random.split(key)
+    return embed_fn(params, rest, train_augment(batch, aug_key), drop_key)
 
   state_shardings, rest_shardings = shardings
   batch, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
@@ -217,9 +298,11 @@ def make_steps(
   start = unmask_start(config) if unmasked_graphdef is not None else None
   unmasked_train = None
   if start is not None:
-    unmasked_train = jit_train(make_train_step(unmasked_graphdef)[1])
+    unmasked_train = jit_train(make_train_step(unmasked_graphdef)[-1])
   return Steps(
     loss=raw_batch_loss,
+    gradients=raw_batch_gradients,
+    embed=raw_batch_embed if isinstance(task, tasks.EmbeddingTask) else None,
     train=jit_train(train_step),
     unmasked_train=unmasked_train,
     unmask_start=start,

@@ -414,13 +414,16 @@ def _train(
 
   def flops_per_step(step: int) -> float:
     """Of the step run from `step`: the tokens it processes (the kept ones
-    under masking, every one in the unmasked tuning)."""
+    under masking, every one in the unmasked tuning), and the second
+    forward pass of accumulation by embedding cache."""
     model = (
       config.model
       if unmask_at is None or step < unmask_at
       else shapes.unmasked(config.model)
     )
-    return flops_lib.flops_per_example(model)["training"] * config.batch_size
+    flops = flops_lib.flops_per_example(model)
+    extra = flops["forward"] if steps_lib.caches_embeddings(config) else 0
+    return (flops["training"] + extra) * config.batch_size
 
   timer = monitor.StepTimer(
     global_batch=config.batch_size,

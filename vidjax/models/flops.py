@@ -12,7 +12,10 @@ computes them; causal masking is not discounted). Elementwise work (norms,
 softmax, activations) is left out, as usual for MFU. Training is 3x the
 forward pass (the backward pass costs two matmuls per forward one);
 rematerialisation's recompute is not counted, so MFU stays comparable
-across remat policies.
+across remat policies. The second forward pass of a contrastive step
+accumulated by embedding cache (`vidjax.steps.caches_embeddings`) is work
+the recipe asked for, not a memory trade inside the step: `vidjax.train`
+adds one forward pass per example for it (4x the forward in all).
 """
 
 from __future__ import annotations

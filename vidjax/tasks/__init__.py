@@ -3,7 +3,9 @@
 `get_task(config.task)` returns the task's module (`contrastive`,
 `retrieval`, `mae`, `classification`); a module is a `Task` by having the
 functions below (a `typing.Protocol`, checked by type checkers and by
-`isinstance`). Retrieval tasks are also `RetrievalTask`s, which
+`isinstance`). Contrastive tasks are also `EmbeddingTask`s (their loss
+couples the batch: `vidjax.steps` accumulates it by GradCache). Retrieval
+tasks are also `RetrievalTask`s, which
 `vidjax.eval_sets` asks for the captions and the embeddings. Whether a
 task's batches carry text is `vidjax.defaults.needs_text(task)`.
 """
@@ -52,6 +54,35 @@ class Task(Protocol):
   ) -> dict[str, float]:
     """Metrics from the outputs of the whole evaluation set, concatenated on
     the host together with the batches' `index`, `view` and `valid`."""
+
+
+@runtime_checkable
+class EmbeddingTask(Task, Protocol):
+  """A task whose loss couples the batch's examples (contrastive, MIR): it
+  is a loss over the whole batch's embeddings, which `vidjax.steps`
+  computes in microbatches under `accum_steps` > 1 (GradCache). Its `loss`
+  is `embedded_loss(model, embed(model, batch, key, config), batch, config)`.
+  """
+
+  def embed(
+    self,
+    model: Any,
+    batch: Batch,
+    key: jax.Array,
+    config: ml_collections.ConfigDict,
+  ) -> dict[str, jax.Array]:
+    """Training embeddings {name: [b, D]} of an augmented (micro)batch;
+    each row depends on its own example only."""
+
+  def embedded_loss(
+    self,
+    model: Any,
+    embeddings: dict[str, jax.Array],
+    batch: Batch,
+    config: ml_collections.ConfigDict,
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(loss, metrics) of the whole batch's embeddings [B, D]; the model
+    for the parameters the loss itself learns (CLIP's temperature)."""
 
 
 @runtime_checkable

@@ -28,14 +28,26 @@ def augment_config(config, *, train: bool) -> dict:
   return augment if train else common.eval_augment(augment)
 
 
-def loss(model, batch, key, config):
+def embed(model, batch, key, config):
   del config
-  video = model.encode_video(batch["video"], deterministic=False, rngs=key)
-  text = model.encode_text(batch["tokens"])
-  value, metrics = losses.contrastive_loss(
-    video, text, model.logit_scale[...], valid=batch.get("valid")
+  return {
+    "video": model.encode_video(batch["video"], deterministic=False, rngs=key),
+    "text": model.encode_text(batch["tokens"]),
+  }
+
+
+def embedded_loss(model, embeddings, batch, config):
+  del config
+  return losses.contrastive_loss(
+    embeddings["video"],
+    embeddings["text"],
+    model.logit_scale[...],
+    valid=batch.get("valid"),
   )
-  return value, metrics
+
+
+def loss(model, batch, key, config):
+  return embedded_loss(model, embed(model, batch, key, config), batch, config)
 
 
 def eval_outputs(model, batch):

@@ -1,0 +1,58 @@
+"""Accumulation that keeps a batch loss: the contrastive and MIR losses over
+the whole global batch under `accum_steps` > 1 (GradCache, `vidjax.steps`)."""
+
+import jax
+import numpy as np
+
+from debug_runs import load
+from vidjax import sharding, steps as steps_lib, tasks
+from vidjax.bench import random_batches
+
+
+def test_accumulated_gradients_of_a_batch_loss_equal_the_whole_batchs():
+  """The contrastive and MIR losses' gradients in 4 microbatches equal the
+  unsplit batch's, on the 8 devices (one tiny CLIP for both tasks)."""
+  assert jax.device_count() == 8
+  config = load(
+    "demo",
+    "--config.batch_size=32",
+    "--config.data.num_frames=2",
+    "--config.data.size=32",
+    "--config.model.depth=1",
+    "--config.model.text.layers=1",
+  )
+  mesh = sharding.make_mesh()
+  state, rest, _ = steps_lib.build_state_and_steps(
+    config, tasks.get_task(config.task), mesh
+  )
+  batch = random_batches.random_batch(config, 32, mesh, seed=1)
+  valid = (
+    np.arange(32) % 7 != 3
+  )  # Unreadable clips: neither anchor nor negative.
+  batch["valid"] = jax.device_put(valid, batch["valid"].sharding)
+  mir = load("ek100_mir_ft")  # The same backbone, the max-margin loss.
+  for task in ("contrastive", "retrieval"):
+    config.task, config.loss = task, mir.loss
+    out = {}
+    for accum in (1, 4):
+      config.accum_steps = accum
+      assert steps_lib.caches_embeddings(config) == (accum > 1)
+      steps = steps_lib.build_state_and_steps(
+        config, tasks.get_task(task), mesh, abstract=True
+      )[2]
+      out[accum] = jax.tree.map(
+        np.asarray,
+        jax.jit(steps.gradients)(
+          state["params"], rest, batch, jax.random.key(2)
+        ),
+      )
+    ((loss, metrics), grads), ((loss4, metrics4), grads4) = out[1], out[4]
+    np.testing.assert_allclose(loss4, loss, rtol=1e-5)
+    for k in metrics:  # The accuracies are the whole batch's too.
+      np.testing.assert_allclose(metrics4[k], metrics[k], rtol=1e-5)
+    flat = jax.tree_util.tree_leaves_with_path(grads)
+    scale = max(np.abs(g).max() for _, g in flat)
+    for (path, g), g4 in zip(flat, jax.tree.leaves(grads4)):
+      np.testing.assert_allclose(
+        g4, g, rtol=1e-4, atol=1e-6 * scale, err_msg=f"{task} {path}"
+      )
