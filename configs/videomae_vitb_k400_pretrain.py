@@ -28,6 +28,17 @@ batch of 256, so its learning rate and schedule apply unchanged):
         --config.data.train_annotations=/data/k400/annotations/train.csv \
         --config.data.eval_annotations=/data/k400/annotations/val.csv
 
+One GPU (an H200 with 16 cores): add `--config.data.repeats=4`, 4 views of
+each decoded clip (MAE-ST's repeated sampling, its `repeat_aug` 4). The GPU
+trains about 1,860 masked 16x4 clips a second, but a core decodes about 76
+(`python -m vidjax.bench.pipeline`, BENCHMARKS.md): ~25 cores would be
+needed, and 16 feed ~1,200. MAE-ST's reasoning holds here: with 90 % of the
+tubes masked, each view of a clip (its own crop, flip and mask) is a mostly
+new reconstruction task, while decoding is what a step costs the host; so
+decode once, train on R views. Epochs count views (MAE-ST's effective
+epochs): 800 epochs stay 800 at R=4, each clip decoded a quarter as often.
+The batch keeps counting views (256), so the learning rate is unchanged.
+
 Paths are the user's to give (they default to ''). Annotations are the
 official Kinetics CSVs (train.csv, val.csv:
 label,youtube_id,time_start,time_end,split), or AVION's video lists

@@ -31,7 +31,16 @@ LAYERS = [
     "rundir",
   },
   # Data, models and what a step is made of.
-  {"data", "models", "metrics", "randaugment", "augment", "optim", "sharding"},
+  {
+    "data",
+    "models",
+    "metrics",
+    "randaugment",
+    "views",
+    "augment",
+    "optim",
+    "sharding",
+  },
   # The text-prompt classifier, on metrics (zero-shot evaluation, labels).
   {"zeroshot"},
   {"tasks"},

@@ -23,13 +23,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vidjax import defaults, randaugment
+from vidjax import defaults, randaugment, views
 
 Array = jax.Array
 
 # The keys a task gives `make_augment` (from the model), with their defaults.
 _TASK_KEYS = dict(
-  dtype="float32", num_classes=None, mask_ratio=0.0, tubelet=2, patch=16
+  dtype="float32",
+  num_classes=None,
+  mask_ratio=0.0,
+  tubelet=2,
+  patch=16,
+  repeats=1,
+  views=None,
 )
 
 
@@ -298,12 +304,17 @@ def make_augment(
     mix_groups: see `mix_partner` (default 1 = whole batch, as timm).
     mask_ratio: VideoMAE tube-mask ratio (default 0 = no mask).
     tubelet (2), patch (16): token size for the mask.
+    repeats (1 = off), views: R views of each clip of the batch (canvases),
+      each cropped, flipped and resized on its own first (`vidjax.views`;
+      `views` holds `crop`, `crop_scale`, `hflip`, `size`); every other
+      augmentation then draws per view.
     randaugment_layers (0 = off), randaugment_magnitude, randaugment_prob,
     randaugment_std, erase_prob (0 = off), erase_mode: RandAugment and
       random erasing per clip, before mixing (`vidjax.randaugment`).
 
-  The returned batch has 'video' normalised (dtype[B, T, H, W, 3]), every
-  other input entry unchanged, plus:
+  The returned batch has 'video' normalised (dtype[B, T, H, W, 3]; B times
+  `repeats` rows with repeats), every other input entry unchanged (repeated
+  alike), plus:
     '<head>_target': float32[B, C] soft targets for each head in num_classes,
       when mixing or label smoothing is on;
     'mask': bool[B, N] when mask_ratio > 0.
@@ -332,10 +343,15 @@ def make_augment(
   mask_ratio = float(config["mask_ratio"])
   tubelet, patch = int(config["tubelet"]), int(config["patch"])
   clip_augment = randaugment.make_clip_augment(config, mean, std)
+  repeats, view_spec = int(config["repeats"]), config["views"]
 
   def augment(batch: dict[str, Array], key: Array) -> dict[str, Array]:
     if "video" not in batch:
       raise KeyError(f"augment: batch has no 'video' (keys: {sorted(batch)})")
+    if repeats > 1:  # A key of its own: the other draws stay as at R=1.
+      batch = views.make_views(
+        batch, jax.random.fold_in(key, 2), repeats, view_spec
+      )
     out = dict(batch)
     k_mix, k_mask = jax.random.split(key)
     video = batch["video"]

@@ -48,6 +48,7 @@ BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
+REPEATS_KEY = "data.repeats"
 OVERRIDES_KEY = "overrides"  # The keys given on the command line.
 TUBELET_KEY = "model.tubelet"
 # `*_epochs` keys (> 0) and the step keys they set from the training records.
@@ -397,12 +398,17 @@ def epochs_to_steps(
   """Sets each step key of `EPOCH_KEYS` whose `*_epochs` key is > 0.
 
   An epoch is `train_clips // batch_size` steps (the last partial batch is
-  dropped, as AVION does); each key gets at least one step.
+  dropped, as AVION does); each key gets at least one step. It counts the
+  views trained on: with `data.repeats` R > 1 (`batch_size` views of
+  batch_size / R clips a step) an epoch decodes each clip 1 / R times on
+  average, and a config's epochs mean the same training whatever R (MAE-ST's
+  "effective epochs").
 
   Args:
     config: the run's config (changed in place).
     train_clips: the training records kept at start-up.
   """
+  repeats = _get(config, REPEATS_KEY, 1)
   steps_per_epoch = max(1, train_clips // config.batch_size)
   for epochs_key, steps_key in EPOCH_KEYS.items():
     epochs = _get(config, epochs_key, 0)
@@ -411,12 +417,16 @@ def epochs_to_steps(
       node = _get(config, section) if section else config
       node[name] = max(1, round(epochs * steps_per_epoch))
       logging.info(
-        "%s = %d: %s = %g epochs of %d steps",
+        "%s = %d: %s = %g epochs of %d steps%s",
         steps_key,
         node[name],
         epochs_key,
         epochs,
         steps_per_epoch,
+        f" (epochs of {train_clips} views: {repeats} views per decoded clip, "
+        f"each clip decoded every {repeats} epochs)"
+        if repeats > 1
+        else "",
       )
 
 
@@ -458,6 +468,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
         + f" is not divisible by the {num_devices} devices; use a multiple of "
         f"{num_devices * accum}"
       )
+  problems += _repeat_problems(config, batch, num_devices)
   eval_batch = _get(config, EVAL_BATCH_KEY, None)
   if eval_batch is not None and eval_batch % num_devices:
     problems.append(
@@ -482,6 +493,32 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
       "invalid config:\n  - " + "\n  - ".join(problems),
       hint="change them with --config.KEY=VALUE",
     )
+
+
+def _repeat_problems(config, batch: int | None, num_devices: int) -> list:
+  """`data.repeats`: a positive integer dividing the batch into clips that
+  split over the devices; not for video-text tasks."""
+  repeats = _get(config, REPEATS_KEY, 1)
+  if repeats == 1:
+    return []
+  if not isinstance(repeats, int) or repeats < 1:
+    return [f"'{REPEATS_KEY}' = {repeats!r} must be a positive integer"]
+  task = _get(config, "task", None)
+  if defaults.needs_text(task):
+    return [
+      f"'{REPEATS_KEY}' = {repeats}: the {task} task cannot repeat clips "
+      "(a clip's other views in the batch would be false negatives of its "
+      "caption); use 1"
+    ]
+  if batch is None:
+    return []
+  if batch % repeats or (batch // repeats) % num_devices:
+    return [
+      f"'{BATCH_KEY}' = {batch} / '{REPEATS_KEY}' = {repeats} clips a step "
+      f"do not split over the {num_devices} devices; use a multiple of "
+      f"{repeats * num_devices}"
+    ]
+  return []
 
 
 def changes(

@@ -340,6 +340,7 @@ def run_summary(
   total_steps: int,
   first_step: int,
   start: str,
+  repeats: int = 1,
 ) -> str:
   """The start-up summary: devices, batch, parameters, data, steps.
 
@@ -352,21 +353,31 @@ def run_summary(
     total_steps: the step to train to.
     first_step: the step the run starts at (resumed runs: > 0).
     start: where the parameters come from, e.g. 'from scratch'.
+    repeats: views per decoded clip (`data.repeats`): the batch and the
+      epochs count views.
   """
   kinds = sorted({d.device_kind for d in devices})
   per_device = batch_size // max(len(devices) * accum_steps, 1)
   accum = f" x {accum_steps} accumulation steps" if accum_steps > 1 else ""
+  views = (
+    f" views ({batch_size // repeats} clips decoded x {repeats} views each)"
+    if repeats > 1
+    else ""
+  )
   lines = [
     f"{len(devices)} device{'s' if len(devices) > 1 else ''} "
-    f"({', '.join(kinds)}); batch {batch_size} = "
+    f"({', '.join(kinds)}); batch {batch_size}{views} = "
     f"{per_device} per device{accum}; {num_params / 1e6:.2f}M parameters, "
     f"{start}"
   ]
   if clips:
     data = ", ".join(f"{n} {split} clips" for split, n in clips.items())
     train = clips.get("train")
+    # Epochs count views (`config.epochs_to_steps`).
     epoch = (
-      f"; {train // batch_size} steps per epoch, {total_steps} steps = "
+      f"; {train // batch_size} steps per epoch"
+      + (f" (of {train} views)" if repeats > 1 else "")
+      + f", {total_steps} steps = "
       f"{total_steps * batch_size / train:.1f} epochs"
       if train and train >= batch_size
       else ""

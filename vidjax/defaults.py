@@ -185,6 +185,8 @@ def data_config() -> ml_collections.ConfigDict:
       hflip=0.5,
       eval_clips=1,
       eval_crops=1,
+      repeats=1,
+      repeat_canvas=(0, 0),
       workers=0,
       threads=0,
       worker_buffer=8,

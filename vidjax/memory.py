@@ -175,8 +175,10 @@ def step_memories(
     state, rest, steps = steps_lib.build_state_and_steps(
       config, task, mesh, abstract=True, model=model
     )
-    # Two batch sizes split the residuals into per-clip and shared ones.
-    small, large = jax.device_count(), 2 * jax.device_count()
+    # Two batch sizes split the residuals into per-clip and shared ones
+    # (per view with `data.repeats`: the batches hold a clip per device).
+    small = jax.device_count() * config.data.get("repeats", 1)
+    large = 2 * small
     kept_small, kept_large = (
       _kept_for_backward(config, steps, state, rest, b) for b in (small, large)
     )

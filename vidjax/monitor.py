@@ -292,8 +292,10 @@ class StepTimer:
     peak_flops_per_device: float | None = None,
     window_steps: int = 20,
     clock=time.perf_counter,
+    repeats: int = 1,
   ):
-    self.global_batch = global_batch
+    # The batch counts views; the clips decoded are a `repeats`-th of them.
+    self.global_batch, self.repeats = global_batch, repeats
     self.flops_per_step = flops_per_step
     self.num_devices = num_devices or jax.device_count()
     self.peak_flops_per_device = peak_flops_per_device
@@ -351,8 +353,10 @@ class StepTimer:
       "perf/data_wait_s": wait / steps,
       "perf/data_wait_frac": wait / wall,
       "perf/steps_per_s": steps / wall,
-      "perf/clips_per_s": steps * self.global_batch / wall,
+      "perf/clips_per_s": steps * self.global_batch / self.repeats / wall,
     }
+    if self.repeats > 1:  # What the model trains on: views of those clips.
+      out["perf/views_per_s"] = steps * self.global_batch / wall
     if self.flops_per_step:
       out["perf/tflops_per_device"] = (
         self.flops_per_step * steps / wall / self.num_devices / 1e12

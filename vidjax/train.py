@@ -264,6 +264,7 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
     console.run_summary(
       devices=jax.devices(),
       batch_size=config.batch_size,
+      repeats=config.data.get("repeats", 1),
       accum_steps=config.accum_steps,
       num_params=num_params,
       clips=clips,
@@ -278,11 +279,12 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
     and config.model.mask_ratio > 0
   ):
     logging.info("%s", _masking_summary(config, run.steps.unmask_start))
-  if "train" in clips and config.batch_size > clips["train"]:
+  decoded = config.batch_size // config.data.get("repeats", 1)
+  if "train" in clips and decoded > clips["train"]:
     logging.warning(
       "batch_size=%d is larger than the %d training clips: every "
       "batch repeats clips; lower --config.batch_size",
-      config.batch_size,
+      decoded,
       clips["train"],
     )
 
@@ -427,6 +429,7 @@ def _train(
 
   timer = monitor.StepTimer(
     global_batch=config.batch_size,
+    repeats=config.data.get("repeats", 1),
     flops_per_step=flops_per_step(step),
     peak_flops_per_device=config.peak_tflops * 1e12
     or monitor.peak_flops_per_device(),

@@ -59,6 +59,7 @@ def write_records(
 def data_config(
   store: Path, records: Path, frames: int, stride: int, size: int
 ) -> ml_collections.ConfigDict:
+  # The task decides which targets the batches carry: a label each.
   config = ml_collections.ConfigDict(
     {"seed": 0, "task": "classification", "data": defaults.data_config()}
   )

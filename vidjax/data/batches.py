@@ -235,7 +235,7 @@ def target_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def batch_spec(
-  config: ml_collections.ConfigDict, batch_size: int
+  config: ml_collections.ConfigDict, batch_size: int, *, train: bool = True
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """Shapes and dtypes of the global batches `make_pipeline` yields.
 
@@ -244,7 +244,10 @@ def batch_spec(
 
   Args:
     config: the run config (reads `task` and `data`).
-    batch_size: global batch size B.
+    batch_size: global batch size B (in training, views: with
+      `data.repeats` R > 1 the batches hold B / R canvases, as
+      `loader.ClipSpec.from_config(data, train=True)`).
+    train: the training batches' shapes, else evaluation's.
 
   Returns:
     dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
@@ -253,8 +256,10 @@ def batch_spec(
     'ek100_cls'); index, view, skipped int32[B]; valid bool[B].
   """
   text = config.model.get("text")
+  repeats = config.data.get("repeats", 1) if train else 1
+  batch_size //= repeats
   spec = loader.element_spec(
-    loader.ClipSpec.from_config(config.data),
+    loader.ClipSpec.from_config(config.data, train=train),
     target_keys(config),
     text.context_length if text else defaults.CONTEXT_LENGTH,
   )

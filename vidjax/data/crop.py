@@ -227,24 +227,29 @@ def spatial_views(
   return views
 
 
+# GroupMultiScaleCrop's candidate offsets, in quarters of the slack: the
+# corners and the centre, then (more_fix_crop) the edge middles and the
+# quarter points.
+FIX_CROP_GRID = ((0, 0), (4, 0), (0, 4), (4, 4), (2, 2))
+MORE_FIX_CROP_GRID = FIX_CROP_GRID + (
+  (0, 2),
+  (4, 2),
+  (2, 4),
+  (2, 0),
+  (1, 1),
+  (3, 1),
+  (1, 3),
+  (3, 3),
+)
+
+
 def _fixed_offsets(
   width: int, height: int, crop_w: int, crop_h: int, more_fix_crop: bool
 ) -> list[tuple[int, int]]:
   """GroupMultiScaleCrop's candidate (x, y) offsets, on a grid of quarters."""
   step_x = (width - crop_w) // 4
   step_y = (height - crop_h) // 4
-  grid = [(0, 0), (4, 0), (0, 4), (4, 4), (2, 2)]  # corners, centre
-  if more_fix_crop:
-    grid += [
-      (0, 2),
-      (4, 2),
-      (2, 4),
-      (2, 0),  # edge middles
-      (1, 1),
-      (3, 1),
-      (1, 3),
-      (3, 3),
-    ]  # quarter points
+  grid = MORE_FIX_CROP_GRID if more_fix_crop else FIX_CROP_GRID
   return [(gx * step_x, gy * step_y) for gx, gy in grid]
 
 

@@ -89,12 +89,17 @@ class ClipSpec:
     return self.eval_clips * self.eval_crops
 
   @classmethod
-  def from_config(cls, data) -> ClipSpec:
-    """From `config.data` (its `size` an int side or (H, W))."""
+  def from_config(cls, data, *, train: bool = False) -> ClipSpec:
+    """From `config.data` (its `size` an int side or (H, W)).
+
+    With `train` and `data.repeats` > 1, the clips the host decodes for
+    training: each its centred `data.repeat_canvas` window, unflipped; the
+    device crops, flips and resizes the views (`vidjax.views`).
+    """
     size = (
       data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2
     )
-    return cls(
+    spec = cls(
       num_frames=data.num_frames,
       sampling=data.sampling,
       stride=data.stride,
@@ -105,6 +110,25 @@ class ClipSpec:
       eval_clips=data.eval_clips,
       eval_crops=data.eval_crops,
     )
+    if train and data.get("repeats", 1) > 1:
+      spec = dataclasses.replace(
+        spec, size=canvas_size(data), crop="center", hflip=0.0
+      )
+    return spec
+
+
+def canvas_size(data) -> tuple[int, int]:
+  """(H, W) of the clips decoded for repeated views: `data.repeat_canvas`,
+  or (0, 0) for 8/7 of the output's height (even) at an aspect of 5:4 (or
+  the output's, if wider): 256 x 320 for 224 x 224, the short side VideoMAE
+  and MAE-ST scale their frames to before cropping 224."""
+  height, width = (int(v) for v in data.repeat_canvas)
+  if height > 0 and width > 0:
+    return height, width
+  out_h, out_w = ClipSpec.from_config(data).size
+  height = 2 * round(out_h * 8 / 7 / 2)
+  width = max(2 * round(height * 5 / 4 / 2), 2 * round(out_w * 8 / 7 / 2))
+  return height, width
 
 
 def element_spec(

@@ -54,6 +54,13 @@ Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
   vocab           CLIP BPE vocabulary (bpe_simple_vocab_16e6.txt.gz) for text
   num_frames, sampling, stride, size, crop, crop_scale, hflip,
   eval_clips, eval_crops                 see `loader.ClipSpec`
+  repeats         training views per decoded clip (R, 1: off): the host
+                  decodes batch_size / R clips a step, each its centred
+                  `repeat_canvas` (H, W) window (default (0, 0): 8/7 of
+                  `size`, aspect 5:4, `loader.canvas_size`; the centre of
+                  wider frames is kept), and the train step crops,
+                  flips and augments R views of each (`vidjax.views`);
+                  VideoMAE and classification only
   workers         Grain worker processes (0: in the main process)
   threads         reader threads per process (PyAV releases the GIL)
   stall_warn_s    seconds without a batch between warnings of what it waits on
@@ -102,19 +109,31 @@ PENDING_FREES = 2
 TRANSFER_BYTES = 32 * 2**20
 
 
-def clip_bytes(data: ml_collections.ConfigDict) -> int:
-  """Bytes of one decoded clip: uint8[num_frames, height, width, 3]."""
-  height, width = loader.ClipSpec.from_config(data).size
+def clip_bytes(data: ml_collections.ConfigDict, train: bool = False) -> int:
+  """Bytes of one decoded clip: uint8[num_frames, height, width, 3] (in
+  training with `repeats` > 1, the canvas's size)."""
+  height, width = loader.ClipSpec.from_config(data, train=train).size
   return data.num_frames * height * width * 3
 
 
+def clips_per_step(data: ml_collections.ConfigDict, batch_size: int) -> int:
+  """Clips the host decodes for a training batch of `batch_size` views:
+  `batch_size / data.repeats` (`vidjax.views` makes the views)."""
+  repeats = data.get("repeats", 1)
+  if batch_size % repeats:
+    raise ValueError(
+      f"batch size {batch_size} is not a multiple of data.repeats={repeats}"
+    )
+  return batch_size // repeats
+
+
 def clips_per_transfer(
-  data: ml_collections.ConfigDict, local_batch: int
+  data: ml_collections.ConfigDict, local_batch: int, train: bool = False
 ) -> int:
   """Clips a worker hands over at once: the largest divisor of the local
   batch whose frames fit in `TRANSFER_BYTES` (at least 1), so that every
   batch is made of whole groups."""
-  most = max(1, TRANSFER_BYTES // clip_bytes(data))
+  most = max(1, TRANSFER_BYTES // clip_bytes(data, train))
   return max(
     g for g in range(1, min(most, local_batch) + 1) if local_batch % g == 0
   )
@@ -126,7 +145,7 @@ def _buffered_groups(worker_buffer: int, group: int) -> int:
 
 
 def shared_memory_bytes(
-  data: ml_collections.ConfigDict, local_batch: int
+  data: ml_collections.ConfigDict, local_batch: int, train: bool = False
 ) -> int:
   """The most /dev/shm the workers' clips can take at once (0: no workers).
 
@@ -138,16 +157,19 @@ def shared_memory_bytes(
   """
   if not data.workers:
     return 0
-  group = clips_per_transfer(data, local_batch)
+  group = clips_per_transfer(data, local_batch, train)
   groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 2)
-  return (groups + PENDING_FREES) * group * clip_bytes(data)
+  return (groups + PENDING_FREES) * group * clip_bytes(data, train)
 
 
 def check_shared_memory(
-  data: ml_collections.ConfigDict, local_batch: int, path: str = SHM_DIR
+  data: ml_collections.ConfigDict,
+  local_batch: int,
+  path: str = SHM_DIR,
+  train: bool = False,
 ) -> None:
   """Stops at start-up, saying what to change, if /dev/shm is too small."""
-  need = shared_memory_bytes(data, local_batch)
+  need = shared_memory_bytes(data, local_batch, train)
   if not need or not os.path.isdir(path):
     return
   free = shutil.disk_usage(path).free
@@ -155,8 +177,8 @@ def check_shared_memory(
     raise errors.ConfigError(
       f"data: {path} has {free / 2**20:,.0f} MiB free, but the "
       f"{data.workers} data workers can hold {need / 2**20:,.0f} MiB of "
-      f"decoded clips there ({need // clip_bytes(data)} clips of "
-      f"{clip_bytes(data) / 1024:,.0f} KiB). Lower "
+      f"decoded clips there ({need // clip_bytes(data, train)} clips of "
+      f"{clip_bytes(data, train) / 1024:,.0f} KiB). Lower "
       "--config.data.worker_buffer or --config.data.workers (or use "
       "--config.data.threads instead), or give the machine a larger "
       "/dev/shm (in a container: docker run --shm-size=...)."
@@ -264,7 +286,9 @@ def make_pipeline(
     train: training (shuffled, augmented, endless unless `num_epochs`) or
       evaluation (each record's views once, padded with invalid elements
       to whole batches, as many on every process; `valid` mask).
-    batch_size: GLOBAL batch size; split over processes.
+    batch_size: GLOBAL batch size; split over processes. In training it
+      counts views: the host decodes `clips_per_step` clips a batch (a
+      `data.repeats`-th), the train step makes the views.
     tokenizer: `vidjax.data.tokenizer.Tokenizer` for text records.
     records: clip records; default: load the configured annotation file.
     num_epochs: stop after this many epochs (training).
@@ -276,9 +300,12 @@ def make_pipeline(
   Returns:
     A `Pipeline`: an iterator of dicts of `jax.Array` (video
     uint8[B, T, H, W, 3], tokens / label / verb / noun, index, view, valid,
-    skipped) with `get_state()`.
+    skipped; in training with repeats, B / R canvases uint8[B / R, T, Hc,
+    Wc, 3]) with `get_state()`, whose position counts clips.
   """
   data = config.data
+  if train:
+    batch_size = clips_per_step(data, batch_size)
   if batch_size % jax.process_count():
     raise ValueError(
       f"batch size {batch_size} does not divide over "
@@ -290,12 +317,12 @@ def make_pipeline(
   if not records:
     raise errors.DataFileError(f"{path}: no annotation rows")
   local_batch = batch_size // jax.process_count()
-  check_shared_memory(data, local_batch)
-  group = clips_per_transfer(data, local_batch)
+  check_shared_memory(data, local_batch, train=train)
+  group = clips_per_transfer(data, local_batch, train)
   clip_loader = loader.ClipLoader(
     records,
     data.root,
-    loader.ClipSpec.from_config(data),
+    loader.ClipSpec.from_config(data, train=train),
     tokenizer,
     max_attempts=data.max_attempts,
     positives=(

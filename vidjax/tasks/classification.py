@@ -25,7 +25,11 @@ def augment_config(config, *, train: bool) -> dict:
   augment = dict(config.augment)
   if not train:
     return common.eval_augment(augment)
-  return {**augment, "num_classes": {"label": config.model.num_classes}}
+  return {
+    **augment,
+    **common.repeat_keys(config),
+    "num_classes": {"label": config.model.num_classes},
+  }
 
 
 def loss(model, batch, key, config):

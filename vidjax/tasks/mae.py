@@ -20,7 +20,11 @@ def augment_config(config, *, train: bool) -> dict:
   patch = defaults.parse_variant(config.model.variant)["patch_size"]
   # The tube mask in evaluation too: the model reconstructs masked tubes.
   return {
-    **(augment if train else common.eval_augment(augment)),
+    **(
+      {**augment, **common.repeat_keys(config)}
+      if train
+      else common.eval_augment(augment)
+    ),
     "mask_ratio": config.model.mask_ratio,
     "tubelet": config.model.tubelet,
     "patch": patch,

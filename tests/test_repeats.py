@@ -1,0 +1,194 @@
+"""Repeated sampling (`data.repeats`): the device's views, the runs with
+them, and the runs without them unchanged."""
+
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import debug_runs
+from vidjax import (
+  checkpoint,
+  config as config_lib,
+  console,
+  errors,
+  monitor,
+  train,
+  views,
+)
+from vidjax.data import batches, crop as crop_lib, loader
+
+# Shares the :debug runs of test_configs.py (one per process).
+pytestmark = pytest.mark.xdist_group("debug_runs")
+
+SPEC = dict(crop="random_resized", crop_scale=(0.5, 1.0), hflip=0.5)
+# The :debug recipes' training losses before repeated sampling existed
+# (main at bc46356, 8 CPU devices): one view per clip must give them still.
+BEFORE = {
+  "k400_ft": [3.8712291717529297, 3.871192693710327],
+  "videomae_vitb_k400_pretrain": [1.0401076078414917, 1.038913369178772],
+}
+# 4 views of 8 clips a step: the clips split over the 8 test devices.
+REPEATS = ("--config.data.repeats=4", "--config.batch_size=32")
+
+
+def _losses(workdir) -> list[float]:
+  by_step = {}
+  for row in monitor.read_metrics(workdir):
+    if "train/loss" in row:
+      by_step[row["step"]] = row["train/loss"]  # A resumed run appends.
+  return [by_step[s] for s in sorted(by_step)]
+
+
+def test_a_whole_canvas_box_is_the_canvas_and_a_flip_mirrors_it():
+  video = jnp.asarray(
+    np.random.default_rng(0).integers(0, 256, (2, 3, 24, 30, 3), np.uint8)
+  )
+  boxes = jnp.tile(jnp.asarray([0.0, 0.0, 30.0, 24.0]), (2, 2, 1))
+  flips = jnp.asarray([[False, True], [True, False]])
+  out = np.asarray(views.crop_views(video, boxes, flips, (24, 30)))
+  assert out.shape == (4, 3, 24, 30, 3) and out.dtype == np.uint8
+  v = np.asarray(video)
+  np.testing.assert_array_equal(out[0], v[0])
+  np.testing.assert_array_equal(out[1], v[0][:, :, ::-1])
+  np.testing.assert_array_equal(out[2], v[1][:, :, ::-1])
+  # A box of the right half, at its own size: exactly those pixels.
+  half = jnp.asarray([[[14.0, 4.0, 16.0, 20.0]]] * 2)
+  out = views.crop_views(video, half, jnp.zeros((2, 1), bool), (20, 16))
+  np.testing.assert_array_equal(np.asarray(out[1]), v[1][:, 4:24, 14:30])
+
+
+def test_each_view_draws_its_own_box_as_the_host_samplers_do():
+  n, height, width = 512, 72, 90
+  boxes, flips = views.sample_boxes(
+    jax.random.key(0), n, height, width, dict(SPEC, size=(64, 64))
+  )
+  x, y, w, h = np.asarray(boxes).T
+  assert (x >= 0).all() and (y >= 0).all()
+  assert (x + w <= width).all() and (y + h <= height).all()
+  area = w * h / (height * width)
+  assert area.min() >= 0.45 and area.max() <= 1.05  # Rounded sides.
+  assert len({tuple(b) for b in np.asarray(boxes)}) > n * 0.9
+  assert 0.4 < np.asarray(flips).mean() < 0.6
+  boxes, _ = views.sample_boxes(
+    jax.random.key(1),
+    n,
+    height,
+    width,
+    dict(SPEC, crop="multi_scale", size=(64, 64)),
+  )
+  rng = np.random.default_rng(0)
+  host = {
+    crop_lib.multi_scale_crop(rng, height, width, 64).box for _ in range(4000)
+  }
+  drawn = {tuple(int(v) for v in b) for b in np.asarray(boxes)}
+  assert drawn <= host and len(drawn) > 0.8 * len(host)
+
+
+def test_views_of_a_clip_are_rows_in_a_row_with_its_keys():
+  batch = {
+    "video": jnp.zeros((2, 2, 24, 30, 3), jnp.uint8),
+    "label": jnp.asarray([5, 7]),
+    "valid": jnp.asarray([True, False]),
+  }
+  out = views.make_views(batch, jax.random.key(0), 3, dict(SPEC, size=(16, 16)))
+  assert out["video"].shape == (6, 2, 16, 16, 3)
+  assert out["label"].tolist() == [5, 5, 5, 7, 7, 7]
+  assert out["valid"].tolist() == [True] * 3 + [False] * 3
+
+
+def test_the_host_decodes_a_canvas_a_step_of_clips():
+  config = debug_runs.load("k400_ft", *REPEATS)
+  assert loader.canvas_size(config.data) == (74, 92)
+  spec = batches.batch_spec(config, 32)
+  assert spec["video"].shape == (8, 4, 74, 92, 3)
+  assert spec["label"].shape == (8,)
+  assert batches.batch_spec(config, 32, train=False)["video"].shape[:3] == (
+    32,
+    4,
+    64,
+  )
+  config.data.repeat_canvas = (224, 256)
+  assert loader.ClipSpec.from_config(config.data, train=True).size == (224, 256)
+
+
+def test_the_summary_and_the_epochs_count_views():
+  text = console.run_summary(
+    devices=jax.devices(),
+    batch_size=32,
+    repeats=4,
+    accum_steps=1,
+    num_params=1e6,
+    clips={"train": 640},
+    total_steps=40,
+    first_step=0,
+    start="from scratch",
+  )
+  assert "batch 32 views (8 clips decoded x 4 views each)" in text
+  assert "20 steps per epoch (of 640 views), 40 steps = 2.0 epochs" in text
+  config = debug_runs.load("k400_ft", *REPEATS, "--config.total_epochs=2")
+  config_lib.epochs_to_steps(config, train_clips=640)
+  assert config.total_steps == 40  # As without repeats: epochs of views.
+
+
+def test_video_text_tasks_refuse_repeats_in_one_line():
+  config = debug_runs.load("demo", "--config.data.repeats=4")
+  with pytest.raises(errors.ConfigError) as refused:
+    config_lib.validate(config, num_devices=8)
+  problem = str(refused.value).split("\n  - ")[1].splitlines()[0]
+  assert "contrastive task cannot repeat clips" in problem
+  assert "false negatives" in problem
+  config = debug_runs.load("k400_ft", "--config.data.repeats=4")
+  with pytest.raises(errors.ConfigError, match="use a multiple of 32"):
+    config_lib.validate(config, num_devices=8)  # 16 / 4 clips on 8 devices.
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_one_view_per_clip_gives_the_losses_of_before(name, tmp_path_factory):
+  workdir, _ = debug_runs.run(tmp_path_factory, name)
+  assert _losses(workdir) == BEFORE[name]
+
+
+def _stop_in_first_step(monkeypatch):
+  setup = train.setup
+
+  def setup_then_signal(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    step, calls = run.steps.train, []
+
+    def sending(*a, **k):
+      calls.append(1)
+      if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return step(*a, **k)
+
+    monkeypatch.setattr(run.steps, "train", sending)
+    return run
+
+  monkeypatch.setattr(train, "setup", setup_then_signal)
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_repeated_views_train_and_resume_exactly_across_sigterm(
+  name, tmp_path, tmp_path_factory, monkeypatch
+):
+  uninterrupted, _ = debug_runs.run(tmp_path_factory, name, *REPEATS)
+  expected = _losses(uninterrupted)
+  assert len(expected) == 2 and all(np.isfinite(expected))
+  rows = monitor.read_metrics(uninterrupted)
+  perf = [r for r in rows if "perf/views_per_s" in r]
+  for r in perf:
+    assert r["perf/views_per_s"] == pytest.approx(4 * r["perf/clips_per_s"])
+
+  config = debug_runs.load(name, *REPEATS)
+  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
+  with monkeypatch.context() as patch:
+    _stop_in_first_step(patch)
+    with pytest.raises(errors.Preempted):
+      train.train_and_evaluate(config, workdir)
+  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+  train.train_and_evaluate(debug_runs.load(name, *REPEATS), workdir)
+  assert _losses(workdir) == expected
