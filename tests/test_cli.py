@@ -149,15 +149,35 @@ def trained(own, tmp_path_factory):
   shutil.copytree(own / "chunks", root / "chunks")
   bad_chunk = root / "chunks" / "garden" / "2.mp4"
   bad_chunk.write_bytes(bad_chunk.read_bytes()[:600])
+  # Trained as installed without the `[plots]` extra: matplotlib cannot
+  # be imported (README step 5 draws the plots afterwards).
+  (root / "no_plots").mkdir()
+  (root / "no_plots" / "sitecustomize.py").write_text(NO_MATPLOTLIB)
+  env = dict(
+    _ENV, PYTHONPATH=f"{root / 'no_plots'}{os.pathsep}{_ENV['PYTHONPATH']}"
+  )
   result = subprocess.run(
     _own_command(),
     cwd=root,
-    env=_ENV,
+    env=env,
     capture_output=True,
     text=True,
     timeout=400,
   )
   return root, root / "runs/mine", bad_chunk, result
+
+
+# A Python where matplotlib is not installed (its import fails as then).
+NO_MATPLOTLIB = """
+import sys
+
+class NoMatplotlib:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "matplotlib":
+      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoMatplotlib())
+"""
 
 
 def _own_command(*overrides):
@@ -218,6 +238,12 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
   assert f"finished at step 2. Results in {workdir}" in err
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final[-1]["step"] == 2 and final[-1]["eval/chance_r1"] == 0.25
+  # Without matplotlib: no plots, and how to get them.
+  assert (
+    "no plots: matplotlib is not installed. pip install 'vidjax[plots]', "
+    f"then `python -m vidjax.plot {workdir}` draws them" in err
+  )
+  assert not (workdir / "plots").exists()
   # README step 5: plots, from the same directory.
   monkeypatch.chdir(root)
   assert plot.main(["runs/mine"]) == 0

@@ -26,7 +26,11 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import psutil
+
+try:  # Not a dependency of vidjax: the `[bench]` extra brings it.
+  import psutil
+except ModuleNotFoundError:
+  psutil = None
 
 from vidjax import defaults, sharding
 from vidjax.bench import footage
@@ -219,6 +223,12 @@ def main(argv=None):
   )
   footage.add_arguments(p)
   args = p.parse_args(argv)
+  if psutil is None:
+    p.exit(
+      2,
+      f"{p.prog}: measures processes with psutil: pip install psutil "
+      "(or 'vidjax[bench]')\n",
+    )
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
   source = footage.prepare_source(work, args.seconds, 568, 320)
