@@ -7,6 +7,7 @@ path trains, once (relative paths, as in the README), and its workdir then
 serves the resume test.
 """
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,7 @@ VIDEOS = {  # id -> (fps, width, height); two 2-second segments each.
   "park": (25, 144, 96),
 }
 EVAL_VIDEOS = ("kitchen", "park")
+VOCAB = "vocab.txt.gz"
 
 
 def _segments(video_id):
@@ -94,7 +96,24 @@ def own(tmp_path_factory):
   )
   for split, split_rows in rows.items():  # README step 2: annotations.
     _write_jsonl(root / f"{split}.jsonl", split_rows)
+  write_vocab(root / VOCAB)
   return root
+
+
+def write_vocab(path):
+  """A BPE vocabulary in CLIP's format, larger than demo.py's text model
+  holds (CLIP's own is found only where OpenCLIP is installed): every
+  pair of lower-case letters, 1190 tokens."""
+  letters = "abcdefghijklmnopqrstuvwxyz"
+  merges = [f"{a} {b}" for a in letters for b in letters]
+  with gzip.open(path, "wt", encoding="utf-8") as f:
+    f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+def vocab_size(path) -> int:
+  from vidjax.data import tokenizer  # pylint: disable=import-outside-toplevel
+
+  return tokenizer.Tokenizer(path).vocab_size
 
 
 def _write_jsonl(path, rows):
@@ -107,6 +126,7 @@ def _paths(root, train="train.jsonl", val="val.jsonl"):
     f"--config.data.root={root / 'chunks'}",
     f"--config.data.train_annotations={root / train}",
     f"--config.data.eval_annotations={root / val}",
+    f"--config.data.vocab={root / VOCAB}",
   ]
 
 
@@ -145,6 +165,7 @@ def trained(own, tmp_path_factory):
   ]
   _write_jsonl(root / "train.jsonl", rows + [dict(rows[0], video_id="Bikes")])
   shutil.copy(own / "val.jsonl", root / "val.jsonl")
+  shutil.copy(own / VOCAB, root / VOCAB)
   # A truncated chunk: its reads fail while training.
   shutil.copytree(own / "chunks", root / "chunks")
   bad_chunk = root / "chunks" / "garden" / "2.mp4"
@@ -211,7 +232,7 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
   config = json.loads((workdir / "config.json").read_text())
   assert config["data"]["root"] == str(root / "chunks")
   assert config["data"]["train_annotations"] == str(root / "train.jsonl")
-  assert config["model"]["text"]["vocab_size"] == 49408
+  assert config["model"]["text"]["vocab_size"] == vocab_size(root / VOCAB)
   assert not (workdir / "synthetic").exists()
   # Before training: the bad row, named with a suggestion; the summary.
   assert re.search(
@@ -347,9 +368,10 @@ def _mistakes(own, tmp):
   shutil.copytree(own / "chunks", unreadable / "chunks")
   for chunk in (unreadable / "chunks").glob("*/*.mp4"):
     chunk.write_bytes(b"garbage" * 10)
-  for split in ("train", "val"):
-    shutil.copy(own / f"{split}.jsonl", unreadable)
+  for name in ("train.jsonl", "val.jsonl", VOCAB):
+    shutil.copy(own / name, unreadable)
   own_paths = _paths(own)
+  vocab = own / VOCAB
   demo = "demo.py:debug"
   return {
     "unknown_key": (
@@ -386,8 +408,8 @@ def _mistakes(own, tmp):
       _main(demo, tmp / "g", *own_paths),
       2,
       [
-        r"has 49408 tokens but model.text.vocab_size is 1024",
-        r"hint: set --config.model.text.vocab_size=49408",
+        rf"has {vocab_size(vocab)} tokens but model.text.vocab_size is 1024",
+        rf"hint: set --config.model.text.vocab_size={vocab_size(vocab)}",
       ],
     ),
     "bad_rows": (
