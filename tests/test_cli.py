@@ -7,6 +7,7 @@ path trains, once (relative paths, as in the README), and its workdir then
 serves the resume test.
 """
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,7 @@ VIDEOS = {  # id -> (fps, width, height); two 2-second segments each.
   "park": (25, 144, 96),
 }
 EVAL_VIDEOS = ("kitchen", "park")
+VOCAB = "vocab.txt.gz"
 
 
 def _segments(video_id):
@@ -94,7 +96,24 @@ def own(tmp_path_factory):
   )
   for split, split_rows in rows.items():  # README step 2: annotations.
     _write_jsonl(root / f"{split}.jsonl", split_rows)
+  write_vocab(root / VOCAB)
   return root
+
+
+def write_vocab(path):
+  """A BPE vocabulary in CLIP's format, larger than demo.py's text model
+  holds (CLIP's own is found only where OpenCLIP is installed): every
+  pair of lower-case letters, 1190 tokens."""
+  letters = "abcdefghijklmnopqrstuvwxyz"
+  merges = [f"{a} {b}" for a in letters for b in letters]
+  with gzip.open(path, "wt", encoding="utf-8") as f:
+    f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+def vocab_size(path) -> int:
+  from vidjax.data import tokenizer  # pylint: disable=import-outside-toplevel
+
+  return tokenizer.Tokenizer(path).vocab_size
 
 
 def _write_jsonl(path, rows):
@@ -107,6 +126,7 @@ def _paths(root, train="train.jsonl", val="val.jsonl"):
     f"--config.data.root={root / 'chunks'}",
     f"--config.data.train_annotations={root / train}",
     f"--config.data.eval_annotations={root / val}",
+    f"--config.data.vocab={root / VOCAB}",
   ]
 
 
@@ -145,19 +165,40 @@ def trained(own, tmp_path_factory):
   ]
   _write_jsonl(root / "train.jsonl", rows + [dict(rows[0], video_id="Bikes")])
   shutil.copy(own / "val.jsonl", root / "val.jsonl")
+  shutil.copy(own / VOCAB, root / VOCAB)
   # A truncated chunk: its reads fail while training.
   shutil.copytree(own / "chunks", root / "chunks")
   bad_chunk = root / "chunks" / "garden" / "2.mp4"
   bad_chunk.write_bytes(bad_chunk.read_bytes()[:600])
+  # Trained as installed without the `[plots]` extra: matplotlib cannot
+  # be imported (README step 5 draws the plots afterwards).
+  (root / "no_plots").mkdir()
+  (root / "no_plots" / "sitecustomize.py").write_text(NO_MATPLOTLIB)
+  env = dict(
+    _ENV, PYTHONPATH=f"{root / 'no_plots'}{os.pathsep}{_ENV['PYTHONPATH']}"
+  )
   result = subprocess.run(
     _own_command(),
     cwd=root,
-    env=_ENV,
+    env=env,
     capture_output=True,
     text=True,
     timeout=400,
   )
   return root, root / "runs/mine", bad_chunk, result
+
+
+# A Python where matplotlib is not installed (its import fails as then).
+NO_MATPLOTLIB = """
+import sys
+
+class NoMatplotlib:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "matplotlib":
+      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoMatplotlib())
+"""
 
 
 def _own_command(*overrides):
@@ -191,7 +232,7 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
   config = json.loads((workdir / "config.json").read_text())
   assert config["data"]["root"] == str(root / "chunks")
   assert config["data"]["train_annotations"] == str(root / "train.jsonl")
-  assert config["model"]["text"]["vocab_size"] == 49408
+  assert config["model"]["text"]["vocab_size"] == vocab_size(root / VOCAB)
   assert not (workdir / "synthetic").exists()
   # Before training: the bad row, named with a suggestion; the summary.
   assert re.search(
@@ -218,6 +259,12 @@ def test_own_videos_from_chunks_to_plots(trained, monkeypatch):
   assert f"finished at step 2. Results in {workdir}" in err
   final = [r for r in plot.monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final[-1]["step"] == 2 and final[-1]["eval/chance_r1"] == 0.25
+  # Without matplotlib: no plots, and how to get them.
+  assert (
+    "no plots: matplotlib is not installed. pip install 'vidjax[plots]', "
+    f"then `python -m vidjax.plot {workdir}` draws them" in err
+  )
+  assert not (workdir / "plots").exists()
   # README step 5: plots, from the same directory.
   monkeypatch.chdir(root)
   assert plot.main(["runs/mine"]) == 0
@@ -329,9 +376,10 @@ def _mistakes(own, tmp):
   shutil.copytree(own / "chunks", unreadable / "chunks")
   for chunk in (unreadable / "chunks").glob("*/*.mp4"):
     chunk.write_bytes(b"garbage" * 10)
-  for split in ("train", "val"):
-    shutil.copy(own / f"{split}.jsonl", unreadable)
+  for name in ("train.jsonl", "val.jsonl", VOCAB):
+    shutil.copy(own / name, unreadable)
   own_paths = _paths(own)
+  vocab = own / VOCAB
   demo = "demo.py:debug"
   return {
     "unknown_key": (
@@ -368,8 +416,8 @@ def _mistakes(own, tmp):
       _main(demo, tmp / "g", *own_paths),
       2,
       [
-        r"has 49408 tokens but model.text.vocab_size is 1024",
-        r"hint: set --config.model.text.vocab_size=49408",
+        rf"has {vocab_size(vocab)} tokens but model.text.vocab_size is 1024",
+        rf"hint: set --config.model.text.vocab_size={vocab_size(vocab)}",
       ],
     ),
     "bad_rows": (

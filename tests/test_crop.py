@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from reference import make_reference
 from vidjax.data import crop as crop_lib
 from vidjax.data.crop import Crop
 
@@ -73,16 +74,18 @@ def test_random_resized_crop_fallback_is_centred_with_clamped_ratio():
 
 
 def test_random_resized_crop_fallback_matches_torchvision():
-  transforms = pytest.importorskip("torchvision.transforms")
-  torch = pytest.importorskip("torch")
-  for height, width in [(40, 400), (400, 40), (41, 333)]:
-    i, j, h, w = transforms.RandomResizedCrop.get_params(
-      torch.zeros(3, height, width), scale=(0.95, 1.0), ratio=(3 / 4, 4 / 3)
-    )
+  """As torchvision's get_params falls back (make_reference.crop_fallback)."""
+  want = make_reference.committed("crop_fallback")["boxes"]
+  for (height, width), box in zip(make_reference.CROP_FRAMES, want):
     c = crop_lib.random_resized_crop(
       np.random.default_rng(0), height, width, scale=(0.95, 1.0)
     )
-    assert (c.y, c.x, c.h, c.w) == (i, j, h, w)
+    assert (c.y, c.x, c.h, c.w) == tuple(box)
+
+
+@pytest.mark.parity
+def test_the_committed_fallbacks_are_torchvisions():
+  make_reference.check_live("crop_fallback")
 
 
 def test_flip_probability():

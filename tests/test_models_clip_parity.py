@@ -1,7 +1,8 @@
 """Parity with OpenCLIP: released CLIP layouts load and embed like OpenCLIP.
 
-One random OpenCLIP ViT-B-16-quickgelu (OpenAI's architecture), its weights
-rounded to fp16 as released, is written in the layouts users download:
+One small random OpenCLIP CLIP of OpenAI's architecture (QuickGELU), its
+weights perturbed (no zero bias, no unit LayerNorm) and rounded to fp16 as
+released, in the layouts users download:
 
 * OpenAI's `.pt`: a TorchScript archive saved with torch.jit, fp16, with
   the `input_resolution`, `context_length` and `vocab_size` entries (read
@@ -14,10 +15,11 @@ rounded to fp16 as released, is written in the layouts users download:
 (OpenCLIP's own files use OpenAI's names, so the first case covers them.)
 
 Each goes through `sources.read_source` and `init_from` into a vidjax CLIP
-and gives OpenCLIP's image and text embeddings to 1e-4 (relative).
-Needs open_clip_torch (skipped otherwise); no weights are downloaded.
-torch and open_clip are imported by the tests, not at collection: they take
-seconds to import, in every test process.
+and gives OpenCLIP's image and text embeddings to 1e-4 (relative). The
+archive and OpenCLIP's outputs are committed (tests/reference/, made by
+`make_reference.openclip`), so the first case needs no torch; the AVION
+pickle is written (and read) with torch. With OpenCLIP installed,
+`test_the_committed_openclip_outputs_are_openclips` also reruns OpenCLIP.
 """
 
 import argparse
@@ -28,61 +30,32 @@ import jax
 import numpy as np
 import pytest
 
+from reference import make_reference
 from vidjax import defaults, models
 from vidjax.models import init_from, sources, torchscript
 
-if not all(importlib.util.find_spec(m) for m in ("open_clip", "torch")):
-  pytest.skip("needs open_clip_torch", allow_module_level=True)
+ARCHIVE = make_reference.HERE / "openclip_vit.pt"
+
+
+def _needs_torch():
+  if importlib.util.find_spec("torch") is None:
+    pytest.skip("writing and reading a torch pickle needs torch")
+  import torch  # pylint: disable=import-outside-toplevel
+
+  return torch
 
 
 @pytest.fixture(scope="module")
 def reference():
-  """OpenCLIP with fp16-rounded weights, inputs and its float32 embeddings."""
-  import open_clip  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-
-  torch.manual_seed(0)
-  model = open_clip.create_model("ViT-B-16-quickgelu", pretrained=None)
-  model = model.half().float().eval()  # The released weights are fp16.
-  rng = np.random.default_rng(0)
-  images = rng.standard_normal((2, 3, 224, 224)).astype(np.float32)
-  tokens = np.zeros((2, 77), np.int64)
-  tokens[0, :5] = [49406, 320, 1125, 539, 49407]  # start, 3 words, end
-  tokens[1, :3] = [49406, 2368, 49407]
-  with torch.no_grad():
-    image = model.encode_image(torch.from_numpy(images)).numpy()
-    text = model.encode_text(torch.from_numpy(tokens)).numpy()
-  return model, images, tokens, image, text
-
-
-def openai_layout(clip):
-  """OpenCLIP's modules under OpenAI's names, plus the archive's extras."""
-  import torch  # pylint: disable=import-outside-toplevel
-
-  class OpenAILayout(torch.nn.Module):
-    def __init__(self):
-      super().__init__()
-      for name, module in clip.named_children():
-        self.add_module(name, module)
-      for name, param in clip.named_parameters(recurse=False):
-        self.register_parameter(name, param)
-      for name, value in (
-        ("input_resolution", 224),
-        ("context_length", 77),
-        ("vocab_size", 49408),
-      ):
-        self.register_buffer(name, torch.tensor(value))
-
-    def forward(self, image):
-      return self.visual.conv1(image)
-
-  return OpenAILayout()
+  """The committed OpenCLIP run: fp16-rounded weights (`sd/NAME`), inputs
+  and its float32 embeddings."""
+  return make_reference.committed("openclip")
 
 
 def avion_checkpoint(state_dict: dict, num_frames: int = 4) -> dict:
   """OpenCLIP names -> AVION's CLIP_VITB16 (flash attention, fast conv1),
   wrapped as its training script saves `checkpoint_best.pt`."""
-  import torch  # pylint: disable=import-outside-toplevel
+  torch = _needs_torch()
 
   out = {}
   for name, value in state_dict.items():
@@ -101,13 +74,14 @@ def avion_checkpoint(state_dict: dict, num_frames: int = 4) -> dict:
     elif not name.startswith("visual.") and name != "logit_scale":
       name = f"textual.{name}"
     out[f"module.{name}"] = value
-  out["module.visual.temporal_embedding"] = torch.zeros(num_frames, 768)
+  width = make_reference.OPENCLIP["width"]
+  out["module.visual.temporal_embedding"] = torch.zeros(num_frames, width)
   args = argparse.Namespace(
     model="CLIP_VITB16",
     clip_length=num_frames,
     use_flash_attn=True,
     use_fast_conv1=True,
-    project_embed_dim=512,
+    project_embed_dim=make_reference.OPENCLIP["embed_dim"],
     lr=3e-5,
     output_dir="/x",
   )
@@ -123,10 +97,26 @@ def avion_checkpoint(state_dict: dict, num_frames: int = 4) -> dict:
 @pytest.fixture(scope="module")
 def embed(reference):
   """source -> (image, text) embeddings of a vidjax CLIP loaded from it."""
-  _, images, tokens, _, _ = reference
+  images, tokens = reference["images"], reference["tokens"]
+  c = make_reference.OPENCLIP
   config = defaults.model_config("clip")
   config.update(
-    num_frames=1, dtype="float32", attention="xla", scan=True, drop_path=0.0
+    num_frames=1,
+    dtype="float32",
+    attention="xla",
+    scan=True,
+    drop_path=0.0,
+    width=c["width"],
+    depth=c["layers"],
+    heads=c["heads"],
+    image_size=c["image_size"],
+    embed_dim=c["embed_dim"],
+  )
+  config.text.update(
+    width=c["text_width"],
+    heads=c["text_heads"],
+    layers=c["layers"],
+    vocab_size=c["vocab_size"],
   )
   video = images.transpose(0, 2, 3, 1)[:, None]  # one frame
   compiled = {}
@@ -152,43 +142,52 @@ def embed(reference):
 
 
 def assert_matches(embeddings, reference):
-  for ours, theirs in zip(embeddings, reference[3:]):
+  for ours, name in zip(embeddings, ("image", "text")):
+    theirs = reference[name]
     relative = np.abs(np.asarray(ours) - theirs).max() / np.abs(theirs).max()
-    assert relative <= 1e-4, relative
+    assert relative <= 1e-4, (name, relative)
 
 
-def test_openai_torchscript_archive_matches_openclip(
-  reference, embed, tmp_path
-):
-  import torch  # pylint: disable=import-outside-toplevel
+def _state_dict(reference) -> dict[str, np.ndarray]:
+  return {k[3:]: v for k, v in reference.items() if k.startswith("sd/")}
 
-  layout = openai_layout(reference[0]).half()
-  archive = torch.jit.trace(
-    layout, torch.zeros(1, 3, 16, 16).half(), check_trace=False
-  )
-  path = str(tmp_path / "ViT-B-16.pt")
-  archive.save(path)
-  with pytest.raises(RuntimeError, match="TorchScript"):  # What used to fail.
-    torch.load(path, weights_only=True)
+
+def test_openai_torchscript_archive_matches_openclip(reference, embed):
   # Read as data, without running the archive's code: exactly the tensors
-  # torch.jit.load gives (302 parameters and the 3 extra entries).
-  expected = torch.jit.load(path).state_dict()
-  read = torchscript.read(path)
-  assert list(read) == list(expected) and len(read) == 305
+  # torch.jit.load gave (the parameters and the 3 extra entries).
+  expected = _state_dict(reference)
+  read = torchscript.read(str(ARCHIVE))
+  assert list(read) == list(expected)
   for name, value in expected.items():
-    assert read[name].dtype == value.numpy().dtype
-    np.testing.assert_array_equal(read[name], value.numpy())
-  source = sources.read_source(path)
+    assert read[name].dtype == value.dtype, name
+    np.testing.assert_array_equal(read[name], value)
+  source = sources.read_source(str(ARCHIVE))
   assert source.kind == "clip" and "OpenAI" in source.description
   assert_matches(embed(source), reference)
 
 
-def test_avion_checkpoint_matches_openclip(reference, embed, tmp_path):
-  import torch  # pylint: disable=import-outside-toplevel
+def test_torch_itself_refuses_the_archive_as_a_pickle():
+  torch = _needs_torch()
+  with pytest.raises(RuntimeError, match="TorchScript"):  # What used to fail.
+    torch.load(ARCHIVE, weights_only=True)
 
+
+def test_avion_checkpoint_matches_openclip(reference, embed, tmp_path):
+  torch = _needs_torch()
+  state_dict = {
+    k: torch.from_numpy(v).float()
+    for k, v in _state_dict(reference).items()
+    if k not in ("input_resolution", "context_length", "vocab_size")
+  }
   path = tmp_path / "checkpoint_best.pt"
-  torch.save(avion_checkpoint(reference[0].state_dict()), path)
+  torch.save(avion_checkpoint(state_dict), path)
   source = sources.read_source(str(path))
   assert "AVION CLIP" in source.description
-  assert source.tensors["visual.temporal_pos"].shape == (4, 768)
+  width = make_reference.OPENCLIP["width"]
+  assert source.tensors["visual.temporal_pos"].shape == (4, width)
   assert_matches(embed(source), reference)
+
+
+@pytest.mark.parity
+def test_the_committed_openclip_outputs_are_openclips():
+  make_reference.check_live("openclip", rtol=1e-5, atol=1e-6)

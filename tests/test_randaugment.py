@@ -8,112 +8,62 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from reference import make_reference
 from vidjax import augment, defaults, randaugment as ra
 
 B, T, H, W = 6, 3, 24, 32
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _clip(seed=0, t=T, h=H, w=W):
-  """A smooth uint8 clip (gradients + blobs): realistic histograms."""
-  rng = np.random.default_rng(seed)
-  ys, xs = np.mgrid[0:h, 0:w]
-  frames = []
-  for _ in range(t):
-    base = (
-      rng.uniform(30, 200, 3) + 40 * np.sin(xs / rng.uniform(3, 8))[..., None]
-    )
-    frames.append(base + 30 * np.cos(ys / rng.uniform(2, 6))[..., None])
-  return np.clip(np.stack(frames), 0, 255).astype(np.uint8)
-
-
-def _torchvision():
-  """(torch, torchvision.transforms.functional), imported by the parity test
-  only: at collection they would cost seconds in every test process."""
-  return (
-    pytest.importorskip("torch"),
-    pytest.importorskip("torchvision.transforms.functional"),
-  )
-
-
-def _torch(
-  clip,
-):  # [T, H, W, C] 0-255 -> torchvision's float [T, C, H, W] in [0, 1]
-  torch, _ = _torchvision()
-  return torch.from_numpy(np.asarray(clip, np.float32) / 255).permute(
-    0, 3, 1, 2
-  )
-
-
-def _back(t):
-  return t.permute(0, 2, 3, 1).numpy() * 255
-
-
-def _reference_affine(x, matrix, fill=0.5):
-  """pytorchvideo's affine: grid_sample of a centred pixel map, grey fill."""
-  torch, _ = _torchvision()
-  _, _, h, w = x.shape
-  (a, b, c), (d, e, f) = matrix
-  # The same map in grid_sample's normalised coordinates (align_corners=False).
-  theta = torch.tensor(
-    [[a, b * h / w, c / (w / 2)], [d * w / h, e, f / (h / 2)]],
-    dtype=torch.float32,
-  )[None]
-  grid = torch.nn.functional.affine_grid(
-    theta, (1, 1, h, w), align_corners=False
-  )
-  grid = grid.expand(x.shape[0], h, w, 2)
-  warped = torch.nn.functional.grid_sample(
-    torch.cat([x, torch.ones_like(x[:, :1])], 1), grid, align_corners=False
-  )
-  mask = warped[:, -1:]
-  return warped[:, :-1] * mask + (1 - mask) * fill
+_clip = make_reference.smooth_clip  # [T, H, W, 3] uint8
 
 
 def test_every_op_matches_torchvision():
-  torch, tvf = _torchvision()
-  clip = _clip()
-  x, ref = jnp.asarray(clip, jnp.float32), _torch(clip)
-  as_uint8 = torch.from_numpy(clip).permute(0, 3, 1, 2)
+  """Each op against torchvision's (pytorchvideo's affine for the warps),
+  as committed by make_reference.randaugment_ops."""
+  want = make_reference.committed("randaugment_ops")
+  clip = want["clip"]
+  assert clip.shape == (T, H, W, 3)
+  np.testing.assert_array_equal(clip, _clip())
+  x = jnp.asarray(clip, jnp.float32)
   op = {
     name: jax.jit(fn) for name, fn in ra._COLOR.items()
   }  # Compiled: faster.
-  checks = {
-    "brightness": (op["brightness"](x, 1.6), tvf.adjust_brightness(ref, 1.6)),
-    "contrast": (op["contrast"](x, 0.4), tvf.adjust_contrast(ref, 0.4)),
-    "saturation": (op["saturation"](x, 1.7), tvf.adjust_saturation(ref, 1.7)),
-    "sharpness": (op["sharpness"](x, 0.3), tvf.adjust_sharpness(ref, 0.3)),
-    "autocontrast": (op["autocontrast"](x, 0), tvf.autocontrast(ref)),
-    "equalize": (op["equalize"](x, 0), tvf.equalize(as_uint8).float() / 255),
-    "invert": (op["invert"](x, 0), tvf.invert(ref)),
-    "posterize": (
-      op["posterize"](x, 2),
-      tvf.posterize(as_uint8, 2).float() / 255,
-    ),
-    "solarize": (op["solarize"](x, 255 * 0.4), tvf.solarize(ref, 0.4)),
+  got = {
+    "brightness": op["brightness"](x, 1.6),
+    "contrast": op["contrast"](x, 0.4),
+    "saturation": op["saturation"](x, 1.7),
+    "sharpness": op["sharpness"](x, 0.3),
+    "autocontrast": op["autocontrast"](x, 0),
+    "equalize": op["equalize"](x, 0),
+    "invert": op["invert"](x, 0),
+    "posterize": op["posterize"](x, 2),
+    "solarize": op["solarize"](x, 255 * 0.4),
   }
   warp = jax.jit(
     lambda x, name, value: ra.affine(x, ra.geometric_matrix(name, value, H, W)),
     static_argnums=1,
   )
-  checks["rotate"] = (
-    warp(x, "rotate", 17.0),
-    tvf.rotate(ref, 17.0, tvf.InterpolationMode.BILINEAR, fill=[0.5] * 3),
-  )
-  for name, scale in (
-    ("shear_x", 0.21),
-    ("shear_y", -0.21),
-    ("translate_x", 0.3),
-    ("translate_y", -0.2),
-  ):
-    matrix = np.asarray(ra.geometric_matrix(name, scale, H, W))
-    checks[name] = (warp(x, name, scale), _reference_affine(ref, matrix))
-  assert set(checks) == set(ra.OPS)
-  for name, (got, want) in checks.items():
-    assert got.shape == clip.shape and got.dtype == jnp.float32, name
+  got["rotate"] = warp(x, "rotate", 17.0)
+  for name, scale in make_reference.WARPS:
     np.testing.assert_allclose(
-      np.asarray(got), _back(want), atol=0.05, err_msg=name
+      np.asarray(ra.geometric_matrix(name, scale, H, W)),
+      want[f"matrix/{name}"],
+      rtol=1e-6,
+      err_msg=name,
     )
+    got[name] = warp(x, name, scale)
+  assert set(got) == set(ra.OPS)
+  for name, value in got.items():
+    assert value.shape == clip.shape and value.dtype == jnp.float32, name
+    np.testing.assert_allclose(
+      np.asarray(value), want[name], atol=0.05, err_msg=name
+    )
+
+
+@pytest.mark.parity
+def test_the_committed_ops_are_torchvisions():
+  make_reference.check_live("randaugment_ops", rtol=1e-6, atol=1e-4)
 
 
 def test_op_levels_follow_pytorchvideo():

@@ -6,9 +6,11 @@ argparse.Namespace, ...}, flash-attention `attn.Wqkv` / `mlp.fc1` blocks,
 the `--use-fast-conv1` Linear patch embedding, a 4-frame temporal table)
 and Hugging Face `save_pretrained` directories (config.json and
 model.safetensors). Its outputs are compared, to 1e-4 relative, with a
-reference forward written here from the released model code's semantics
-(AVION's `transformer.py`, transformers' `modeling_videomae.py`), run by
-torch on the file's own tensors. The recipes load them as `train.setup`
+reference forward written from the released model code's semantics
+(AVION's `transformer.py` here, transformers' `modeling_videomae.py` in
+tests/reference/make_reference.py), run by torch on the file's own tensors:
+AVION's live (its pickles need torch), VideoMAE's as committed (rerun live
+where torch is installed). The recipes load them as `train.setup`
 does, with no flag but smaller sizes; the class token is small, as trained
 ones are, so a wrong LayerNorm eps shows.
 """
@@ -23,15 +25,27 @@ import jax
 import numpy as np
 import pytest
 
+from reference import make_reference
+from reference.make_reference import attention, layer_norm, random_tensors
 from test_models_weights import write_safetensors
 from vidjax import config as config_lib, errors, models, resume, train
 from vidjax.models import facts, init_from, sources, weights
 
-torch = pytest.importorskip("torch")
-F = torch.nn.functional
+try:  # AVION's checkpoints are torch pickles: written (and read) with torch.
+  import torch
+
+  F = torch.nn.functional
+except ImportError:  # The Hugging Face directories need no torch.
+  torch = F = None
+needs_torch = pytest.mark.skipif(
+  torch is None, reason="writes and reads AVION's torch pickles: needs torch"
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-WIDTH, HEADS, PATCH, SIZE, EMBED = 64, 2, 16, 32, 256
+WIDTH, HEADS, PATCH, SIZE = (
+  make_reference.VIDEOMAE[k] for k in ("width", "heads", "patch", "size")
+)
+EMBED = 256
 SMALL = (
   "--config.model.variant=Ti/16",
   f"--config.model.width={WIDTH}",
@@ -44,18 +58,6 @@ SMALL_TEXT = (
   "--config.model.text.heads=2",
   "--config.model.text.layers=2",
 )
-
-
-def random_tensors(shapes: dict, seed: int) -> dict:
-  """Non-trivial values: LayerNorm scales near 1, every bias non-zero."""
-  rng = np.random.default_rng(seed)
-  out = {}
-  for name, shape in shapes.items():
-    value = 0.2 * rng.standard_normal(shape)
-    if name.endswith("weight") and len(shape) == 1:  # a LayerNorm's scale
-      value += 1
-    out[name] = torch.tensor(value, dtype=torch.float32)
-  return out
 
 
 # ---------------------------------------------------- AVION's CLIP, in torch
@@ -130,6 +132,7 @@ def avion_checkpoint(path, *, num_classes=0, frames=4, seed=0):
   # Trained class tokens are small: the first LayerNorm sees little variance.
   sd["visual.class_embedding"] *= 0.01
   sd["visual.positional_embedding"][0] *= 0.01
+  sd = {k: torch.from_numpy(v) for k, v in sd.items()}
   if "logit_scale" in sd:
     sd["logit_scale"] = torch.tensor(3.1)  # Not the 1/0.07 the recipes start at
   args = argparse.Namespace(
@@ -151,26 +154,6 @@ def avion_checkpoint(path, *, num_classes=0, frames=4, seed=0):
     path,
   )
   return sd
-
-
-def layer_norm(x, sd, name, eps):
-  return F.layer_norm(
-    x, x.shape[-1:], sd[f"{name}.weight"], sd[f"{name}.bias"], eps
-  )
-
-
-def attention(x, weight, bias, out_w, out_b, heads, causal=False):
-  q, k, v = (
-    t.unflatten(-1, (heads, -1)).transpose(1, 2)
-    for t in F.linear(x, weight, bias).chunk(3, -1)
-  )
-  logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-  if causal:
-    logits = logits.masked_fill(
-      torch.ones(logits.shape[-2:]).triu(1).bool(), float("-inf")
-    )
-  mixed = (logits.softmax(-1) @ v).transpose(1, 2).flatten(2)
-  return F.linear(mixed, out_w, out_b)
 
 
 def avion_blocks(x, sd, tower, heads, eps, flash, causal=False):
@@ -278,7 +261,9 @@ def video_input(frames, seed=1):
 
 
 def assert_close(ours, theirs):
-  theirs = theirs.detach().numpy()
+  theirs = np.asarray(
+    theirs.detach() if torch and torch.is_tensor(theirs) else theirs
+  )
   relative = np.abs(np.asarray(ours) - theirs).max() / np.abs(theirs).max()
   assert relative <= 1e-4, relative
 
@@ -295,6 +280,8 @@ def avion_clip(tmp_path_factory):
   return path, avion_checkpoint(path)
 
 
+@needs_torch
+@pytest.mark.parity
 @pytest.mark.parametrize(
   "recipe, frames", [("clip_vitb16_ego4d", 4), ("ek100_mir_ft", 16)]
 )
@@ -317,6 +304,8 @@ def test_avion_clip_through_the_recipes(recipe, frames, avion_clip):
   )
 
 
+@needs_torch
+@pytest.mark.parity
 def test_avion_classifier_through_ek100_cls_ft(tmp_path):
   path = tmp_path / "avion_finetune_cls.pt"
   sd = avion_checkpoint(path, num_classes=3806, frames=16)
@@ -326,6 +315,8 @@ def test_avion_classifier_through_ek100_cls_ft(tmp_path):
   assert_close(forward(model, video), avion_video(sd, theirs))
 
 
+@needs_torch
+@pytest.mark.parity
 def test_a_model_key_that_disagrees_with_the_weights_is_refused(
   avion_clip, tmp_path
 ):
@@ -355,147 +346,26 @@ def test_a_model_key_that_disagrees_with_the_weights_is_refused(
   assert config.model.act == "quick_gelu"
 
 
-# ------------------------------------- Hugging Face VideoMAE, in torch
+# ------------------------- Hugging Face VideoMAE (its forward: make_reference)
 
 
 def hf_videomae_dir(path, *, mean_pooling: bool, seed=2):
-  """A VideoMAEForVideoClassification's save_pretrained directory, with a
-  LayerNorm eps other than the default (so config.json must be read)."""
-  shapes = {
-    "videomae.embeddings.patch_embeddings.projection.weight": (
-      WIDTH,
-      3,
-      2,
-      PATCH,
-      PATCH,
-    ),
-    "videomae.embeddings.patch_embeddings.projection.bias": (WIDTH,),
-    "classifier.weight": (400, WIDTH),
-    "classifier.bias": (400,),
-  }
-  final = "fc_norm" if mean_pooling else "videomae.layernorm"
-  shapes.update({f"{final}.weight": (WIDTH,), f"{final}.bias": (WIDTH,)})
-  for i in range(2):
-    p = f"videomae.encoder.layer.{i}."
-    for name, shape in (
-      ("attention.attention.query.weight", (WIDTH, WIDTH)),
-      ("attention.attention.key.weight", (WIDTH, WIDTH)),
-      ("attention.attention.value.weight", (WIDTH, WIDTH)),
-      ("attention.attention.q_bias", (WIDTH,)),
-      ("attention.attention.v_bias", (WIDTH,)),
-      ("attention.output.dense.weight", (WIDTH, WIDTH)),
-      ("attention.output.dense.bias", (WIDTH,)),
-      ("intermediate.dense.weight", (4 * WIDTH, WIDTH)),
-      ("intermediate.dense.bias", (4 * WIDTH,)),
-      ("output.dense.weight", (WIDTH, 4 * WIDTH)),
-      ("output.dense.bias", (WIDTH,)),
-      ("layernorm_before.weight", (WIDTH,)),
-      ("layernorm_before.bias", (WIDTH,)),
-      ("layernorm_after.weight", (WIDTH,)),
-      ("layernorm_after.bias", (WIDTH,)),
-    ):
-      shapes[p + name] = shape
-  sd = random_tensors(shapes, seed)
-  config = dict(
-    architectures=["VideoMAEForVideoClassification"],
-    model_type="videomae",
-    hidden_size=WIDTH,
-    num_hidden_layers=2,
-    num_attention_heads=HEADS,
-    intermediate_size=4 * WIDTH,
-    hidden_act="gelu",
-    layer_norm_eps=1e-3,
-    image_size=SIZE,
-    patch_size=PATCH,
-    num_channels=3,
-    num_frames=16,
-    tubelet_size=2,
-    qkv_bias=True,
-    use_mean_pooling=mean_pooling,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-    initializer_range=0.02,
-    norm_pix_loss=True,
-    torch_dtype="float32",
-    id2label={str(i): f"LABEL_{i}" for i in range(400)},
-    transformers_version="4.57.1",
-  )
+  """A VideoMAEForVideoClassification's save_pretrained directory
+  (make_reference.hf_videomae's weights and config.json)."""
+  sd, config = make_reference.hf_videomae(mean_pooling, seed)
   path.mkdir()
   (path / "config.json").write_text(json.dumps(config, indent=2))
-  write_safetensors(
-    path / "model.safetensors",
-    {k: v.numpy() for k, v in sd.items()},
-    {"format": "pt"},
-  )
+  write_safetensors(path / "model.safetensors", sd, {"format": "pt"})
   return sd, config
-
-
-def sinusoid_table(length, dim):
-  """VideoMAE's fixed position table: position / 10000^(2*(j//2)/dim),
-  sine on even features, cosine on odd."""
-  angle = np.arange(length)[:, None] / np.power(
-    10000, 2 * (np.arange(dim) // 2) / dim
-  )
-  return torch.tensor(
-    np.where(np.arange(dim) % 2 == 0, np.sin(angle), np.cos(angle)),
-    dtype=torch.float32,
-  )
-
-
-def hf_videomae_logits(sd, config, video):
-  """transformers' VideoMAEForVideoClassification.forward: video [B, T, C, H, W]."""
-  eps = config["layer_norm_eps"]
-  x = (
-    F.conv3d(
-      video.transpose(1, 2),
-      sd["videomae.embeddings.patch_embeddings.projection.weight"],
-      sd["videomae.embeddings.patch_embeddings.projection.bias"],
-      stride=(2, PATCH, PATCH),
-    )
-    .flatten(2)
-    .transpose(1, 2)
-  )
-  x = x + sinusoid_table(x.shape[1], WIDTH)
-  for i in range(2):
-    p = f"videomae.encoder.layer.{i}."
-    a = p + "attention.attention."
-    h = layer_norm(x, sd, p + "layernorm_before", eps)
-    weight = torch.cat(
-      [sd[a + f"{n}.weight"] for n in ("query", "key", "value")]
-    )
-    bias = torch.cat([sd[a + "q_bias"], torch.zeros(WIDTH), sd[a + "v_bias"]])
-    x = x + attention(
-      h,
-      weight,
-      bias,
-      sd[p + "attention.output.dense.weight"],
-      sd[p + "attention.output.dense.bias"],
-      HEADS,
-    )
-    h = F.gelu(
-      F.linear(
-        layer_norm(x, sd, p + "layernorm_after", eps),
-        sd[p + "intermediate.dense.weight"],
-        sd[p + "intermediate.dense.bias"],
-      )
-    )
-    x = x + F.linear(
-      h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"]
-    )
-  if config["use_mean_pooling"]:
-    x = layer_norm(x.mean(1), sd, "fc_norm", 1e-5)  # nn.LayerNorm's default
-  else:
-    x = layer_norm(x, sd, "videomae.layernorm", eps)[:, 0]
-  return F.linear(x, sd["classifier.weight"], sd["classifier.bias"])
 
 
 @pytest.mark.parametrize("mean_pooling", [False, True])
 def test_hugging_face_videomae_directory_through_k400_ft(
   mean_pooling, tmp_path
 ):
-  sd, hf_config = hf_videomae_dir(
-    tmp_path / "videomae-ft", mean_pooling=mean_pooling
-  )
+  """As transformers computes it (make_reference.hf_videomae_logits, whose
+  logits are committed)."""
+  hf_videomae_dir(tmp_path / "videomae-ft", mean_pooling=mean_pooling)
   model, _, _ = load_through("k400_ft", tmp_path / "videomae-ft", *SMALL)
   encoder = model.encoder
   assert (
@@ -503,17 +373,16 @@ def test_hugging_face_videomae_directory_through_k400_ft(
     encoder.blocks.layers[0].norm1.epsilon,
     encoder.norm.epsilon,
   ) == (("mean", 1e-3, 1e-5) if mean_pooling else ("token", 1e-3, 1e-3))
-  video = (
-    np.random.default_rng(1)
-    .standard_normal((2, 16, SIZE, SIZE, 3))
-    .astype(np.float32)
-  )
+  logits = make_reference.committed("hf_videomae")
   assert_close(
-    forward(model, video),
-    hf_videomae_logits(
-      sd, hf_config, torch.from_numpy(video).permute(0, 1, 4, 2, 3)
-    ),
+    forward(model, make_reference.videomae_video()),
+    logits["mean" if mean_pooling else "token"],
   )
+
+
+@pytest.mark.parity
+def test_the_committed_videomae_logits_are_the_reference_forwards():
+  make_reference.check_live("hf_videomae", rtol=1e-5, atol=1e-6)
 
 
 def test_openai_weights_start_the_pretraining_as_avion_does():
@@ -621,7 +490,7 @@ def test_a_sharded_save_pretrained_directory_reads_as_one(tmp_path):
   }
   for file, part in shards.items():
     write_safetensors(
-      sharded / file, {k: sd[k].numpy() for k in part}, {"format": "pt"}
+      sharded / file, {k: sd[k] for k in part}, {"format": "pt"}
     )
   (sharded / "model.safetensors.index.json").write_text(
     json.dumps(

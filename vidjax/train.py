@@ -596,11 +596,20 @@ def _train(
     ckpt.wait_until_finished()
     saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
-    # Imported here: matplotlib is needed for the plots only.
-    from vidjax import plot  # pylint: disable=import-outside-toplevel
-
     try:
+      # Imported here: matplotlib (the `[plots]` extra) draws the plots only.
+      from vidjax import plot  # pylint: disable=import-outside-toplevel
+
       plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+    except ModuleNotFoundError as e:  # A run is whole without the plots.
+      if not (e.name or "").startswith("matplotlib"):
+        raise
+      plots = []
+      logging.warning(
+        "no plots: matplotlib is not installed. pip install "
+        "'vidjax[plots]', then `python -m vidjax.plot %s` draws them",
+        workdir,
+      )
     except OSError as e:  # The run is whole without them: said, not fatal.
       plots = []
       logging.warning(

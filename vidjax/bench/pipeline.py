@@ -26,7 +26,11 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import psutil
+
+try:  # Not a dependency of vidjax: the `[bench]` extra brings it.
+  import psutil
+except ModuleNotFoundError:
+  psutil = None
 
 from vidjax import bench, defaults, sharding
 from vidjax.bench import footage
@@ -227,6 +231,12 @@ def main(argv=None):
   footage.add_arguments(p)
   p.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = p.parse_args(argv)
+  if psutil is None:
+    p.exit(
+      2,
+      f"{p.prog}: measures processes with psutil: pip install psutil "
+      "(or 'vidjax[bench]')\n",
+    )
   if args.smoke:
     vars(args).update(SMOKE)
   work = Path(args.workdir)

@@ -1,0 +1,499 @@
+"""Reference outputs of the implementations vidjax is checked against.
+
+    python tests/reference/make_reference.py [NAME ...]   # -> tests/reference/
+
+Each function below runs a reference implementation (OpenCLIP, torch,
+torchvision: the `[parity]` extra, at constraints.txt's versions) on small,
+seeded, non-trivial weights and inputs, and returns what the parity tests
+compare with: {name: numpy array}, written to `NAME.npz` (and, for
+OpenCLIP, the TorchScript archive `openclip_vit.pt`, as OpenAI releases
+them). The default test suite reads the committed files; with the
+reference implementations installed, the same tests also call these
+functions again and check that the committed outputs still match
+(`check_live`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+import sys
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+# A small OpenAI-architecture CLIP (QuickGELU): 2 layers per tower, a 32x32
+# image of 2x2 patches, a 256-token vocabulary.
+OPENCLIP = dict(
+  embed_dim=24,
+  image_size=32,
+  patch=16,
+  width=32,
+  layers=2,
+  heads=2,
+  text_width=32,
+  text_heads=2,
+  vocab_size=256,
+)
+
+
+def _perturbed(model, seed: int) -> None:
+  """Seeded noise on every parameter: biases non-zero, LayerNorms not 1/0,
+  as in trained weights (OpenCLIP initialises many of them to 0 or 1)."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for param in model.parameters():
+      param += 0.05 * torch.randn(param.shape, generator=generator)
+
+
+def openclip(archive: Path | None = None) -> dict[str, np.ndarray]:
+  """OpenCLIP's image and text embeddings of a small CLIP, its weights
+  rounded to fp16 as released; with `archive`, the model is also saved
+  there as OpenAI's TorchScript `.pt` (fp16, with `input_resolution`,
+  `context_length` and `vocab_size` entries).
+
+  Returns:
+    `sd/NAME`: the archive's tensors as torch.jit.load reads them (fp16;
+    the 3 entries int64); `images` float32[2, 3, 32, 32]; `tokens`
+    int64[2, 77]; `image` / `text`: float32[2, 24] embeddings.
+  """
+  import open_clip  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+
+  c = OPENCLIP
+  torch.manual_seed(0)
+  model = open_clip.CLIP(
+    c["embed_dim"],
+    open_clip.CLIPVisionCfg(
+      layers=c["layers"],
+      width=c["width"],
+      head_width=c["width"] // c["heads"],
+      patch_size=c["patch"],
+      image_size=c["image_size"],
+    ),
+    open_clip.CLIPTextCfg(
+      context_length=77,
+      vocab_size=c["vocab_size"],
+      width=c["text_width"],
+      heads=c["text_heads"],
+      layers=c["layers"],
+    ),
+    quick_gelu=True,
+  )
+  _perturbed(model, seed=1)
+  model = model.half().float().eval()  # The released weights are fp16.
+  rng = np.random.default_rng(0)
+  size = c["image_size"]
+  images = rng.standard_normal((2, 3, size, size)).astype(np.float32)
+  tokens = np.zeros((2, 77), np.int64)
+  eot = c["vocab_size"] - 1  # The end token has the largest id, as CLIP's.
+  tokens[0, :5] = [eot - 1, 20, 112, 7, eot]  # start, 3 words, end
+  tokens[1, :3] = [eot - 1, 43, eot]
+  with torch.no_grad():
+    image = model.encode_image(torch.from_numpy(images)).numpy()
+    text = model.encode_text(torch.from_numpy(tokens)).numpy()
+  layout = _openai_layout(model).half()
+  if archive is None:
+    state = layout.state_dict()
+  else:
+    traced = torch.jit.trace(
+      layout, torch.zeros(1, 3, 16, 16).half(), check_trace=False
+    )
+    traced.save(str(archive))
+    state = torch.jit.load(str(archive)).state_dict()
+  out = {f"sd/{k}": v.numpy() for k, v in state.items()}
+  return dict(out, images=images, tokens=tokens, image=image, text=text)
+
+
+def _openai_layout(clip):
+  """OpenCLIP's modules under OpenAI's names, plus the archive's extras."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  class OpenAILayout(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      for name, module in clip.named_children():
+        self.add_module(name, module)
+      for name, param in clip.named_parameters(recurse=False):
+        self.register_parameter(name, param)
+      for name, value in (
+        ("input_resolution", OPENCLIP["image_size"]),
+        ("context_length", 77),
+        ("vocab_size", OPENCLIP["vocab_size"]),
+      ):
+        self.register_buffer(name, torch.tensor(value))
+
+    def forward(self, image):
+      return self.visual.conv1(image)
+
+  return OpenAILayout()
+
+
+def smooth_clip(seed=0, t=3, h=24, w=32) -> np.ndarray:
+  """A smooth uint8 clip [T, H, W, 3] (gradients + blobs): realistic
+  histograms for the colour ops."""
+  rng = np.random.default_rng(seed)
+  ys, xs = np.mgrid[0:h, 0:w]
+  frames = []
+  for _ in range(t):
+    base = (
+      rng.uniform(30, 200, 3) + 40 * np.sin(xs / rng.uniform(3, 8))[..., None]
+    )
+    frames.append(base + 30 * np.cos(ys / rng.uniform(2, 6))[..., None])
+  return np.clip(np.stack(frames), 0, 255).astype(np.uint8)
+
+
+# RandAugment's geometric ops checked, with their values.
+WARPS = (
+  ("shear_x", 0.21),
+  ("shear_y", -0.21),
+  ("translate_x", 0.3),
+  ("translate_y", -0.2),
+)
+
+
+def _affine(x, matrix, fill=0.5):
+  """pytorchvideo's affine: grid_sample of a centred pixel map, grey fill.
+  x: float [T, C, H, W]; matrix: the 2x3 map of output to input pixels."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  _, _, h, w = x.shape
+  (a, b, c), (d, e, f) = matrix
+  # The same map in grid_sample's normalised coordinates (align_corners=False).
+  theta = torch.tensor(
+    [[a, b * h / w, c / (w / 2)], [d * w / h, e, f / (h / 2)]],
+    dtype=torch.float32,
+  )[None]
+  grid = torch.nn.functional.affine_grid(
+    theta, (1, 1, h, w), align_corners=False
+  )
+  grid = grid.expand(x.shape[0], h, w, 2)
+  warped = torch.nn.functional.grid_sample(
+    torch.cat([x, torch.ones_like(x[:, :1])], 1), grid, align_corners=False
+  )
+  mask = warped[:, -1:]
+  return warped[:, :-1] * mask + (1 - mask) * fill
+
+
+def randaugment_ops() -> dict[str, np.ndarray]:
+  """torchvision's (and pytorchvideo's affine) output of every RandAugment
+  op on `smooth_clip()`, as float32 [T, H, W, 3] in 0-255.
+
+  The geometric ops' 2x3 matrices are vidjax's (`matrix/NAME`, stored:
+  the test checks vidjax still makes them); the warp is the reference's.
+  """
+  import torch  # pylint: disable=import-outside-toplevel
+  import torchvision.transforms.functional as tvf  # pylint: disable=import-outside-toplevel
+
+  from vidjax import randaugment  # pylint: disable=import-outside-toplevel
+
+  clip = smooth_clip()
+  _, h, w, _ = clip.shape
+  ref = torch.from_numpy(clip.astype(np.float32) / 255).permute(0, 3, 1, 2)
+  as_uint8 = torch.from_numpy(clip).permute(0, 3, 1, 2)
+  out = {
+    "brightness": tvf.adjust_brightness(ref, 1.6),
+    "contrast": tvf.adjust_contrast(ref, 0.4),
+    "saturation": tvf.adjust_saturation(ref, 1.7),
+    "sharpness": tvf.adjust_sharpness(ref, 0.3),
+    "autocontrast": tvf.autocontrast(ref),
+    "equalize": tvf.equalize(as_uint8).float() / 255,
+    "invert": tvf.invert(ref),
+    "posterize": tvf.posterize(as_uint8, 2).float() / 255,
+    "solarize": tvf.solarize(ref, 0.4),
+    "rotate": tvf.rotate(
+      ref, 17.0, tvf.InterpolationMode.BILINEAR, fill=[0.5] * 3
+    ),
+  }
+  matrices = {}
+  for name, value in WARPS:
+    matrix = np.asarray(randaugment.geometric_matrix(name, value, h, w))
+    matrices[f"matrix/{name}"] = matrix.astype(np.float32)
+    out[name] = _affine(ref, matrix)
+  out = {
+    k: (v.permute(0, 2, 3, 1).numpy() * 255).astype(np.float32)
+    for k, v in out.items()
+  }
+  return dict(out, **matrices, clip=clip)
+
+
+# Frame sizes whose every try of RandomResizedCrop misses (a 10:1 strip,
+# its transpose, an odd one): its fallback box.
+CROP_FRAMES = ((40, 400), (400, 40), (41, 333))
+
+
+def crop_fallback() -> dict[str, np.ndarray]:
+  """torchvision's RandomResizedCrop.get_params (scale 0.95-1, ratio 3/4 to
+  4/3) on `CROP_FRAMES`: `boxes` int64[3, 4] as (top, left, height, width)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from torchvision import transforms  # pylint: disable=import-outside-toplevel
+
+  boxes = [
+    transforms.RandomResizedCrop.get_params(
+      torch.zeros(3, height, width), scale=(0.95, 1.0), ratio=(3 / 4, 4 / 3)
+    )
+    for height, width in CROP_FRAMES
+  ]
+  return {"boxes": np.asarray(boxes, np.int64)}
+
+
+# ------------------------------------------ Hugging Face VideoMAE, in torch
+
+# A small VideoMAEForVideoClassification: 2 layers, 16 frames of 32x32 in
+# 2x16x16 tubelets, 400 classes; LayerNorm eps 1e-3 (not the default, so
+# that config.json must be read).
+VIDEOMAE = dict(width=64, heads=2, patch=16, size=32, frames=16, eps=1e-3)
+
+
+def random_tensors(shapes: dict, seed: int) -> dict[str, np.ndarray]:
+  """Non-trivial float32 values: LayerNorm scales near 1, every bias
+  non-zero."""
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, shape in shapes.items():
+    value = 0.2 * rng.standard_normal(shape)
+    if name.endswith("weight") and len(shape) == 1:  # a LayerNorm's scale
+      value += 1
+    out[name] = np.asarray(value, np.float32)
+  return out
+
+
+def hf_videomae(
+  mean_pooling: bool, seed: int = 2
+) -> tuple[dict[str, np.ndarray], dict]:
+  """A VideoMAEForVideoClassification's weights (transformers' names) and
+  its config.json, as save_pretrained writes them."""
+  width, patch, size = VIDEOMAE["width"], VIDEOMAE["patch"], VIDEOMAE["size"]
+  shapes = {
+    "videomae.embeddings.patch_embeddings.projection.weight": (
+      width,
+      3,
+      2,
+      patch,
+      patch,
+    ),
+    "videomae.embeddings.patch_embeddings.projection.bias": (width,),
+    "classifier.weight": (400, width),
+    "classifier.bias": (400,),
+  }
+  final = "fc_norm" if mean_pooling else "videomae.layernorm"
+  shapes.update({f"{final}.weight": (width,), f"{final}.bias": (width,)})
+  for i in range(2):
+    p = f"videomae.encoder.layer.{i}."
+    for name, shape in (
+      ("attention.attention.query.weight", (width, width)),
+      ("attention.attention.key.weight", (width, width)),
+      ("attention.attention.value.weight", (width, width)),
+      ("attention.attention.q_bias", (width,)),
+      ("attention.attention.v_bias", (width,)),
+      ("attention.output.dense.weight", (width, width)),
+      ("attention.output.dense.bias", (width,)),
+      ("intermediate.dense.weight", (4 * width, width)),
+      ("intermediate.dense.bias", (4 * width,)),
+      ("output.dense.weight", (width, 4 * width)),
+      ("output.dense.bias", (width,)),
+      ("layernorm_before.weight", (width,)),
+      ("layernorm_before.bias", (width,)),
+      ("layernorm_after.weight", (width,)),
+      ("layernorm_after.bias", (width,)),
+    ):
+      shapes[p + name] = shape
+  config = dict(
+    architectures=["VideoMAEForVideoClassification"],
+    model_type="videomae",
+    hidden_size=width,
+    num_hidden_layers=2,
+    num_attention_heads=VIDEOMAE["heads"],
+    intermediate_size=4 * width,
+    hidden_act="gelu",
+    layer_norm_eps=VIDEOMAE["eps"],
+    image_size=size,
+    patch_size=patch,
+    num_channels=3,
+    num_frames=VIDEOMAE["frames"],
+    tubelet_size=2,
+    qkv_bias=True,
+    use_mean_pooling=mean_pooling,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    initializer_range=0.02,
+    norm_pix_loss=True,
+    torch_dtype="float32",
+    id2label={str(i): f"LABEL_{i}" for i in range(400)},
+    transformers_version="4.57.1",
+  )
+  return random_tensors(shapes, seed), config
+
+
+def videomae_video(seed: int = 1) -> np.ndarray:
+  """The normalised input video, float32 [2, 16, 32, 32, 3]."""
+  frames, size = VIDEOMAE["frames"], VIDEOMAE["size"]
+  rng = np.random.default_rng(seed)
+  return rng.standard_normal((2, frames, size, size, 3)).astype(np.float32)
+
+
+def layer_norm(x, sd, name, eps):
+  """torch's layer_norm with `sd`'s NAME.weight and NAME.bias."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  return torch.nn.functional.layer_norm(
+    x, x.shape[-1:], sd[f"{name}.weight"], sd[f"{name}.bias"], eps
+  )
+
+
+def attention(x, weight, bias, out_w, out_b, heads, causal=False):
+  """Multi-head self-attention of x [B, N, D] with fused q/k/v weights."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  F = torch.nn.functional
+  q, k, v = (
+    t.unflatten(-1, (heads, -1)).transpose(1, 2)
+    for t in F.linear(x, weight, bias).chunk(3, -1)
+  )
+  logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+  if causal:
+    logits = logits.masked_fill(
+      torch.ones(logits.shape[-2:]).triu(1).bool(), float("-inf")
+    )
+  mixed = (logits.softmax(-1) @ v).transpose(1, 2).flatten(2)
+  return F.linear(mixed, out_w, out_b)
+
+
+def _sinusoid_table(length, dim):
+  """VideoMAE's fixed position table: position / 10000^(2*(j//2)/dim),
+  sine on even features, cosine on odd."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  angle = np.arange(length)[:, None] / np.power(
+    10000, 2 * (np.arange(dim) // 2) / dim
+  )
+  return torch.tensor(
+    np.where(np.arange(dim) % 2 == 0, np.sin(angle), np.cos(angle)),
+    dtype=torch.float32,
+  )
+
+
+def hf_videomae_logits(sd, config, video):
+  """transformers' VideoMAEForVideoClassification.forward, written from
+  `modeling_videomae.py`: sd torch tensors, video [B, T, C, H, W]."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  F = torch.nn.functional
+  eps, width = config["layer_norm_eps"], config["hidden_size"]
+  patch = config["patch_size"]
+  x = (
+    F.conv3d(
+      video.transpose(1, 2),
+      sd["videomae.embeddings.patch_embeddings.projection.weight"],
+      sd["videomae.embeddings.patch_embeddings.projection.bias"],
+      stride=(2, patch, patch),
+    )
+    .flatten(2)
+    .transpose(1, 2)
+  )
+  x = x + _sinusoid_table(x.shape[1], width)
+  for i in range(config["num_hidden_layers"]):
+    p = f"videomae.encoder.layer.{i}."
+    a = p + "attention.attention."
+    h = layer_norm(x, sd, p + "layernorm_before", eps)
+    weight = torch.cat(
+      [sd[a + f"{n}.weight"] for n in ("query", "key", "value")]
+    )
+    bias = torch.cat([sd[a + "q_bias"], torch.zeros(width), sd[a + "v_bias"]])
+    x = x + attention(
+      h,
+      weight,
+      bias,
+      sd[p + "attention.output.dense.weight"],
+      sd[p + "attention.output.dense.bias"],
+      config["num_attention_heads"],
+    )
+    h = F.gelu(
+      F.linear(
+        layer_norm(x, sd, p + "layernorm_after", eps),
+        sd[p + "intermediate.dense.weight"],
+        sd[p + "intermediate.dense.bias"],
+      )
+    )
+    x = x + F.linear(
+      h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"]
+    )
+  if config["use_mean_pooling"]:
+    x = layer_norm(x.mean(1), sd, "fc_norm", 1e-5)  # nn.LayerNorm's default
+  else:
+    x = layer_norm(x, sd, "videomae.layernorm", eps)[:, 0]
+  return F.linear(x, sd["classifier.weight"], sd["classifier.bias"])
+
+
+def hf_videomae_outputs() -> dict[str, np.ndarray]:
+  """The classifier's logits, float32 [2, 400], for `videomae_video()`:
+  `token` (the last LayerNorm, token 0) and `mean` (fc_norm of the mean)."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  video = torch.from_numpy(videomae_video()).permute(0, 1, 4, 2, 3)
+  out = {}
+  for pool, mean_pooling in (("token", False), ("mean", True)):
+    sd, config = hf_videomae(mean_pooling)
+    sd = {k: torch.from_numpy(v) for k, v in sd.items()}
+    with torch.no_grad():
+      out[pool] = hf_videomae_logits(sd, config, video).numpy()
+  return out
+
+
+# name -> (the function, the modules it needs, the extra files it writes).
+REFERENCES = {
+  "openclip": (openclip, ("torch", "open_clip"), ("openclip_vit.pt",)),
+  "randaugment_ops": (randaugment_ops, ("torch", "torchvision"), ()),
+  "crop_fallback": (crop_fallback, ("torch", "torchvision"), ()),
+  "hf_videomae": (hf_videomae_outputs, ("torch",), ()),
+}
+
+
+def committed(name: str) -> dict[str, np.ndarray]:
+  """The committed outputs of reference `name` (tests/reference/NAME.npz)."""
+  with np.load(HERE / f"{name}.npz") as f:
+    return dict(f)
+
+
+def can_run(name: str) -> bool:
+  """Whether reference `name`'s implementation is importable here."""
+  return all(importlib.util.find_spec(m) for m in REFERENCES[name][1])
+
+
+def check_live(name: str, **tolerance) -> None:
+  """Runs reference `name` again and asserts that its outputs equal the
+  committed ones (same names, shapes and dtypes; values to `tolerance`,
+  numpy's assert_allclose arguments, exact by default). Skips where the
+  implementation is not installed, unless VIDJAX_PARITY=live (CI's parity
+  step) makes that a failure."""
+  import pytest  # pylint: disable=import-outside-toplevel
+
+  if not can_run(name):
+    needs = ", ".join(REFERENCES[name][1])
+    if os.environ.get("VIDJAX_PARITY") == "live":
+      pytest.fail(f"VIDJAX_PARITY=live, but {needs} cannot be imported")
+    pytest.skip(f"the live reference needs {needs} (the [parity] extra)")
+  want, got = committed(name), REFERENCES[name][0]()
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+    np.testing.assert_allclose(got[key], value, err_msg=key, **tolerance)
+
+
+def main(names: list[str]) -> int:
+  for name in names or REFERENCES:
+    function, _, files = REFERENCES[name]
+    kwargs = {"archive": HERE / files[0]} if files else {}
+    arrays = function(**kwargs)
+    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+    size = sum((HERE / f).stat().st_size for f in (f"{name}.npz", *files))
+    print(f"{name}: {len(arrays)} arrays, {size / 1024:.0f} KiB")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
