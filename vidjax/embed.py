@@ -66,7 +66,8 @@ CHUNKS = "chunks"
 # (segment sampling: the CLIP recipes): about the length of the narrated
 # moments they train on (AVION's 4-frame clips cover about 2 s).
 SEGMENT_WINDOW_S = 2.0
-NOMINAL_FPS = 30.0  # Stride sampling's frames at a usual frame rate.
+NOMINAL_FPS = 30.0
+TEXT_BATCH = 64  # Stride sampling's frames at a usual frame rate.
 # What an INDEX's rows depend on: a rerun must give the same.
 SETTINGS = ("weights", "recipe", "overrides", "window_s", "stride_s")
 
@@ -106,7 +107,8 @@ class Encoder:
   """A CLIP's two towers with loaded weights.
 
   `video(uint8[B, T, H, W, 3] global array)` -> float32[B, D] and
-  `text(list of n str)` -> float32[n, D] give L2-normalised embeddings.
+  `encode_tokens(int32[B, L])` -> float32[B, D] give L2-normalised
+  embeddings (texts: through `vidjax.zeroshot` with `tokenizer`).
   """
 
   config: object
@@ -121,18 +123,19 @@ class Encoder:
   def video(self, video):
     return self.video_fn(self.params, self.rest, video)
 
-  def text(self, texts: list[str]) -> np.ndarray:
+  @property
+  def text_batch(self) -> int:
+    """Texts per text-tower call: a multiple of the local devices."""
+    devices = len(self.mesh.local_devices)
+    return devices * max(1, TEXT_BATCH // devices)
+
+  def encode_tokens(self, tokens: np.ndarray) -> np.ndarray:
+    """int32[B, L] tokens (B a multiple of the local devices) ->
+    float32[B, D], L2-normalised."""
     from vidjax import sharding  # pylint: disable=import-outside-toplevel
 
-    tokens = self.tokenizer(list(texts))
-    devices = len(self.mesh.local_devices)
-    pad = -len(tokens) % devices
-    tokens = np.concatenate(
-      [tokens, np.zeros((pad, tokens.shape[1]), tokens.dtype)]
-    )
     glob = sharding.host_to_global_batch({"tokens": tokens}, self.mesh)
-    out = np.asarray(self.text_fn(self.params, self.rest, glob["tokens"]))
-    return out[: len(texts)].astype(np.float32)
+    return np.asarray(self.text_fn(self.params, self.rest, glob["tokens"]))
 
 
 def _run_vocab(init_from: str) -> str:
