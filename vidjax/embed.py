@@ -160,12 +160,10 @@ def load_encoder(config) -> Encoder:
   # pylint: disable=import-outside-toplevel
   from flax import nnx
   import jax
-  import jax.numpy as jnp
 
-  from vidjax import augment, models, resume, sharding, tasks
+  from vidjax import models, resume, sharding
   from vidjax.data import checks
   from vidjax.models import facts, init_from
-  from vidjax.tasks import losses
 
   if config.model.name != "clip":
     raise errors.ConfigError(
@@ -196,17 +194,37 @@ def load_encoder(config) -> Encoder:
   def build():
     return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
 
-  graphdef, params, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
-  shardings = sharding.param_shardings((params, rest), mesh)
+  _, params, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
   (params, rest), _ = sharding.create_sharded_state(
     lambda: tuple(nnx.split(build(), nnx.Param, ...)[1:]),
     mesh,
-    shardings=shardings,
+    shardings=sharding.param_shardings((params, rest), mesh),
   )
   params, report = init_from.load_params(
     params, config.model, source, keep_init=tuple(config.init_keep)
   )
   logging.info("weights: %s", report.summary())
+  return make_encoder(config, mesh, params, rest, tokenizer, source.description)
+
+
+def make_encoder(
+  config, mesh, params, rest, tokenizer, description: str = ""
+) -> Encoder:
+  """An `Encoder` of `config.model` with these parameters and buffers (as
+  a run's state holds them, on their shardings): the towers jitted."""
+  # pylint: disable=import-outside-toplevel
+  from flax import nnx
+  import jax
+  import jax.numpy as jnp
+
+  from vidjax import augment, models, sharding, tasks
+  from vidjax.tasks import losses
+
+  graphdef = nnx.graphdef(
+    nnx.eval_shape(
+      lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+    )
+  )
   task = tasks.get_task(config.task)
   dtype = jnp.dtype(models.resolve_dtype(config.model.dtype)).name
   normalise = augment.make_augment(
@@ -222,6 +240,7 @@ def load_encoder(config) -> Encoder:
     emb = nnx.merge(graphdef, params, rest).encode_text(tokens)
     return losses.l2_normalize(emb.astype(jnp.float32))
 
+  shardings = jax.tree.map(lambda x: x.sharding, (params, rest))
   batch = sharding.batch_sharding(mesh)
   return Encoder(
     config,
@@ -231,7 +250,7 @@ def load_encoder(config) -> Encoder:
     tokenizer,
     jax.jit(video_fn, in_shardings=(*shardings, batch), out_shardings=batch),
     jax.jit(text_fn, in_shardings=(*shardings, batch), out_shardings=batch),
-    source.description,
+    description,
   )
 
 
