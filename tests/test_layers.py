@@ -59,7 +59,7 @@ LAYERS = [
   {"train"},
   # The command line, and the benchmarks beside it (imported by no one
   # else).
-  {"main", "bench"},
+  {"main", "bench", "embed", "search"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 RUNTIMES = ("jax", "flax", "grain", "orbax", "av", "optax", "torch")

@@ -227,7 +227,8 @@ def attach_log_file(workdir) -> str | None:
 # The progress bar.
 # ---------------------------------------------------------------------------
 class ProgressBar:
-  """tqdm bar over steps with rate and ETA; silent off process 0."""
+  """tqdm bar over steps (or other `unit`s) with rate and ETA; silent off
+  process 0."""
 
   def __init__(
     self,
@@ -236,13 +237,14 @@ class ProgressBar:
     *,
     enabled: bool | None = None,
     desc: str = "train",
+    unit: str = "step",
   ):
     enabled = jax.process_index() == 0 if enabled is None else enabled
     self._bar = tqdm.tqdm(
       total=total_steps,
       initial=start_step,
       desc=desc,
-      unit="step",
+      unit=unit,
       dynamic_ncols=True,
       disable=not enabled,
       mininterval=1.0,
