@@ -55,7 +55,6 @@ import time
 import uuid
 
 from absl import logging
-import jax
 import numpy as np
 
 from vidjax import errors, stopping, whole_files
@@ -109,6 +108,8 @@ def write_json(file: str | os.PathLike, blob, **json_kwargs) -> Path | None:
   Raises:
     TypeError, ValueError: `blob` is not JSON, before anything is written.
   """
+  import jax  # pylint: disable=import-outside-toplevel  # The lock alone needs none.
+
   if jax.process_index() != 0:
     return None
   text = json.dumps(blob, **json_kwargs)
@@ -146,6 +147,8 @@ def claim(workdir: str | os.PathLike) -> Iterator[Path]:
       written, or another run holds its lock (with several processes: on
       any of them).
   """
+  import jax  # pylint: disable=import-outside-toplevel
+
   workdir = absolute(workdir)
   created = not os.path.lexists(workdir)
   lock, error = None, None

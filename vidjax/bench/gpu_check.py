@@ -152,11 +152,7 @@ def check_data(
   summary = chunk.chunk_videos(raw, store, chunk.ChunkOptions(), progress=False)
   if summary["failed"]:
     raise RuntimeError(f"chunking failed: {summary['failed']}")
-  manifest = [
-    json.loads(line)
-    for line in (store / "manifest.jsonl").read_text().splitlines()
-    if line
-  ]
+  manifest = list(chunk.read_manifest(store).values())
   rng = np.random.default_rng(0)
   annotations = workdir / "train.jsonl"
   with open(annotations, "w", encoding="utf-8") as f:

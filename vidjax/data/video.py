@@ -92,17 +92,19 @@ class DecodeStats:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_manifest(path: str, mtime: float) -> dict[str, VideoInfo]:
-  del mtime  # Part of the cache key only: a rewritten manifest is reloaded.
-  try:
-    return {
-      entry["video_id"]: _video_info(entry, where)
-      for where, entry in chunk_lib.manifest_lines(path)
-    }
-  except errors.DataFileError as e:
-    raise VideoReadError(e.describe()) from None
-  except OSError as e:
-    raise VideoReadError(f"{path}: cannot read ({e.strerror or e})") from None
+def _load_manifest(parts: tuple[tuple[str, int, int], ...]) -> dict:
+  """{video id: VideoInfo}: the union of the manifest files `parts` ((path,
+  mtime, size): a file appended to, rewritten or added is read again)."""
+  videos: dict[str, VideoInfo] = {}
+  for path, *_ in parts:
+    try:
+      for where, entry in chunk_lib.manifest_lines(path):
+        videos[entry["video_id"]] = _video_info(entry, where)  # The last.
+    except errors.DataFileError as e:
+      raise VideoReadError(e.describe()) from None
+    except OSError as e:
+      raise VideoReadError(f"{path}: cannot read ({e.strerror or e})") from None
+  return videos
 
 
 def _video_info(entry: dict, where: str) -> VideoInfo:
@@ -147,16 +149,23 @@ def _video_info(entry: dict, where: str) -> VideoInfo:
 
 
 def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
-  """Videos of the chunk store at `root`, by id (cached; reloaded on change)."""
-  path = os.path.join(root, chunk_lib.MANIFEST)
-  try:
-    mtime = os.stat(path).st_mtime
-  except FileNotFoundError:
-    raise VideoReadError(
-      f"{path}: no manifest; chunk the videos first "
-      "(python -m vidjax.data.chunk SRC DST)"
-    ) from None
-  return _load_manifest(path, mtime)
+  """Videos of the chunk store at `root`, by id: the union of its manifest
+  files, a whole store's and its shards' (cached; reloaded on change)."""
+  for _ in range(3):  # A part may go as it is looked at (--merge).
+    try:
+      parts = tuple(
+        (os.fspath(p), (st := os.stat(p)).st_mtime_ns, st.st_size)
+        for p in chunk_lib.manifest_files(root)
+      )
+    except FileNotFoundError:
+      continue
+    if not parts:
+      raise VideoReadError(
+        f"{os.path.join(root, chunk_lib.MANIFEST)}: no manifest; chunk the "
+        "videos first (python -m vidjax.data.chunk SRC DST)"
+      )
+    return _load_manifest(parts)
+  raise VideoReadError(f"{root}: its manifest files keep changing")
 
 
 def video_info(root: str | os.PathLike, video_id: str) -> VideoInfo:

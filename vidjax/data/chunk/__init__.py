@@ -5,12 +5,16 @@
 A chunk store:
 
     DST/<video_id>/<start_second>.mp4   the chunks of each video (`encode`)
-    DST/manifest.jsonl                  one line per finished video (`manifest`)
-    DST/errors.jsonl                    the videos that failed, with why (`store`)
+    DST/manifest.jsonl                  one line per finished video
+    DST/errors.jsonl                    the videos that failed, with why
+    DST/shards/<K>-of-<N>/              a shard's own manifest and report
 
 `encode` turns one video into its chunks and manifest entry; `store` runs it
-over every video of a source, resumably, in worker processes; `manifest`
-reads a store's lines. The names below are the package's API.
+over every video of a source (or of one shard), resumably, in worker
+processes; `manifest` says where a store's lines are and reads them (the
+union of its parts); `parts` writes a part's report and reads them all
+(--status, --merge); `cli` is the command line. The names below are the
+package's API.
 """
 
 from vidjax.data.chunk.encode import (
@@ -27,6 +31,7 @@ from vidjax.data.chunk.encode import (
 from vidjax.data.chunk.manifest import (
   ERRORS,
   MANIFEST,
+  manifest_files,
   manifest_lines,
   read_manifest,
 )
@@ -43,6 +48,7 @@ __all__ = [
   "chunk_videos",
   "encoding",
   "find_videos",
+  "manifest_files",
   "manifest_lines",
   "output_size",
   "read_manifest",

@@ -1,8 +1,18 @@
-"""A chunk store's manifest: where its lines are, and reading them.
+"""A chunk store's files: where its manifest lines are, and reading them.
 
-    DST/manifest.jsonl     one line per finished video (`chunk.encode`)
+    DST/<video_id>/<start_second>.mp4   a video's chunks
+    DST/manifest.jsonl                  one line per finished video
+    DST/errors.jsonl                    the videos that failed, with why
+    DST/progress.json                   counts and rates, for --status
+    DST/vidjax.lock                     the chunker writing these now
+    DST/shards/<K>-of-<N>/              shard K of N's own manifest.jsonl,
+                                        errors.jsonl, progress.json and lock
 
-A line is appended only once all of its video's chunks are complete.
+A store is chunked whole (the files at the top) or in the N shards of one
+split, side by side; its manifest is the union of `DST/manifest.jsonl` and
+every shard's (`manifest_files`), until `--merge` makes them one. A line is
+appended only once all of its video's chunks are complete; a video listed
+twice is read from the last line that lists it.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from collections.abc import Iterator
 import json
 import os
 from pathlib import Path
+import re
 
 from absl import logging
 
@@ -18,6 +29,40 @@ from vidjax import errors
 
 MANIFEST = "manifest.jsonl"
 ERRORS = "errors.jsonl"
+PROGRESS = "progress.json"
+LOCK = "vidjax.lock"  # The name vidjax.rundir gives a lock in its folder.
+SHARDS = "shards"
+# Names of the store's own files: no video may take one as its id.
+RESERVED = (MANIFEST, ERRORS, PROGRESS, LOCK, SHARDS)
+_SHARD = re.compile(r"(\d+)-of-(\d+)")
+
+
+def part_dir(dst: str | os.PathLike, shard: tuple[int, int] | None) -> Path:
+  """The folder of a part's manifest: DST itself, or DST/shards/K-of-N."""
+  if shard is None:
+    return Path(dst)
+  return Path(dst) / SHARDS / f"{shard[0]}-of-{shard[1]}"
+
+
+def shard_parts(dst: str | os.PathLike) -> dict[tuple[int, int], Path]:
+  """The shard folders under DST/shards, by (K, N), in order."""
+  try:
+    names = os.listdir(Path(dst) / SHARDS)
+  except (FileNotFoundError, NotADirectoryError):
+    return {}
+  found = {}
+  for name in names:
+    if m := _SHARD.fullmatch(name):
+      found[int(m.group(1)), int(m.group(2))] = Path(dst) / SHARDS / name
+  return {k: found[k] for k in sorted(found, key=lambda kn: (kn[1], kn[0]))}
+
+
+def manifest_files(dst: str | os.PathLike) -> list[Path]:
+  """The files whose union is the store's manifest, in reading order."""
+  parts = [Path(dst) / MANIFEST]
+  parts += [folder / MANIFEST for folder in shard_parts(dst).values()]
+  return [p for p in parts if p.is_file()]
+
 
 _TORN_SEEN: set[tuple[str, str]] = set()  # Torn lines warned about.
 
@@ -67,9 +112,10 @@ def manifest_lines(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
 
 
 def read_manifest(dst: str | os.PathLike) -> dict[str, dict]:
-  """Manifest entries of the store `dst` by video id ({} when there is no
-  manifest yet); raises as `manifest_lines`."""
-  path = Path(dst) / MANIFEST
-  if not path.exists():
-    return {}
-  return {entry["video_id"]: entry for _, entry in manifest_lines(path)}
+  """The store's manifest entries by video id, from every part ({} when
+  there is none yet); raises as `manifest_lines`."""
+  entries: dict[str, dict] = {}
+  for path in manifest_files(dst):
+    for _, entry in manifest_lines(path):
+      entries[entry["video_id"]] = entry  # The last line listing it.
+  return entries

@@ -1,10 +1,15 @@
-"""Chunking a store: every video of a source into DST, resumable.
+"""Chunking a store: every video of a source into DST, resumable, sharded.
 
-`chunk_videos(src, dst, opts, workers)` chunks the videos under `src` that
-the manifest does not list yet, appends a line per finished video to
-`DST/manifest.jsonl`, and lists failures with their reason in
-`DST/errors.jsonl`; the others go on (also when one crashes its worker
-process).
+`chunk_videos(src, dst, opts, workers, shard=(K, N))` chunks the videos of
+`src` (of shard K of N: `split`) that no manifest part of the store lists
+yet, appends a line per finished video to its part's manifest (DST's own,
+or DST/shards/K-of-N's: see `manifest`), and lists the videos that failed
+twice with their reason in the part's errors.jsonl; the others go on (also
+when one crashes its worker process). The part is locked while it runs
+(`vidjax.rundir.WorkdirLock`): a second chunker of the same part is refused.
+
+What two shards side by side write is disjoint: each its own part folder
+and the chunk folders DST/<video_id> of its own videos.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures as futures
 from concurrent.futures.process import BrokenProcessPool
+import contextlib
 import dataclasses
+import heapq
 import json
 import multiprocessing
 import os
@@ -22,8 +29,8 @@ import sys
 
 import tqdm
 
-from vidjax import errors, whole_files
-from vidjax.data.chunk import encode, manifest as manifest_lib
+from vidjax import errors, rundir, whole_files
+from vidjax.data.chunk import encode, manifest as manifest_lib, parts
 
 VIDEO_EXTENSIONS = (
   ".mp4",
@@ -59,6 +66,59 @@ def find_videos(src: str | os.PathLike) -> list[Path]:
     lines = (line.strip() for line in src.read_text().splitlines())
     return [Path(line) for line in lines if line and not line.startswith("#")]
   return [src]
+
+
+def sources(src: str | os.PathLike) -> dict[str, Path]:
+  """The source videos of `src` by video id (the file name's stem).
+
+  Raises:
+    errors.UserError: `src` missing, two sources with one id, or an id that
+      names one of the store's own files.
+  """
+  by_id: dict[str, Path] = {}
+  for path in find_videos(src):
+    if path.stem in by_id:
+      raise errors.DataError(
+        f"two source videos map to video id "
+        f"{path.stem!r}: {by_id[path.stem]} and {path}",
+        hint="rename one of them",
+      )
+    if path.stem in manifest_lib.RESERVED:
+      raise errors.DataError(
+        f"{path}: its video id {path.stem!r} is the name of one of the "
+        "chunk store's own files",
+        hint="rename it",
+      )
+    by_id[path.stem] = path
+  return by_id
+
+
+def source_bytes(path: Path) -> int:
+  """The size of a source (0 if it cannot be read: it fails when chunked)."""
+  try:
+    return os.stat(path).st_size
+  except OSError:
+    return 0
+
+
+def split(sizes: dict[str, int], n: int) -> list[set[str]]:
+  """The video ids of each of `n` shards, about equal in bytes.
+
+  Largest first, each to the shard with the fewest bytes so far (ties: the
+  lower shard, then the video id): the same files give the same split on
+  every machine.
+
+  Args:
+    sizes: bytes of every source video, by video id.
+    n: the number of shards.
+  """
+  heap = [(0, k) for k in range(n)]
+  shards: list[set[str]] = [set() for _ in range(n)]
+  for vid in sorted(sizes, key=lambda v: (-sizes[v], v)):
+    load, k = heapq.heappop(heap)
+    shards[k].add(vid)
+    heapq.heappush(heap, (load + sizes[vid], k))
+  return shards
 
 
 def _chunk_or_error(
@@ -134,6 +194,11 @@ def _chunk_in_pool(
           del running[job]
     except BrokenProcessPool:
       pass  # Shutting the pool down ends every job still in `running`.
+    except BaseException:  # Stopped (SIGTERM, Ctrl-C): end the workers now.
+      pool.shutdown(wait=False, cancel_futures=True)
+      for child in multiprocessing.active_children():
+        child.terminate()
+      raise
   lost = []
   for job, (vid, path) in running.items():
     if isinstance(job.exception(), BrokenProcessPool):
@@ -149,68 +214,148 @@ def chunk_videos(
   opts: encode.ChunkOptions | None = None,
   workers: int = 1,
   progress: bool = True,
+  shard: tuple[int, int] | None = None,
 ) -> dict:
-  """Chunks every video under `src` into `dst`, skipping finished ones.
+  """Chunks every video of `src` (or of shard K of N) into `dst`, skipping
+  the videos the store's manifest lists. A video that fails is tried once
+  more after the others, then recorded as failed.
+
+  Args:
+    shard: (K, N), 1 <= K <= N: only shard K of the N of `split`, its lines
+      in DST/shards/K-of-N/; None: every video, its lines in DST.
 
   Returns:
     Summary dict: `done` (newly chunked), `skipped` (already in the manifest),
     `failed` (list of {"source", "video_id", "error"}).
 
   Raises:
-    errors.UserError: `src` missing, two sources with the same video id, or
-      a bad manifest in `dst` (before anything is chunked).
+    errors.UserError: `src` missing, two sources with the same video id, a
+      bad manifest in `dst`, a store split another way, or another chunker
+      on the same part (all before anything is chunked).
   """
   opts = opts or encode.ChunkOptions()
-  by_id: dict[str, Path] = {}
-  for path in find_videos(src):
-    if path.stem in by_id:
-      raise errors.DataError(
-        f"two source videos map to video id "
-        f"{path.stem!r}: {by_id[path.stem]} and {path}",
-        hint="rename one of them",
-      )
-    by_id[path.stem] = path
+  by_id = sources(src)
+  sizes = {vid: source_bytes(path) for vid, path in by_id.items()}
   dst = Path(dst)
-  finished = manifest_lib.read_manifest(dst)
-  dst.mkdir(parents=True, exist_ok=True)
-  todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
-  failed, done = [], 0
+  if shard is not None:
+    mine = split(sizes, shard[1])[shard[0] - 1]
+    by_id_all, by_id = by_id, {v: p for v, p in by_id.items() if v in mine}
+  else:
+    by_id_all = by_id
+  _check_split(dst, shard)
+  manifest_lib.read_manifest(dst)  # A bad line refuses before any write.
+  part = manifest_lib.part_dir(dst, shard)
+  part.mkdir(parents=True, exist_ok=True)
   threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
   opts = dataclasses.replace(opts, threads=threads)
-  bar = tqdm.tqdm(
-    total=len(todo),
-    unit="video",
-    desc="chunking",
-    disable=not progress or not todo,
-  )
-  # Whole lines only: a torn last line (a killed run's) is dropped, and
-  # its video, not listed, is redone.
-  manifest = whole_files.LineFile(dst / manifest_lib.MANIFEST)
-  if note := manifest.dropped_note():
-    tqdm.tqdm.write(
-      f"warning: {note}; its video is chunked again", file=sys.stderr
+  with _locked(dst, part, shard):
+    finished = manifest_lib.read_manifest(dst)
+    todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
+    report = parts.Report(dst, part, shard, by_id, sizes, finished)
+    report.totals(len(by_id_all), sum(sizes.values()))
+    bar = tqdm.tqdm(
+      total=len(todo),
+      unit="video",
+      desc="chunking"
+      if shard is None
+      else f"chunking shard {shard[0]}/{shard[1]}",
+      disable=not progress or not todo,
     )
+    # Whole lines only: a torn last line (a killed run's) is dropped, and
+    # its video, not listed, is redone.
+    manifest = whole_files.LineFile(part / manifest_lib.MANIFEST)
+    if note := manifest.dropped_note():
+      tqdm.tqdm.write(
+        f"warning: {note}; its video is chunked again", file=sys.stderr
+      )
+    retry, done = [], 0
 
-  def finish(vid, path, entry, error):
-    nonlocal done
-    if entry:
-      manifest.write(json.dumps(entry) + "\n")
-      done += 1
-    else:
-      failed.append({"source": str(path), "video_id": vid, "error": error})
-      tqdm.tqdm.write(f"FAILED {error}", file=sys.stderr)
-    bar.update()
+    def record(vid, path, entry, error):
+      nonlocal done
+      if entry:
+        manifest.write(json.dumps(entry) + "\n")
+        done += 1
+      else:
+        tqdm.tqdm.write(f"FAILED {error}", file=sys.stderr)
+      report.add(vid, path, entry, error)
+      bar.update()
 
+    def first_try(vid, path, entry, error):
+      if entry:
+        record(vid, path, entry, error)
+      else:
+        tqdm.tqdm.write(f"failed, tried again later: {error}", file=sys.stderr)
+        retry.append((vid, path))
+
+    try:
+      _chunk_all(todo, dst, opts, workers, first_try)
+      _chunk_all(retry, dst, opts, workers, record)
+      report.finish()
+    finally:
+      manifest.close()
+      bar.close()
+  return {
+    "done": done,
+    "skipped": len(by_id) - len(todo),
+    "failed": report.failed,
+  }
+
+
+def _chunk_all(todo, dst, opts, workers, finish) -> None:
+  if workers <= 1:
+    for vid, path in todo:
+      finish(vid, path, *_chunk_or_error(path, dst, vid, opts))
+  elif todo:
+    _chunk_in_workers(todo, dst, opts, workers, finish)
+
+
+def _check_split(dst: Path, shard: tuple[int, int] | None) -> None:
+  """Refuses to mix a whole-store run with shards, or two splits."""
+  parts = manifest_lib.shard_parts(dst)
+  splits = sorted({n for _, n in parts})
+  if not splits or (shard is not None and splits == [shard[1]]):
+    return
+  merge = f"python -m vidjax.data.chunk --merge {dst}"
+  if shard is None:
+    raise errors.DataError(
+      f"{dst} is being chunked in {splits[0]} shards "
+      f"({dst / manifest_lib.SHARDS})",
+      hint=f"chunk it with --shard K/{splits[0]}, or join the shards first: "
+      f"{merge}",
+    )
+  raise errors.DataError(
+    f"{dst} is being chunked in {' and '.join(map(str, splits))} shards "
+    f"({dst / manifest_lib.SHARDS}), not {shard[1]}",
+    hint=f"use --shard K/{splits[0]}, or join the shards first: {merge}",
+  )
+
+
+@contextlib.contextmanager
+def _locked(dst: Path, part: Path, shard: tuple[int, int] | None):
+  """Holds the part's lock (`rundir.WorkdirLock`) while it is chunked.
+
+  Raises:
+    errors.WorkdirError: another chunker holds it (one line, naming it).
+  """
+  lock = rundir.WorkdirLock(part)
   try:
-    if workers <= 1:
-      for vid, path in todo:
-        finish(vid, path, *_chunk_or_error(path, dst, vid, opts))
-    else:
-      _chunk_in_workers(todo, dst, opts, workers, finish)
+    lock.acquire()
+  except errors.WorkdirError as e:
+    what = (
+      str(dst) if shard is None else f"shard {shard[0]}/{shard[1]} of {dst}"
+    )
+    try:
+      holder = json.loads(lock.path.read_text())
+      who = (
+        f"PID {holder['pid']} on {holder['host']}, started {holder['started']}"
+      )
+    except (OSError, ValueError, TypeError, KeyError):
+      raise errors.WorkdirError(f"{what}: {e}") from None
+    raise errors.WorkdirError(
+      f"{what} is being chunked by another process ({who}; its lock: "
+      f"{lock.path})"
+    ) from None
+  try:
+    yield
   finally:
-    manifest.close()
-  bar.close()
-  with open(dst / manifest_lib.ERRORS, "w") as f:
-    for failure in failed:
-      f.write(json.dumps(failure) + "\n")
-  return {"done": done, "skipped": len(by_id) - len(todo), "failed": failed}
+    lock.release()

@@ -1,0 +1,180 @@
+"""The chunker in shards: side by side as one, killed and rerun, locked,
+reported (--status) and merged (--merge)."""
+
+import json
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
+import time
+
+import av
+import numpy as np
+import pytest
+
+import video_fixtures as vf
+from vidjax.data import chunk, video
+from vidjax.data.chunk import cli, manifest, store
+
+OPTS = ["--chunk-seconds", "1", "--short-side", "64", "--gop", "8"]
+
+
+def _chunker(src, dst, *args):
+  return subprocess.Popen(
+    [sys.executable, "-m", "vidjax.data.chunk", str(src), str(dst), *args],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def _store_pictures(dst: Path) -> dict[str, list[np.ndarray]]:
+  """Every chunk of a store by its path there: its decoded pictures."""
+  out = {}
+  for path in sorted(dst.rglob("*.mp4")):
+    with av.open(str(path)) as c:
+      frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    out[path.relative_to(dst).as_posix()] = frames
+  return out
+
+
+def _same_pictures(a: dict, b: dict) -> None:
+  """The same chunks with the same frames. x264 does not always code the
+  same frames the same way twice in one process (its decisions then move a
+  few levels here and there, ~1 level on average): equal within that."""
+  assert a.keys() == b.keys()
+  for name in a:
+    assert len(a[name]) == len(b[name]), name
+    for x, y in zip(a[name], b[name]):
+      assert np.abs(x.astype(int) - y).mean() < 2, name
+      if not name.startswith(("bikes/", "bunny/")):  # Numbered frames.
+        assert vf.frame_number(x) == vf.frame_number(y), name
+
+
+def _check_whole(dst: Path) -> dict[str, dict]:
+  """Every manifest line whole and once, every listed chunk decodes to its
+  frames, nothing half-written left; returns the entries."""
+  entries = {}
+  for path in manifest.manifest_files(dst):
+    text = path.read_text()
+    assert text.endswith("\n"), f"{path}: a torn last line"
+    for line in text.splitlines():
+      entry = json.loads(line)
+      assert entry["video_id"] not in entries, f"listed twice: {line}"
+      entries[entry["video_id"]] = entry
+  for vid, entry in entries.items():
+    info = video.video_info(dst, vid)
+    names = sorted(p.name for p in (dst / vid).iterdir())
+    want = [
+      chunk.chunk_name(k, info.chunk_seconds) for k in range(info.num_chunks)
+    ]
+    assert names == sorted(want), vid
+    frames = 0
+    for name in names:
+      with av.open(str(dst / vid / name)) as c:
+        frames += sum(1 for _ in c.decode(video=0))
+    assert frames == entry["num_frames"], vid
+  assert not list(dst.rglob("*.tmp*")), list(dst.rglob("*.tmp*"))
+  return entries
+
+
+def test_three_shards_side_by_side_make_the_one_store(tmp_path, capsys):
+  src = tmp_path / "src"
+  src.mkdir()
+  for name, frames in (("a", 12), ("b", 31), ("c", 22), ("d", 17)):
+    vf.write_numbered_video(src / f"{name}.mp4", frames, fps=10)
+  vf.real_footage(src / "bikes.mp4", "bikes.mp4", num_frames=40)
+  vf.real_footage(src / "bunny.mp4", "bigbuckbunny.mp4", num_frames=30)
+  (src / "bad.mp4").write_text("not a video\n" * 40)
+  one, three = tmp_path / "one", tmp_path / "three"
+  assert cli.main([str(src), str(one), *OPTS]) == 1  # bad.mp4 failed.
+  capsys.readouterr()
+  runs = [_chunker(src, three, *OPTS, "--shard", f"{k}/3") for k in (1, 2, 3)]
+  outputs = [run.communicate(timeout=120) for run in runs]
+  codes = [run.returncode for run in runs]
+  assert sorted(codes) == [0, 0, 1], outputs  # One shard has bad.mp4.
+  sizes = {v: store.source_bytes(p) for v, p in store.sources(src).items()}
+  shards = store.split(sizes, 3)
+  assert set().union(*shards) == set(sizes) and all(shards)
+  # The same chunks, picture for picture, and the same manifest rows.
+  _same_pictures(_store_pictures(three), _store_pictures(one))
+  assert _check_whole(three) == _check_whole(one)
+  for k, ids in enumerate(shards, 1):
+    part = three / "shards" / f"{k}-of-3" / "manifest.jsonl"
+    assert {json.loads(line)["video_id"] for line in part.open()} == ids - {
+      "bad"
+    }
+  assert video.manifest(three) == video.manifest(one)
+  # --status: every shard, the failure named.
+  assert cli.main(["--status", str(three)]) == 0
+  status = capsys.readouterr().out
+  assert status.count("finished") == 3, status
+  assert "all: 6/7 videos (86%)" in status, status
+  assert f"{src / 'bad.mp4'}: not a video" in status, status
+  # --merge refuses a gap and a duplicate, then makes the one manifest.
+  part2 = three / "shards" / "2-of-3"
+  part2.rename(tmp_path / "away")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--merge", str(three)])
+  assert exit_info.value.code == 2
+  assert "shard 2/3 (not started)" in capsys.readouterr().err
+  (tmp_path / "away").rename(part2)
+  first = (three / "shards" / "1-of-3" / "manifest.jsonl").read_text()
+  with open(part2 / "manifest.jsonl", "a") as f:
+    f.write(first.splitlines()[0] + "\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--merge", str(three)])
+  assert "listed twice" in capsys.readouterr().err
+  lines = (part2 / "manifest.jsonl").read_text().splitlines()
+  (part2 / "manifest.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+  assert cli.main(["--merge", str(three)]) == 0
+  assert not (three / "shards").exists()
+  assert _check_whole(three) == _check_whole(one)
+  assert [
+    json.loads(x)["video_id"] for x in (three / "errors.jsonl").open()
+  ] == ["bad"]
+
+
+def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
+  src, dst = tmp_path / "src", tmp_path / "dst"
+  src.mkdir()
+  vf.write_numbered_video(src / "a.mp4", 15, fps=10)
+  for name in ("long1", "long2"):
+    vf.write_numbered_video(
+      src / f"{name}.mp4", 1000, fps=25, width=96, height=64
+    )
+  sizes = {v: store.source_bytes(p) for v, p in store.sources(src).items()}
+  k = next(k for k, ids in enumerate(store.split(sizes, 2), 1) if "a" in ids)
+  (long,) = store.split(sizes, 2)[k - 1] - {"a"}
+  part = manifest.part_dir(dst, (k, 2))
+  args = ["--chunk-seconds", "0.4", "--short-side", "0", "--shard", f"{k}/2"]
+  first = _chunker(src, dst, *args)
+  deadline = time.monotonic() + 60
+  while not (dst / long / "0.mp4").exists():  # Mid-video: a chunk written.
+    assert first.poll() is None and time.monotonic() < deadline
+    time.sleep(0.005)
+  os.kill(first.pid, signal.SIGSTOP)
+  try:
+    listed = (part / "manifest.jsonl").read_text()
+    assert '"a"' in listed and long not in listed  # Truly mid-video.
+    second = _chunker(src, dst, *args)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 2
+    assert err.count("\n") == 1, err  # One line, naming the holder.
+    assert f"shard {k}/2 of {dst} is being chunked by another process" in err
+    assert f"PID {first.pid} on " in err
+  finally:
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate()
+  assert first.returncode == -signal.SIGKILL
+  assert (part / "vidjax.lock").exists()  # Left by the kill: taken over.
+  rerun = _chunker(src, dst, *args)
+  out, err = rerun.communicate(timeout=120)
+  assert rerun.returncode == 0, err
+  assert "chunked 1, already done 1, failed 0" in out
+  entries = _check_whole(dst)
+  assert sorted(entries) == ["a", long]
+  assert not (part / "vidjax.lock").exists()
+  frames = video.read_clip(dst, long, [0, 499, 999])
+  assert [vf.frame_number(f) for f in frames] == [0, 499, 999]
