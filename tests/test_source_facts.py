@@ -306,6 +306,32 @@ def test_avion_clip_through_the_recipes(recipe, frames, avion_clip):
 
 @needs_torch
 @pytest.mark.parity
+def test_avion_clip_starts_the_egtea_fine_tuning(avion_clip):
+  """EGTEA's recipe from AVION's pretraining layout: the vision tower
+  loaded (its 4-frame temporal table to 16), a fresh 106-way head (left
+  abstract here: nothing computes with it)."""
+  path = avion_clip[0]
+  config = config_lib.load_config(
+    f"{CONFIGS}/egtea_ft.py", [f"--config.init_from={path}", *SMALL]
+  )
+  source = resume.read_start(resume.StartPoint("init_from", str(path)))
+  facts.settle(config, source)
+  make = lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
+  params = nnx.split(nnx.eval_shape(make), nnx.Param, ...)[1]
+  _, report = init_from.load_params(params, config.model, source)
+  assert set(report.fresh) == {"head.kernel", "head.bias"}
+  assert any("temporal" in name for name in report.resized), report.resized
+  # Dropped: the text tower, temperature and projection, no vision part.
+  assert report.loaded and report.dropped
+  assert [n for n in report.dropped if n.startswith("visual.")] == [
+    "visual.proj"
+  ]
+  assert (config.model.act, config.model.ln_eps) == ("gelu", 1e-6)
+  assert config.model.num_classes == 106
+
+
+@needs_torch
+@pytest.mark.parity
 def test_avion_classifier_through_ek100_cls_ft(tmp_path):
   path = tmp_path / "avion_finetune_cls.pt"
   sd = avion_checkpoint(path, num_classes=3806, frames=16)

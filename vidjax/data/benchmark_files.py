@@ -36,6 +36,7 @@ import math
 import os
 from pathlib import Path
 
+from vidjax import errors
 from vidjax.data.records import (
   ClipRecord,
   PathLike,
@@ -58,10 +59,20 @@ EGOMCQ_CHOICES = 5
 def classes_path(
   data_format: str, annotations: PathLike, classes: str = ""
 ) -> str:
-  """`classes` if set, else the released class file beside `annotations`."""
-  if classes:
-    return os.fspath(classes)
-  return os.fspath(Path(annotations).parent / CLASS_FILES[data_format])
+  """`classes` if set, else the released class file beside `annotations`.
+
+  Raises:
+    errors.DataFileError: the file is not there.
+  """
+  path = Path(classes or Path(annotations).parent / CLASS_FILES[data_format])
+  if not path.is_file():
+    raise errors.DataFileError(
+      f"{path}: no such file; {data_format}'s class names "
+      f"({CLASS_FILES[data_format]}) ship beside {Path(annotations).name}",
+      hint="put it there, or set data.classes (eval.sets.NAME.data.classes) "
+      "to it",
+    )
+  return os.fspath(path)
 
 
 # ---------------------------------------------------------------- EGTEA ----
