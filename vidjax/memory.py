@@ -289,52 +289,15 @@ def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
   how to check the configuration for a GPU instead."""
   most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
   step = jax.device_count() * config.accum_steps  # What a batch divides by.
-  batch = (
-    f"--config.batch_size={most * step} (at most {most} clips per device "
-    "fit here)"
-    if most >= 1
-    else "not one clip per device fits here"
-  )
+  ways = [f"train {CPU_VARIANT}"]
+  if most >= 1:
+    ways.append(
+      f"--config.batch_size={most * step} (at most {most} clips per device "
+      "fit here)"
+    )
   return (
-    f"this is a GPU-sized run: on a CPU, train {CPU_VARIANT}, or "
-    f"{batch}; to check it for a GPU, --config.device_memory_gib=N plans "
-    "for N GiB per device (-1: no check)"
-  )
-
-
-def _what_fits(
-  config, estimate: StepMemory, fitting: StepMemory | None, usable: float
-) -> str:
-  """The policy that fits at the configured batch (`fitting`), and the
-  batch that fits under the configured policy."""
-  clips, ways = clips_per_device(config), []
-  if fitting:
-    ways.append(
-      f"--config.model.remat={fitting.remat} (about "
-      f"{fitting.total_bytes(clips) / GiB:.1f} GiB)"
-    )
-  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
-  per_step = clips * config.accum_steps  # Clips per device and step.
-  accum = next(
-    (
-      a
-      for a in range(config.accum_steps + 1, per_step + 1)
-      if per_step % a == 0 and per_step // a <= most
-    ),
-    None,
-  )
-  if most >= 1 and accum:
-    ways.append(
-      f"--config.accum_steps={accum} ({per_step // accum} clips per "
-      f"device at a time, the same global batch; at most {most} "
-      "clips per device fit)"
-    )
-  elif most >= 1:
-    ways.append(f"a batch of at most {most} clips per device")
-  if estimate.attention == "xla" and jax.default_backend() == "gpu":
-    ways.append("cuDNN attention (see the warning above)")
-  return ("; or ".join(ways) or "a smaller model") + (
-    ". --config.device_memory_gib=N plans for N GiB per device instead "
+    f"this is a GPU-sized run: on a CPU, {', or '.join(ways)}; to check it "
+    "for a GPU, --config.device_memory_gib=N plans for N GiB per device "
     "(-1: no check)"
   )
 
