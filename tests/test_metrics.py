@@ -131,6 +131,22 @@ def test_topk_and_ties():
   np.testing.assert_array_equal(jitted, [True, False, False])
 
 
+def test_a_label_outside_the_classes_counts_as_wrong():
+  # An evaluation file may hold a class the head does not have (never
+  # trained): it is scored, as wrong, on the host and on the device.
+  scores = np.array([[0.1, 0.5, 0.4], [0.3, 0.2, 0.1], [0.6, 0.2, 0.2]])
+  labels = np.array([1, 5, -1])
+  for k in (1, 3):
+    np.testing.assert_array_equal(
+      metrics.topk_correct(scores, labels, k), [True, False, False]
+    )
+    np.testing.assert_array_equal(
+      metrics.topk_correct(jnp.asarray(scores), jnp.asarray(labels), k),
+      [True, False, False],
+    )
+  assert metrics.topk_accuracy(scores, labels, ks=(1,)) == {"top1": 1 / 3}
+
+
 def test_average_views():
   rng = np.random.default_rng(0)
   logits = rng.standard_normal((3, 4, 5))  # 3 views of 4 examples.

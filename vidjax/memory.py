@@ -26,8 +26,9 @@ At start-up `check_step_fits` compares that with the device's memory less
 fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
 host's available memory shared by its devices; it refuses a configuration
 that will not fit, naming a remat policy and a batch per device that would
-(on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU). `python -m vidjax.bench.memory` prints the same
-estimate for every policy, as on a GPU with cuDNN.
+(on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU).
+`python -m vidjax.bench.memory` prints the same estimate for every policy,
+as on a GPU with cuDNN.
 """
 
 from __future__ import annotations
@@ -298,6 +299,43 @@ def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
   return (
     f"this is a GPU-sized run: on a CPU, {', or '.join(ways)}; to check it "
     "for a GPU, --config.device_memory_gib=N plans for N GiB per device "
+    "(-1: no check)"
+  )
+
+
+def _what_fits(
+  config, estimate: StepMemory, fitting: StepMemory | None, usable: float
+) -> str:
+  """The policy that fits at the configured batch (`fitting`), and the
+  batch that fits under the configured policy."""
+  clips, ways = clips_per_device(config), []
+  if fitting:
+    ways.append(
+      f"--config.model.remat={fitting.remat} (about "
+      f"{fitting.total_bytes(clips) / GiB:.1f} GiB)"
+    )
+  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
+  per_step = clips * config.accum_steps  # Clips per device and step.
+  accum = next(
+    (
+      a
+      for a in range(config.accum_steps + 1, per_step + 1)
+      if per_step % a == 0 and per_step // a <= most
+    ),
+    None,
+  )
+  if most >= 1 and accum:
+    ways.append(
+      f"--config.accum_steps={accum} ({per_step // accum} clips per "
+      f"device at a time, the same global batch; at most {most} "
+      "clips per device fit)"
+    )
+  elif most >= 1:
+    ways.append(f"a batch of at most {most} clips per device")
+  if estimate.attention == "xla" and jax.default_backend() == "gpu":
+    ways.append("cuDNN attention (see the warning above)")
+  return ("; or ".join(ways) or "a smaller model") + (
+    ". --config.device_memory_gib=N plans for N GiB per device instead "
     "(-1: no check)"
   )
 

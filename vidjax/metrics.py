@@ -139,7 +139,8 @@ def topk_correct(scores: jax.Array, labels: jax.Array, k: int) -> jax.Array:
   """Whether each label is among the top k scores (numpy or jax, jit-friendly).
 
   Ties count against the label (a constant predictor scores 0), so a
-  collapsed model cannot look good.
+  collapsed model cannot look good. A label outside [0, C) (a class the
+  model does not have) is never among them: it counts as wrong.
 
   Args:
     scores: float[N, C].
@@ -156,9 +157,12 @@ def topk_correct(scores: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     else np
   )
   scores, labels = xp.asarray(scores), xp.asarray(labels)
-  label_score = xp.take_along_axis(scores, labels[:, None], axis=1)
+  known = (labels >= 0) & (labels < scores.shape[1])
+  label_score = xp.take_along_axis(
+    scores, xp.where(known, labels, 0)[:, None], axis=1
+  )
   rank = (scores >= label_score).sum(1) - 1
-  return rank < k
+  return (rank < k) & known
 
 
 def topk_accuracy(
