@@ -20,6 +20,7 @@ from vidjax import (
   train,
 )
 from vidjax.data import ek100
+from vidjax.data.records import ClipRecord
 from vidjax.tasks import classification, contrastive
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -296,3 +297,11 @@ def test_an_eval_label_the_head_does_not_have_is_scored_as_wrong():
   got = classification.eval_metrics(outputs, config)
   assert got["top1"] == pytest.approx(0.5)
   assert got["chance_top1"] == pytest.approx(1 / 3)
+
+
+def test_saved_embeddings_name_clips_by_the_annotations_ids():
+  # Without narration ids (JSON Lines): each row's video id, not its number.
+  rows = [ClipRecord("bikes", 0, 2), ClipRecord("car", 1, 3)]
+  assert list(eval_sets._record_ids(rows)) == ["bikes", "car"]
+  rows = [ClipRecord("P01_01", 0, 2, extra={"narration_id": "P01_01_0"})]
+  assert list(eval_sets._record_ids(rows)) == ["P01_01_0"]
