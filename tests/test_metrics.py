@@ -200,6 +200,13 @@ def test_retrieval_recall():
   assert (
     metrics.retrieval_recall(np.ones((n, n)))["v2t_r10"] == 0.0
   )  # Ties count against.
+  # Over 5 clips R@5 and R@10 would be 1.0 of any model: left out.
+  assert sorted(metrics.retrieval_recall(sim[:5, :5])) == [
+    "chance_r1",
+    "t2v_r1",
+    "v2t_r1",
+  ]
+  assert "t2v_r5" in metrics.retrieval_recall(sim[:6, :6])
 
 
 def test_ek100_mean_class_accuracy_and_marginals_as_avion():

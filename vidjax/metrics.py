@@ -269,7 +269,8 @@ def retrieval_recall(
 
   Returns:
     {'v2t_r1', ..., 't2v_r1', ..., 'chance_r1'}: fractions; chance_r1 = 1/N
-    is what a random model scores on R@1.
+    is what a random model scores on R@1. A K of N or more is left out
+    (every pair is among the top N: it would say 1.0 of any model), but 1
   """
   sim = np.asarray(similarity, np.float64)
   if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
@@ -283,7 +284,10 @@ def retrieval_recall(
     "t2v": (sim >= true[None, :]).sum(0) - 1,
   }
   out = {
-    f"{d}_r{k}": float(np.mean(r < k)) for d, r in ranks.items() for k in ks
+    f"{d}_r{k}": float(np.mean(r < k))
+    for d, r in ranks.items()
+    for k in ks
+    if k < n or k == 1
   }
   out["chance_r1"] = 1.0 / n
   return out
