@@ -537,6 +537,9 @@ def test_jsonl_records_and_errors(tmp_path):
     ValueError, match=r"clips.jsonl:1: label 'cat' is not an integer"
   ):
     ann.load_jsonl(path)
+  _write(path, [good, json.dumps({"video_id": "v1", "end": 2.5})])
+  with pytest.raises(ValueError, match=r"clips.jsonl:2: no 'start': every"):
+    ann.load_jsonl(path)  # The field named, not "None/2.5 are not numbers".
   # Saved by a Windows editor: a byte-order mark and CRLF line ends.
   path.write_bytes(b"\xef\xbb\xbf" + (good + "\r\n").encode() * 2)
   assert [r.video_id for r in ann.load_jsonl(path)] == ["v1", "v1"]

@@ -3,6 +3,7 @@ its `:debug` variant trains 2 steps and evaluates on CPU (synthetic corpus)."""
 
 import math
 from pathlib import Path
+import types
 
 from flax import nnx
 import jax
@@ -242,3 +243,38 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
     for set_name in [""] + list(config.eval.sets):
       saved = np.load(workdir / "embeddings" / set_name / "step_2.npz")
       assert saved["video"].shape[1] == saved["text"].shape[1]
+
+
+def test_debug_recipes_do_not_warn_that_their_batch_exceeds_their_clips(
+  tmp_path, monkeypatch
+):
+  """A :debug recipe's synthetic corpus (12 training clips for its batch of
+  16) is small on purpose; the same on your own data is warned about."""
+  from vidjax import train  # pylint: disable=import-outside-toplevel
+
+  warned = []
+  monkeypatch.setattr(
+    train.logging, "warning", lambda fmt, *a: warned.append(fmt % a)
+  )
+  run = types.SimpleNamespace(
+    state={"params": {"w": np.zeros(3)}, "step": 0},
+    steps=types.SimpleNamespace(unmask_start=None),
+    workdir=tmp_path,
+  )
+  report = types.SimpleNamespace(kept_records=lambda: [None] * 12)
+  for name in RECIPES:
+    config = load(name, "debug")
+    with config.unlocked():
+      config.data.root = str(tmp_path / "synthetic" / "chunks")
+    train._log_summary(
+      run, config, {"train": report}, train.resume.StartPoint("scratch")
+    )
+  assert warned == []
+  config.data.root = str(tmp_path / "mine")
+  train._log_summary(
+    run, config, {"train": report}, train.resume.StartPoint("scratch")
+  )
+  assert warned == [
+    "batch_size=16 is larger than the 12 training clips: every batch "
+    "repeats clips; lower --config.batch_size"
+  ]

@@ -60,11 +60,16 @@ def test_data_bound_warning_names_the_knobs():
   for knob in (
     "--config.data.workers, now 0",
     "--config.data.threads, now 2",
-    "data.num_frames=16",
+    "fewer frames (--config.data.num_frames, now 16)",
     "--short-side",
     "vidjax.bench.pipeline",
   ):
     assert knob in text
+  # At 4 frames (AVION's fewest) it does not suggest fewer.
+  text = console.data_bound_warning(
+    0.87, types.SimpleNamespace(**dict(vars(data), num_frames=4))
+  )
+  assert "num_frames" not in text and "--short-side" in text
 
 
 def test_lines_before_the_log_file_are_kept(tmp_path, monkeypatch):

@@ -156,7 +156,9 @@ def test_report_stops_past_the_limit_and_lists_the_rows(tmp_path):
   assert len(reports["eval"].kept_records()) == 6
 
 
-def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
+def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(
+  tmp_path, monkeypatch
+):
   # 74 rows: one or two bad rows pass the 1% limit, three do not.
   rows = [
     dict(GOOD[0], start=float(i % 8 + 1), end=float(i % 8 + 2))
@@ -168,6 +170,23 @@ def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(tmp_path):
   )
   checks.stop_if_unusable(reports, config, tmp_path / "run")
   assert len(reports["train"].kept_records()) == 72
+  # Within the limit although 2.7% > 1%: a warning that says the rule.
+  warned = []
+  monkeypatch.setattr(
+    checks.logging, "warning", lambda fmt, *a: warned.append(fmt % a)
+  )
+  checks.report(reports, config, tmp_path / "run")
+  assert warned[0].startswith(
+    "data check: train train.jsonl: 2 of 74 rows are bad (2.7%), listed in "
+  )
+  assert (
+    warned[0]
+    .split("\n")[0]
+    .endswith(
+      "; left out, training goes on: up to 2 bad rows are allowed here "
+      "(data.max_bad_row_fraction=0.01 of the rows, at least 2)"
+    )
+  )
   config.data.max_bad_row_fraction = 0.0  # 0: none.
   with pytest.raises(errors.DataError, match="2 of 74 rows are bad") as e:
     checks.stop_if_unusable(reports, config, tmp_path / "run")
@@ -236,7 +255,10 @@ def test_labels_checked_and_num_classes_from_the_training_labels(
   checks.stop_if_unusable(reports, config, tmp_path / "run")
   with caplog.at_level("WARNING"):
     checks.report(reports, config, tmp_path / "run")
-  assert caplog.messages == [
+  assert caplog.messages[0].startswith(
+    "data check: train train.jsonl: 1 of 4 rows is bad (25.0%)"
+  )
+  assert caplog.messages[1:] == [
     "data check: eval val.jsonl: 2 rows have labels that never occur in "
     "train.jsonl (5): the model cannot predict them, they count as wrong"
   ]

@@ -20,7 +20,8 @@ from vidjax import (
   train,
 )
 from vidjax.data import ek100
-from vidjax.tasks import contrastive
+from vidjax.data.records import ClipRecord
+from vidjax.tasks import classification, contrastive
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
 # tests that share them in one process when tests run in parallel.
@@ -279,3 +280,28 @@ def test_retrieval_metrics_from_views_square_and_captions(tmp_path):
     contrastive.eval_metrics(
       {**outputs, "caption_emb": caption_emb[:3]}, config
     )
+
+
+def test_an_eval_label_the_head_does_not_have_is_scored_as_wrong():
+  """Labels 0-2 trained, a 3-class head; the evaluation file also has class
+  7 (warned about at start-up): scored as wrong, in training's evaluations
+  and `--mode eval` alike (both score through `eval_metrics`)."""
+  logits = np.array([[4.0, 0, 0], [0, 4.0, 0], [0, 0, 4.0], [4.0, 0, 0]])
+  outputs = {
+    "logits": np.repeat(logits, 2, axis=0),  # 2 views per clip.
+    "label": np.repeat([0, 1, 7, 7], 2),
+    "index": np.repeat(np.arange(4), 2),
+    "valid": np.ones(8, bool),
+  }
+  config = ml_collections.ConfigDict(dict(data=dict(format="jsonl")))
+  got = classification.eval_metrics(outputs, config)
+  assert got["top1"] == pytest.approx(0.5)
+  assert got["chance_top1"] == pytest.approx(1 / 3)
+
+
+def test_saved_embeddings_name_clips_by_the_annotations_ids():
+  # Without narration ids (JSON Lines): each row's video id, not its number.
+  rows = [ClipRecord("bikes", 0, 2), ClipRecord("car", 1, 3)]
+  assert list(eval_sets._record_ids(rows)) == ["bikes", "car"]
+  rows = [ClipRecord("P01_01", 0, 2, extra={"narration_id": "P01_01_0"})]
+  assert list(eval_sets._record_ids(rows)) == ["P01_01_0"]

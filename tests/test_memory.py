@@ -3,33 +3,56 @@ run refused, 'auto' that falls back to XLA warned about."""
 
 from pathlib import Path
 import re
+import types
 
 from absl import logging
 import jax
+import psutil
 import pytest
 
+import debug_runs
 from debug_runs import counting_compiles
-from vidjax import config as config_lib, errors, main, memory
+from vidjax import config as config_lib, errors, main, memory, models, resume
+from vidjax.data import synthetic_annotations
 from vidjax.models import attention
 
-RECIPE = str(Path(__file__).parents[1] / "configs/clip_vitb16_ego4d.py")
+CONFIGS = Path(__file__).parents[1] / "configs"
+RECIPE = str(CONFIGS / "clip_vitb16_ego4d.py")
+# The :debug recipes' synthetic corpus (tests/debug_runs.py), for any recipe.
+SYNTHETIC = (
+  "--config.data.synthetic.enabled=True",
+  "--config.data.synthetic.num_videos=8",
+  "--config.data.synthetic.segment_seconds=2.0",
+)
 
 
-def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
+def _on_synthetic(spec, workdir, tmp_path_factory, *overrides):
+  """The overrides that run `spec` on the session's synthetic corpus (put
+  into WORKDIR/synthetic), in its own annotation format where the corpus
+  has it."""
+  config = config_lib.load_config(spec, SYNTHETIC)
+  debug_runs.prepare(config, workdir, tmp_path_factory)
+  own_format = config.data.format in synthetic_annotations.FILES
+  return [*SYNTHETIC, *overrides] + (
+    [] if own_format else ["--config.data.format=jsonl"]
+  )
+
+
+def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path_factory):
   # A 141 GB GPU without cuDNN, as XLA sees it: the CLIP recipe at 256
   # clips per device keeps XLA attention's weights for the backward pass
   # (save_dots_and_attention: ~510 MiB per clip, ~130 GiB in all). Here the
   # CPU's attention is XLA too, and the memory is stated.
-  workdir = tmp_path / "run"
+  workdir = tmp_path_factory.mktemp("run")
+  overrides = _on_synthetic(
+    RECIPE,
+    workdir,
+    tmp_path_factory,
+    "--config.device_memory_gib=125.8",
+    "--config.model.dtype=bfloat16",
+  )
   with counting_compiles() as compiles, pytest.raises(errors.ConfigError) as e:
-    main.run(
-      RECIPE,
-      str(workdir),
-      overrides=[
-        "--config.device_memory_gib=125.8",
-        "--config.model.dtype=bfloat16",
-      ],
-    )
+    main.run(RECIPE, str(workdir), overrides=overrides)
   assert e.value.exit_code == errors.EXIT_USAGE
   text = e.value.describe()
   assert (
@@ -48,7 +71,8 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path):
   assert (
     "more forward pass (4/3 the FLOPs) and 2 MiB of cached embeddings" in text
   )
-  assert not workdir.exists() and not compiles, compiles
+  assert [p.name for p in workdir.iterdir()] == ["synthetic"]
+  assert not compiles, compiles
 
 
 def test_auto_attention_without_cudnn_on_a_gpu_warns_why_and_what_it_costs(
@@ -111,3 +135,150 @@ def test_a_masked_run_is_sized_by_its_unmasked_tuning():
     ),
   ):
     memory.check_step_fits(masked)
+
+
+class _Reached(Exception):
+  """Start-up got as far as the test needs."""
+
+
+def _recipe_variants() -> list[str]:
+  """Every recipe in configs/, alone and with each of its variants (and a
+  variant with its recipe's CPU one), distinct configs only."""
+  specs, seen = [], set()
+  for path in sorted(CONFIGS.glob("*.py")):
+    try:
+      config_lib.load_config(f"{path}:no_such_variant")
+    except errors.ConfigError as e:
+      known = re.findall(r":(\w+)", str(e).split("known variants:")[1])
+    small = [v for v in known if v in ("cpu", "debug")]
+    args = [None, *known] + [f"{v},{s}" for v in known for s in small if v != s]
+    for arg in args:
+      spec = f"{path}:{arg}" if arg else str(path)
+      try:
+        text = config_lib.load_config(spec).to_json()
+      except errors.ConfigError:  # Variants that exclude each other.
+        continue
+      if text not in seen:
+        seen.add(text)
+        specs.append(spec)
+  return specs
+
+
+@pytest.mark.parametrize(
+  "spec",
+  _recipe_variants(),
+  ids=lambda s: Path(s).name,
+)
+def test_what_the_files_decide_is_settled_before_a_model_is_built(
+  spec, tmp_path_factory, monkeypatch
+):
+  """Each recipe and variant, sizes left to the files, as on a GPU of 20
+  GiB: when the memory check is reached, the vocabulary size, the class
+  count and the steps of `total_epochs` are the files', and no model has
+  been built (the check builds the first)."""
+  workdir = tmp_path_factory.mktemp("start")
+  overrides = _on_synthetic(
+    spec,
+    workdir,
+    tmp_path_factory,
+    "--config.device_memory_gib=20",
+    "--config.total_epochs=3",
+  )
+  builds, seen = [], {}
+  build = models.build_model
+  monkeypatch.setattr(
+    models, "build_model", lambda *a, **k: builds.append(a) or build(*a, **k)
+  )
+
+  def reached(config):
+    seen.update(config=config.copy_and_resolve_references(), builds=len(builds))
+    raise _Reached
+
+  monkeypatch.setattr(memory, "check_step_fits", reached)
+  with pytest.raises(_Reached):
+    main.run(spec, str(workdir), overrides=overrides)
+  config = seen["config"]
+  assert seen["builds"] == 0
+  if "text" in config.model:
+    assert config.model.text.vocab_size > 0
+  if "num_classes" in config.model:
+    assert config.model.num_classes > 0
+  # At most 16 training clips (8 videos, 2 segments) in a batch of 16 or
+  # more: one step per epoch.
+  assert config.total_steps == 3
+
+
+@pytest.mark.parametrize("variant", ["captions", "labels"])
+def test_own_videos_on_a_gpu_of_20_gib_get_a_verdict(
+  variant, tmp_path_factory, monkeypatch
+):
+  """The real check, on sizes the files gave (ViT-B/16, 8 frames): it
+  fits, or is refused with a hint; never a traceback."""
+  spec = f"{CONFIGS / 'own_videos.py'}:{variant}"
+  workdir = tmp_path_factory.mktemp("own")
+  overrides = _on_synthetic(
+    spec, workdir, tmp_path_factory, "--config.device_memory_gib=20"
+  )
+  verdicts = []
+  check = memory.check_step_fits
+  monkeypatch.setattr(
+    memory, "check_step_fits", lambda c: verdicts.append(check(c))
+  )
+
+  def stop(*args, **kwargs):
+    raise _Reached  # What comes after the check: the weights, the state.
+
+  monkeypatch.setattr(resume, "resolve_start", stop)
+  try:
+    with pytest.raises(_Reached):
+      main.run(spec, str(workdir), overrides=overrides)
+  except memory.StepTooLarge as e:
+    assert not e.on_host and "--config.device_memory_gib" in e.hint
+  else:
+    assert isinstance(verdicts[0], memory.StepMemory), verdicts
+    assert verdicts[0].remat == "full"
+
+
+def test_a_gpu_recipe_on_a_cpu_is_refused_naming_its_cpu_variant(
+  tmp_path_factory, monkeypatch
+):
+  """configs/own_videos.py:captions without `,cpu` on a host of 64 GiB: the
+  step is held against the host's memory and refused before compiling."""
+  spec = f"{CONFIGS / 'own_videos.py'}:captions"
+  workdir = tmp_path_factory.mktemp("cpu")
+  overrides = _on_synthetic(spec, workdir, tmp_path_factory)
+  host = types.SimpleNamespace(available=64 * memory.GiB)
+  monkeypatch.setattr(psutil, "virtual_memory", lambda: host)
+  with (
+    counting_compiles() as compiles,
+    pytest.raises(memory.StepTooLarge) as e,
+  ):
+    main.run(spec, str(workdir), overrides=overrides)
+  text = e.value.describe()
+  assert e.value.on_host and e.value.exit_code == errors.EXIT_USAGE
+  assert text.startswith("the training step will not fit in this host's")
+  assert f"train --config {spec},cpu, or --config.batch_size=" in text, text
+  assert re.search(r"\(at most \d+ clips per device fit here\)", text), text
+  assert "--config.device_memory_gib=N plans for N GiB per device" in text
+  assert len(text.splitlines()) == 2 and not compiles, compiles
+  # The variant it names fits the same host.
+  small = config_lib.load_config(
+    f"{spec},cpu", ["--config.model.text.vocab_size=1024"]
+  )
+  assert memory.check_step_fits(small).remat == "none"
+
+
+def test_out_of_memory_during_a_run_ends_in_two_lines():
+  error = jax.errors.JaxRuntimeError(
+    "RESOURCE_EXHAUSTED: Out of memory allocating 384313021760 bytes.\n"
+    "  more lines from XLA"
+  )
+  lines = main.out_of_memory(error).describe().splitlines()
+  assert lines == [
+    "the device ran out of memory: RESOURCE_EXHAUSTED: Out of memory "
+    "allocating 384313021760 bytes. (357.9 GiB)",
+    "  hint: raise --config.accum_steps (the same batch in smaller parts), "
+    "lower --config.batch_size, or --config.model.remat=full; on a CPU, the "
+    "recipe's CPU variant (configs/own_videos.py:...,cpu, or :debug)",
+  ]
+  assert main.out_of_memory(RuntimeError("something else")) is None

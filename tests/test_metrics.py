@@ -131,6 +131,22 @@ def test_topk_and_ties():
   np.testing.assert_array_equal(jitted, [True, False, False])
 
 
+def test_a_label_outside_the_classes_counts_as_wrong():
+  # An evaluation file may hold a class the head does not have (never
+  # trained): it is scored, as wrong, on the host and on the device.
+  scores = np.array([[0.1, 0.5, 0.4], [0.3, 0.2, 0.1], [0.6, 0.2, 0.2]])
+  labels = np.array([1, 5, -1])
+  for k in (1, 3):
+    np.testing.assert_array_equal(
+      metrics.topk_correct(scores, labels, k), [True, False, False]
+    )
+    np.testing.assert_array_equal(
+      metrics.topk_correct(jnp.asarray(scores), jnp.asarray(labels), k),
+      [True, False, False],
+    )
+  assert metrics.topk_accuracy(scores, labels, ks=(1,)) == {"top1": 1 / 3}
+
+
 def test_average_views():
   rng = np.random.default_rng(0)
   logits = rng.standard_normal((3, 4, 5))  # 3 views of 4 examples.
@@ -184,6 +200,13 @@ def test_retrieval_recall():
   assert (
     metrics.retrieval_recall(np.ones((n, n)))["v2t_r10"] == 0.0
   )  # Ties count against.
+  # Over 5 clips R@5 and R@10 would be 1.0 of any model: left out.
+  assert sorted(metrics.retrieval_recall(sim[:5, :5])) == [
+    "chance_r1",
+    "t2v_r1",
+    "v2t_r1",
+  ]
+  assert "t2v_r5" in metrics.retrieval_recall(sim[:6, :6])
 
 
 def test_ek100_mean_class_accuracy_and_marginals_as_avion():

@@ -61,3 +61,19 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert len(losses) == 5  # step 1 and every 5th of 20
   assert any("eval/t2v_r1" in r for r in rows)
   assert (workdir / "plots" / "loss.png").exists()
+
+
+def test_a_temporary_run_directory_is_removed_at_the_end(tmp_path, monkeypatch):
+  # The first cells and the last, as a user runs them without
+  # VIDJAX_WORKDIR: the run directory they make is gone afterwards.
+  pytest.importorskip("matplotlib")
+  monkeypatch.delenv("VIDJAX_WORKDIR", raising=False)
+  monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+  monkeypatch.chdir(NOTEBOOK.parent)
+  cells = _code_cells(nbformat.read(NOTEBOOK, as_version=4))
+  namespace = {}
+  exec(cells[1].source, namespace)  # noqa: S102 (the notebook's own cells)
+  assert namespace["WORKDIR"].parent == tmp_path
+  assert namespace["WORKDIR"].name.startswith("vidjax_quickstart_")
+  exec(cells[-1].source, namespace)  # noqa: S102
+  assert list(tmp_path.iterdir()) == []

@@ -18,8 +18,9 @@ named sets exist. `eval.save_embeddings=True` writes, at each evaluation,
 `WORKDIR/embeddings/step_<N>.npz` (named sets:
 `WORKDIR/embeddings/<name>/step_<N>.npz`) with `video` float32[clips, D] and
 `text` float32[texts, D], L2-normalised (the vectors the similarities come
-from), and `video_ids` / `text_ids` (narration ids, or record indices where
-the format has none) in the order of the annotation and sentence files.
+from), and `video_ids` / `text_ids` (narration ids, or the rows' video ids
+where the format has none) in the order of the annotation and sentence
+files.
 """
 
 from __future__ import annotations
@@ -183,9 +184,11 @@ def embed_texts(run, texts: list[str], batch_size: int) -> np.ndarray:
 
 
 def _record_ids(records) -> np.ndarray:
+  """Each clip's id in its annotation file: the narration id (EK-100),
+  else its video's id (clips of one video share it)."""
   if records and "narration_id" in records[0].extra:
     return np.array([r.extra["narration_id"] for r in records])
-  return np.arange(len(records))
+  return np.array([r.video_id for r in records])
 
 
 def save_embeddings(

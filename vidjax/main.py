@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -212,7 +213,30 @@ def main(parsed) -> int:
     error = _refused_write(e, _WORKDIR.value)
     logging.error("%s", error.describe())
     return error.exit_code
+  except RuntimeError as e:  # JAX's runtime errors are RuntimeErrors.
+    error = out_of_memory(e)
+    if error is None:
+      raise  # A bug: its traceback.
+    logging.error("%s", error.describe())
+    return error.exit_code
   return errors.EXIT_FINISHED
+
+
+def out_of_memory(error: BaseException) -> errors.UserError | None:
+  """XLA's out-of-memory (RESOURCE_EXHAUSTED) during a run, as two lines:
+  what ran out, what to change; None for any other error."""
+  text = str(error).strip()
+  if "RESOURCE_EXHAUSTED" not in text:
+    return None
+  first = text.splitlines()[0]
+  asked = re.search(r"allocating (\d+) bytes", first)
+  return errors.UserError(
+    f"the device ran out of memory: {first}"
+    + (f" ({int(asked.group(1)) / 2**30:.1f} GiB)" if asked else ""),
+    hint="raise --config.accum_steps (the same batch in smaller parts), "
+    "lower --config.batch_size, or --config.model.remat=full; on a CPU, "
+    "the recipe's CPU variant (configs/own_videos.py:...,cpu, or :debug)",
+  )
 
 
 # The system refusing a write (a full disk or quota, a read-only mount) at

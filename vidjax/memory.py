@@ -29,8 +29,9 @@ At start-up `check_step_fits` compares that with the device's memory less
 fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
 host's available memory shared by its devices; it refuses a configuration
 that will not fit, naming a remat policy and a batch per device that would
-(on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU). `python -m vidjax.bench.memory` prints the same
-estimate for every policy, as on a GPU with cuDNN.
+(on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU).
+`python -m vidjax.bench.memory` prints the same estimate for every policy,
+as on a GPU with cuDNN.
 """
 
 from __future__ import annotations
@@ -340,16 +341,16 @@ def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
   how to check the configuration for a GPU instead."""
   most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
   step = jax.device_count() * config.accum_steps  # What a batch divides by.
-  batch = (
-    f"--config.batch_size={most * step} (at most {most} clips per device "
-    "fit here)"
-    if most >= 1
-    else "not one clip per device fits here"
-  )
+  ways = [f"train {CPU_VARIANT}"]
+  if most >= 1:
+    ways.append(
+      f"--config.batch_size={most * step} (at most {most} clips per device "
+      "fit here)"
+    )
   return (
-    f"this is a GPU-sized run: on a CPU, train {CPU_VARIANT}, or "
-    f"{batch}; to check it for a GPU, --config.device_memory_gib=N plans "
-    "for N GiB per device (-1: no check)"
+    f"this is a GPU-sized run: on a CPU, {', or '.join(ways)}; to check it "
+    "for a GPU, --config.device_memory_gib=N plans for N GiB per device "
+    "(-1: no check)"
   )
 
 

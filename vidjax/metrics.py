@@ -144,7 +144,8 @@ def topk_correct(scores: jax.Array, labels: jax.Array, k: int) -> jax.Array:
   """Whether each label is among the top k scores (numpy or jax, jit-friendly).
 
   Ties count against the label (a constant predictor scores 0), so a
-  collapsed model cannot look good.
+  collapsed model cannot look good. A label outside [0, C) (a class the
+  model does not have) is never among them: it counts as wrong.
 
   Args:
     scores: float[N, C].
@@ -161,9 +162,12 @@ def topk_correct(scores: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     else np
   )
   scores, labels = xp.asarray(scores), xp.asarray(labels)
-  label_score = xp.take_along_axis(scores, labels[:, None], axis=1)
+  known = (labels >= 0) & (labels < scores.shape[1])
+  label_score = xp.take_along_axis(
+    scores, xp.where(known, labels, 0)[:, None], axis=1
+  )
   rank = (scores >= label_score).sum(1) - 1
-  return rank < k
+  return (rank < k) & known
 
 
 def topk_accuracy(
@@ -270,7 +274,8 @@ def retrieval_recall(
 
   Returns:
     {'v2t_r1', ..., 't2v_r1', ..., 'chance_r1'}: fractions; chance_r1 = 1/N
-    is what a random model scores on R@1.
+    is what a random model scores on R@1. A K of N or more is left out
+    (every pair is among the top N: it would say 1.0 of any model), but 1
   """
   sim = np.asarray(similarity, np.float64)
   if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
@@ -284,7 +289,10 @@ def retrieval_recall(
     "t2v": (sim >= true[None, :]).sum(0) - 1,
   }
   out = {
-    f"{d}_r{k}": float(np.mean(r < k)) for d, r in ranks.items() for k in ks
+    f"{d}_r{k}": float(np.mean(r < k))
+    for d, r in ranks.items()
+    for k in ks
+    if k < n or k == 1
   }
   out["chance_r1"] = 1.0 / n
   return out

@@ -279,8 +279,17 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
     and config.model.mask_ratio > 0
   ):
     logging.info("%s", _masking_summary(config, run.steps.unmask_start))
+  # The :debug recipes' synthetic corpus is small on purpose (a check of the
+  # whole path): its repeated clips are no mistake of the user's.
+  synthetic_data = (
+    config.data.synthetic.enabled
+    and run.workdir is not None
+    and Path(config.data.root).is_relative_to(
+      rundir.path(run.workdir, rundir.SYNTHETIC)
+    )
+  )
   decoded = config.batch_size // config.data.get("repeats", 1)
-  if "train" in clips and decoded > clips["train"]:
+  if "train" in clips and decoded > clips["train"] and not synthetic_data:
     logging.warning(
       "batch_size=%d is larger than the %d training clips: every "
       "batch repeats clips; lower --config.batch_size",

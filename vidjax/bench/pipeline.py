@@ -154,7 +154,9 @@ def scaling(
   Returns and prints, by worker count: `clips_per_s`, `vs_one` (over the
   1-worker run, if measured) and `cores` (CPU cores busy).
   """
-  records = write_records(store, video_id, work / "pipeline_clips.jsonl")
+  records = write_records(
+    store, video_id, work / f"pipeline_clips_{video_id}.jsonl"
+  )
   config = data_config(store, records, frames, stride, size)
   mesh = sharding.make_mesh()
   print(
@@ -243,7 +245,9 @@ def main(argv=None):
   work.mkdir(parents=True, exist_ok=True)
   source = footage.prepare_source(work, args.seconds, 568, 320)
   store = footage.store_for(source, chunk.ChunkOptions(), work)
-  records = write_records(store, source.stem, work / "pipeline_clips.jsonl")
+  records = write_records(
+    store, source.stem, work / f"pipeline_clips_{source.stem}.jsonl"
+  )
   config = data_config(store, records, args.frames, args.stride, args.size)
   mesh = sharding.make_mesh()
   settings = [(int(w), 0) for w in args.workers.split(",")]

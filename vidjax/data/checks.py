@@ -196,12 +196,25 @@ class Report:
         f"{len(self.unscorable)} of {len(self.records)} rows cannot be "
         f"scored{listed}"
       )
-    else:
-      what = "left out" if self.split == "train" else "kept in the evaluation"
+    elif self.too_many(limit):
       head = (
         f"{len(self.bad)} of {len(self.records)} rows are bad "
         f"({self.fraction:.1%}; the limit is data.max_bad_row_fraction="
-        f"{limit}){listed}" + ("" if self.too_many(limit) else f"; {what}")
+        f"{limit}){listed}"
+      )
+    else:  # Within the limit: say the rule, since the share may exceed it.
+      what = (
+        "left out, training goes on"
+        if self.split == "train"
+        else "kept in the evaluation"
+      )
+      allowed = int(max(limit * len(self.records), MIN_BAD_ROWS))
+      head = (
+        f"{len(self.bad)} of {len(self.records)} rows "
+        f"{'is' if len(self.bad) == 1 else 'are'} bad ({self.fraction:.1%})"
+        f"{listed}; {what}: up to {allowed} bad rows are allowed here "
+        f"(data.max_bad_row_fraction={limit} of the rows, at least "
+        f"{MIN_BAD_ROWS})"
       )
     shown = self.unscorable if self.good_records else self.bad
     return "\n  ".join(
@@ -512,7 +525,7 @@ def report(
     summary = r.summary(
       config.data.max_bad_row_fraction, _write_bad_rows(r, workdir)
     )
-    logging.info("data check: %s", summary)
+    (logging.warning if r.bad else logging.info)("data check: %s", summary)
     for warning in r.warnings:
       logging.warning(
         "data check: %s %s: %s", r.split, os.path.basename(r.path), warning

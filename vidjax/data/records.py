@@ -73,6 +73,13 @@ def to_int(value: str, where: str, column: str) -> int:
 
 def span(start: Any, end: Any, where: str) -> tuple[float, float]:
   """(start, end) as floats with 0 <= start <= end, or a clear error."""
+  missing = [n for n, v in (("start", start), ("end", end)) if v in (None, "")]
+  if missing:
+    raise error(
+      where,
+      f"no {' and no '.join(map(repr, missing))}: every clip needs its "
+      "start and end (seconds, e.g. 0.0 and 4.5)",
+    )
   try:
     start, end = float(start), float(end)
   except (TypeError, ValueError):
