@@ -402,6 +402,14 @@ def _mistakes(own, tmp):
       2,
       [r"'batch_size' = 12 is not divisible by the 8 devices"],
     ),
+    "absurd_size": (  # Refused before anything is built (it hung in XLA).
+      _main(demo, tmp / "huge", "--config.data.num_frames=1000000000000"),
+      2,
+      [
+        r"'data.num_frames' = 1000000000000 is out of range: integer "
+        r"settings are at most 2147483647"
+      ],
+    ),
     "paths": (
       _main(
         "own_videos.py:cpu", tmp / "e", "--config.data.root=/no/such/chunks"
@@ -590,6 +598,7 @@ def _assert_short(stderr):
     "unknown_key",
     "unknown_flag",
     "batch",
+    "absurd_size",
     "paths",
     "vocab_size",
     "bad_rows",

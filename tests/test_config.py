@@ -200,6 +200,18 @@ def test_validate_accepts_good_config(config_file):
     ),
     (["total_steps=0"], r"'total_steps' = 0 must be a positive integer"),
     (
+      ["data.num_frames=1000000000000", "batch_size=0"],
+      r"'data.num_frames' = 1000000000000 is out of range: integer settings "
+      r"are at most 2147483647 \(2\*\*31 - 1\)\n.*'batch_size' = 0 must be "
+      r"at least 1",
+    ),
+    (
+      ["data.num_frames=8192"],
+      r"one clip of 'data.num_frames' = 8192 frames at 'data.size' = 224 is "
+      r"1.1 GiB of frames \(8192 x 224 x 224 x 3 bytes\); a clip is at most "
+      r"1 GiB",
+    ),
+    (
       ["model.mask_ratio=1.0", "unmask_fraction=1.5"],
       r"'unmask_fraction' = 1.5 must be a fraction in \[0, 1\]\n.*"
       r"'model.mask_ratio' = 1.0 must be in \[0, 1\)",

@@ -14,7 +14,8 @@ keys that must agree (the model's frames and image size with the data's,
 `model.tubelet` and the patch size, the model with the task), every key
 that names a choice (`vidjax.defaults.choices`: task, annotation format,
 sampling, crop, the model's dtypes, attention, remat, activation, the
-optimizer, its schedule, ...) and the fractions. (What needs the machine's
+optimizer, its schedule, ...), the fractions, and the sizes (integers within
+32 bits, sizes at least 1, a clip's frames at most `CLIP_BYTES_LIMIT`). (What needs the machine's
 GPU, cuDNN attention and memory, `vidjax.memory` checks.)
 `epochs_to_steps` turns the `*_epochs` keys into steps at start-up.
 
@@ -57,6 +58,30 @@ EPOCH_KEYS = {
   "eval.every_epochs": "eval.every_steps",
   "checkpoint.every_epochs": "checkpoint.every_steps",
 }
+
+# Sizes and counts that must be at least 1 (a 0 divides every batch and
+# makes no clip, layer or step).
+POSITIVE_KEYS = (
+  BATCH_KEY,
+  ACCUM_KEY,
+  "data.num_frames",
+  "data.size",
+  "data.stride",
+  "data.eval_clips",
+  "data.eval_crops",
+  "eval.batch_size",
+  "model.width",
+  "model.depth",
+  "model.heads",
+  "model.tubelet",
+  "fsdp",
+)
+# Every integer setting but the seed: step counters, array sizes and data
+# indices are 32-bit on the devices and in the data pipeline.
+INT_LIMIT = 2**31 - 1
+# One clip's uint8 frames, num_frames x size x size x 3 bytes (AVION's
+# 16 x 224 x 224 clip is 2.4 MB): beyond this no batch of clips is trained.
+CLIP_BYTES_LIMIT = 2**30
 
 _MISSING = object()
 
@@ -319,6 +344,48 @@ def _choice_problems(config) -> list[str]:
   return problems
 
 
+def _size_problems(config) -> list[str]:
+  """Sizes out of range: an integer past 32 bits, a size below 1, a clip
+  too large to train on (named before anything is built or compiled)."""
+  problems = []
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      if isinstance(value, ml_collections.ConfigDict):
+        walk(value, f"{prefix}{key}.")
+      elif (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        # The seed; a model key that is the data's is named there.
+        and f"{prefix}{key}" not in ("seed", *defaults.REFERENCES)
+        and abs(value) > INT_LIMIT
+      ):
+        problems.append(
+          f"'{prefix}{key}' = {value} is out of range: integer settings "
+          f"are at most {INT_LIMIT} (2**31 - 1)"
+        )
+
+  walk(config, "")
+  for key in POSITIVE_KEYS:
+    value = _get(config, key, None)
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+      problems.append(f"'{key}' = {value} must be at least 1")
+  frames, size = (
+    _get(config, NUM_FRAMES_KEY, None),
+    _get(config, "data.size", None),
+  )
+  if all(isinstance(v, int) and 0 < v <= INT_LIMIT for v in (frames, size)):
+    clip = frames * size * size * 3
+    if clip > CLIP_BYTES_LIMIT:
+      problems.append(
+        f"one clip of '{NUM_FRAMES_KEY}' = {frames} frames at 'data.size' = "
+        f"{size} is {clip / 2**30:,.1f} GiB of frames ({frames} x {size} x "
+        f"{size} x 3 bytes); a clip is at most {CLIP_BYTES_LIMIT // 2**30} GiB "
+        "(AVION's clips: 16 frames of 224)"
+      )
+  return problems
+
+
 def _disagreements(config) -> list[str]:
   """Keys whose values must fit each other but do not, naming both."""
   problems = []
@@ -485,6 +552,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
       f"'{NUM_FRAMES_KEY}' = {frames} is not divisible by "
       f"'{TUBELET_KEY}' = {tubelet}"
     )
+  problems += _size_problems(config)
   problems += _choice_problems(config)
   problems += _disagreements(config)
   problems += _missing_keys(config)
