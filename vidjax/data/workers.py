@@ -20,6 +20,10 @@ resource tracker, a process of the trainer's that outlives it, unlinks the
 blocks left once the trainer and its workers are gone: nothing stays in
 /dev/shm.
 
+Workers start lean: Grain's worker processes run `vidjax.data.lean_worker`
+as their main module instead of the trainer's, which would import jax,
+flax and all of vidjax into each of them (`LEAN`; see that module).
+
 In the main process, `describe(index)` says what a worker is doing (as the
 kernel sees it: sleeping, stopped, blocked on IO; and the files it reads),
 and `died(error)` turns Grain's "terminated unexpectedly" into a
@@ -32,7 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from multiprocessing import shared_memory
+from multiprocessing import shared_memory, spawn
 import os
 import re
 import secrets
@@ -79,10 +83,28 @@ def mark_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
+# Grain's worker processes are named so; they start lean while LEAN is set.
+GRAIN_WORKER = "grain-process-prefetch"
+LEAN_MAIN = "vidjax.data.lean_worker"
+LEAN = True
+_preparation_data = spawn.get_preparation_data
+
+
+def _lean_preparation_data(name: str) -> dict:
+  """What a spawned process is told to run first: for Grain's workers,
+  `LEAN_MAIN` instead of the trainer's main module."""
+  data = _preparation_data(name)
+  if LEAN and name.startswith(GRAIN_WORKER):
+    data.pop("init_main_from_path", None)
+    data["init_main_from_name"] = LEAN_MAIN
+  return data
+
+
 class Workers:
   """The worker processes of one pipeline, seen from the trainer."""
 
   def __init__(self, count: int):
+    spawn.get_preparation_data = _lean_preparation_data  # Python's spawn.
     self.count = count
     self.trainer = os.getpid()
     self.prefix = f"{PREFIX}{self.trainer}_{secrets.token_hex(3)}_"
