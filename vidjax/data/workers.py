@@ -13,7 +13,7 @@ there; outside an absl app they never were), and a thread starts that every
   (`vidjax.data.reads`) in a small /dev/shm block, for the stall warning.
 
 Frames cross to the main process in /dev/shm blocks named
-`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`to_shared_memory`;
+`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`stack_to_shared_memory`;
 Grain passes `SharedMemoryArray`s on as they are, and the main process
 unlinks each block once it has copied it, as Grain's own). Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
@@ -116,11 +116,12 @@ class Workers:
       _init_worker, trainer=self.trainer, prefix=self.prefix
     )
 
-  def to_shared_memory(self, min_bytes: int):
-    """A Grain map run in the workers: a group's arrays of at least
-    `min_bytes` into /dev/shm blocks of this pipeline's name."""
+  def stack_to_shared_memory(self, min_bytes: int):
+    """A Grain `batch_fn` run in the workers: stacks a group's clips (dicts
+    of arrays) straight into /dev/shm blocks of this pipeline's name for
+    the arrays of at least `min_bytes`, with no copy in between."""
     return functools.partial(
-      _to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
+      _stack_to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
     )
 
   def status(self, index: int) -> dict | None:
@@ -315,24 +316,22 @@ def publish(
   status.buf[: len(blob)] = blob
 
 
-def _to_shared_memory(group: dict, *, prefix: str, min_bytes: int) -> dict:
-  return {
-    key: _shared(value, prefix, min_bytes) for key, value in group.items()
-  }
-
-
-def _shared(value, prefix: str, min_bytes: int):
-  if (
-    not isinstance(value, np.ndarray)
-    or value.dtype.hasobject
-    or value.nbytes < min_bytes
-  ):
-    return value  # Pickled: a block would cost more than the copy.
-  block = shared_memory.SharedMemory(
-    f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=value.nbytes
-  )
-  array = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
-    block, value.shape, value.dtype
-  )
-  array[...] = value
-  return array
+def _stack_to_shared_memory(
+  values: list[dict], *, prefix: str, min_bytes: int
+) -> dict:
+  out = {}
+  for key in values[0]:
+    parts = [np.asarray(v[key]) for v in values]
+    first = parts[0]
+    nbytes = first.nbytes * len(parts)
+    if first.dtype.hasobject or first.dtype.kind in "US" or nbytes < min_bytes:
+      out[key] = np.stack(parts)  # Pickled: a block would cost more.
+      continue
+    block = shared_memory.SharedMemory(
+      f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=nbytes
+    )
+    out[key] = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
+      block, (len(parts),) + first.shape, first.dtype
+    )
+    np.stack(parts, out=out[key])
+  return out
