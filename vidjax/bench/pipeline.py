@@ -1,27 +1,44 @@
-"""Whole input pipeline throughput: workers, threads, and time spent waiting.
+"""What feeds a GPU: the whole input pipeline against `read_clip` alone.
 
-    python -m vidjax.bench.pipeline [--workers 1,2] [--threads 2]
-        [--batch 16] [--batches 20] [--frames 16] [--stride 4] [--size 224]
-        [--consumer-clips-per-s 0] [--memory-clips 0] [--smoke]
+    python -m vidjax.bench.pipeline [--smoke] [--clips 96] [--seconds 60]
+        [--workers 0,1,2 --threads 2 [--consumer-clips-per-s R]
+         [--memory-clips N]]
 
-Chunks the loader benchmark's real footage (`vidjax.bench.footage`, reused
-if present) with the chunker's defaults, annotates random 4-second clips, and
-runs the real pipeline (Grain + `ClipLoader` + `read_clip` + device transfer)
-with each setting, printing clips/s, the speed-up over the single-worker
-run, and the CPU cores busy meanwhile (main process and workers: a run that
-keeps every core busy cannot go faster). With `--consumer-clips-per-s R` it also simulates a training loop that
-needs R clips/s and prints the share of its time spent waiting for data.
-With `--memory-clips N` it reports the host RSS (main process + workers)
-growth over N clips through 2 workers.
+On the loader benchmark's real footage (`vidjax.bench.footage`, chunked at
+the chunker's defaults and with `--profile sparse`, reused if present), with
+random clip records, it prints per CPU-second (the CPU time of the main
+process and its workers, so load from other processes counts little):
+
+- clips of `read_clip` alone (the very reads the pipeline's `ClipLoader`
+  makes, in this process) and of the whole pipeline (1 Grain worker,
+  shared memory, batching, the transfer thread, device arrays), and their
+  ratio, for AVION's 4-frame clips (one frame in each of 4 segments of 2 s)
+  and VideoMAE's 16x4 clips (16 frames, stride 4), both to 224x224;
+- views with `data.repeats=4` against 1 (16x4: the host decodes a quarter
+  of the clips, each its canvas; the views are made on the device);
+- a worker's start-up: seconds to the first batch, its memory (RSS) and
+  whether jax is loaded in it, starting lean (`vidjax.data.lean_worker`)
+  and as Grain would (the trainer's main module);
+- the sparse chunk profile against the defaults: decoded frames per
+  delivered frame, 4-frame clips per CPU-second, MB per minute of video;
+- the cores needed to feed 900 and 1,800 AVION clips/s and VideoMAE at
+  ~1,860 clips/s (an H200's rate, masked 90 %), from the measured rates.
+
+`--workers 0,1,2` adds the older table: clips/s by number of workers and
+threads, cores busy, and with `--consumer-clips-per-s R` the share of a
+simulated training loop's time spent waiting; `--memory-clips N` the host
+RSS growth over N clips through 2 workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 import tempfile
 import time
+from unittest import mock
 
 import jax
 import ml_collections
@@ -34,7 +51,15 @@ except ModuleNotFoundError:
 
 from vidjax import bench, defaults, sharding
 from vidjax.bench import footage
-from vidjax.data import annotations, chunk, pipeline, video
+from vidjax.data import (
+  annotation_files,
+  annotations,
+  chunk,
+  loader,
+  pipeline,
+  video,
+  workers as workers_lib,
+)
 
 
 def write_records(
@@ -154,9 +179,7 @@ def scaling(
   Returns and prints, by worker count: `clips_per_s`, `vs_one` (over the
   1-worker run, if measured) and `cores` (CPU cores busy).
   """
-  records = write_records(
-    store, video_id, work / f"pipeline_clips_{video_id}.jsonl"
-  )
+  records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, frames, stride, size)
   mesh = sharding.make_mesh()
   print(
@@ -188,10 +211,217 @@ def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
   return before, after
 
 
-# --smoke: every step once at the smallest sizes (CI), not a measurement.
-SMOKE = dict(
-  workers="0,1", threads=0, batch=2, batches=2, frames=4, size=32, seconds=8
-)
+# ------------------------------------------- per CPU-second, and sizing ----
+
+# Clip shapes: (data keys, seconds per record).
+SHAPES = {
+  "4-frame": (dict(num_frames=4, sampling="segment"), 2.0),
+  "16x4": (dict(num_frames=16, sampling="stride", stride=4), 4.0),
+}
+TARGETS = (900, 1800)  # AVION ViT-B clips/s on an H200: unmasked, 50 % masked.
+VIDEOMAE_RATE = 1860  # VideoMAE ViT-B 16x4 clips/s on an H200, 90 % masked.
+
+
+def shape_config(store: Path, work: Path, video_id: str, shape: str):
+  """The data config of a clip shape on `store` (its own clip records)."""
+  keys, seconds = SHAPES[shape]
+  records = write_records(
+    store, video_id, work / f"clips_{store.name}_{shape}.jsonl", seconds=seconds
+  )
+  config = data_config(store, records, keys["num_frames"], 4, 224)
+  config.data.update(keys)
+  return config
+
+
+def reader_rate(config, clips: int) -> dict:
+  """`read_clip` alone: clips per CPU-second of this process on the very
+  reads the pipeline's `ClipLoader` makes (recorded, then replayed), and
+  the decoded frames per delivered frame."""
+  clip_loader = loader.ClipLoader(
+    annotation_files.load_annotations(
+      config.data, config.data.train_annotations
+    ),
+    config.data.root,
+    loader.ClipSpec.from_config(config.data, train=True),
+    targets=("label",),
+  )
+  calls, read_clip = [], video.read_clip
+
+  def record(*args, **kwargs):
+    calls.append((args, kwargs))
+    return read_clip(*args, **kwargs)
+
+  with mock.patch.object(video, "read_clip", record):
+    for i in range(clips + 4):
+      clip_loader.train_element(i, np.random.default_rng(i))
+  stats = video.DecodeStats()
+  for args, kwargs in calls[:4]:  # Warm: files opened once, caches.
+    video.read_clip(*args, **kwargs)
+  start = time.process_time()
+  for args, kwargs in calls[4:]:
+    video.read_clip(*args, **kwargs, stats=stats)
+  cpu = time.process_time() - start
+  return {
+    "clips_per_cpu_s": clips / cpu,
+    "decoded_per_delivered": stats.decoded / stats.delivered,
+  }
+
+
+def pipeline_rate(config, batch: int, clips: int, repeats: int = 1) -> dict:
+  """The whole pipeline with 1 worker: clips and views per CPU-second of
+  the main process and the worker, after warm-up."""
+  config = config.copy_and_resolve_references()
+  config.data.update(workers=1, threads=0, repeats=repeats)
+  proc = psutil.Process()
+  pipe = pipeline.make_pipeline(
+    config, sharding.make_mesh(), train=True, batch_size=batch
+  )
+  try:
+    for _ in range(2):
+      jax.block_until_ready(next(pipe)["video"])
+    steps = max(1, clips * repeats // batch)
+    cpu0 = cpu_seconds(proc)
+    for _ in range(steps):
+      jax.block_until_ready(next(pipe)["video"])
+    cpu = cpu_seconds(proc) - cpu0
+  finally:
+    pipe.close()
+  return {
+    "clips_per_cpu_s": steps * batch / repeats / cpu,
+    "views_per_cpu_s": steps * batch / cpu,
+  }
+
+
+def _workers_of(proc: psutil.Process) -> list[psutil.Process]:
+  """Grain's worker processes among `proc`'s children."""
+  return [
+    p
+    for p in proc.children(recursive=True)
+    if "spawn_main" in " ".join(p.cmdline())
+  ]
+
+
+def worker_start(config, lean: bool) -> dict:
+  """One worker's start: seconds to the first batch, then its RSS (MB),
+  CPU seconds and whether jaxlib is mapped in it."""
+  config = config.copy_and_resolve_references()
+  config.data.update(workers=1, threads=0)
+  workers_lib.LEAN = lean
+  try:
+    t0 = time.perf_counter()
+    pipe = pipeline.make_pipeline(
+      config, sharding.make_mesh(), train=True, batch_size=4
+    )
+    jax.block_until_ready(next(pipe)["video"])
+    seconds = time.perf_counter() - t0
+    (worker,) = _workers_of(psutil.Process())
+    times = worker.cpu_times()
+    with open(f"/proc/{worker.pid}/maps") as f:
+      jax_loaded = "jaxlib" in f.read()
+    out = {
+      "seconds": seconds,
+      "rss_mb": worker.memory_info().rss / 2**20,
+      "cpu_s": times.user + times.system,
+      "jax": jax_loaded,
+    }
+    pipe.close()
+  finally:
+    workers_lib.LEAN = True
+  return out
+
+
+def cores(rate_per_cpu_s: float, target: float) -> float:
+  """Cores busy feeding `target` clips (or views) per second."""
+  return target / rate_per_cpu_s
+
+
+def report(stores: dict, work: Path, video_id: str, clips: int) -> dict:
+  """Measures and prints everything of the module docstring but the
+  worker-scaling table; returns the figures."""
+  out = {}
+  print(
+    f"\nper CPU-second ({clips} clips each; 1 worker for the pipeline)\n"
+    f"{'clips':>8} {'chunks':>8} {'read_clip':>9} {'pipeline':>8} "
+    f"{'ratio':>6} {'decoded/delivered':>17}"
+  )
+  for shape in SHAPES:
+    for profile in (
+      ("default", "sparse") if shape == "4-frame" else ("default",)
+    ):
+      config = shape_config(stores[profile], work, video_id, shape)
+      batch = 32 if shape == "4-frame" else 16
+      read = reader_rate(config, clips)
+      pipe = pipeline_rate(config, batch, clips)
+      out[(shape, profile)] = {"read": read, "pipeline": pipe}
+      print(
+        f"{shape:>8} {profile:>8} {read['clips_per_cpu_s']:9.1f} "
+        f"{pipe['clips_per_cpu_s']:8.1f} "
+        f"{pipe['clips_per_cpu_s'] / read['clips_per_cpu_s']:6.0%} "
+        f"{read['decoded_per_delivered']:17.2f}",
+        flush=True,
+      )
+
+  config = shape_config(stores["default"], work, video_id, "16x4")
+  canvas = loader.canvas_size(config.data)
+  one = out[("16x4", "default")]["pipeline"]["views_per_cpu_s"]
+  four = pipeline_rate(config, 32, clips // 2, repeats=4)["views_per_cpu_s"]
+  out["repeats"] = {1: one, 4: four}
+  print(
+    f"\n16x4 views per CPU-second: repeats=1 {one:.1f} (224x224 clips), "
+    f"repeats=4 {four:.1f} ({canvas[0]}x{canvas[1]} canvases): "
+    f"{four / one:.2f}x"
+  )
+
+  print(
+    f"\na worker's start (1 worker, 4-frame clips)\n"
+    f"{'start':>16} {'first batch':>11} {'RSS':>8} {'CPU':>6} {'jax':>4}"
+  )
+  config = shape_config(stores["default"], work, video_id, "4-frame")
+  for name, lean in (("lean", True), ("trainer's main", False)):
+    w = out[f"worker_{name}"] = worker_start(config, lean)
+    print(
+      f"{name:>16} {w['seconds']:10.2f}s {w['rss_mb']:6.0f}MB "
+      f"{w['cpu_s']:5.2f}s {'yes' if w['jax'] else 'no':>4}",
+      flush=True,
+    )
+
+  sizes = {
+    p: footage.store_mb_per_minute(s, video_id) for p, s in stores.items()
+  }
+  out["mb_per_minute"] = sizes
+  print(
+    "\nchunks: "
+    + ", ".join(
+      f"{p} ({footage.options_name(PROFILE_OPTIONS[p])}) {mb:.1f} MB/min"
+      for p, mb in sizes.items()
+    )
+  )
+
+  print(
+    "\ncores needed (the pipeline's clips per CPU-second above)\n"
+    f"{'recipe':<34} {'clips/s':>8} {'cores':>6}"
+  )
+  rows = []
+  for profile in ("default", "sparse"):
+    rate = out[("4-frame", profile)]["pipeline"]["clips_per_cpu_s"]
+    rows += [
+      (f"AVION 4-frame, {profile} chunks", t, cores(rate, t)) for t in TARGETS
+    ]
+  rate16 = out[("16x4", "default")]["pipeline"]["clips_per_cpu_s"]
+  rows.append(("VideoMAE 16x4", VIDEOMAE_RATE, cores(rate16, VIDEOMAE_RATE)))
+  rows.append(
+    ("VideoMAE 16x4, repeats=4", VIDEOMAE_RATE, cores(four, VIDEOMAE_RATE))
+  )
+  for name, target, n in rows:
+    print(f"{name:<34} {target:8d} {n:6.1f}")
+  out["cores"] = rows
+  return out
+
+
+PROFILE_OPTIONS = {
+  name: dataclasses.replace(chunk.ChunkOptions(), **settings)
+  for name, settings in chunk.PROFILES.items()
+}
 
 
 def main(argv=None):
@@ -200,8 +430,12 @@ def main(argv=None):
     description=__doc__.split("\n\n")[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
+  p.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
+  p.add_argument("--clips", type=int, default=96, help="clips per figure")
   p.add_argument(
-    "--workers", default="0,1,2", help="comma-separated worker counts"
+    "--workers",
+    default="",
+    help="comma-separated worker counts for the scaling table ('': skip)",
   )
   p.add_argument(
     "--threads",
@@ -231,7 +465,6 @@ def main(argv=None):
     help="where the source and chunk store are kept",
   )
   footage.add_arguments(p)
-  p.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = p.parse_args(argv)
   if psutil is None:
     p.exit(
@@ -240,14 +473,25 @@ def main(argv=None):
       "(or 'vidjax[bench]')\n",
     )
   if args.smoke:
-    vars(args).update(SMOKE)
+    args.seconds, args.clips, args.batches = 10, 8, 2
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
   source = footage.prepare_source(work, args.seconds, 568, 320)
-  store = footage.store_for(source, chunk.ChunkOptions(), work)
-  records = write_records(
-    store, source.stem, work / f"pipeline_clips_{source.stem}.jsonl"
+  stores = {
+    name: footage.store_for(source, opts, work)
+    for name, opts in PROFILE_OPTIONS.items()
+  }
+  print(
+    f"real footage: {source} ({args.seconds:g} s), {psutil.cpu_count()} CPUs"
   )
+  report(stores, work, source.stem, args.clips)
+  if args.workers:
+    scaling_table(stores["default"], source.stem, work, args)
+
+
+def scaling_table(store: Path, video_id: str, work: Path, args) -> None:
+  """clips/s by workers and threads (the module docstring's last part)."""
+  records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, args.frames, args.stride, args.size)
   mesh = sharding.make_mesh()
   settings = [(int(w), 0) for w in args.workers.split(",")]
@@ -255,8 +499,7 @@ def main(argv=None):
     settings.append((0, args.threads))
   print(
     f"\n{args.batch} x {args.frames} frames (stride {args.stride}) -> "
-    f"{args.size}x{args.size} per batch, {args.batches} batches, "
-    f"{psutil.cpu_count()} CPUs\n"
+    f"{args.size}x{args.size} per batch, {args.batches} batches\n"
   )
   print(
     f"{'workers':>7} {'threads':>7} {SPEED_HEADER}"

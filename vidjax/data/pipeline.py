@@ -235,12 +235,16 @@ def make_dataset(
   # number of processes.
   # Training drops a short final group (a short batch is dropped anyway);
   # evaluation has whole batches.
-  ds = ds[process_index::process_count].batch(group, drop_remainder=train)
+  # With workers, frames are stacked straight into /dev/shm blocks named
+  # after this run (one copy of each clip, not two).
+  ds = ds[process_index::process_count].batch(
+    group,
+    drop_remainder=train,
+    batch_fn=workers and workers.stack_to_shared_memory(MIN_SHM_BYTES),
+  )
   # A resumed stream starts at its position: each worker then takes every
   # `workers`-th group of it, so any number of workers resumes there.
   ds = ds[start:] if start else ds
-  if workers is not None:  # Frames in blocks named after this run.
-    ds = ds.map(workers.to_shared_memory(MIN_SHM_BYTES))
   ds = ds.to_iter_dataset(
     grain.ReadOptions(
       num_threads=threads, prefetch_buffer_size=max(2 * threads, 1)

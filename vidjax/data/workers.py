@@ -13,12 +13,16 @@ there; outside an absl app they never were), and a thread starts that every
   (`vidjax.data.reads`) in a small /dev/shm block, for the stall warning.
 
 Frames cross to the main process in /dev/shm blocks named
-`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`to_shared_memory`;
+`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`stack_to_shared_memory`;
 Grain passes `SharedMemoryArray`s on as they are, and the main process
 unlinks each block once it has copied it, as Grain's own). Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
 blocks left once the trainer and its workers are gone: nothing stays in
 /dev/shm.
+
+Workers start lean: Grain's worker processes run `vidjax.data.lean_worker`
+as their main module instead of the trainer's, which would import jax,
+flax and all of vidjax into each of them (`LEAN`; see that module).
 
 In the main process, `describe(index)` says what a worker is doing (as the
 kernel sees it: sleeping, stopped, blocked on IO; and the files it reads),
@@ -32,7 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from multiprocessing import shared_memory
+from multiprocessing import shared_memory, spawn
 import os
 import re
 import secrets
@@ -79,10 +83,28 @@ def mark_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
+# Grain's worker processes are named so; they start lean while LEAN is set.
+GRAIN_WORKER = "grain-process-prefetch"
+LEAN_MAIN = "vidjax.data.lean_worker"
+LEAN = True
+_preparation_data = spawn.get_preparation_data
+
+
+def _lean_preparation_data(name: str) -> dict:
+  """What a spawned process is told to run first: for Grain's workers,
+  `LEAN_MAIN` instead of the trainer's main module."""
+  data = _preparation_data(name)
+  if LEAN and name.startswith(GRAIN_WORKER):
+    data.pop("init_main_from_path", None)
+    data["init_main_from_name"] = LEAN_MAIN
+  return data
+
+
 class Workers:
   """The worker processes of one pipeline, seen from the trainer."""
 
   def __init__(self, count: int):
+    spawn.get_preparation_data = _lean_preparation_data  # Python's spawn.
     self.count = count
     self.trainer = os.getpid()
     self.prefix = f"{PREFIX}{self.trainer}_{secrets.token_hex(3)}_"
@@ -94,11 +116,12 @@ class Workers:
       _init_worker, trainer=self.trainer, prefix=self.prefix
     )
 
-  def to_shared_memory(self, min_bytes: int):
-    """A Grain map run in the workers: a group's arrays of at least
-    `min_bytes` into /dev/shm blocks of this pipeline's name."""
+  def stack_to_shared_memory(self, min_bytes: int):
+    """A Grain `batch_fn` run in the workers: stacks a group's clips (dicts
+    of arrays) straight into /dev/shm blocks of this pipeline's name for
+    the arrays of at least `min_bytes`, with no copy in between."""
     return functools.partial(
-      _to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
+      _stack_to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
     )
 
   def status(self, index: int) -> dict | None:
@@ -293,24 +316,22 @@ def publish(
   status.buf[: len(blob)] = blob
 
 
-def _to_shared_memory(group: dict, *, prefix: str, min_bytes: int) -> dict:
-  return {
-    key: _shared(value, prefix, min_bytes) for key, value in group.items()
-  }
-
-
-def _shared(value, prefix: str, min_bytes: int):
-  if (
-    not isinstance(value, np.ndarray)
-    or value.dtype.hasobject
-    or value.nbytes < min_bytes
-  ):
-    return value  # Pickled: a block would cost more than the copy.
-  block = shared_memory.SharedMemory(
-    f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=value.nbytes
-  )
-  array = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
-    block, value.shape, value.dtype
-  )
-  array[...] = value
-  return array
+def _stack_to_shared_memory(
+  values: list[dict], *, prefix: str, min_bytes: int
+) -> dict:
+  out = {}
+  for key in values[0]:
+    parts = [np.asarray(v[key]) for v in values]
+    first = parts[0]
+    nbytes = first.nbytes * len(parts)
+    if first.dtype.hasobject or first.dtype.kind in "US" or nbytes < min_bytes:
+      out[key] = np.stack(parts)  # Pickled: a block would cost more.
+      continue
+    block = shared_memory.SharedMemory(
+      f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=nbytes
+    )
+    out[key] = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
+      block, (len(parts),) + first.shape, first.dtype
+    )
+    np.stack(parts, out=out[key])
+  return out

@@ -18,6 +18,7 @@ package's API.
 """
 
 from vidjax.data.chunk.encode import (
+  PROFILES,
   ChunkError,
   ChunkOptions,
   chunk_name,
@@ -40,6 +41,7 @@ from vidjax.data.chunk.store import chunk_videos, find_videos
 __all__ = [
   "ERRORS",
   "MANIFEST",
+  "PROFILES",
   "ChunkError",
   "ChunkOptions",
   "chunk_name",

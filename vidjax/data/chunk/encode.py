@@ -46,6 +46,9 @@ import numpy as np
 
 from vidjax import errors
 
+# Encoder settings per kind of clip (`--profile`), over `ChunkOptions`'.
+PROFILES = {"default": {}, "sparse": {"gop": 2, "bframes": 0}}
+
 
 @dataclasses.dataclass(frozen=True)
 class ChunkOptions:
