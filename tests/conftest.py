@@ -45,28 +45,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import pytest  # noqa: E402
 
 
-def _skip_tracer_sharding_explanations() -> None:
-  """Asked for `.sharding`, a JAX tracer raises AttributeError with an
-  explanation built by scanning every operation traced so far. Flax asks at
-  each random draw while a model is built under `jax.jit` or
-  `nnx.eval_shape`, and discards the answer (getattr's default): quadratic
-  in the model's size (a ViT-B CLIP's construction traces in 1.2 s, 0.3 s
-  without it). Here the error comes without the explanation; nothing else
-  changes. (Where JAX no longer has this property, nothing is done.)"""
-  from jax._src import core  # pylint: disable=import-outside-toplevel
-
-  if not isinstance(vars(core.Tracer).get("sharding"), property):
-    return
-
-  def sharding(self):
-    raise AttributeError("a tracer has no 'sharding' attribute")
-
-  core.Tracer.sharding = property(sharding)
-
-
-_skip_tracer_sharding_explanations()
-
-
 def _has_gpu() -> bool:
   import jax
 

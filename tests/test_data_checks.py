@@ -481,6 +481,7 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
     assert len(e.value.describe().splitlines()) == 2
 
 
+@pytest.mark.parity
 def test_find_clip_vocab_in_open_clip():
   spec = importlib.util.find_spec("open_clip")  # Not imported: no torch.
   if spec is None:

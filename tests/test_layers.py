@@ -1,8 +1,9 @@
-"""The package's layers: imports point down only, and loading a recipe
-starts no runtime.
+"""The package's layers: imports point down only, loading a recipe starts
+no runtime, and libraries are used through their public APIs everywhere
+but `vidjax.internals` (its pins: tests/test_internals.py).
 
-The import graph is read from the source files (`ast`), every import
-counted, also those inside functions.
+The import graph and the uses are read from the source files (`ast`),
+every import counted, also those inside functions.
 """
 
 import ast
@@ -17,8 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vidjax"
 # of its own layer or of one below, never of one above (and the imports
 # form no cycle). Names are top-level modules or packages of vidjax.
 LAYERS = [
-  # Loading a config: no jax, flax, grain, orbax or PyAV.
-  {"errors", "defaults", "config", "recipe"},
+  # Loading a config: no jax, flax, grain, orbax or PyAV (internals
+  # imports its libraries where it uses them).
+  {"errors", "defaults", "config", "recipe", "internals"},
   # Small parts the layers above share; the run directory is here so
   # that whatever writes a file of the run asks it where.
   {
@@ -170,19 +172,206 @@ def test_loading_every_recipe_starts_no_runtime():
   assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_the_private_apis_vidjax_uses_are_still_there():
-  """No public API does what these do (the comments where they are used say
-  why); a jax or Orbax release that moves one fails here, not silently."""
-  # pylint: disable=import-outside-toplevel
-  import jax
-  from jax._src import ad_checkpoint  # vidjax.memory
-  from jax._src.cudnn import fused_attention_stablehlo  # models/attention.py
-  import orbax.checkpoint as ocp  # vidjax.checkpoint
+# Private modules of the libraries vidjax runs on.
+PRIVATE_MODULES = (
+  "jax._src",
+  "grain._src",
+  "orbax.checkpoint._src",
+  "orbax.checkpoint.experimental",
+  "tensorstore",
+  "flax.nnx.",  # flax.nnx's own modules (flax.nnx itself is public).
+)
+# Names a match on a message's text is made with.
+_TEXT_MATCHES = {
+  "search",
+  "match",
+  "fullmatch",
+  "findall",
+  "finditer",
+  "sub",
+  "split",
+  "startswith",
+  "endswith",
+  "removeprefix",
+  "removesuffix",
+  "splitlines",
+}
 
-  assert callable(ad_checkpoint.saved_residuals)
-  assert callable(fused_attention_stablehlo.check_cudnn_version)
-  handler = ocp.type_handlers.get_type_handler(jax.Array)
-  assert handler._array_metadata_store is not None  # pylint: disable=protected-access
+
+def _library_names(tree: ast.AST) -> set[str]:
+  """Names bound to third-party modules or objects by `tree`'s imports."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split(".")[0] not in sys.stdlib_module_names | {"vidjax"}:
+          names.add(a.asname or a.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      if node.module.split(".")[0] not in sys.stdlib_module_names | {"vidjax"}:
+        names |= {a.asname or a.name for a in node.names}
+  return names
+
+
+def _private_uses(path: Path) -> list[str]:
+  """`path`'s imports of private library modules, reads of a library's
+  private attributes, uses of `unittest.mock`, and matches on the text of
+  an exception (`str(error)` searched, split or compared with a literal)."""
+  tree = ast.parse(path.read_text())
+  library = _library_names(tree)
+  found = []
+  for node in ast.walk(tree):
+    where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+    modules = []
+    if isinstance(node, ast.Import):
+      modules = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    for module in modules:
+      if module.startswith(PRIVATE_MODULES) or module.split(".")[0] == "mock":
+        found.append(f"{where}: imports {module}")
+      if module in ("unittest.mock", "mock"):
+        found.append(f"{where}: imports {module} (patching belongs in tests)")
+    if (
+      isinstance(node, ast.Attribute)
+      and node.attr.startswith("_")
+      and not node.attr.startswith("__")
+      and isinstance(node.value, ast.Name)
+      and node.value.id in library
+    ):
+      found.append(f"{where}: reads {node.value.id}.{node.attr}")
+    if (
+      isinstance(node, ast.Call)
+      and getattr(node.func, "id", "") == "getattr"
+      and len(node.args) >= 2
+      and isinstance(node.args[1], ast.Constant)
+      and str(node.args[1].value).startswith("_")
+      and not str(node.args[1].value).startswith("__")
+    ):
+      found.append(f"{where}: reads the private {node.args[1].value}")
+    found += [f"{where}: {what}" for what in _text_matches(node)]
+  return found
+
+
+# What holds a library's message: an exception, a log record's message.
+_MESSAGE_NAMES = {"e", "err", "error", "exc", "exception"}
+_MESSAGE_ATTRIBUTES = {"msg", "message", "exc_value", "stderr"}
+
+
+def _is_str_of_name(node: ast.AST) -> bool:
+  """`str(e)` of an exception or a message (`str(record.msg)`)."""
+  if not (
+    isinstance(node, ast.Call)
+    and getattr(node.func, "id", "") == "str"
+    and len(node.args) == 1
+  ):
+    return False
+  arg = node.args[0]
+  if isinstance(arg, ast.Name):
+    return arg.id in _MESSAGE_NAMES
+  return isinstance(arg, ast.Attribute) and arg.attr in _MESSAGE_ATTRIBUTES
+
+
+def _text_matches(node: ast.AST) -> list[str]:
+  """A match on a message's text made by `node`: `str(e)` searched or split
+  (`re.search(..., str(e))`, `str(e).startswith(...)`) or compared with a
+  string literal (`str(e) == "..."`, `"..." in str(e)`)."""
+  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+    if node.func.attr in _TEXT_MATCHES and (
+      _is_str_of_name(node.func.value) or any(map(_is_str_of_name, node.args))
+    ):
+      return [f"matches the text of {ast.unparse(node)[:60]}"]
+  if isinstance(node, ast.Compare):
+    sides = [node.left, *node.comparators]
+    literal = any(
+      isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides
+    )
+    if literal and any(map(_is_str_of_name, sides)):
+      return [f"compares the text of {ast.unparse(node)[:60]}"]
+  return []
+
+
+def test_private_apis_and_library_messages_only_in_internals():
+  """No module but vidjax.internals imports a private module of jax,
+  Grain, Orbax or TensorStore, reads a library's private attribute,
+  patches with unittest.mock, or matches an error's text."""
+  found = [
+    use
+    for path in sorted(PACKAGE.rglob("*.py"))
+    if path != PACKAGE / "internals.py"
+    for use in _private_uses(path)
+  ]
+  assert not found, "outside vidjax/internals.py:\n" + "\n".join(found)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+  """The checks above on a module that does each thing once."""
+  path = PACKAGE / "_example_for_test_layers.py"
+  path.write_text(
+    "import re\n"
+    "from unittest import mock\n"
+    "import orbax.checkpoint as ocp\n"
+    "from jax._src import core\n"
+    "def f(handler, e):\n"
+    "  ocp._private_thing\n"
+    "  getattr(handler, '_store', None)\n"
+    "  re.search('code (\\\\d+)', str(e))\n"
+    "  str(e).startswith('flag ')\n"
+    "  return str(e) == 'Event loop is closed'\n"
+  )
+  try:
+    found = _private_uses(path)
+  finally:
+    path.unlink()
+  assert [f.split(": ", 1)[1].split(" ")[0] for f in found] == [
+    "imports",
+    "imports",
+    "imports",
+    "reads",
+    "reads",
+    "matches",
+    "matches",
+    "compares",
+  ], found
+
+
+def test_process_wide_hooks_only_in_main():
+  """`sys.unraisablehook`, `sys.excepthook` and filters on other modules'
+  loggers are set by `vidjax.main` (through what it calls by name), never
+  when library code runs: only the modules named here may set them, and
+  only main calls them."""
+  setters = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    text = path.read_text()
+    for hook in ("sys.unraisablehook", "sys.excepthook", ").addFilter("):
+      if hook in text.replace(" ", "").replace("=(", "=").replace("\n", ""):
+        pass
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+      targets = []
+      if isinstance(node, ast.Assign):
+        targets = node.targets
+        targets = [
+          e
+          for t in targets
+          for e in (t.elts if isinstance(t, ast.Tuple) else [t])
+        ]
+      for target in targets:
+        if ast.unparse(target) in ("sys.unraisablehook", "sys.excepthook"):
+          setters.setdefault(_module(path), []).append(ast.unparse(target))
+      if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "addFilter"
+        and "getLogger" in ast.unparse(node.func.value)
+      ):
+        setters.setdefault(_module(path), []).append("a logger filter")
+  assert set(setters) <= {"vidjax.failed_saves"}, setters
+  callers = {
+    _module(p)
+    for p in PACKAGE.rglob("*.py")
+    if "failed_saves.install_quiet(" in p.read_text()
+  }
+  assert callers == {"vidjax.main"}, callers
 
 
 def test_every_choice_is_implemented_under_its_defaults_name():

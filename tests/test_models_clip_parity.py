@@ -166,12 +166,14 @@ def test_openai_torchscript_archive_matches_openclip(reference, embed):
   assert_matches(embed(source), reference)
 
 
+@pytest.mark.parity
 def test_torch_itself_refuses_the_archive_as_a_pickle():
   torch = _needs_torch()
   with pytest.raises(RuntimeError, match="TorchScript"):  # What used to fail.
     torch.load(ARCHIVE, weights_only=True)
 
 
+@pytest.mark.parity
 def test_avion_checkpoint_matches_openclip(reference, embed, tmp_path):
   torch = _needs_torch()
   state_dict = {

@@ -7,6 +7,7 @@ the names they rename. The OpenCLIP comparison (OpenAI's TorchScript
 archive, AVION's checkpoint) is in test_models_clip_parity.py.
 """
 
+import importlib.util
 import json
 
 from flax import nnx
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from reference import make_reference
 from vidjax import errors
 from vidjax.models import tensor_io, weights
 from vidjax.models.vit import patchify
@@ -207,23 +209,26 @@ def write_safetensors(path, tensors, metadata=None):
   )
 
 
-def test_bfloat16_safetensors_read_as_torch_wrote_them(tmp_path):
-  """A bf16 file as save_pretrained writes it (safetensors.torch), read
-  without torch: each value equal to torch's own float32 of it."""
-  torch = pytest.importorskip("torch")
-  from safetensors.torch import save_file
-
-  tensors = {
-    "visual.proj": torch.randn(3, 5).bfloat16(),
-    "visual.class_embedding": torch.randn(5).bfloat16(),
-  }
-  save_file(tensors, tmp_path / "bf16.safetensors", metadata={"format": "pt"})
-  loaded = tensor_io.load_state_dict(str(tmp_path / "bf16.safetensors"))
-  for name, value in tensors.items():
+def test_bfloat16_safetensors_read_as_torch_wrote_them():
+  """A bf16 file as save_pretrained writes it (safetensors.torch; committed
+  by make_reference.bf16_safetensors), read without torch: each value
+  equal to torch's own float32 of it."""
+  want = make_reference.committed("bf16_safetensors")
+  path = make_reference.HERE / "bf16.safetensors"
+  loaded = tensor_io.load_state_dict(str(path))
+  assert loaded.keys() == want.keys()
+  for name, value in want.items():
     assert loaded[name].dtype == np.float32
-    np.testing.assert_array_equal(loaded[name], value.float().numpy())
+    np.testing.assert_array_equal(loaded[name], value)
 
 
+@pytest.mark.parity
+def test_the_committed_torch_references_are_torchs():
+  make_reference.check_live("bf16_safetensors")
+  make_reference.check_live("temporal_resize", rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parity  # Its torch pickle part.
 def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
   sd = random_clip_state_dict(layers=1)
   np.savez(tmp_path / "clip.npz", **sd)
@@ -515,6 +520,7 @@ class NotATensor:
   """A class a pickle can only build by running code."""
 
 
+@pytest.mark.parity
 def test_pickles_run_no_code_unless_allowed(tmp_path):
   torch = pytest.importorskip("torch")
   sd = {"visual.proj": torch.zeros(2, 2)}
@@ -527,20 +533,26 @@ def test_pickles_run_no_code_unless_allowed(tmp_path):
   assert list(loaded) == ["visual.proj"]
 
 
+@pytest.mark.parity  # Its torch pickle part.
 def test_damaged_files_are_named_without_a_traceback(tmp_path):
   # Partial downloads of each format, and an error page saved as weights.
-  torch = pytest.importorskip("torch")
   sd = {"visual.proj": np.ones((4, 4), np.float32)}
   write_safetensors(tmp_path / "whole.safetensors", sd)
   np.savez(tmp_path / "whole.npz", **sd)
-  torch.save(
-    {k: torch.from_numpy(v) for k, v in sd.items()}, tmp_path / "whole.pt"
-  )
-  for suffix in (".safetensors", ".npz", ".pt"):
+  suffixes = [".safetensors", ".npz"]
+  if importlib.util.find_spec("torch"):  # .pt files are read with torch.
+    import torch  # pylint: disable=import-outside-toplevel
+
+    torch.save(
+      {k: torch.from_numpy(v) for k, v in sd.items()}, tmp_path / "whole.pt"
+    )
+    suffixes.append(".pt")
+  for suffix in suffixes:
     whole = (tmp_path / f"whole{suffix}").read_bytes()
     (tmp_path / f"cut{suffix}").write_bytes(whole[: len(whole) // 2])
   (tmp_path / "page.pt").write_bytes(b"<html><body>404 Not Found</body></html>")
-  for name in ("cut.safetensors", "cut.npz", "cut.pt", "page.pt"):
+  names = [f"cut{s}" for s in suffixes] + ["page.pt"] * (".pt" in suffixes)
+  for name in names:
     path = str(tmp_path / name)
     with pytest.raises(errors.InitFromError) as error:
       tensor_io.load_state_dict(path)
@@ -550,12 +562,10 @@ def test_damaged_files_are_named_without_a_traceback(tmp_path):
 
 
 def test_temporal_table_resized_as_avion():
-  torch = pytest.importorskip("torch")
-  table = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
-  # AVION's inflate_positional_embeds with load_temporal_fix='bilinear'.
-  expected = torch.nn.functional.interpolate(
-    torch.from_numpy(table)[None, None], (16, 6), mode="bilinear"
-  )[0, 0].numpy()
+  # AVION's inflate_positional_embeds with load_temporal_fix='bilinear'
+  # (torch's interpolate, committed by make_reference.temporal_resize).
+  committed = make_reference.committed("temporal_resize")
+  table, expected = committed["table"], committed["resized"]
   np.testing.assert_allclose(
     tensor_io.interpolate_temporal(table, 16), expected, atol=1e-6
   )

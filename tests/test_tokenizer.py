@@ -149,6 +149,7 @@ PARITY_TEXTS = [
 ]
 
 
+@pytest.mark.parity
 def test_parity_with_open_clip():
   open_clip = pytest.importorskip("open_clip")
   vocab = (

@@ -50,6 +50,7 @@ def _assert_refused(path, marker, *words):
   assert not marker.exists()
 
 
+@pytest.mark.parity
 def test_torchscript_setstate_code_never_runs_by_default(tmp_path):
   torch = pytest.importorskip("torch")
   marker = tmp_path / "marker"
@@ -195,6 +196,7 @@ def test_torchscript_read_as_data_names_nothing_else(tmp_path, monkeypatch):
     tensor_io.load_state_dict(path)
 
 
+@pytest.mark.parity
 def test_torch_pickle_runs_nothing_unless_allowed(tmp_path):
   torch = pytest.importorskip("torch")
   marker = tmp_path / "marker"

@@ -30,7 +30,6 @@ Where a run starts, and how it stops to resume: `vidjax.resume`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -44,7 +43,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vidjax import checksums, defaults, errors, failed_saves, keypaths, rundir
+from vidjax import (
+  checksums,
+  defaults,
+  errors,
+  failed_saves,
+  internals,
+  keypaths,
+  rundir,
+)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's name for a save in progress.
 
@@ -154,7 +161,7 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
     use_replica_parallel=False,
     # The default handler's per-array metadata store (no public accessor;
     # tests/test_layers.py pins it): the same `array_metadatas` files.
-    array_metadata_store=getattr(default, "_array_metadata_store", None),
+    array_metadata_store=internals.array_metadata_store(default),
   )
   handlers = [
     (ty, array if ty is jax.Array else ocp.type_handlers.get_type_handler(ty))
@@ -329,8 +336,6 @@ class Checkpointer:
       ),
       _state_writer(),
     )
-    self._quiet = contextlib.ExitStack()  # Until `close`.
-    self._quiet.enter_context(failed_saves.quiet())
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> Checkpointer:
@@ -436,7 +441,6 @@ class Checkpointer:
     cause = failed_saves.cause(error)
     if cause is None:
       raise error
-    failed_saves.stay_quiet()
     steps = [s for s in self._mngr.all_steps() if s != step]
     last = (
       f"the last checkpoint saved whole is step {max(steps)}"
@@ -533,7 +537,6 @@ class Checkpointer:
         self._mngr.close()
       except Exception:  # pylint: disable=broad-except
         pass  # A failed save, raised above or before.
-      self._quiet.close()
 
   def __enter__(self):
     return self

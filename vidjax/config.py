@@ -37,7 +37,7 @@ from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from vidjax import defaults, errors
+from vidjax import defaults, errors, internals
 
 REQUIRED_KEYS = (
   "seed",
@@ -301,7 +301,7 @@ def load_config(
     raise
   except (flags.Error, TypeError, ValueError) as e:
     raise errors.ConfigError(
-      f"{spec}: {str(e).removeprefix('flag ')}"
+      f"{spec}: {internals.absl_flag_error(e)}"
     ) from None
   config = flag_values.config
   if OVERRIDES_KEY in config:  # Whose values they are: see models/facts.py.

@@ -28,7 +28,7 @@ from absl import logging as absl_logging
 import jax
 import tqdm
 
-from vidjax import rundir, whole_files
+from vidjax import internals, rundir, whole_files
 
 _MAX_BUFFERED_LINES = 10_000
 
@@ -81,14 +81,6 @@ class _Formatter(logging.Formatter):
     return f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {warning}{message}"
 
 
-# Warnings Orbax gives for every read-only look at a checkpoint directory,
-# which vidjax makes on purpose (to find or check a checkpoint).
-_EXPECTED_WARNINGS = (
-  "CheckpointManagerOptions.read_only=True",
-  "Given directory is read only",
-)
-
-
 # absl logs every library's lines under one logger: the file that logged
 # says whose a line is.
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -100,8 +92,8 @@ class _OnlyOurInfo(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:
     if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR):
       return True
-    return record.levelno >= logging.WARNING and not str(record.msg).startswith(
-      _EXPECTED_WARNINGS
+    return record.levelno >= logging.WARNING and not (
+      internals.is_orbax_read_only_warning(record)
     )
 
 

@@ -7,20 +7,19 @@ unraisable "Event loop is closed"); and asyncio logs every write task whose
 error nobody retrieved, when it is collected (often at exit).
 `vidjax.checkpoint.Checkpointer` raises the failure itself, naming its
 `cause` (a save the system refused: a full disk, no permission; any other
-failure is a bug and keeps its traceback). `quiet()` keeps the rest off the
-console while a checkpointer is open, and `stay_quiet()` for good once a
-save has failed.
+failure is a bug and keeps its traceback). `install_quiet()` (called by
+`vidjax.main`) keeps the rest off the console.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import traceback
+
+from vidjax import internals
 
 # Orbax logs through absl's logger; asyncio's reports its orphaned tasks.
 _LOGGERS = ("absl", "asyncio")
@@ -32,8 +31,8 @@ def cause(error: BaseException) -> str | None:
   if it was not refused by the system (then it is a bug)."""
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
-  code = re.search(r"os_error_code='?(\d+)", str(error))  # TensorStore's
-  return os.strerror(int(code.group(1))) if code else None
+  code = internals.os_error_code(error)  # TensorStore's
+  return os.strerror(code) if code is not None else None
 
 
 def _from_orbax(record: logging.LogRecord) -> bool:
@@ -52,9 +51,7 @@ class _Quiet(logging.Filter):
   def __init__(self):
     super().__init__()
     self._lock = threading.Lock()
-    self._users = 0
     self._previous_hook = None
-    self._for_good = False
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.ERROR and _from_orbax(record))
@@ -62,53 +59,29 @@ class _Quiet(logging.Filter):
   def _unraisable(self, unraisable):
     if not (
       unraisable.object is None
-      and isinstance(unraisable.exc_value, RuntimeError)
-      and str(unraisable.exc_value) == "Event loop is closed"
+      and internals.is_closed_event_loop(unraisable.exc_value)
     ):
       self._previous_hook(unraisable)
 
-  def enter(self):
+  def install(self):
     with self._lock:
-      self._users += 1
-      if self._users == 1:
-        for name in _LOGGERS:
-          logging.getLogger(name).addFilter(self)
-        self._previous_hook, sys.unraisablehook = (
-          sys.unraisablehook,
-          self._unraisable,
-        )
-
-  def exit(self):
-    with self._lock:
-      self._users -= 1
-      if self._users == 0:
-        for name in _LOGGERS:
-          logging.getLogger(name).removeFilter(self)
-        if sys.unraisablehook == self._unraisable:
-          sys.unraisablehook = self._previous_hook
-
-  def for_good(self):
-    with self._lock:
-      if self._for_good:
+      if self._previous_hook is not None:
         return
-      self._for_good = True
-    self.enter()  # Never left.
+      for name in _LOGGERS:
+        logging.getLogger(name).addFilter(self)
+      self._previous_hook, sys.unraisablehook = (
+        sys.unraisablehook,
+        self._unraisable,
+      )
 
 
 _QUIET = _Quiet()
 
 
-@contextlib.contextmanager
-def quiet():
-  """Keeps a failed save's side noise off the console (nestable)."""
-  _QUIET.enter()
-  try:
-    yield
-  finally:
-    _QUIET.exit()
-
-
-def stay_quiet():
-  """After a failed save: its noise keeps coming (tasks collected late, at
-  exit), so it is kept off the console for the rest of the process."""
-  _QUIET.for_good()
+def install_quiet() -> None:
+  """Keeps a failed save's side noise off the console for the rest of the
+  process (it comes late too: tasks collected at exit). Process-wide: a
+  filter on the absl and asyncio loggers and `sys.unraisablehook`; so
+  installed by `vidjax.main` only, never by library code (a notebook's
+  failed save then shows Orbax's own tracebacks besides the error raised)."""
+  _QUIET.install()

@@ -25,7 +25,7 @@ import sys
 from absl import app, flags, logging
 
 # Light imports only, up to the signal handler (`main`); JAX loads after.
-from vidjax import defaults, errors, stopping
+from vidjax import defaults, errors, failed_saves, stopping
 from vidjax.data import reads  # Standard library only.
 
 _CONFIG = flags.DEFINE_string(
@@ -198,8 +198,11 @@ def main(parsed) -> int:
     ):
       from vidjax import console  # pylint: disable=import-outside-toplevel
 
-      # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped.
+      # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped;
+      # a failed checkpoint save's noise (Orbax's tracebacks from each
+      # thread, asyncio's orphaned tasks) kept off the console.
       console.setup_console(verbose=flags.FLAGS["verbosity"].present)
+      failed_saves.install_quiet()
       run(_CONFIG.value, _WORKDIR.value, _MODE.value, overrides)
   except errors.UserError as e:
     logging.error("%s", e.describe())

@@ -46,7 +46,14 @@ import ml_collections
 import numpy as np
 import psutil
 
-from vidjax import errors, models, sharding, steps as steps_lib, tasks
+from vidjax import (
+  errors,
+  internals,
+  models,
+  sharding,
+  steps as steps_lib,
+  tasks,
+)
 from vidjax.data import batches
 from vidjax.models import attention, shapes, transformer
 
@@ -115,19 +122,13 @@ def _per_device_bytes(tree) -> int:
 def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
   """Bytes of the residuals the training loss keeps for its backward pass
   at global batch `batch_size` (residuals that are its inputs not counted)."""
-  # `jax.ad_checkpoint.print_saved_residuals` only prints them: the list
-  # is private (tests/test_layers.py pins it).
-  from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
-
   batch = batches.batch_spec(config, batch_size)
   key = jax.eval_shape(lambda: jax.random.key(0))
 
   def loss(params, rest, batch, key):
     return steps.loss(params, rest, batch, key)[0]
 
-  residuals = ad_checkpoint.saved_residuals(
-    loss, state["params"], rest, batch, key
-  )
+  residuals = internals.saved_residuals(loss, state["params"], rest, batch, key)
   return sum(
     int(np.prod(aval.shape)) * aval.dtype.itemsize
     for aval, where in residuals

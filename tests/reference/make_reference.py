@@ -444,12 +444,47 @@ def hf_videomae_outputs() -> dict[str, np.ndarray]:
   return out
 
 
+# ------------------------------------------------ torch's tensors and files
+
+
+def temporal_resize() -> dict[str, np.ndarray]:
+  """AVION's inflate_positional_embeds (load_temporal_fix='bilinear'): a
+  4-frame temporal table float32 [4, 6] resized by torch's bilinear
+  interpolate to `resized` float32 [16, 6]."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  table = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+  resized = torch.nn.functional.interpolate(
+    torch.from_numpy(table)[None, None], (16, 6), mode="bilinear"
+  )[0, 0].numpy()
+  return {"table": table, "resized": resized}
+
+
+def bf16_safetensors(path: Path | None = None) -> dict[str, np.ndarray]:
+  """bfloat16 tensors as Hugging Face's save_pretrained writes them
+  (safetensors.torch) to `path`; returns torch's own float32 of each."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  generator = torch.Generator().manual_seed(0)
+  tensors = {
+    "visual.proj": torch.randn(3, 5, generator=generator).bfloat16(),
+    "visual.class_embedding": torch.randn(5, generator=generator).bfloat16(),
+  }
+  if path is not None:
+    from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+
+    save_file(tensors, path, metadata={"format": "pt"})
+  return {k: v.float().numpy() for k, v in tensors.items()}
+
+
 # name -> (the function, the modules it needs, the extra files it writes).
 REFERENCES = {
   "openclip": (openclip, ("torch", "open_clip"), ("openclip_vit.pt",)),
   "randaugment_ops": (randaugment_ops, ("torch", "torchvision"), ()),
   "crop_fallback": (crop_fallback, ("torch", "torchvision"), ()),
   "hf_videomae": (hf_videomae_outputs, ("torch",), ()),
+  "temporal_resize": (temporal_resize, ("torch",), ()),
+  "bf16_safetensors": (bf16_safetensors, ("torch",), ("bf16.safetensors",)),
 }
 
 
@@ -487,8 +522,7 @@ def check_live(name: str, **tolerance) -> None:
 def main(names: list[str]) -> int:
   for name in names or REFERENCES:
     function, _, files = REFERENCES[name]
-    kwargs = {"archive": HERE / files[0]} if files else {}
-    arrays = function(**kwargs)
+    arrays = function(HERE / files[0]) if files else function()
     np.savez_compressed(HERE / f"{name}.npz", **arrays)
     size = sum((HERE / f).stat().st_size for f in (f"{name}.npz", *files))
     print(f"{name}: {len(arrays)} arrays, {size / 1024:.0f} KiB")

@@ -17,38 +17,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import re
-from unittest import mock
 
 import jax
 
+from vidjax import internals
 from vidjax.models import attention
 
 
 @contextlib.contextmanager
 def forced_cudnn(compute_capability=(9, 0), cudnn_version=91000):
   """Within the block, tracing takes the cuDNN attention path as on a GPU."""
-  from jax._src.cudnn import fused_attention_stablehlo as fused
-
-  target = ".".join(map(str, compute_capability))
-  at_least = lambda c: tuple(map(int, c.split("."))) <= compute_capability
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(
-      mock.patch.object(
-        attention, "_gpu_compute_capability", lambda: compute_capability
-      )
-    )
-    stack.enter_context(
-      mock.patch.object(fused, "check_cudnn_version", lambda: cudnn_version)
-    )
-    stack.enter_context(
-      mock.patch.object(fused, "check_compute_capability", at_least)
-    )
-    stack.enter_context(
-      mock.patch.object(
-        fused, "is_cuda_compute_capability_equal", lambda c: c == target
-      )
-    )
+  with (
+    attention.assume_gpu(compute_capability),
+    internals.cudnn_checks_answered(compute_capability, cudnn_version),
+  ):
     yield
 
 
@@ -78,19 +60,9 @@ def cudnn_attention_calls(hlo) -> collections.Counter:
   Returns:
     Counts by call name, plus 'forward' and 'backward' totals.
   """
-  from jax._src import custom_partitioning  # pylint: disable=import-outside-toplevel
-
   hlo_text = hlo if isinstance(hlo, str) else hlo.as_text()
-  counts = collections.Counter(re.findall(r"__cudnn\$fmha\w*", hlo_text))
-  for key in re.findall(
-    r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"', hlo_text
-  ):
-    info = custom_partitioning._sharding_callbacks.get(key.encode())
-    name = getattr(getattr(info, "partition", None), "__name__", "")
-    if name.startswith("_dot_product_attention"):
-      counts[name] += 1
+  counts = internals.cudnn_attention_calls(hlo_text)
   for name, count in list(counts.items()):
-    counts["backward" if re.search("Backward|bwd", name) else "forward"] += (
-      count
-    )
+    backward = "Backward" in name or "bwd" in name
+    counts["backward" if backward else "forward"] += count
   return counts

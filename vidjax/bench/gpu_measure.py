@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from vidjax import (
   config as config_lib,
+  internals,
   memory,
   monitor,
   sharding,
@@ -132,8 +133,7 @@ def log(message: str) -> None:
 
 
 def _is_oom(error: BaseException) -> bool:
-  text = str(error)
-  return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+  return internals.is_out_of_memory(error)
 
 
 def error_text(error: BaseException) -> str:

@@ -38,7 +38,6 @@ import itertools
 import json
 from multiprocessing import shared_memory, spawn
 import os
-import re
 import secrets
 import signal
 import threading
@@ -48,7 +47,7 @@ from absl import flags
 import grain.multiprocessing
 import numpy as np
 
-from vidjax import errors
+from vidjax import errors, internals
 from vidjax.data import reads
 
 SHM_DIR = "/dev/shm"
@@ -68,7 +67,6 @@ STATES = {
   "Z": "dead",
   "X": "dead",
 }
-_GRAIN_DEATH = re.compile(r"terminated unexpectedly with exit code (-?\d+)")
 
 
 def mark_flags_parsed() -> None:
@@ -164,8 +162,8 @@ class Workers:
       waiting_on: the worker the pipeline was waiting on: the dead one,
         unless the processes say otherwise.
     """
-    match = _GRAIN_DEATH.search(str(error))
-    if not match:
+    exit_code = internals.grain_worker_exit_code(error)
+    if exit_code is None:
       return None
     pids = {i: s["pid"] for i in range(self.count) if (s := self.status(i))}
     dead = [i for i, pid in pids.items() if _stat(pid)[0] in (None, "Z", "X")]
@@ -175,7 +173,7 @@ class Workers:
     return errors.DataWorkerDied(
       f"data worker {index} of {self.count} (pid "
       f"{pids.get(index, 'unknown')}) died: "
-      f"{describe_exit(int(match.group(1)), new_oom_kills)}",
+      f"{describe_exit(exit_code, new_oom_kills)}",
       hint="the same command resumes from the last checkpoint"
       + (
         ""

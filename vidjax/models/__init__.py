@@ -82,7 +82,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vidjax import defaults
+from vidjax import defaults, internals
 from vidjax.models.clip import CLIP
 from vidjax.models.transformer import drop_path_rates
 from vidjax.models.videomae import Classifier, VideoMAE
@@ -206,4 +206,7 @@ def model_kwargs(config: ml_collections.ConfigDict) -> dict:
 
 def build_model(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
   """Builds the model `config.name` ('clip', 'videomae' or 'classifier')."""
-  return MODELS[config.name][0](**model_kwargs(config), rngs=rngs)
+  # Built under jax.jit or nnx.eval_shape, Flax's random draws would make
+  # construction quadratic in the model's size (see internals).
+  with internals.tracer_sharding_without_explanation():
+    return MODELS[config.name][0](**model_kwargs(config), rngs=rngs)

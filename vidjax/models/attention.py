@@ -26,6 +26,7 @@ an explicit choice and some care necessary:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from flax import nnx
@@ -33,16 +34,33 @@ import jax
 from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
 import jax.numpy as jnp
 
-from vidjax import defaults
+from vidjax import defaults, internals
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # Sequence lengths are padded to a multiple of this on the cuDNN path.
 CUDNN_LENGTH_MULTIPLE = 8
 _logged_choices: set[str] = set()
+# The GPU decided for while tracing for one this machine lacks (its compute
+# capability; `assume_gpu`), else None: the machine's own.
+_assumed_capability: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def assume_gpu(compute_capability: tuple[int, int]):
+  """Within the block, implementations are chosen as on a CUDA GPU of
+  `compute_capability` (`vidjax.bench.cuda_trace.forced_cudnn`)."""
+  global _assumed_capability
+  previous, _assumed_capability = _assumed_capability, tuple(compute_capability)
+  try:
+    yield
+  finally:
+    _assumed_capability = previous
 
 
 def _gpu_compute_capability() -> tuple[int, int] | None:
   """The first CUDA device's compute capability, or None without one."""
+  if _assumed_capability is not None:
+    return _assumed_capability
   if jax.default_backend() != "gpu":
     return None
   device = jax.devices()[0]
@@ -55,21 +73,13 @@ def _gpu_compute_capability() -> tuple[int, int] | None:
 
 def cudnn_version() -> int | None:
   """cuDNN's version as JAX reads it (e.g. 91000 for 9.10), or None."""
-  # JAX's cuDNN attention asks the same function while tracing; no public
-  # API tells the version (tests/test_layers.py pins this private one).
-  # pylint: disable-next=import-outside-toplevel
-  from jax._src.cudnn import fused_attention_stablehlo
-
-  try:
-    return int(fused_attention_stablehlo.check_cudnn_version())
-  except (RuntimeError, ImportError, AttributeError):
-    return None
+  return internals.cudnn_version()
 
 
 def cudnn_unsupported_reason(head_dim: int, dtype) -> str | None:
   """Why cuDNN flash attention cannot run these inputs, or None if it can.
 
-  The rules are JAX's own checks (`jax._src.cudnn.fused_attention_stablehlo`,
+  The rules are JAX's own checks (its cuDNN fused attention module,
   jax 0.10-0.12) for the inputs vidjax passes (BTNH layout, no bias or
   dropout, padded lengths), plus cuDNN's own floor that JAX leaves to the
   compiler: flash attention kernels exist from compute capability 8.0 on.

@@ -19,7 +19,6 @@ import argparse
 import math
 import os
 import pickle
-import re
 import zipfile
 import zlib
 
@@ -28,7 +27,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-from vidjax import errors
+from vidjax import errors, internals
 from vidjax.models import torchscript
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -89,12 +88,12 @@ def _read_torch(path: str, allow_pickle: bool):
     with torch.serialization.safe_globals([argparse.Namespace]):
       return torch.load(path, map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
-    named = re.search(r"GLOBAL (\S+)", str(e))
+    named = internals.refused_pickle_global(e)
     if not named:  # Not a class or function to import: a damaged pickle.
       raise
     raise errors.InitFromError(
       f"{path}: a pickle that would run code to load (it names "
-      f"{named.group(1)}). If you trust the file, allow it with "
+      f"{named}). If you trust the file, allow it with "
       "--config.init_allow_pickle=True (load_state_dict(..., "
       "allow_pickle=True))"
     ) from None
@@ -119,16 +118,6 @@ _DAMAGED = (
   zlib.error,
   safetensors.SafetensorError,
 )
-
-
-def _reason(error: Exception) -> str:
-  """The sentence of a library's (often long) error that says what is wrong."""
-  lines = [
-    line.strip()
-    for line in str(error).splitlines()
-    if line.strip() and not line.startswith("Check the documentation")
-  ]
-  return lines[-1].split(". ")[0] if lines else type(error).__name__
 
 
 def load_state_dict(
@@ -176,7 +165,7 @@ def load_state_dict(
     raise
   except _DAMAGED as e:
     raise errors.InitFromError(
-      f"{path}: cannot be read as {suffix} ({_reason(e)}): the file is "
+      f"{path}: cannot be read as {suffix} ({internals.error_reason(e)}): the file is "
       "damaged (e.g. a partial download) or not in that format"
     ) from None
   if not isinstance(raw, dict):
