@@ -409,7 +409,7 @@ def embed_videos(
       indent=1,
     )
     start = time.perf_counter()
-    embedded, seconds, more_failed = _embed(
+    embedded, seconds, more_failed = embed_windows(
       encoder, store, todo, index, window_s, stride_s, progress
     )
     elapsed = time.perf_counter() - start
@@ -445,7 +445,9 @@ def embed_videos(
   )
 
 
-def _embed(encoder, store, todo, index, window_s, stride_s, progress):
+def embed_windows(
+  encoder, store, todo, index, window_s, stride_s, progress=True
+):
   """Embeds the videos `todo`, writing each one's rows once complete.
 
   Returns:
@@ -484,7 +486,9 @@ def _embed(encoder, store, todo, index, window_s, stride_s, progress):
   )
   element = 0
   with (
-    console.ProgressBar(len(records), desc="embed", unit="window") as bar,
+    console.ProgressBar(
+      len(records), desc="embed", unit="window", enabled=progress
+    ) as bar,
     contextlib.closing(batches),
   ):
     for batch in batches:
