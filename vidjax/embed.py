@@ -272,7 +272,7 @@ class Summary:
 
 def _settings(config, spec: str, window_s: float, stride_s: float) -> dict:
   return {
-    "weights": os.path.abspath(config.init_from),
+    "weights": os.path.abspath(config.init_from) if config.init_from else "",
     "recipe": spec,
     "overrides": sorted(o for o in config.overrides if o != "init_from"),
     "window_s": window_s,
@@ -362,6 +362,7 @@ def embed_videos(
   window_s: float | None = None,
   stride_s: float | None = None,
   progress: bool = True,
+  encoder: Encoder | None = None,
 ) -> Summary:
   """Embeds the windows of every video of `videos` into the INDEX `out`.
 
@@ -373,6 +374,8 @@ def embed_videos(
     out: the INDEX directory (created; resumed if it holds videos).
     window_s, stride_s: windows (None: `default_window_s`, half of it).
     progress: a progress bar over the windows, with an ETA.
+    encoder: the model to embed with, e.g. `make_encoder` of a run in a
+      notebook (None: `load_encoder(config)`, the weights of `init_from`).
 
   Returns:
     A `Summary`; the index is in `out` (module docstring).
@@ -396,7 +399,10 @@ def embed_videos(
       f"--window_s {window_s} and --stride_s {stride_s} must be positive"
     )
   with rundir.claim(out) as index:
-    encoder = load_encoder(config)
+    if encoder is None:
+      encoder = load_encoder(config)
+    else:
+      config = encoder.config
     settings = _settings(config, spec, window_s, stride_s)
     _check_settings(index, settings)
     store, ids, failed = _store(os.fspath(videos), index, progress)
