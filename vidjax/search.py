@@ -305,9 +305,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  from vidjax import console  # pylint: disable=import-outside-toplevel
-
-  console.setup_console()
   try:
     if not args.queries and not args.labels:
       raise errors.ConfigError(
@@ -361,4 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  from vidjax import console  # pylint: disable=import-outside-toplevel
+
+  console.setup_console()  # Process-wide: not for library use.
   sys.exit(main())
