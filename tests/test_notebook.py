@@ -61,6 +61,10 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert len(losses) == 5  # step 1 and every 5th of 20
   assert any("eval/t2v_r1" in r for r in rows)
   assert (workdir / "plots" / "loss.png").exists()
+  # Its videos indexed and searched (vidjax.embed, vidjax.search).
+  assert "indexed 16 videos" in text and "right video first for" in text
+  assert (workdir / "index" / "embeddings.npy").exists()
+  assert (workdir / "hits.html").exists()
 
 
 def test_a_temporary_run_directory_is_removed_at_the_end(tmp_path, monkeypatch):

@@ -55,6 +55,7 @@ import numpy as np
 
 import vidjax
 from vidjax import config as config_lib, errors, rundir, whole_files
+from vidjax.data import chunk as chunk_lib
 
 EMBEDDINGS = "embeddings.npy"
 WINDOWS = "windows.csv"
@@ -204,6 +205,17 @@ def load_encoder(config) -> Encoder:
     params, config.model, source, keep_init=tuple(config.init_keep)
   )
   logging.info("weights: %s", report.summary())
+  untrained = [
+    n for n in report.fresh if not n.endswith(("temporal_pos", "logit_scale"))
+  ]
+  if untrained:  # E.g. OpenAI's 512-d projections under a 256-d recipe.
+    logging.warning(
+      "%d parameters are not in the weights and keep their random initial "
+      "values (%s): the embeddings mean little. Set the config to the "
+      "weights' model (e.g. --config.model.embed_dim=512 for OpenAI's CLIP)",
+      len(untrained),
+      ", ".join(untrained[:3]),
+    )
   return make_encoder(config, mesh, params, rest, tokenizer, source.description)
 
 
@@ -272,7 +284,7 @@ class Summary:
 
 def _settings(config, spec: str, window_s: float, stride_s: float) -> dict:
   return {
-    "weights": os.path.abspath(config.init_from),
+    "weights": os.path.abspath(config.init_from) if config.init_from else "",
     "recipe": spec,
     "overrides": sorted(o for o in config.overrides if o != "init_from"),
     "window_s": window_s,
@@ -300,19 +312,17 @@ def _check_settings(index: Path, settings: dict) -> None:
 def _store(videos: str, index: Path, progress: bool) -> tuple[Path, list, list]:
   """(chunk store, its video ids of SRC, failures) for SRC; chunks SRC into
   INDEX/chunks unless it is a store already."""
-  from vidjax.data import chunk  # pylint: disable=import-outside-toplevel
-
   src = Path(videos)
-  if (src / chunk.MANIFEST).is_file():
-    return src.resolve(), sorted(chunk.read_manifest(src)), []
+  if (src / chunk_lib.MANIFEST).is_file():
+    return src.resolve(), sorted(chunk_lib.read_manifest(src)), []
   store = index / CHUNKS
-  summary = chunk.chunk_videos(src, store, progress=progress)
+  summary = chunk_lib.chunk_videos(src, store, progress=progress)
   failed = [
     (f["source"], f["error"].removeprefix(f"{f['source']}: "))
     for f in summary["failed"]
   ]
-  wanted = {p.stem for p in chunk.find_videos(src)}
-  done = chunk.read_manifest(store)
+  wanted = {p.stem for p in chunk_lib.find_videos(src)}
+  done = chunk_lib.read_manifest(store)
   return store, sorted(v for v in done if v in wanted), failed
 
 
@@ -362,6 +372,7 @@ def embed_videos(
   window_s: float | None = None,
   stride_s: float | None = None,
   progress: bool = True,
+  encoder: Encoder | None = None,
 ) -> Summary:
   """Embeds the windows of every video of `videos` into the INDEX `out`.
 
@@ -373,6 +384,8 @@ def embed_videos(
     out: the INDEX directory (created; resumed if it holds videos).
     window_s, stride_s: windows (None: `default_window_s`, half of it).
     progress: a progress bar over the windows, with an ETA.
+    encoder: the model to embed with, e.g. `make_encoder` of a run in a
+      notebook (None: `load_encoder(config)`, the weights of `init_from`).
 
   Returns:
     A `Summary`; the index is in `out` (module docstring).
@@ -396,10 +409,19 @@ def embed_videos(
       f"--window_s {window_s} and --stride_s {stride_s} must be positive"
     )
   with rundir.claim(out) as index:
-    encoder = load_encoder(config)
+    if encoder is None:
+      encoder = load_encoder(config)
+    else:
+      config = encoder.config
     settings = _settings(config, spec, window_s, stride_s)
     _check_settings(index, settings)
     store, ids, failed = _store(os.fspath(videos), index, progress)
+    if not ids and not failed:
+      raise errors.PathError(
+        f"--videos {videos}: no videos there",
+        hint=f"give a video, a folder or a .txt list of videos "
+        f"({', '.join(chunk_lib.VIDEO_EXTENSIONS[:4])}, ...), or a chunk store",
+      )
     done = {p.stem for p in (index / VIDEOS).glob("*.npz")}
     todo = [v for v in ids if v not in done]
     rundir.write_config(config, index)
@@ -409,7 +431,7 @@ def embed_videos(
       indent=1,
     )
     start = time.perf_counter()
-    embedded, seconds, more_failed = _embed(
+    embedded, seconds, more_failed = embed_windows(
       encoder, store, todo, index, window_s, stride_s, progress
     )
     elapsed = time.perf_counter() - start
@@ -445,7 +467,9 @@ def embed_videos(
   )
 
 
-def _embed(encoder, store, todo, index, window_s, stride_s, progress):
+def embed_windows(
+  encoder, store, todo, index, window_s, stride_s, progress=True
+):
   """Embeds the videos `todo`, writing each one's rows once complete.
 
   Returns:
@@ -484,7 +508,9 @@ def _embed(encoder, store, todo, index, window_s, stride_s, progress):
   )
   element = 0
   with (
-    console.ProgressBar(len(records), desc="embed", unit="window") as bar,
+    console.ProgressBar(
+      len(records), desc="embed", unit="window", enabled=progress
+    ) as bar,
     contextlib.closing(batches),
   ):
     for batch in batches:
@@ -558,9 +584,6 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   overrides, rest = main_lib._split_overrides(argv)  # pylint: disable=protected-access
   args = _parser().parse_args(rest)
-  from vidjax import console  # pylint: disable=import-outside-toplevel
-
-  console.setup_console()
   try:
     summary = embed_videos(
       args.config,
@@ -610,4 +633,7 @@ def report(summary: Summary) -> str:
 
 
 if __name__ == "__main__":
+  from vidjax import console  # pylint: disable=import-outside-toplevel
+
+  console.setup_console()  # Process-wide: not for library use.
   sys.exit(main())

@@ -71,7 +71,9 @@ class Index:
     info: index.json (weights, recipe, windows, vidjax version, ...).
   """
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike, encoder=None):
+    """`encoder`: the model, if already loaded (`vidjax.embed.Encoder`);
+    None loads the index's (its config.json and weights) when needed."""
     self.path = Path(path)
     try:
       self.info = json.loads((self.path / embed.INDEX_JSON).read_text())
@@ -93,7 +95,7 @@ class Index:
     self.videos = np.array([r["video"] for r in rows])
     self.starts = np.array([float(r["start"]) for r in rows])
     self.ends = np.array([float(r["end"]) for r in rows])
-    self._encoder = None
+    self._encoder = encoder
 
   def __len__(self) -> int:
     return len(self.embeddings)
@@ -200,7 +202,8 @@ def write_html(index: Index, queries, results, path) -> Path:
     ".hit img{display:block;height:"
     f"{THUMB_HEIGHT}px}}</style></head><body>",
     f"<h1>{html.escape(str(index.path))}</h1>",
-    f"<p>{len(index)} windows; weights {html.escape(index.info['weights'])}"
+    f"<p>{len(index)} windows; weights "
+    f"{html.escape(index.info['weights'] or index.info.get('description', ''))}"
     "</p>",
   ]
   for query, hits in zip(queries, results):
@@ -302,9 +305,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  from vidjax import console  # pylint: disable=import-outside-toplevel
-
-  console.setup_console()
   try:
     if not args.queries and not args.labels:
       raise errors.ConfigError(
@@ -358,4 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  from vidjax import console  # pylint: disable=import-outside-toplevel
+
+  console.setup_console()  # Process-wide: not for library use.
   sys.exit(main())

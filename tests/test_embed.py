@@ -1,0 +1,316 @@
+"""vidjax.embed and vidjax.search on a user's own videos, with the demo's
+trained weights (`debug_runs.demo_reference`): its two held-out videos and
+eight new ones like them (two captioned 2 s moments each, of captions it
+trained on), plus a file that is not a video."""
+
+import csv
+import json
+import os
+from pathlib import Path
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import debug_runs
+from video_fixtures import write_video
+from vidjax import embed, errors, rundir, search
+from vidjax.data import synthetic
+
+pytestmark = pytest.mark.xdist_group("demo_reference")  # Its run and step.
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = f"{REPO}/configs/demo.py:debug"
+STRIDE = "0.25"  # Windows of 2 s (the recipe's default) every 0.25 s.
+NEW_VIDEOS = 8
+VIDEOS = [f"own{v}" for v in range(NEW_VIDEOS)] + ["vid006", "vid007"]
+
+
+def _words(caption: str) -> tuple[str, str]:
+  """'a red square moves left' -> ('red', 'square')."""
+  _, colour, shape, *_ = caption.split()
+  return colour, shape
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+  """(weights, SRC list, captioned moments [(video, start, end, caption)])."""
+  weights = debug_runs.demo_reference(tmp_path_factory)
+  corpus = weights / "synthetic"
+  root = tmp_path_factory.mktemp("own_videos")
+  moments = []
+  for line in (corpus / "val.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    moments.append((row["video_id"], row["start"], row["end"], row["text"]))
+  held_out = sorted({m[0] for m in moments})
+  # New footage of the captions it trained on, as the full demo's held-out
+  # videos mostly are (its 192 segments cover the 48 captions ~4 times; the
+  # :debug corpus's 12 training segments cannot teach the 36 others).
+  trained = sorted(
+    {json.loads(x)["label"] for x in (corpus / "train.jsonl").open()}
+  )
+  rng = np.random.default_rng(7)
+  for v in range(NEW_VIDEOS):  # As the demo's: two 2 s segments at 8 fps.
+    parts = []
+    for k in range(2):
+      label = trained[int(rng.integers(len(trained)))]
+      shape, colour, motion = np.unravel_index(label, (3, 4, 4))
+      parts.append(
+        synthetic.render_segment(rng, shape, colour, motion, 16, 96, 128)
+      )
+      moments.append(
+        (f"own{v}", 2.0 * k, 2.0 * k + 2, synthetic.class_names()[label])
+      )
+    write_video(root / f"own{v}.mp4", np.concatenate(parts), fps=8, gop=32)
+  (root / "broken.mp4").write_bytes(
+    (corpus / "raw/vid000.mp4").read_bytes()[:3000]
+  )
+  listing = [corpus / f"raw/{v}.mp4" for v in held_out]
+  listing += [root / f"own{v}.mp4" for v in range(NEW_VIDEOS)]
+  listing.append(root / "broken.mp4")
+  src = root / "videos.txt"
+  src.write_text("".join(f"{p}\n" for p in listing))
+  return weights, src, moments
+
+
+def _embed(own, out, **kw):
+  weights, src, _ = own
+  return embed.embed_videos(
+    CONFIG,
+    src,
+    out,
+    overrides=[f"init_from={weights}"],
+    stride_s=float(STRIDE),
+    progress=False,
+    **kw,
+  )
+
+
+@pytest.fixture(scope="module")
+def clean(own, tmp_path_factory):
+  """One uninterrupted run's INDEX and summary."""
+  out = tmp_path_factory.mktemp("clean") / "index"
+  return out, _embed(own, out)
+
+
+def test_index_holds_rows_windows_and_provenance(own, clean):
+  out, summary = clean
+  weights, _, _ = own
+  assert summary.embedded == VIDEOS
+  ((broken, why),) = summary.failed
+  assert broken.endswith("broken.mp4") and "not a video" in why
+  assert "broken.mp4" in embed.report(summary)
+  rows = np.load(out / embed.EMBEDDINGS)
+  assert rows.dtype == np.float16 and rows.shape == (9 * 10, 64)
+  np.testing.assert_allclose(
+    np.linalg.norm(rows.astype(np.float32), axis=1), 1, atol=2e-3
+  )
+  with open(out / embed.WINDOWS, newline="") as f:
+    table = list(csv.DictReader(f))
+  assert [tuple(r.values()) for r in table[:2]] == [
+    ("own0", "0", "2"),
+    ("own0", "0.25", "2.25"),
+  ]
+  assert tuple(table[-1].values()) == ("vid007", "2", "4")
+  info = json.loads((out / embed.INDEX_JSON).read_text())
+  assert info["weights"] == str(weights) and info["recipe"] == CONFIG
+  assert info["vidjax"] and info["windows"] == len(rows) == len(table)
+  failed = [
+    json.loads(x) for x in (out / embed.FAILED).read_text().splitlines()
+  ]
+  assert [f["video"] for f in failed] == [broken]
+
+
+def test_search_ranks_the_right_video_first(own, clean):
+  _, _, moments = own
+  index = search.Index(clean[0])
+  captions = sorted({m[3] for m in moments})
+  shown_in = {c: {v for v, _, _, cc in moments if cc == c} for c in captions}
+  hits = index.query(captions, top=1)
+  right = [h[0].video in shown_in[c] for c, h in zip(captions, hits)]
+  # A random window is right as often as the videos showing it have windows.
+  chance = np.mean(
+    [np.isin(index.videos, list(shown_in[c])).mean() for c in captions]
+  )
+  print(
+    f"top window in the right video for {np.mean(right):.2f} of "
+    f"{len(captions)} captions (chance {chance:.3f})"
+  )
+  assert np.mean(right) > 1.5 * chance
+
+
+@pytest.mark.parametrize(
+  "part, words",
+  [(0, list(synthetic.COLOURS)), (1, list(synthetic.SHAPES))],
+  ids=["colours", "shapes"],
+)
+def test_labels_beat_chance(own, clean, part, words):
+  _, _, moments = own
+  index = search.Index(clean[0])
+  centres = (index.starts + index.ends) / 2
+  truth = []
+  for v, t in zip(index.videos, centres):
+    (caption,) = [c for vv, s, e, c in moments if vv == v and s <= t < e]
+    truth.append(_words(caption)[part])
+  best, score = index.label(words)
+  accuracy = np.mean(np.array(words)[best] == np.array(truth))
+  majority = max(truth.count(w) for w in words) / len(truth)
+  print(
+    f"labels {','.join(words)}: {accuracy:.2f} of {len(truth)} windows "
+    f"right (chance {1 / len(words):.2f}; always the most common "
+    f"{majority:.2f})"
+  )
+  assert accuracy > 1 / len(words) + 0.05 and np.all(np.abs(score) <= 1.0001)
+
+
+def _command(own, out) -> list[str]:
+  weights, src, _ = own
+  return [
+    sys.executable,
+    "-m",
+    "vidjax.embed",
+    "--config",
+    CONFIG,
+    f"--config.init_from={weights}",
+    "--videos",
+    str(src),
+    "--out",
+    str(out),
+    "--stride_s",
+    STRIDE,
+    "--quiet",
+  ]
+
+
+def test_kill_9_then_rerun_gives_the_clean_index(own, clean, tmp_path):
+  out = tmp_path / "index"
+  proc = subprocess.Popen(
+    _command(own, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+  )
+  first = out / embed.VIDEOS / "own0.npz"
+  deadline = time.monotonic() + 120
+  while (
+    not first.exists() and proc.poll() is None and time.monotonic() < deadline
+  ):
+    time.sleep(0.01)
+  os.kill(proc.pid, signal.SIGKILL)
+  output = proc.communicate()[0].decode()
+  assert proc.returncode == -signal.SIGKILL, output  # Killed mid-index,
+  assert first.exists() and not (out / embed.VIDEOS / "vid007.npz").exists()
+  assert (out / rundir.LOCK_FILE).exists()  # its lock left behind.
+  kept = first.stat().st_mtime_ns
+  summary = _embed(own, out)  # Takes the dead run's lock over.
+  assert "own0" in summary.already and "vid007" in summary.embedded
+  assert first.stat().st_mtime_ns == kept
+  for name in (embed.EMBEDDINGS, embed.WINDOWS):
+    assert (out / name).read_bytes() == (clean[0] / name).read_bytes(), name
+
+
+def test_a_second_run_into_an_index_in_use_is_refused(own, tmp_path, capsys):
+  out = tmp_path / "index"
+  out.mkdir()
+  lock = rundir.WorkdirLock(out)  # A live run (this process) holds it.
+  lock.acquire()
+  try:
+    code = embed.main(_command(own, out)[3:])  # The command line's main.
+  finally:
+    lock.release()
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_USAGE, err
+  assert f"in use by another run: PID {os.getpid()}" in err
+  assert "Traceback" not in err and sorted(os.listdir(out)) == []
+
+
+def test_search_command_json_labels_and_page_in_chromium(
+  own, clean, tmp_path, capsys
+):
+  _, _, moments = own
+  page = tmp_path / "hits.html"
+  query = moments[0][3]
+  code = search.main(
+    [
+      str(clean[0]),
+      query,
+      "a blue circle moves up",
+      "--top",
+      "3",
+      "--json",
+      "--html",
+      str(page),
+      "--labels",
+      "red,green,blue,yellow",
+      "--csv",
+      str(tmp_path / "l.csv"),
+    ]
+  )
+  printed = capsys.readouterr()
+  assert code == 0, printed.err
+  out = json.loads(printed.out)
+  hits = out["queries"][query]
+  assert len(hits) == 3 and hits[0]["score"] >= hits[1]["score"]
+  assert set(hits[0]) == {"row", "video", "start", "end", "score"}
+  with open(tmp_path / "l.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 90 and set(rows[0]) == {
+    "video",
+    "start",
+    "end",
+    "label",
+    "score",
+  }
+  assert set(out["videos"]) == set(VIDEOS)
+  text = page.read_text()
+  assert query in text and "own0" in text and "src='http" not in text
+  _check_thumbnails_render(page, tmp_path, count=6)
+
+
+# A script added to a copy of the page: each image drawn on a canvas, its
+# size and pixel spread written into the DOM, which chromium then dumps.
+_PROBE = """<script>
+window.addEventListener('load', () => {
+  const out = [...document.images].map(img => {
+    const c = document.createElement('canvas');
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    if (!c.width) return [0, 0, 0];
+    const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+    const d = g.getImageData(0, 0, c.width, c.height).data;
+    let s = 0, s2 = 0, n = d.length / 4;
+    for (let i = 0; i < d.length; i += 4) { s += d[i + 1]; s2 += d[i + 1] ** 2; }
+    return [img.naturalWidth, img.naturalHeight, s2 / n - (s / n) ** 2];
+  });
+  const pre = document.createElement('pre'); pre.id = 'probe';
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});
+</script></body>"""
+
+
+def _check_thumbnails_render(page: Path, tmp_path: Path, count: int) -> None:
+  chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+  if chromium is None:
+    pytest.skip("chromium is not installed (apt-get install -y chromium)")
+  probe = tmp_path / "probe.html"
+  probe.write_text(page.read_text().replace("</body>", _PROBE))
+  dom = subprocess.run(
+    [
+      chromium,
+      "--headless",
+      "--no-sandbox",
+      "--disable-gpu",
+      "--virtual-time-budget=10000",
+      "--dump-dom",
+      probe.as_uri(),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  ).stdout
+  found = dom.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]
+  images = json.loads(found)
+  assert len(images) == count, images
+  for width, height, variance in images:
+    assert height == search.THUMB_HEIGHT and width > 0
+    assert variance > 20, images  # Decoded frames, not a blank.
+  assert "a blue circle moves up" in dom
