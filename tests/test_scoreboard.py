@@ -11,7 +11,7 @@ import re
 import pytest
 
 import debug_runs
-from vidjax import errors, main, monitor
+from vidjax import defaults, errors, eval_sets, main, monitor
 
 # The demo's reference run (its model, its compiled evaluation step) is
 # made in this group's process.
@@ -110,3 +110,32 @@ def test_an_egtea_action_out_of_range_is_refused(reference, tmp_path):
   )
   assert f"{path}:1: action 99 is not in" in message
   assert "(ids 1-48); fix the row" in message
+
+
+@pytest.mark.parametrize(
+  "task, data_format, name, problem",
+  [
+    (
+      "contrastive",
+      "ek100_cls",
+      "ek100_cls",
+      "data.train_annotations is unset",
+    ),
+    ("contrastive", "jsonl", "", "scores data.format egtea or charades_ego"),
+    ("classification", "egtea", "", "needs a video-text model"),
+  ],
+)
+def test_a_set_that_cannot_be_scored_is_refused(
+  task, data_format, name, problem
+):
+  """Before any file is read: a zero-shot set whose classes cannot be
+  made, a kind on a format it does not score, a model without text."""
+  config = defaults.base_config(task)
+  if name:
+    config.eval.sets[name] = defaults.benchmark_set(name)
+    config.eval.sets[name].data.eval_annotations = "EPIC_100_validation.csv"
+  else:
+    config.data.update(format=data_format, eval_annotations="test.txt")
+    config.eval.kind = "zeroshot"
+  with pytest.raises(errors.ConfigError, match=problem):
+    eval_sets.check_files(config)
