@@ -67,8 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   )
   c.model.update(drop_path=0.1, remat="save_dots_and_attention")
   c.batch_size = 8 * 64
-  c.total_steps = 0
-  c.total_epochs = 10.0  # Counts the trimmed clips found at start-up.
+  # 10 epochs of the trimmed clips found at start-up (their number is the
+  # training CSV's action spans): total_steps is set from them then.
+  c.total_epochs = 10.0
+  c.total_steps = 1  # Replaced at start-up (total_epochs > 0).
   c.optim.update(
     lr=3e-5,
     min_lr=1e-5,

@@ -20,7 +20,8 @@ named sets exist. `eval.save_embeddings=True` writes, at each evaluation,
 `text` float32[texts, D], L2-normalised (the vectors the similarities come
 from), and `video_ids` / `text_ids` (narration ids, or the rows' video ids
 where the format has none) in the order of the annotation and sentence
-files.
+files; for a benchmark set (`eval.kind`), `text` is its class embeddings (or
+EgoMCQ's queries) and `text_ids` the class ids (or question numbers).
 """
 
 from __future__ import annotations
@@ -234,13 +235,20 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
   batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   if config.eval.kind:  # The field's benchmarks, by their definitions.
-    metrics = scoreboard.evaluate(
+    metrics, emb = scoreboard.evaluate(
       config,
       records,
       merged,
       encode_tokens=functools.partial(encode_tokens, run),
       tokenizer=run.tokenizer,
     )
+    if config.eval.save_embeddings and run.workdir:
+      save_embeddings(
+        rundir.embeddings(run.workdir, es.name, step),
+        emb,
+        _record_ids(records)[emb["index"]],
+        emb["text_ids"],
+      )
     return {
       **{f"{es.prefix}{k}": v for k, v in metrics.items()},
       f"{es.prefix}skipped": skipped,

@@ -156,8 +156,9 @@ def evaluate(
   *,
   encode_tokens: Callable[[np.ndarray], np.ndarray],
   tokenizer: Callable,
-) -> dict[str, float]:
-  """The metrics of a benchmark set (see the module docstring).
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+  """The metrics of a benchmark set (see the module docstring), and the
+  vectors they come from.
 
   Args:
     config: the run config resolved for the set.
@@ -169,11 +170,18 @@ def evaluate(
     tokenizer: the run's tokenizer.
 
   Returns:
-    Unprefixed metrics.
+    (metrics, embeddings): unprefixed metrics; `video` float32[N, D] (each
+    clip read, views averaged; `index` int[N] its record) and `text`
+    float32[M, D] (the class embeddings, or EgoMCQ's queries; `text_ids`
+    int[M] the class or question), L2-normalised.
   """
   out = common.valid_outputs(outputs)
+  ids, video = metrics.average_views(
+    zeroshot.l2_normalize(out["video_emb"]), out["index"]
+  )
+  emb = {"video": zeroshot.l2_normalize(video), "index": ids}
   if config.eval.kind == "egomcq":
-    return _egomcq(config, records, out)
+    return _egomcq(config, records, out, emb)
   class_emb = zeroshot.class_embeddings(
     encode_tokens,
     tokenizer,
@@ -181,6 +189,7 @@ def evaluate(
     tuple(config.eval.templates),
     batch_size=config.eval.batch_size,
   )
+  emb.update(text=class_emb, text_ids=np.arange(len(class_emb)))
   ids, scores = zeroshot.classify(
     out["video_emb"], class_emb, out["index"], config.eval.views
   )
@@ -192,15 +201,15 @@ def evaluate(
     positive = labels[labels.any(1)]
     scored = positive.any(0)
     result["chance_mAP"] = float(positive[:, scored].mean(0).mean())
-    return result
+    return result, emb
   labels = np.array([records[i].label for i in ids])
   result = metrics.topk_accuracy(scores, labels, ks=(1, 5))
   result["mean_class_acc"] = metrics.mean_class_accuracy(scores, labels)
   result["chance_top1"] = 1.0 / scores.shape[1]
-  return result
+  return result, emb
 
 
-def _egomcq(config, records, out) -> dict[str, float]:
+def _egomcq(config, records, out, emb):
   """EgoMCQ: questions whose 5 candidates were all read, scored."""
   ids, video_emb = metrics.average_views(out["video_emb"], out["index"])
   _, text_emb = metrics.average_views(out["text_emb"], out["index"])
@@ -223,4 +232,6 @@ def _egomcq(config, records, out) -> dict[str, float]:
   )
   result["chance_acc"] = 1.0 / k
   result["questions_left_out"] = int(questions - complete.sum())
-  return result
+  emb["text"] = zeroshot.l2_normalize(text_emb[rows[:, 0]])
+  emb["text_ids"] = np.flatnonzero(complete)
+  return result, emb
