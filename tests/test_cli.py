@@ -498,7 +498,8 @@ def _mistakes(own, tmp):
         r"hint: data.format='jsonl' reads JSON Lines, one JSON "
         r"object per line: \{\"video_id\": \"bikes\", .*"
         r"set --config.data.format \(jsonl, ego4d, ek100_cls, "
-        r"ek100_mir, kinetics, kinetics_list\)",
+        r"ek100_mir, kinetics, kinetics_list, egomcq, egtea, charades_ego, "
+        r"charades_ego_trimmed\)",
       ],
     ),
     "typed_int": (
