@@ -60,7 +60,9 @@ class ChunkOptions:
   preset: str = "veryfast"
   tune: str = "fastdecode"
   x264_params: str = ""  # Extra x264 options, "key=value:key=value".
-  threads: int = 0  # x264 threads; 0 = auto.
+  # Threads of each video's decoder and of its encoder; 0: FFmpeg's choice
+  # (chunk_videos gives each worker its share of the cores).
+  threads: int = 0
 
   def __post_init__(self):
     # A chunk of no length never ends: readers would loop forever.
@@ -294,6 +296,7 @@ def chunk_video(
       raise ChunkError(f"{src}: no video stream (audio-only or not a video)")
     stream = container.streams.video[0]
     stream.thread_type = "AUTO"
+    stream.codec_context.thread_count = opts.threads
     fps = (
       fractions.Fraction(opts.fps).limit_denominator(1001)
       if opts.fps

@@ -246,7 +246,10 @@ def chunk_videos(
   manifest_lib.read_manifest(dst)  # A bad line refuses before any write.
   part = manifest_lib.part_dir(dst, shard)
   part.mkdir(parents=True, exist_ok=True)
-  threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
+  # The cores this process may use (SLURM's, a container's), shared out:
+  # one thread per video when there are as many workers as cores.
+  cores = len(os.sched_getaffinity(0))
+  threads = opts.threads or max(1, cores // max(workers, 1))
   opts = dataclasses.replace(opts, threads=threads)
   with _locked(dst, part, shard):
     finished = manifest_lib.read_manifest(dst)
