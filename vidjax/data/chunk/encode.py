@@ -160,16 +160,19 @@ def _constant_rate(
   time, and it must not be lost.
   """
   tail = 0.5 / max(float(fps), source_rate)
+  # Grid times as floats (integer division, correctly rounded): Fraction
+  # arithmetic per frame was a few % of the chunker's time.
+  den, num = fps.denominator, fps.numerator
   i, prev = 0, None
   for t, frame in frames:
     if prev is not None:
       midpoint = (prev[0] + t) / 2
-      while i / fps <= midpoint + 1e-9:
+      while i * den / num <= midpoint + 1e-9:
         yield prev[1]
         i += 1
     prev = (t, frame)
   if prev is not None:
-    while i / fps <= prev[0] + tail or i == 0:
+    while i * den / num <= prev[0] + tail or i == 0:
       yield prev[1]
       i += 1
 
