@@ -24,12 +24,12 @@
 # (on the same node, at once). The job gets SIGTERM at its time limit: the
 # videos under way are redone next time, nothing else is lost.
 #
-# Resources: a shard is CPU-bound (decode, scale, x264), one video per CPU
-# (--workers = the task's CPUs, one thread each), about 0.5 GB of memory per
-# worker for 1080p sources (more for 4K). With N machines of 16 cores Ego4D
-# (~3,670 h) takes about the hours BENCHMARKS.md gives for N machines
-# (python -m vidjax.bench.chunk). Edit the header for your cluster; options
-# given to sbatch on the command line win.
+# Resources: a shard is CPU-bound (decode, scale, x264: no GPU), one video
+# per CPU (--workers = the task's CPUs, one thread each). A worker chunking
+# 1080p peaked at 0.11 GB resident; 1 GB per CPU leaves room for 4K sources.
+# With N machines of 16 cores, Ego4D (~3,670 h) takes about the hours
+# BENCHMARKS.md gives for N machines (python -m vidjax.bench.chunk). Edit the
+# header for your cluster; options given to sbatch on the command line win.
 #SBATCH --job-name=vidjax-chunk
 #SBATCH --array=1-8
 #SBATCH --nodes=1
