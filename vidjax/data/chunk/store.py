@@ -254,7 +254,10 @@ def chunk_videos(
   part.mkdir(parents=True, exist_ok=True)
   # The cores this process may use (SLURM's, a container's), shared out:
   # one thread per video when there are as many workers as cores.
-  cores = len(os.sched_getaffinity(0))
+  if hasattr(os, "sched_getaffinity"):
+    cores = len(os.sched_getaffinity(0))
+  else:  # macOS
+    cores = os.cpu_count() or 1
   threads = opts.threads or max(1, cores // max(workers, 1))
   opts = dataclasses.replace(opts, threads=threads)
   with _locked(dst, part, shard):
@@ -320,8 +323,7 @@ def _chunk_all(todo, dst, opts, workers, finish) -> None:
 
 def _check_split(dst: Path, shard: tuple[int, int] | None) -> None:
   """Refuses to mix a whole-store run with shards, or two splits."""
-  parts = manifest_lib.shard_parts(dst)
-  splits = sorted({n for _, n in parts})
+  splits = sorted({n for _, n in manifest_lib.shard_parts(dst)})
   if not splits or (shard is not None and splits == [shard[1]]):
     return
   merge = f"python -m vidjax.data.chunk --merge {dst}"
