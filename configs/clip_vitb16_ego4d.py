@@ -47,6 +47,11 @@ Data, once:
     # Ego4D videos -> 15 s chunks, short side 288 (AVION's videos_288px_15sec)
     python -m vidjax.data.chunk /data/ego4d/v1/full_scale /data/ego4d_chunks \
         --chunk-seconds 15 --short-side 288 --workers 16
+    # or as a SLURM array of 8 shards (BENCHMARKS.md: hours for N machines),
+    # then --merge when --status says every shard is finished:
+    #   sbatch --array=1-8 launch/chunk_slurm.sh /data/ego4d/v1/full_scale \
+    #       /data/ego4d_chunks
+    #   python -m vidjax.data.chunk --merge /data/ego4d_chunks
     # LaViLa's narration pickles -> JSONL (unpickling runs code: trust them)
     for f in ego4d_train ego4d_val ego4d_train.rephraser.no_punkt_top3 \
              ego4d_train.narrator_63690737.return_10; do

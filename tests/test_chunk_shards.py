@@ -178,3 +178,9 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
   assert not (part / "vidjax.lock").exists()
   frames = video.read_clip(dst, long, [0, 499, 999])
   assert [vf.frame_number(f) for f in frames] == [0, 499, 999]
+  # A video added meanwhile would change the split: the other shard refuses.
+  vf.write_numbered_video(src / "new.mp4", 5, fps=10)
+  other = _chunker(src, dst, *args[:-1], f"{3 - k}/2")
+  out, err = other.communicate(timeout=60)
+  assert other.returncode == 2
+  assert f"the sources are not those shard {k}/2 of {dst} started from" in err

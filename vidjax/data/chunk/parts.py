@@ -14,13 +14,14 @@ joins a finished split's parts into DST/manifest.jsonl and DST/errors.jsonl.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 import shutil
 import socket
 import time
 
-from vidjax import errors, whole_files
+from vidjax import errors, rundir, whole_files
 from vidjax.data.chunk import manifest as manifest_lib
 
 
@@ -62,10 +63,12 @@ class Report:
     self._write_errors()
     self._write()
 
-  def totals(self, videos: int, source_bytes: int) -> None:
-    """The whole store's source (every shard's), for --status."""
+  def totals(self, videos: int, source_bytes: int, sources: str) -> None:
+    """The whole store's source (every shard's), for --status, and a digest
+    of its files and sizes (each shard of a split must start from them)."""
     self.blob["store_videos"] = videos
     self.blob["store_source_bytes"] = source_bytes
+    self.blob["sources"] = sources
     self._write()
 
   def add(self, vid: str, path: Path, entry: dict | None, error: str | None):
@@ -113,6 +116,11 @@ def source_seconds(entry: dict) -> float:
 # ---------------------------------------------------------------------------
 # --status
 # ---------------------------------------------------------------------------
+def read_progress(part: Path) -> dict | None:
+  """A part's progress.json, or None (none yet, or unreadable)."""
+  return _read_json(part / manifest_lib.PROGRESS)
+
+
 def _read_json(path: Path) -> dict | None:
   try:
     blob = json.loads(path.read_text())
@@ -213,9 +221,13 @@ def status(dst: str | os.PathLike, now: float | None = None) -> str:
     done_bytes += blob["done_source_bytes"]
     source_bytes += blob["source_bytes"]
     run = blob.get("run") or {}
+    try:  # Its holder touches the lock every HEARTBEAT_S seconds.
+      idle = now - (part / manifest_lib.LOCK).stat().st_mtime
+    except FileNotFoundError:
+      idle = math.inf
     if blob["finished"]:
       state = "finished"
-    elif (part / manifest_lib.LOCK).exists():
+    elif idle < 2.5 * rundir.HEARTBEAT_S:
       state = "running"
     else:
       state = "stopped"
