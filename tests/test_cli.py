@@ -613,3 +613,15 @@ def test_own_videos_variants_build(variant):
   assert model is not None
   with pytest.raises(Exception, match="unknown variant 'caption'"):
     config_lib.load_config(str(REPO / "configs/own_videos.py:caption"))
+
+
+def test_help_exits_0():
+  result = subprocess.run(
+    [sys.executable, "-m", "vidjax.main", "--help"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "--workdir" in result.stdout + result.stderr
