@@ -423,3 +423,15 @@ def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(monkeypatch):
   with deadline.closing(hang.wait):
     assert ended.wait(5) and killed == ["worker"]
     hang.set()
+
+
+def test_the_scripts_help_lists_both_forms():
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  script = Path(__file__).resolve().parents[1] / "launch/gpu_check.sh"
+  result = subprocess.run(
+    [str(script), "--help"], capture_output=True, text=True, timeout=60
+  )
+  assert result.returncode == 0, result.stderr
+  assert "launch/gpu_check.sh --wheels [DIR]" in result.stdout
+  assert "--dry" in result.stdout and "--smoke" in result.stdout

@@ -588,6 +588,23 @@ class _KeepBest:
     return [best is not None and c.step == best["step"] for c in checkpoints]
 
 
+@contextlib.contextmanager
+def _without_item_metadata_warning():
+  """Orbax's warning "Metadata file does not exist: STEP/state/_CHECKPOINT_
+  METADATA", which reading one item of a step (its directory `state`) gives
+  every time: the step's metadata is one level up, where Orbax wrote it."""
+
+  def keep(record) -> bool:
+    return not str(record.msg).startswith("Metadata file does not exist")
+
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(keep)
+
+
 def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
   """One checkpoint's parameters as host arrays, and the run's config.
 
@@ -603,7 +620,10 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
     {} if none was saved), e.g. {"visual.blocks.layers.0.norm1.scale": ...}.
   """
   step_dir = epath.Path(directory) / str(step)
-  with ocp.PyTreeCheckpointer() as checkpointer:
+  with (
+    _without_item_metadata_warning(),
+    ocp.PyTreeCheckpointer() as checkpointer,
+  ):
     tree = checkpointer.metadata(step_dir / "state")
     tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
     tree = getattr(tree, "tree", tree)

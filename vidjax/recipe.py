@@ -48,8 +48,9 @@ read):
                   it): the user's, which the weights' facts never change
   peak_tflops     per device, for MFU; 0 looks the device kind up
   device_memory_gib  per device, for the start-up memory check
-                  (`vidjax.memory`): 0 takes what a GPU reports (no check
-                  on CPUs), N plans for N GiB, -1 checks nothing
+                  (`vidjax.memory`): 0 takes what a GPU reports (on a
+                  CPU: the host's available memory over its devices), N
+                  plans for N GiB, -1 checks nothing
   data            `vidjax.data.pipeline`
   model           `vidjax.models`, the task's model; `model.num_frames` and
                   `model.image_size` are references to `data.num_frames`

@@ -529,7 +529,7 @@ def _train(
     preemption.check()  # The last stop point of the start-up.
     preemption.defer("will save a checkpoint and stop")
     # --------------------------------------------------------------- loop
-    with bar:
+    with bar, stopping.on_abort(bar.close):  # The error is the last line.
       while step < config.total_steps:
         with timer.waiting_for_data():
           try:  # None: SIGTERM or Ctrl-C while it waited (one process).
