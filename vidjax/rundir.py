@@ -91,6 +91,19 @@ def checkpoints(workdir: str | os.PathLike) -> Path:
   return path(workdir, CHECKPOINTS)
 
 
+def last_checkpoint_note(workdir: str | os.PathLike) -> str:
+  """'the last checkpoint saved whole is step N' (or that none is), for a
+  failed write's message. Orbax moves a step's directory to its number
+  only once it is whole."""
+  try:
+    steps = [int(n) for n in os.listdir(checkpoints(workdir)) if n.isdigit()]
+  except OSError:
+    steps = []
+  if not steps:
+    return "no checkpoint was saved whole yet"
+  return f"the last checkpoint saved whole is step {max(steps)}"
+
+
 def bad_rows(workdir: str | os.PathLike, split: str) -> Path:
   """WORKDIR/bad_rows_<split>.jsonl."""
   return path(workdir, f"bad_rows_{split}.jsonl")
