@@ -353,8 +353,14 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "--config.init_from=PATH (or --config.resume=RUN_DIR)",
       )
     run = setup(config, workdir, splits=("eval",))
+    preemption.check()  # A signal during setup's last part stops here.
     preemption.defer("the evaluation finishes and is written first")
-    metrics = eval_sets.evaluate(run, config)
+    try:
+      metrics = eval_sets.evaluate(run, config)
+    except stopping.EvaluationStopped as e:  # Its data stopped coming.
+      raise errors.Stopped(
+        f"{e}; nothing was written: run the same command to evaluate"
+      ) from None
     with monitor.MetricWriter(workdir) as writer:
       writer.write(int(run.state["step"]), metrics)
     logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
@@ -584,7 +590,17 @@ def _train(
           preempted = True
           break
         if evaluating:
-          last_eval = evaluate_and_log()
+          try:
+            last_eval = evaluate_and_log()
+          except stopping.EvaluationStopped as e:  # Stuck data after a signal.
+            logging.warning(
+              "%s; saving the checkpoint of step %d (--mode eval evaluates it)",
+              e,
+              step,
+            )
+            save_last_step()
+            preempted = True
+            break
           ckpt.record_eval(
             step,
             last_eval,
@@ -600,8 +616,12 @@ def _train(
     train_batches.close()  # Its workers stop before the final evaluation.
     _say_read_failures(train_batches.failures)
     if step >= config.total_steps:
-      last_eval = evaluate_and_log()
-      ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+      try:
+        last_eval = evaluate_and_log()
+        ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+      except stopping.EvaluationStopped as e:  # The rerun evaluates it.
+        logging.warning("%s", e)
+        preempted = True
     ckpt.wait_until_finished()
     saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
@@ -630,7 +650,12 @@ def _train(
     logging.info(
       "%s",
       console.end_message(
-        workdir, step, config.total_steps, plots, saved_steps
+        workdir,
+        step,
+        config.total_steps,
+        plots,
+        saved_steps,
+        stopped=preempted,
       ),
     )
   if preempted:
