@@ -32,6 +32,8 @@ LAYERS = [
   },
   # Data, models and what a step is made of.
   {"data", "models", "metrics", "randaugment", "augment", "optim", "sharding"},
+  # The text-prompt classifier, on metrics (zero-shot evaluation, labels).
+  {"zeroshot"},
   {"tasks"},
   # What the loop is built from.
   {
