@@ -30,6 +30,7 @@ Where a run starts, and how it stops to resume: `vidjax.resume`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -590,12 +591,11 @@ class _KeepBest:
 
 @contextlib.contextmanager
 def _without_item_metadata_warning():
-  """Orbax's warning "Metadata file does not exist: STEP/state/_CHECKPOINT_
-  METADATA", which reading one item of a step (its directory `state`) gives
-  every time: the step's metadata is one level up, where Orbax wrote it."""
+  """Orbax's warning that a step's item has no metadata file, which reading
+  one item of a step (its directory `state`) gives every time."""
 
   def keep(record) -> bool:
-    return not str(record.msg).startswith("Metadata file does not exist")
+    return not internals.is_orbax_item_metadata_warning(record)
 
   absl_logger = logging.get_absl_logger()
   absl_logger.addFilter(keep)
