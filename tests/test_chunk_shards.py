@@ -15,7 +15,7 @@ import pytest
 
 import video_fixtures as vf
 from vidjax.data import chunk, video
-from vidjax.data.chunk import cli, manifest, store
+from vidjax.data.chunk import cli, manifest, parts, store
 
 OPTS = ["--chunk-seconds", "1", "--short-side", "64", "--gop", "8"]
 
@@ -164,6 +164,10 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
     assert err.count("\n") == 1, err  # One line, naming the holder.
     assert f"shard {k}/2 of {dst} is being chunked by another process" in err
     assert f"PID {first.pid} on " in err
+    status = parts.status(dst)  # Its rate so far, the other not started.
+    assert f"shard {k}/2    running   1/2 videos" in status, status
+    assert "source-h/h, ETA " in status, status
+    assert f"shard {3 - k}/2    not started" in status, status
   finally:
     os.kill(first.pid, signal.SIGKILL)
     first.communicate()

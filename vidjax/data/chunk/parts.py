@@ -247,7 +247,7 @@ def status(dst: str | os.PathLike, now: float | None = None) -> str:
       f"{_size(blob['chunk_bytes'])} of chunks, {len(failed)} failed{rate}"
     )
   for kn in missing:
-    lines.append(f"  shard {kn[0]}/{kn[1]:<6} not started")
+    lines.append(f"  {f'shard {kn[0]}/{kn[1]}':<12} not started")
   total = store_videos or total
   share = f" ({100 * done / total:.0f}%)" if total else ""
   in_all = (
