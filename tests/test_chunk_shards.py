@@ -41,8 +41,9 @@ def _store_pictures(dst: Path) -> dict[str, list[np.ndarray]]:
 
 def _same_pictures(a: dict, b: dict) -> None:
   """The same chunks with the same frames. x264 does not always code the
-  same frames the same way twice in one process (its decisions then move a
-  few levels here and there, ~1 level on average): equal within that."""
+  same frames the same way twice (MB-tree with the chunker's fixed pattern
+  of non-reference B-frames: BENCHMARKS.md), its pictures then ~1 level
+  apart on average: equal within that."""
   assert a.keys() == b.keys()
   for name in a:
     assert len(a[name]) == len(b[name]), name
