@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -440,8 +441,20 @@ class Checkpointer:
         os.fspath(self.directory / f"{step}{TMP_SUFFIX}"), ignore_errors=True
       )
     cause = failed_saves.cause(error)
-    if cause is None:
+    # Files gone under the save (TensorStore says NOT_FOUND): deleted.
+    deleted = cause == os.strerror(errno.ENOENT) or internals.is_not_found(
+      error
+    )
+    if cause is None and not deleted:
       raise error
+    if deleted:
+      raise errors.WriteError(
+        f"could not save the checkpoint of step {step} in {self.directory}: "
+        "files of the save were deleted while it was being written (the "
+        "workdir removed or moved?)",
+        hint="put the workdir back and run the same command to resume from "
+        "its last checkpoint, or run it on an empty workdir to start again",
+      ) from None
     steps = [s for s in self._mngr.all_steps() if s != step]
     last = (
       f"the last checkpoint saved whole is step {max(steps)}"

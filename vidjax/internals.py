@@ -238,6 +238,12 @@ def is_orbax_item_metadata_warning(record) -> bool:
   return str(record.msg).startswith("Metadata file does not exist")
 
 
+def is_not_found(error: BaseException) -> bool:
+  """Whether TensorStore's `error` says files it wrote are gone (NOT_FOUND:
+  the directory of a save deleted under it)."""
+  return str(error).startswith("NOT_FOUND:")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
   """Whether XLA's `error` says the device ran out of memory."""
   text = str(error)
