@@ -422,8 +422,8 @@ def embed_videos(
     if not ids and not failed:
       raise errors.PathError(
         f"--videos {videos}: no videos there",
-        hint=f"give a video, a folder or a .txt list of videos "
-        f"({', '.join(chunk_lib.VIDEO_EXTENSIONS[:4])}, ...), or a chunk store",
+        hint="give a video, a folder or a .txt list of videos (.mp4, .mkv, "
+        ".mov, ...), or a chunk store",
       )
     done = {p.stem for p in (index / VIDEOS).glob("*.npz")}
     todo = [v for v in ids if v not in done]
