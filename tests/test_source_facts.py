@@ -243,10 +243,11 @@ def avion_text(sd, tokens):
 # ----------------------------------------------------- through the recipes
 
 
-def load_through(recipe, path, *sizes):
+def load_through(recipe, path, *sizes, fresh=False):
   """configs/RECIPE.py with init_from=PATH, as `train.setup` loads it (the
   facts settled, the parameters filled by `load_params`), without the
-  optimizer state. -> (model, config, init_from report)."""
+  optimizer state; `fresh`: parameters the source lacks initialised first.
+  -> (model, config, init_from report)."""
   config = config_lib.load_config(
     f"{CONFIGS / recipe}.py", [f"--config.init_from={path}", *sizes]
   )
@@ -254,6 +255,8 @@ def load_through(recipe, path, *sizes):
   settled = facts.settle(config, source)
   make = lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
   graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+  if fresh:  # What the source does not give keeps its initial value.
+    params = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[1])()
   params, report = init_from.load_params(
     params, config.model, source, keep_init=tuple(config.init_keep)
   )
@@ -358,9 +361,43 @@ def test_a_model_key_that_disagrees_with_the_weights_is_refused(
 # ------------------------------------- Hugging Face VideoMAE, in torch
 
 
-def hf_videomae_dir(path, *, mean_pooling: bool, seed=2):
-  """A VideoMAEForVideoClassification's save_pretrained directory, with a
-  LayerNorm eps other than the default (so config.json must be read)."""
+def hf_layer_shapes(prefix: str, width: int, layers: int = 2) -> dict:
+  """transformers' VideoMAELayer parameters (q/v biases, no key bias)."""
+  shapes = {}
+  for i in range(layers):
+    p = f"{prefix}.{i}."
+    for name, shape in (
+      ("attention.attention.query.weight", (width, width)),
+      ("attention.attention.key.weight", (width, width)),
+      ("attention.attention.value.weight", (width, width)),
+      ("attention.attention.q_bias", (width,)),
+      ("attention.attention.v_bias", (width,)),
+      ("attention.output.dense.weight", (width, width)),
+      ("attention.output.dense.bias", (width,)),
+      ("intermediate.dense.weight", (4 * width, width)),
+      ("intermediate.dense.bias", (4 * width,)),
+      ("output.dense.weight", (width, 4 * width)),
+      ("output.dense.bias", (width,)),
+      ("layernorm_before.weight", (width,)),
+      ("layernorm_before.bias", (width,)),
+      ("layernorm_after.weight", (width,)),
+      ("layernorm_after.bias", (width,)),
+    ):
+      shapes[p + name] = shape
+  return shapes
+
+
+DECODER = 32  # The pretraining's decoder width (1 layer of 2 heads).
+
+
+def hf_videomae_dir(
+  path, *, mean_pooling: bool, seed=2, architecture="classification"
+):
+  """A save_pretrained directory of transformers' VideoMAE: 'classification'
+  (VideoMAEForVideoClassification), 'model' (VideoMAEModel, saved alone: no
+  'videomae.' prefix) or 'pretraining' (VideoMAEForPreTraining), with a
+  LayerNorm eps other than the default (so config.json must be read).
+  Returns (state dict with the 'videomae.' prefix, config.json)."""
   shapes = {
     "videomae.embeddings.patch_embeddings.projection.weight": (
       WIDTH,
@@ -370,34 +407,38 @@ def hf_videomae_dir(path, *, mean_pooling: bool, seed=2):
       PATCH,
     ),
     "videomae.embeddings.patch_embeddings.projection.bias": (WIDTH,),
-    "classifier.weight": (400, WIDTH),
-    "classifier.bias": (400,),
+    **hf_layer_shapes("videomae.encoder.layer", WIDTH),
   }
-  final = "fc_norm" if mean_pooling else "videomae.layernorm"
-  shapes.update({f"{final}.weight": (WIDTH,), f"{final}.bias": (WIDTH,)})
-  for i in range(2):
-    p = f"videomae.encoder.layer.{i}."
-    for name, shape in (
-      ("attention.attention.query.weight", (WIDTH, WIDTH)),
-      ("attention.attention.key.weight", (WIDTH, WIDTH)),
-      ("attention.attention.value.weight", (WIDTH, WIDTH)),
-      ("attention.attention.q_bias", (WIDTH,)),
-      ("attention.attention.v_bias", (WIDTH,)),
-      ("attention.output.dense.weight", (WIDTH, WIDTH)),
-      ("attention.output.dense.bias", (WIDTH,)),
-      ("intermediate.dense.weight", (4 * WIDTH, WIDTH)),
-      ("intermediate.dense.bias", (4 * WIDTH,)),
-      ("output.dense.weight", (WIDTH, 4 * WIDTH)),
-      ("output.dense.bias", (WIDTH,)),
-      ("layernorm_before.weight", (WIDTH,)),
-      ("layernorm_before.bias", (WIDTH,)),
-      ("layernorm_after.weight", (WIDTH,)),
-      ("layernorm_after.bias", (WIDTH,)),
-    ):
-      shapes[p + name] = shape
+  # VideoMAEModel.layernorm exists exactly when use_mean_pooling=False.
+  final = "videomae.layernorm" if not mean_pooling else None
+  if architecture == "classification":
+    shapes.update(
+      {"classifier.weight": (400, WIDTH), "classifier.bias": (400,)}
+    )
+    final = "fc_norm" if mean_pooling else final
+  if architecture == "pretraining":
+    shapes.update(
+      {
+        "encoder_to_decoder.weight": (DECODER, WIDTH),
+        "mask_token": (1, 1, DECODER),
+        **hf_layer_shapes("decoder.decoder_layers", DECODER, layers=1),
+        "decoder.norm.weight": (DECODER,),
+        "decoder.norm.bias": (DECODER,),
+        "decoder.head.weight": (2 * PATCH * PATCH * 3, DECODER),
+        "decoder.head.bias": (2 * PATCH * PATCH * 3,),
+      }
+    )
+  if final:
+    shapes.update({f"{final}.weight": (WIDTH,), f"{final}.bias": (WIDTH,)})
   sd = random_tensors(shapes, seed)
   config = dict(
-    architectures=["VideoMAEForVideoClassification"],
+    architectures=[
+      {
+        "classification": "VideoMAEForVideoClassification",
+        "model": "VideoMAEModel",
+        "pretraining": "VideoMAEForPreTraining",
+      }[architecture]
+    ],
     model_type="videomae",
     hidden_size=WIDTH,
     num_hidden_layers=2,
@@ -412,19 +453,28 @@ def hf_videomae_dir(path, *, mean_pooling: bool, seed=2):
     tubelet_size=2,
     qkv_bias=True,
     use_mean_pooling=mean_pooling,
+    decoder_num_attention_heads=2,
+    decoder_hidden_size=DECODER,
+    decoder_num_hidden_layers=1,
+    decoder_intermediate_size=4 * DECODER,
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
     initializer_range=0.02,
     norm_pix_loss=True,
     torch_dtype="float32",
-    id2label={str(i): f"LABEL_{i}" for i in range(400)},
     transformers_version="4.57.1",
   )
+  if architecture == "classification":
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(400)}
+  saved = {
+    k.removeprefix("videomae.") if architecture == "model" else k: v
+    for k, v in sd.items()
+  }
   path.mkdir()
   (path / "config.json").write_text(json.dumps(config, indent=2))
   write_safetensors(
     path / "model.safetensors",
-    {k: v.numpy() for k, v in sd.items()},
+    {k: v.numpy() for k, v in saved.items()},
     {"format": "pt"},
   )
   return sd, config
@@ -442,35 +492,24 @@ def sinusoid_table(length, dim):
   )
 
 
-def hf_videomae_logits(sd, config, video):
-  """transformers' VideoMAEForVideoClassification.forward: video [B, T, C, H, W]."""
-  eps = config["layer_norm_eps"]
-  x = (
-    F.conv3d(
-      video.transpose(1, 2),
-      sd["videomae.embeddings.patch_embeddings.projection.weight"],
-      sd["videomae.embeddings.patch_embeddings.projection.bias"],
-      stride=(2, PATCH, PATCH),
-    )
-    .flatten(2)
-    .transpose(1, 2)
-  )
-  x = x + sinusoid_table(x.shape[1], WIDTH)
-  for i in range(2):
-    p = f"videomae.encoder.layer.{i}."
+def hf_layers(x, sd, prefix, layers, heads, eps):
+  """transformers' VideoMAELayers: pre-LN, exact GELU, no key bias."""
+  width = x.shape[-1]
+  for i in range(layers):
+    p = f"{prefix}.{i}."
     a = p + "attention.attention."
     h = layer_norm(x, sd, p + "layernorm_before", eps)
     weight = torch.cat(
       [sd[a + f"{n}.weight"] for n in ("query", "key", "value")]
     )
-    bias = torch.cat([sd[a + "q_bias"], torch.zeros(WIDTH), sd[a + "v_bias"]])
+    bias = torch.cat([sd[a + "q_bias"], torch.zeros(width), sd[a + "v_bias"]])
     x = x + attention(
       h,
       weight,
       bias,
       sd[p + "attention.output.dense.weight"],
       sd[p + "attention.output.dense.bias"],
-      HEADS,
+      heads,
     )
     h = F.gelu(
       F.linear(
@@ -482,11 +521,56 @@ def hf_videomae_logits(sd, config, video):
     x = x + F.linear(
       h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"]
     )
+  return x
+
+
+def hf_embeddings(sd, video):
+  """VideoMAEEmbeddings: tubelets [B, N, D] with the sinusoid positions."""
+  x = (
+    F.conv3d(
+      video.transpose(1, 2),
+      sd["videomae.embeddings.patch_embeddings.projection.weight"],
+      sd["videomae.embeddings.patch_embeddings.projection.bias"],
+      stride=(2, PATCH, PATCH),
+    )
+    .flatten(2)
+    .transpose(1, 2)
+  )
+  return x + sinusoid_table(x.shape[1], WIDTH)
+
+
+def hf_videomae_logits(sd, config, video):
+  """transformers' VideoMAEForVideoClassification.forward: video [B, T, C, H, W]."""
+  eps = config["layer_norm_eps"]
+  x = hf_layers(
+    hf_embeddings(sd, video), sd, "videomae.encoder.layer", 2, HEADS, eps
+  )
   if config["use_mean_pooling"]:
     x = layer_norm(x.mean(1), sd, "fc_norm", 1e-5)  # nn.LayerNorm's default
   else:
     x = layer_norm(x, sd, "videomae.layernorm", eps)[:, 0]
   return F.linear(x, sd["classifier.weight"], sd["classifier.bias"])
+
+
+def hf_videomae_predictions(sd, config, video, mask):
+  """transformers' VideoMAEForPreTraining.forward's logits [B, M, t*p*p*3]
+  for video [B, T, C, H, W] and bool_masked_pos `mask` [B, N]."""
+  eps, batch = config["layer_norm_eps"], len(video)
+  keep = lambda x, where: x[where].reshape(batch, -1, x.shape[-1])
+  x = keep(hf_embeddings(sd, video), ~mask)
+  x = hf_layers(x, sd, "videomae.encoder.layer", 2, HEADS, eps)
+  if not config["use_mean_pooling"]:
+    x = layer_norm(x, sd, "videomae.layernorm", eps)
+  x = F.linear(x, sd["encoder_to_decoder.weight"])
+  positions = sinusoid_table(mask.shape[1], DECODER).expand(batch, -1, -1)
+  x = torch.cat(
+    [x + keep(positions, ~mask), sd["mask_token"] + keep(positions, mask)], 1
+  )
+  heads = config["decoder_num_attention_heads"]
+  x = hf_layers(x, sd, "decoder.decoder_layers", 1, heads, eps)
+  # The decoder's own nn.LayerNorm(decoder_hidden_size): eps 1e-5.
+  x = layer_norm(x[:, -int(mask[0].sum()) :], sd, "decoder.norm", 1e-5)
+  return F.linear(x, sd["decoder.head.weight"], sd["decoder.head.bias"])
 
 
 @pytest.mark.parametrize("mean_pooling", [False, True])
@@ -514,6 +598,88 @@ def test_hugging_face_videomae_directory_through_k400_ft(
       sd, hf_config, torch.from_numpy(video).permute(0, 1, 4, 2, 3)
     ),
   )
+
+
+@pytest.mark.parametrize("mean_pooling", [False, True])
+def test_hugging_face_videomae_model_directory_through_k400_ft(
+  mean_pooling, tmp_path
+):
+  """A VideoMAEModel's own directory (names without 'videomae.') fine-tunes
+  as VideoMAEForVideoClassification.from_pretrained of it computes: its
+  config's pooling, the fresh head (ours, copied) and a fresh fc_norm."""
+  sd, hf_config = hf_videomae_dir(
+    tmp_path / "videomae", mean_pooling=mean_pooling, architecture="model"
+  )
+  model, _, report = load_through(
+    "k400_ft", tmp_path / "videomae", *SMALL, fresh=True
+  )
+  encoder = model.encoder
+  assert (
+    encoder.pool,
+    encoder.blocks.layers[0].norm1.epsilon,
+    encoder.norm.epsilon,
+  ) == (("mean", 1e-3, 1e-5) if mean_pooling else ("token", 1e-3, 1e-3))
+  sd = dict(sd)
+  sd["classifier.weight"] = torch.from_numpy(np.array(model.head.kernel).T)
+  sd["classifier.bias"] = torch.from_numpy(np.array(model.head.bias))
+  if mean_pooling:  # HF's fresh LayerNorm, as ours.
+    np.testing.assert_array_equal(encoder.norm.scale[...], 1)
+    sd["fc_norm.weight"], sd["fc_norm.bias"] = (
+      torch.ones(WIDTH),
+      torch.zeros(WIDTH),
+    )
+  video = (
+    np.random.default_rng(1)
+    .standard_normal((2, 16, SIZE, SIZE, 3))
+    .astype(np.float32)
+  )
+  assert_close(
+    forward(model, video),
+    hf_videomae_logits(
+      sd, hf_config, torch.from_numpy(video).permute(0, 1, 4, 2, 3)
+    ),
+  )
+
+
+def test_hugging_face_videomae_pretraining_directory_predicts_as_it(tmp_path):
+  """VideoMAEForPreTraining's directory through the pretraining recipe: its
+  decoder's last LayerNorm keeps PyTorch's eps (1e-5) beside its blocks'."""
+  sd, hf_config = hf_videomae_dir(
+    tmp_path / "videomae-pt", mean_pooling=False, architecture="pretraining"
+  )
+  model, config, report = load_through(
+    "videomae_vitb_k400_pretrain",
+    tmp_path / "videomae-pt",
+    *SMALL,
+    "--config.data.num_frames=4",
+    f"--config.model.decoder.width={DECODER}",
+    "--config.model.decoder.depth=1",
+    "--config.model.decoder.heads=2",
+  )
+  assert (config.model.ln_eps, config.model.decoder.ln_eps) == (1e-3, 1e-5)
+  assert model.decoder_norm.epsilon == 1e-5
+  video = (
+    np.random.default_rng(1)
+    .standard_normal((2, 4, SIZE, SIZE, 3))
+    .astype(np.float32)
+  )
+  # 2 x 2 x 2 tubes; 3 of each frame's 4 masked (ratio 0.9), as tubes.
+  mask = np.array([[1, 1, 0, 1] * 2, [0, 1, 1, 1] * 2], bool)
+  ours = nnx.jit(lambda m, v, k: m(v, k, return_predictions=True)[1])(
+    model, video, mask
+  )
+  theirs = (
+    hf_videomae_predictions(
+      sd,
+      hf_config,
+      torch.from_numpy(video).permute(0, 1, 4, 2, 3),
+      torch.from_numpy(mask),
+    )
+    .detach()
+    .numpy()
+  )
+  relative = np.abs(np.asarray(ours) - theirs).max() / np.abs(theirs).max()
+  assert relative <= 1e-6, relative
 
 
 def test_openai_weights_start_the_pretraining_as_avion_does():
