@@ -9,7 +9,16 @@ A CLIP trained with masking (`model.mask_ratio`) has two training steps:
 on, the unmasked tuning's (`steps.unmasked_train`, compiled when first
 called) on every token; `steps.train_at(step)` is the one to run from a
 state at `step`. The step number alone decides, so a run resumed on either
-side of the switch runs what the uninterrupted run ran.
+side of the switch runs what the uninterrupted run ran; the tuning's own
+learning rate (`unmask_lr`, `unmask_warmup_steps`) is the optimizer's
+schedule joined at that step, and its microbatches `unmask_accum_steps`.
+
+`accum_steps` > 1 splits a step into microbatches at the same global batch.
+A loss that is a mean over examples (classification, VideoMAE) averages the
+microbatches' gradients; a loss that couples the batch (contrastive, MIR:
+`tasks.EmbeddingTask`) stays the whole batch's by GradCache
+(`_cached_accumulate`): one more forward pass, memory for one microbatch
+plus the batch's embeddings.
 
 The train state is a dict {step, params, opt}, created already sharded (see
 `sharding.create_sharded_state`); model buffers that never train (`rest`)
