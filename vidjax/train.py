@@ -298,6 +298,21 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
     )
 
 
+def _tuning_text(config) -> str:
+  """How the unmasked tuning differs from the masked steps, or ''."""
+  parts = []
+  accum = steps_lib.unmask_accum(config)
+  if accum != config.accum_steps:
+    parts.append(f"in {accum} microbatches (the same global batch)")
+  tuning = steps_lib.unmask_tuning(config)
+  if tuning is not None:
+    parts.append(
+      f"at its own learning rate {tuning.lr:g} after "
+      f"{tuning.warmup_steps} warmup steps"
+    )
+  return "".join(f", {p}" for p in parts)
+
+
 def _masking_summary(config, unmask_at: int | None) -> str:
   """What masked training drops, and when the unmasked tuning starts."""
   model = config.model
@@ -433,13 +448,13 @@ def _train(
     """Of the step run from `step`: the tokens it processes (the kept ones
     under masking, every one in the unmasked tuning), and the second
     forward pass of accumulation by embedding cache."""
-    model = (
-      config.model
-      if unmask_at is None or step < unmask_at
-      else shapes.unmasked(config.model)
-    )
+    masked = unmask_at is None or step < unmask_at
+    model = config.model if masked else shapes.unmasked(config.model)
+    accum = config.accum_steps if masked else steps_lib.unmask_accum(config)
     flops = flops_lib.flops_per_example(model)
-    extra = flops["forward"] if steps_lib.caches_embeddings(config) else 0
+    extra = (
+      flops["forward"] if steps_lib.caches_embeddings(config, accum) else 0
+    )
     return (flops["training"] + extra) * config.batch_size
 
   timer = monitor.StepTimer(
@@ -552,9 +567,10 @@ def _train(
         if step == unmask_at:  # Its step compiles now, once.
           logging.info(
             "the unmasked tuning starts: steps %d to %d train on "
-            "every video token",
+            "every video token%s",
             step + 1,
             config.total_steps,
+            _tuning_text(config),
           )
           timer.flops_per_step = flops_per_step(step)
         run.state, metrics = run.steps.train_at(step)(

@@ -58,7 +58,8 @@ Every model
                 spatial positions in every frame).
 'videomae'
   mask_ratio    tube-masking ratio; fixes the masked count per clip.
-  decoder.width 384, decoder.depth 4, decoder.heads 6.
+  decoder.width 384, decoder.depth 4, decoder.heads 6; decoder.ln_eps the
+                eps of the decoder's last LayerNorm (None: ln_eps).
   norm_pix_loss per-patch normalised targets.
 'classifier'
   num_classes   head size.
@@ -139,6 +140,7 @@ def _videomae_kwargs(config, vision: dict) -> dict:
     decoder_width=config.decoder.width,
     decoder_depth=config.decoder.depth,
     decoder_heads=config.decoder.heads,
+    decoder_norm_eps=config.decoder.get("ln_eps"),
     mask_ratio=config.mask_ratio,
     norm_pix_loss=config.norm_pix_loss,
   )

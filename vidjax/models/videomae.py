@@ -90,6 +90,9 @@ class VideoMAE(nnx.Module):
   Parameters: `encoder` (a VisionTransformer, VideoMAE style),
   `encoder_to_decoder` (kernel [D, Dd], no bias), `mask_token` [Dd],
   `decoder` (blocks), `decoder_norm`, `decoder_head` (kernel [Dd, t*p*p*3]).
+  `norm_eps` is every block's LayerNorm eps and the encoder's last;
+  `decoder_norm_eps` (None: `norm_eps`) the decoder's last (Hugging Face's
+  is PyTorch's default 1e-5 beside its blocks' 1e-12).
   """
 
   def __init__(
@@ -110,6 +113,7 @@ class VideoMAE(nnx.Module):
     norm_pix_loss: bool = True,
     act: str = "gelu",
     norm_eps: float = 1e-6,
+    decoder_norm_eps: float | None = None,
     drop_path: float = 0.0,
     attention: str = "auto",
     remat: str = "none",
@@ -177,7 +181,9 @@ class VideoMAE(nnx.Module):
       rngs=rngs,
     )
     self.decoder_norm = nnx.LayerNorm(
-      decoder_width, epsilon=norm_eps, rngs=rngs
+      decoder_width,
+      epsilon=norm_eps if decoder_norm_eps is None else decoder_norm_eps,
+      rngs=rngs,
     )
     self.decoder_head = nnx.Linear(
       decoder_width,

@@ -240,7 +240,14 @@ def convert(
       facts=facts,
     )
   if any(
-    k.startswith(("encoder.patch_embed.", "patch_embed.", "videomae."))
+    k.startswith(
+      (
+        "encoder.patch_embed.",
+        "patch_embed.",
+        "videomae.",
+        "embeddings.patch_embeddings.",
+      )
+    )
     for k in sd
   ):
     sd, fmt = canonical_videomae(sd)
@@ -248,12 +255,17 @@ def convert(
     finetuned = any(
       k.startswith(("encoder.head.", "encoder.fc_norm.")) for k in sd
     )
+    hugging_face = "Hugging Face" in fmt
     facts = facts_lib.videomae_facts(
-      "hugging_face" if "Hugging Face" in fmt else "original",
+      "hugging_face" if hugging_face else "original",
       finetuned=finetuned,
-      mean_pooling="encoder.fc_norm.weight" in sd,
+      # A Hugging Face encoder has its last LayerNorm exactly when its
+      # config says use_mean_pooling=False (VideoMAEModel.layernorm).
+      mean_pooling="encoder.fc_norm.weight" in sd
+      or (hugging_face and not finetuned and "encoder.norm.weight" not in sd),
       hf_config=hf_config,
       where=where,
+      decoder="encoder_to_decoder.weight" in sd,
     )
     conv = sd.get("encoder.patch_embed.proj.weight")
     return init_from.Source(
@@ -315,6 +327,8 @@ def _fact_kwargs(source: init_from.Source, kind: str) -> dict:
   names = {"act": "act", "ln_eps": "norm_eps"}
   if kind == "clip":
     names["text.ln_eps"] = "text_norm_eps"
+  elif kind == "videomae":
+    names["decoder.ln_eps"] = "decoder_norm_eps"
   elif kind == "classifier":
     names.update({"head_ln_eps": "head_norm_eps", "pool": "pool"})
   return {
