@@ -1,6 +1,7 @@
 """notebooks/quickstart.ipynb runs headless, top to bottom; committed clean."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert any("eval/t2v_r1" in r for r in rows)
   assert (workdir / "plots" / "loss.png").exists()
   # Its videos indexed and searched (vidjax.embed, vidjax.search).
-  assert "indexed 16 videos" in text and "right video first for" in text
+  assert re.search(r"indexed \d+ videos", text), text
+  assert "right video first for" in text
   assert (workdir / "index" / "embeddings.npy").exists()
   assert (workdir / "hits.html").exists()
 
