@@ -386,3 +386,14 @@ def with_compute(spec, **changes):
       for name in _nested(type(spec))
     },
   )
+
+
+def of(name: str, **keys) -> ModelSpec:
+  """The spec of `defaults.model_config(name)` updated with `keys` (its
+  keys; a section's as a dict, e.g. text=dict(width=64)).
+
+  E.g. `of("videomae", variant="Ti/16", image_size=32, num_frames=4)`.
+  """
+  config = defaults.model_config(name)
+  config.update(keys)
+  return from_config(config)
