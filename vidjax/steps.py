@@ -345,8 +345,9 @@ def build_state_and_steps(
       arrays: nothing is computed or allocated, and the steps can still be
       traced, lowered or compiled for them.
     model: with `abstract`, the model's abstract form (`nnx.eval_shape`
-      of `models.build_model`) to use instead of tracing its construction
-      again (`vidjax.memory` estimates several remat policies with one).
+      of `models.build_model`, of `config.model` or a variant of its spec:
+      `vidjax.memory` passes one per remat policy) to use instead of
+      tracing its construction again.
 
   Returns:
     (state, rest, steps): state {step, params, opt}, the model's untrained
