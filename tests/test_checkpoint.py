@@ -496,3 +496,20 @@ def test_a_save_that_fails_names_its_cause_and_the_last_good_step(small_disk):
       "system; the last checkpoint saved whole is step 1",
     ):
       ckpt.save(4, state)
+
+
+def test_a_workdir_deleted_during_a_save_is_said_so(tmp_path):
+  """The directory goes while the save writes in the background: one
+  WriteError saying so (exit 74), not Orbax's or TensorStore's tracebacks."""
+  mesh = sharding.make_mesh()
+  ckpts = tmp_path / "run" / "checkpoints"
+  with checkpoint.Checkpointer(ckpts, every_steps=1, keep=3) as ckpt:
+    assert ckpt.save(1, _random_state(mesh, 4_000_000, 1))  # 16 MB.
+    while (tmp_path / "run").exists():  # While it is being written (the
+      shutil.rmtree(tmp_path / "run", ignore_errors=True)  # save adds files).
+    with pytest.raises(errors.WriteError) as failed:
+      ckpt.wait_until_finished()
+  assert str(failed.value) == (
+    f"could not save the checkpoint of step 1 in {ckpts}: files of the save "
+    "were deleted while it was being written (the workdir removed or moved?)"
+  )

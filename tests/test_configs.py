@@ -163,17 +163,27 @@ def test_recipes_keep_avions_schedules():
   assert load("clip_vitb16_ego4d", "lavila").eval.every_steps == 19530 // 5
 
 
-def test_flip_is_the_recipe_masked_with_flips_unmasked_tuning():
-  """:flip changes the mask and the tuning's share alone: the last 98 of
-  its 9765 steps train on every token (also joined with other variants)."""
+def test_flip_is_the_recipe_masked_with_flips_batch_and_unmasked_tuning():
+  """:flip masks half the tokens and spends the memory on twice the batch
+  (its rate scaled), for the same 5 epochs; the last 49 of its 4880 steps
+  train on every token at 1/100 of the rate after 5 warmup steps, in 2
+  microbatches (also joined with other variants)."""
   base, flip = load("clip_vitb16_ego4d"), load("clip_vitb16_ego4d", "flip")
   assert config_lib.changes(base.to_dict(), flip.to_dict()) == [
+    ("batch_size", 2048, 4096),
+    ("eval.every_steps", 1953, 976),
     ("model.mask_ratio", 0.0, 0.5),
+    ("optim.lr", 3e-05, 6e-05),
+    ("total_steps", 9765, 4880),
+    ("unmask_accum_steps", 0, 2),
     ("unmask_fraction", 0.0, 0.01),
+    ("unmask_lr", 0.0, 6e-07),
+    ("unmask_warmup_steps", 0, 5),
   ]
-  assert steps_lib.unmask_start(flip) == 9765 - 98
+  assert steps_lib.unmask_start(flip) == 4880 - 49
   assert steps_lib.unmask_start(base) is None
-  assert load("clip_vitb16_ego4d", "lavila,flip").model.mask_ratio == 0.5
+  both = load("clip_vitb16_ego4d", "lavila,flip")
+  assert (both.model.mask_ratio, both.total_steps) == (0.5, 9765)
 
 
 @pytest.mark.parametrize("name", RECIPES)

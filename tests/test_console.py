@@ -6,6 +6,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from vidjax import console, internals, rundir
 
 
@@ -192,3 +194,27 @@ def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
   lines = log_txt.read_text().splitlines()
   assert lines[0] == "12:00 first run" and lines[-1].endswith("] resumed")
   assert "ended in a torn line" in caplog.text
+
+
+def test_ctrl_c_twice_leaves_its_error_as_the_last_line(capsys, monkeypatch):
+  # The error goes through tqdm.write, which draws an open bar again under
+  # it; `train` closes the bar first (an abort hook).
+  from vidjax import stopping  # pylint: disable=import-outside-toplevel
+
+  def exit_now(code):
+    raise SystemExit(code)
+
+  monkeypatch.setattr(stopping.os, "_exit", exit_now)
+  handler = console._ConsoleHandler(sys.stderr)
+  logging.getLogger().addHandler(handler)
+  bar = console.ProgressBar(10, enabled=True)
+  try:
+    bar.update(3)
+    with stopping.on_abort(bar.close), pytest.raises(SystemExit):
+      stopping.Signals(None)._abort()
+  finally:
+    logging.getLogger().removeHandler(handler)
+    bar.close()
+  err = capsys.readouterr().err
+  assert "3/10" in err  # The bar was drawn, and left above the error.
+  assert err.endswith("error: stopped at once by Ctrl-C (pressed again)\n")

@@ -245,6 +245,61 @@ def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
     proc.kill()
 
 
+def _mapped(pid: int) -> set[str]:
+  """The /dev/shm names process `pid` maps (its semaphores and blocks)."""
+  with open(f"/proc/{pid}/maps") as f:
+    return {
+      line.split("/dev/shm/", 1)[1].split()[0]
+      for line in f
+      if " /dev/shm/" in line
+    }
+
+
+@pytest.mark.slow
+def test_a_process_group_killed_at_once_leaves_nothing_in_dev_shm(
+  tmp_path, tmp_path_factory
+):
+  """SIGKILL to the trainer's whole process group at once (how SLURM
+  cancels: its workers and Python's resource tracker die with it): the
+  janitor unlinks its blocks and semaphores (this trainer's only: named
+  after its pid, or mapped by it)."""
+  config = debug_runs.load("demo")
+  corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      _TRAINER,
+      str(debug_runs.CONFIGS / "demo.py"),
+      str(corpus),
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+    start_new_session=True,  # Its own group, as a job step's.
+  )
+  try:
+    assert proc.stdout.readline() == "ready\n"
+    left = lambda: (
+      {n for n in _mapped(proc.pid) if n.startswith("sem.")}
+      | set(blocks_of(proc.pid))
+    )
+    names = wait_for(left, "its semaphores and blocks", timeout=10)
+    assert any(n.startswith("sem.") for n in names) and blocks_of(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_for(
+      lambda: (
+        not any(os.path.exists(os.path.join(workers.SHM_DIR, n)) for n in names)
+        and not blocks_of(proc.pid)
+      ),
+      "the janitor to unlink them",
+      timeout=10,
+    )
+  finally:
+    proc.kill()
+
+
 def test_a_worker_killed_for_memory_is_said_so():
   """SIGKILL with new OOM kills in the memory cgroup is the OOM killer's."""
   assert "out of memory" in workers.describe_exit(-9, 1)

@@ -76,14 +76,14 @@ def own(tmp_path_factory):
   return weights, src, moments
 
 
-def _embed(own, out, **kw):
+def _embed(own, out, stride=float(STRIDE), **kw):
   weights, src, _ = own
   return embed.embed_videos(
     CONFIG,
     src,
     out,
     overrides=[f"init_from={weights}"],
-    stride_s=float(STRIDE),
+    stride_s=stride,
     progress=False,
     **kw,
   )
@@ -191,7 +191,7 @@ def test_kill_9_then_rerun_gives_the_clean_index(own, clean, tmp_path):
     _command(own, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
   )
   first = out / embed.VIDEOS / "own0.npz"
-  deadline = time.monotonic() + 120
+  deadline = time.monotonic() + 900  # A loaded machine is slow to start it.
   while (
     not first.exists() and proc.poll() is None and time.monotonic() < deadline
   ):
@@ -207,6 +207,13 @@ def test_kill_9_then_rerun_gives_the_clean_index(own, clean, tmp_path):
   assert first.stat().st_mtime_ns == kept
   for name in (embed.EMBEDDINGS, embed.WINDOWS):
     assert (out / name).read_bytes() == (clean[0] / name).read_bytes(), name
+
+
+def test_a_rerun_with_other_windows_is_refused(own, clean):
+  before = (clean[0] / embed.EMBEDDINGS).read_bytes()
+  with pytest.raises(errors.WorkdirError, match="stride_s 0.25, now 0.5"):
+    _embed(own, clean[0], stride=0.5)
+  assert (clean[0] / embed.EMBEDDINGS).read_bytes() == before
 
 
 def test_a_second_run_into_an_index_in_use_is_refused(own, tmp_path, capsys):

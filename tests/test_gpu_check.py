@@ -8,9 +8,13 @@ import io
 import json
 import math
 import multiprocessing
+import os
 from pathlib import Path
+import signal
+import sys
 import tempfile
 import threading
+import time
 import types
 
 import jax
@@ -29,7 +33,9 @@ STEP_FIELDS = (
   "batch_per_device",
   "global_batch",
   "halved_from",
+  "lower_s",
   "compile_s",
+  "first_step_s",
   "compiled_gib",
   "peak_gib",
   "step_s",
@@ -49,6 +55,7 @@ CALLS = tuple(
   )
 )
 MEASURES = (
+  "compile_ms",
   "forward_ms",
   "forward_backward_ms",
   "errors",
@@ -72,6 +79,7 @@ FIELDS = {
     "peak_tflops_per_device",
     "env",
     "dry",
+    "no_gpu",
   ],
   "plan": ["steps", "left_out", "usable_gib", "estimate_error", "sections"],
   "attention": [
@@ -163,6 +171,7 @@ NULL_HERE = {
   "environment.cudnn_version",
   "environment.memory_gib",
   "environment.peak_tflops_per_device",
+  "environment.no_gpu",  # The dry run needs none.
   "plan.usable_gib",
   "plan.estimate_error",
   "attention.cudnn_usable",
@@ -187,7 +196,7 @@ NULL_HERE = {
       "xla.note",
       "xla.error",
       "cudnn.error",
-      *(f"cudnn.{m}" for m in MEASURES[:4]),
+      *(f"cudnn.{m}" for m in MEASURES[:5]),
     )
   ),
 }
@@ -219,6 +228,7 @@ def test_dry_run_writes_every_field_the_gpu_run_writes(dry_run):
   result, returned, _ = dry_run
   assert result == json.loads(json.dumps(gpu_check._jsonable(returned)))
   assert result["mode"] == "dry" and result["deadline"] is None
+  assert result["running"] is None  # Finished: no section was running.
   for section, fields in FIELDS.items():
     assert "error" not in result[section], (section, result[section])
     for field in fields:
@@ -423,3 +433,94 @@ def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(monkeypatch):
   with deadline.closing(hang.wait):
     assert ended.wait(5) and killed == ["worker"]
     hang.set()
+
+
+def test_the_scripts_help_lists_both_forms():
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  script = Path(__file__).resolve().parents[1] / "launch/gpu_check.sh"
+  result = subprocess.run(
+    [str(script), "--help"], capture_output=True, text=True, timeout=60
+  )
+  assert result.returncode == 0, result.stderr
+  assert "launch/gpu_check.sh --wheels [DIR]" in result.stdout
+  assert "--dry" in result.stdout and "--smoke" in result.stdout
+
+
+# A child that saves the first attention case, then hangs in the second:
+# the test kills it there. The plan's memory estimates are left out (slow).
+HANGING_CHILD = """
+import sys, time
+from vidjax.bench import gpu_check, gpu_measure
+gpu_measure.ATTENTION_CASES = {
+  "clip_text": ("clip_vitb16_ego4d", "text"),
+  "clip_vision": ("clip_vitb16_ego4d", "vision"),
+}
+gpu_measure.step_plan = lambda plan, remats=None: dict(
+  steps=[], left_out={}, usable_gib=None, estimate_error=None
+)
+real, calls = gpu_measure._relative_errors, []
+def hang_in_the_second_case(*args):
+  calls.append(1)
+  if len(calls) > 1:
+    time.sleep(600)
+  return real(*args)
+gpu_measure._relative_errors = hang_in_the_second_case
+gpu_check.main(sys.argv[1:])
+"""
+
+
+def test_a_measuring_process_killed_mid_section_still_gets_its_verdict(
+  tmp_path, capfd
+):
+  """The parent outlives the measuring child: killed (SIGKILL) in the
+  attention section after its first case, the JSON keeps the finished
+  sections and that case, and the parent prints the verdict last."""
+  out = tmp_path / "check.json"
+  argv = ["--dry", "--out", str(out), "--sections", "attention"]
+  seen = {}
+
+  def kill_in_the_second_case():
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "pid" not in seen:
+      with contextlib.suppress(OSError, ValueError):
+        saved = json.loads(out.read_text())
+        if "clip_text" in saved.get("attention", {}):
+          seen.update(saved)
+          os.kill(saved["pid"], signal.SIGKILL)
+      time.sleep(0.2)
+
+  killer = threading.Thread(target=kill_in_the_second_case, daemon=True)
+  killer.start()
+  code = gpu_check.supervise(argv, [sys.executable, "-c", HANGING_CHILD])
+  killer.join(5)
+  assert seen["running"] == "attention", seen
+  assert code == gpu_check.EXIT_DIED
+  result = json.loads(out.read_text())
+  assert {"environment", "plan"} <= set(result) and "error" not in result[
+    "plan"
+  ]
+  assert "clip_text" in result["attention"]
+  assert "clip_vision" not in result["attention"]
+  assert result["died"] == "(killed by SIGKILL) during attention"
+  printed = capfd.readouterr().out.strip().splitlines()
+  assert printed[-1] == result["verdict"]["line"]
+  assert printed[-1].startswith(
+    "VERDICT: the measuring process DIED (killed by SIGKILL) during "
+    "attention; cuDNN attention not measured (dry run); no training step"
+  )
+
+
+def test_a_gpu_run_that_finds_no_gpu_measures_nothing_and_says_so(tmp_path):
+  """Without --dry on a CPU (a CUDA plugin that did not load)."""
+  out = tmp_path / "check.json"
+  with contextlib.redirect_stdout(io.StringIO()) as printed:
+    result = gpu_check.main(["--out", str(out)])
+  assert "JAX's backend is 'cpu', not a GPU" in result["environment"]["no_gpu"]
+  assert set(result) >= {"environment", "verdict"}
+  assert not {"plan", "attention", "training"} & set(result)
+  assert (
+    printed.getvalue()
+    .splitlines()[-1]
+    .startswith("VERDICT: NO GPU: JAX's backend is 'cpu', not a GPU")
+  )

@@ -1,11 +1,8 @@
 """Masked training (FLIP) run end to end on the demo: it learns with half
-of its video tokens dropped and an unmasked tuning, the switch compiles
-the training step once more, and a run resumed before the switch goes
-through it exactly as the uninterrupted run did.
-
-The run shares the demo reference run's training step (debug_runs.py):
-the same batch and constant learning rate, so its unmasked tuning's step
-is that step, compiled once per session.
+of its video tokens dropped and an unmasked tuning (FLIP's: its own
+learning rate after a warmup, here in 2 microbatches of the same global
+batch), the switch compiles the training step once more, and a run resumed
+before the switch goes through it exactly as the uninterrupted run did.
 """
 
 import logging
@@ -18,8 +15,10 @@ import debug_runs
 from vidjax import monitor, train
 from vidjax.data import synthetic
 
-# 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token.
+# 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token,
+# at 1/100 of the demo's learning rate after 4 warmup steps.
 STEPS, SWITCH, SAVED = 40, 30, 29
+LR, TUNING_LR, WARMUP = 2e-3, 2e-5, 4
 MASKED = (
   "--config.optim.schedule=constant",
   "--config.optim.warmup_steps=0",
@@ -27,6 +26,9 @@ MASKED = (
   f"--config.total_steps={STEPS}",
   "--config.model.mask_ratio=0.5",
   "--config.unmask_fraction=0.25",
+  f"--config.unmask_lr={TUNING_LR}",
+  f"--config.unmask_warmup_steps={WARMUP}",
+  "--config.unmask_accum_steps=2",
   f"--config.checkpoint.every_steps={SAVED}",
   "--config.eval.every_steps=0",
 )
@@ -97,8 +99,26 @@ def test_masked_demo_learns_and_compiles_the_switch_once(masked_run):
   ) in log
   assert (
     f"the unmasked tuning starts: steps {SWITCH + 1} to {STEPS} train "
-    "on every video token"
+    "on every video token, in 2 microbatches (the same global batch), at "
+    f"its own learning rate {TUNING_LR:g} after {WARMUP} warmup steps"
   ) in log
+
+
+def test_the_unmasked_tuning_runs_at_its_own_learning_rate(masked_run):
+  """metrics.jsonl: the demo's rate through step 30, then the tuning's
+  warmup from 0 to 1/100 of it over 4 steps, then that rate."""
+  workdir = masked_run[0]
+  lr = {
+    row["step"]: row["train/lr"]
+    for row in monitor.read_metrics(workdir)
+    if "train/lr" in row
+  }
+  tuning = [TUNING_LR * min(i / WARMUP, 1) for i in range(STEPS - SWITCH)]
+  np.testing.assert_allclose(
+    [lr[s] for s in range(1, STEPS + 1)],
+    [LR] * SWITCH + tuning,
+    rtol=1e-6,
+  )
 
 
 @pytest.mark.xdist_group("demo_reference")

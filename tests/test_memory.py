@@ -116,25 +116,27 @@ def test_cudnn_attention_that_cannot_run_is_refused():
     memory.check_attention(config)
 
 
-def test_a_masked_run_is_sized_by_its_unmasked_tuning():
+def test_a_masked_run_is_sized_by_its_masked_step_and_tunes_in_microbatches():
   """At mask 0.5 the demo's step keeps less per clip than unmasked: a
-  memory just short of the unmasked step's passes a run that masks to the
-  end, and refuses one with an unmasked tuning, naming that step."""
+  memory just above the masked step's passes it; its unmasked tuning is
+  refused at one microbatch (named, with the microbatches that fit) and
+  passes in two, at the same global batch."""
   demo = str(Path(__file__).parents[1] / "configs/demo.py:debug")
-  masked = config_lib.load_config(demo, ["--config.model.mask_ratio=0.5"])
-  unmasked = memory.step_memory(config_lib.load_config(demo))
-  need = unmasked.total_bytes(memory.clips_per_device(masked))
-  masked.device_memory_gib = 0.99 * need / (1 - memory.HEADROOM) / memory.GiB
-  estimate = memory.check_step_fits(masked)
-  assert estimate.kept_bytes_per_clip < 0.85 * unmasked.kept_bytes_per_clip
-  masked.unmask_fraction = 0.1
-  with pytest.raises(
-    errors.ConfigError,
-    match=(
-      "the unmasked tuning's training step will not fit in the device's memory"
-    ),
-  ):
+  masked = config_lib.load_config(
+    demo, ["--config.model.mask_ratio=0.5", "--config.unmask_fraction=0.1"]
+  )
+  alone = memory.step_memory(masked)
+  need = alone.total_bytes(memory.clips_per_device(masked))
+  masked.device_memory_gib = 1.01 * need / (1 - memory.HEADROOM) / memory.GiB
+  with pytest.raises(errors.ConfigError) as e:
     memory.check_step_fits(masked)
+  text = e.value.describe()
+  assert (
+    "the unmasked tuning's training step will not fit in the device's memory"
+  ) in text
+  assert "--config.unmask_accum_steps=2 (1 clips per device at a time" in text
+  masked.unmask_accum_steps = 2
+  assert memory.check_step_fits(masked) == alone
 
 
 class _Reached(Exception):

@@ -572,3 +572,14 @@ def test_temporal_table_resized_as_avion():
   np.testing.assert_array_equal(
     tensor_io.interpolate_temporal(table, 2), table[:2]
   )
+
+
+def test_a_tensor_of_another_rank_is_refused_naming_it():
+  sd = random_clip_state_dict()
+  sd["visual.conv1.weight"] = np.asarray(sd["visual.conv1.weight"]).reshape(-1)
+  with pytest.raises(errors.InitFromError) as e:
+    weights.convert(sd, "bad.pt")
+  assert str(e.value).startswith(
+    "bad.pt: the tensor visual.conv1.weight has shape (12288,), which is "
+    "not the layout of visual.conv1.weight in a CLIP state dict"
+  )

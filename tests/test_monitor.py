@@ -169,11 +169,14 @@ def test_a_torn_last_line_is_dropped_and_a_full_disk_leaves_whole_lines(
   )  # Killed here.
   with monitor.MetricWriter(workdir, tensorboard=False) as writer:
     writer.write(2, {"train/loss": 1.5})
+    for name in ("2", "3.orbax-checkpoint-tmp-7"):  # Whole, and half-saved.
+      (workdir / "checkpoints" / name).mkdir(parents=True)
     small_disk.leave_free(0)
     with pytest.raises(
       errors.WriteError,
       match=r"could not write the metrics "
-      r"of step 3 to .*metrics.jsonl: No space left on device",
+      r"of step 3 to .*metrics.jsonl: No space left on device; the last "
+      r"checkpoint saved whole is step 2$",
     ):
       writer.write(3, {"train/loss": 1.0, "name": "x" * 5000})  # > a page
   assert "ended in a torn line" in caplog.text and '{"step": 2, "train/lo' in (

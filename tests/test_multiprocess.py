@@ -25,9 +25,11 @@ import json
 import os
 from pathlib import Path
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -276,3 +278,75 @@ def test_explicit_coordinator_skips_cluster_detection(monkeypatch):
 
 def test_single_process_does_not_initialize(monkeypatch):
   assert _initialize_kwargs(monkeypatch) is None
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_saves_the_same_step_on_both(
+  tmp_path, tmp_path_factory
+):
+  """SIGTERM to process 1 of 2 (as a scheduler preempting one node): JAX's
+  preemption sync tells process 0, both save one checkpoint of the same
+  step (each its data position) and exit 75."""
+  overrides = (
+    *debug_runs.DEMO_REFERENCE[:-2],  # No evaluation, no scheduled save.
+    "--config.eval.every_steps=1000",
+    "--config.checkpoint.every_steps=1000",
+    "--config.total_steps=500",
+  )
+  config = debug_runs.load("demo", *overrides)
+  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
+  logs = {name: tmp_path / f"{name}.log" for name in ("p0", "p1")}
+  address = f"127.0.0.1:{_free_port()}"
+  procs = {}
+  for i in range(2):
+    env = _env(
+      4,
+      JAX_COORDINATOR_ADDRESS=address,
+      JAX_NUM_PROCESSES="2",
+      JAX_PROCESS_ID=str(i),
+    )
+    cmd = [
+      sys.executable,
+      "-m",
+      "vidjax.main",
+      f"--config={CONFIG}",
+      f"--workdir={workdir}",
+      *overrides,
+    ]
+    with open(logs[f"p{i}"], "wb") as out:
+      procs[f"p{i}"] = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+      )
+  try:
+    deadline = time.time() + TIMEOUT_S
+    while (
+      not (workdir / "metrics.jsonl").exists()
+      or len(_by_step(workdir, "train/")) < 2
+    ):
+      assert time.time() < deadline and all(
+        p.poll() is None for p in procs.values()
+      ), logs["p0"].read_text(errors="replace")[-3000:]
+      time.sleep(0.2)
+    procs["p1"].send_signal(signal.SIGTERM)
+    codes = {n: p.wait(timeout=TIMEOUT_S) for n, p in procs.items()}
+  finally:
+    for proc in procs.values():  # Only ours, by handle.
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  text = {n: log.read_text(errors="replace") for n, log in logs.items()}
+  assert codes == {"p0": 75, "p1": 75}, text["p0"][-3000:] + text["p1"][-3000:]
+  steps = [int(p.name) for p in (workdir / "checkpoints").iterdir()]
+  assert len(steps) == 1 and 2 <= steps[0] < 500, steps
+  step_dir = workdir / "checkpoints" / str(steps[0])
+  assert sorted(p.name for p in (step_dir / "data").glob("*.json")) == [
+    "process_0-of-2.json",
+    "process_1-of-2.json",
+  ]
+  assert checksums.verify(step_dir) is None
+  for name in ("p0", "p1"):
+    assert (
+      f"every process saves a checkpoint of step {steps[0]} and stops"
+      in text[name]
+    ), text[name][-3000:]
+    assert f"stopped at step {steps[0]}; checkpoint saved" in text[name]

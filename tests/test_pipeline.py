@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+from pathlib import Path
 import re
 import shutil
 import threading
@@ -11,6 +12,7 @@ import time
 import grain
 import jax
 import numpy as np
+import psutil
 import pytest
 
 from vidjax import augment, defaults, errors, sharding
@@ -114,12 +116,29 @@ def two_workers(corpus, mesh):
     batches = take(pipe, 1)
     time.sleep(1.0)  # Every worker and main-side buffer fills up.
     batches += take(pipe, 2)
+    jax_in_workers = [
+      "jaxlib" in Path(f"/proc/{p.pid}/maps").read_text()
+      for p in psutil.Process().children(recursive=True)
+      if "spawn_main" in " ".join(p.cmdline())
+    ]
   finally:
     stop.set()
     watcher.join()
     pipe.close()
     patch.undo()
-  return {"batches": batches, "peak_shm": peak[0], "config": config}
+  return {
+    "batches": batches,
+    "peak_shm": peak[0],
+    "config": config,
+    "jax_in_workers": jax_in_workers,
+  }
+
+
+@pytest.mark.xdist_group("two_workers")
+def test_workers_start_without_jax(two_workers):
+  """Grain's workers run `vidjax.data.lean_worker` first: jax is not
+  loaded in them, though this process (their main module's) has it."""
+  assert two_workers["jax_in_workers"] == [False, False]
 
 
 # One process makes `two_workers` (a module fixture) for both tests.

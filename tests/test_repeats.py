@@ -11,11 +11,13 @@ import pytest
 
 import debug_runs
 from vidjax import (
+  augment,
   checkpoint,
   config as config_lib,
   console,
   errors,
   monitor,
+  tasks,
   train,
   views,
 )
@@ -49,7 +51,8 @@ def test_a_whole_canvas_box_is_the_canvas_and_a_flip_mirrors_it():
   )
   boxes = jnp.tile(jnp.asarray([0.0, 0.0, 30.0, 24.0]), (2, 2, 1))
   flips = jnp.asarray([[False, True], [True, False]])
-  out = np.asarray(views.crop_views(video, boxes, flips, (24, 30)))
+  crop = jax.jit(views.crop_views, static_argnums=3)
+  out = np.asarray(crop(video, boxes, flips, (24, 30)))
   assert out.shape == (4, 3, 24, 30, 3) and out.dtype == np.uint8
   v = np.asarray(video)
   np.testing.assert_array_equal(out[0], v[0])
@@ -57,15 +60,18 @@ def test_a_whole_canvas_box_is_the_canvas_and_a_flip_mirrors_it():
   np.testing.assert_array_equal(out[2], v[1][:, :, ::-1])
   # A box of the right half, at its own size: exactly those pixels.
   half = jnp.asarray([[[14.0, 4.0, 16.0, 20.0]]] * 2)
-  out = views.crop_views(video, half, jnp.zeros((2, 1), bool), (20, 16))
+  out = crop(video, half, jnp.zeros((2, 1), bool), (20, 16))
   np.testing.assert_array_equal(np.asarray(out[1]), v[1][:, 4:24, 14:30])
 
 
 def test_each_view_draws_its_own_box_as_the_host_samplers_do():
   n, height, width = 512, 72, 90
-  boxes, flips = views.sample_boxes(
-    jax.random.key(0), n, height, width, dict(SPEC, size=(64, 64))
-  )
+
+  def sample(key, crop):
+    spec = dict(SPEC, crop=crop, size=(64, 64))
+    return jax.jit(lambda k: views.sample_boxes(k, n, height, width, spec))(key)
+
+  boxes, flips = sample(jax.random.key(0), "random_resized")
   x, y, w, h = np.asarray(boxes).T
   assert (x >= 0).all() and (y >= 0).all()
   assert (x + w <= width).all() and (y + h <= height).all()
@@ -73,13 +79,7 @@ def test_each_view_draws_its_own_box_as_the_host_samplers_do():
   assert area.min() >= 0.45 and area.max() <= 1.05  # Rounded sides.
   assert len({tuple(b) for b in np.asarray(boxes)}) > n * 0.9
   assert 0.4 < np.asarray(flips).mean() < 0.6
-  boxes, _ = views.sample_boxes(
-    jax.random.key(1),
-    n,
-    height,
-    width,
-    dict(SPEC, crop="multi_scale", size=(64, 64)),
-  )
+  boxes, _ = sample(jax.random.key(1), "multi_scale")
   rng = np.random.default_rng(0)
   host = {
     crop_lib.multi_scale_crop(rng, height, width, 64).box for _ in range(4000)
@@ -94,7 +94,10 @@ def test_views_of_a_clip_are_rows_in_a_row_with_its_keys():
     "label": jnp.asarray([5, 7]),
     "valid": jnp.asarray([True, False]),
   }
-  out = views.make_views(batch, jax.random.key(0), 3, dict(SPEC, size=(16, 16)))
+  spec = dict(SPEC, size=(16, 16))
+  out = jax.jit(lambda b, k: views.make_views(b, k, 3, spec))(
+    batch, jax.random.key(0)
+  )
   assert out["video"].shape == (6, 2, 16, 16, 3)
   assert out["label"].tolist() == [5, 5, 5, 7, 7, 7]
   assert out["valid"].tolist() == [True] * 3 + [False] * 3
@@ -171,15 +174,30 @@ def _stop_in_first_step(monkeypatch):
   monkeypatch.setattr(train, "setup", setup_then_signal)
 
 
-@pytest.mark.parametrize("name", sorted(BEFORE))
-def test_repeated_views_train_and_resume_exactly_across_sigterm(
-  name, tmp_path, tmp_path_factory, monkeypatch
+def test_classification_trains_on_labelled_views():
+  """K400's training augment with repeats (RandAugment, erasing, label
+  smoothing): R rows of soft targets per clip (traced, not run)."""
+  config = debug_runs.load("k400_ft", *REPEATS)
+  task = tasks.get_task(config.task)
+  fn = augment.make_augment(task.augment_config(config, train=True))
+  spec = batches.batch_spec(config, 32)
+  out = jax.eval_shape(fn, spec, jax.random.key(0))
+  assert out["video"].shape == (32, 4, 64, 64, 3)
+  assert out["label"].shape == (32,)
+  assert out["label_target"].shape == (32, config.model.num_classes)
+
+
+def test_videomae_resumes_repeated_views_exactly_across_sigterm(
+  tmp_path, tmp_path_factory, monkeypatch
 ):
+  # (K400's recipe resumes so too; one recipe keeps the suite short.)
+  name = "videomae_vitb_k400_pretrain"
   uninterrupted, _ = debug_runs.run(tmp_path_factory, name, *REPEATS)
   expected = _losses(uninterrupted)
   assert len(expected) == 2 and all(np.isfinite(expected))
   rows = monitor.read_metrics(uninterrupted)
   perf = [r for r in rows if "perf/views_per_s" in r]
+  assert perf
   for r in perf:
     assert r["perf/views_per_s"] == pytest.approx(4 * r["perf/clips_per_s"])
 

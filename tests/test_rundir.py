@@ -193,3 +193,46 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(tmp_path, caplog):
     assert _lock(workdir)["pid"] == os.getpid()
   assert "PID 4242 on gpu-node-7" in caplog.text
   assert not lock.exists()
+
+
+def test_a_lock_that_cannot_be_deleted_keeps_the_run_s_error(tmp_path, caplog):
+  """The workdir stops being writable mid-run: the write error that ends
+  the run is what comes out (exit 74), the lock left behind is warned of."""
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.WriteError):
+    with rundir.claim(workdir):
+      if subprocess.run(
+        ["chattr", "+i", str(workdir)], capture_output=True, check=False
+      ).returncode:
+        pytest.skip("chattr +i is not available here")
+      try:  # Even root cannot write into an immutable directory.
+        (workdir / rundir.METRICS_FILE).write_text("")
+      except PermissionError as e:
+        raise errors.WriteError(f"could not write {e.filename}") from e
+  subprocess.run(["chattr", "-i", str(workdir)], check=True)
+  assert "could not delete the workdir lock" in caplog.text
+  assert (workdir / rundir.LOCK_FILE).exists()
+
+
+def test_a_damaged_lock_is_refused_then_taken_over(tmp_path):
+  """A lock of bytes that are not its JSON (not even UTF-8): refused in a
+  line naming it while it may be another run's, taken over once stale."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  lock = workdir / rundir.LOCK_FILE
+  lock.write_bytes(b"\xff\xfe\x00garbage\x80")
+  old = time.time() - 60
+  os.utime(lock, (old, old))
+  with pytest.raises(errors.WorkdirError) as e:
+    with rundir.claim(workdir):
+      pass
+  assert e.value.describe().startswith(
+    f"workdir {workdir}: its lock {lock} is unreadable (not a vidjax lock; "
+    "last touched 60 s ago)\n  hint: if no run is using this workdir, "
+    "delete the lock"
+  ), e.value.describe()
+  old = time.time() - rundir.STALE_AFTER_S - 60
+  os.utime(lock, (old, old))
+  with rundir.claim(workdir):
+    assert _lock(workdir)["pid"] == os.getpid()
+  assert not lock.exists()

@@ -7,8 +7,10 @@ command on a copy of the reference run's workdir. The final evaluation:
 tests/test_train.py's resumed run; the loop: its Ctrl-C.
 """
 
+import json
 import os
 from pathlib import Path
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 
 import debug_runs
 from vidjax import checkpoint, errors, rundir, stopping, train
+from vidjax.data import workers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,3 +179,45 @@ def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(
     "command to resume from it\n"
   ) in "".join(lines)
   assert not (workdir / rundir.LOCK_FILE).exists()
+
+
+@REFERENCE
+def test_sigterm_while_an_evaluation_waits_on_stuck_data_saves_and_stops(
+  tmp_path, tmp_path_factory, monkeypatch, caplog
+):
+  """The evaluation's chunks are FIFOs nobody writes (a stuck mount), read by
+  a data worker: SIGTERM as the evaluation of step 4 starts gives it up once
+  no batch came for data.stall_warn_s; the step is saved, the worker and
+  its /dev/shm blocks go, exit 75."""
+  blocks = lambda: {  # This process's pipelines' blocks only.
+    n
+    for n in os.listdir(workers.SHM_DIR)
+    if n.startswith(f"{workers.PREFIX}{os.getpid()}_")
+  }
+  before = blocks()
+  config, workdir = _workdir(
+    tmp_path,
+    tmp_path_factory,
+    "--config.total_steps=8",
+    "--config.data.workers=1",
+    "--config.data.stall_warn_s=1",
+  )
+  corpus = workdir / "synthetic"
+  val = {json.loads(line)["video_id"] for line in open(corpus / "val.jsonl")}
+  for chunk in (corpus / "chunks").glob("*/*.mp4"):
+    if chunk.parent.name in val:  # Training never reads them.
+      chunk.unlink()
+      os.mkfifo(chunk)
+  _signal_in(monkeypatch, train.eval_sets, "evaluate", signal.SIGTERM)
+  with pytest.raises(errors.Preempted, match="stopped at step 4; checkpoint"):
+    train.train_and_evaluate(config, workdir)
+  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 4
+  log = caplog.text
+  assert re.search(
+    r"the evaluation of \S+val.jsonl was given up: SIGTERM came while it "
+    r"waited for data, and no batch came for 1 s .*; saving the checkpoint "
+    r"of step 4",
+    log,
+  ), log[-3000:]
+  assert not (workdir / rundir.LOCK_FILE).exists()
+  assert blocks() <= before

@@ -58,7 +58,8 @@ def test_skips_unneeded_b_frames(store):
 
 
 def test_fused_crop_matches_decode_then_crop_then_resize(store):
-  cv2 = pytest.importorskip("cv2")
+  from PIL import Image  # Pillow's area (box) filter, independent of FFmpeg's.
+
   x, y, w, h = 36, 20, 200, 150
   ids = [2, 9, 15, 27]
   fused = video.read_clip(
@@ -66,8 +67,10 @@ def test_fused_crop_matches_decode_then_crop_then_resize(store):
   )
   full = video.read_clip(store, "textured", ids)  # Whole frames, no scaling.
   for got, frame in zip(fused, full):
-    want = cv2.resize(
-      frame[y : y + h, x : x + w], (128, 112), interpolation=cv2.INTER_AREA
+    want = np.asarray(
+      Image.fromarray(frame[y : y + h, x : x + w]).resize(
+        (128, 112), Image.Resampling.BOX
+      )
     )
     mse = np.mean((got.astype(np.float64) - want) ** 2)
     assert 10 * np.log10(255**2 / mse) >= 35
@@ -237,6 +240,7 @@ def test_real_footage_gives_exactly_the_requested_frames(footage_store):
   )
 
 
+@pytest.mark.parity  # OpenCV's resize is the reference.
 @pytest.mark.parametrize("shape", ["16x4", "4seg"])
 def test_real_footage_quality_against_the_source(footage_store, shape):
   """Crop -> 224x224 at the defaults (AVION's crops): >= 35 dB against the

@@ -30,7 +30,9 @@ Where a run starts, and how it stops to resume: `vidjax.resume`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -439,8 +441,20 @@ class Checkpointer:
         os.fspath(self.directory / f"{step}{TMP_SUFFIX}"), ignore_errors=True
       )
     cause = failed_saves.cause(error)
-    if cause is None:
+    # Files gone under the save (TensorStore says NOT_FOUND): deleted.
+    deleted = cause == os.strerror(errno.ENOENT) or internals.is_not_found(
+      error
+    )
+    if cause is None and not deleted:
       raise error
+    if deleted:
+      raise errors.WriteError(
+        f"could not save the checkpoint of step {step} in {self.directory}: "
+        "files of the save were deleted while it was being written (the "
+        "workdir removed or moved?)",
+        hint="put the workdir back and run the same command to resume from "
+        "its last checkpoint, or run it on an empty workdir to start again",
+      ) from None
     steps = [s for s in self._mngr.all_steps() if s != step]
     last = (
       f"the last checkpoint saved whole is step {max(steps)}"
@@ -588,6 +602,22 @@ class _KeepBest:
     return [best is not None and c.step == best["step"] for c in checkpoints]
 
 
+@contextlib.contextmanager
+def _without_item_metadata_warning():
+  """Orbax's warning that a step's item has no metadata file, which reading
+  one item of a step (its directory `state`) gives every time."""
+
+  def keep(record) -> bool:
+    return not internals.is_orbax_item_metadata_warning(record)
+
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(keep)
+
+
 def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
   """One checkpoint's parameters as host arrays, and the run's config.
 
@@ -603,7 +633,10 @@ def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
     {} if none was saved), e.g. {"visual.blocks.layers.0.norm1.scale": ...}.
   """
   step_dir = epath.Path(directory) / str(step)
-  with ocp.PyTreeCheckpointer() as checkpointer:
+  with (
+    _without_item_metadata_warning(),
+    ocp.PyTreeCheckpointer() as checkpointer,
+  ):
     tree = checkpointer.metadata(step_dir / "state")
     tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
     tree = getattr(tree, "tree", tree)

@@ -47,6 +47,7 @@ REQUIRED_KEYS = (
 )
 BATCH_KEY = "batch_size"
 ACCUM_KEY = "accum_steps"
+UNMASK_ACCUM_KEY = "unmask_accum_steps"
 EVAL_BATCH_KEY = "eval.batch_size"
 NUM_FRAMES_KEY = "data.num_frames"
 REPEATS_KEY = "data.repeats"
@@ -520,18 +521,21 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
     ):
       problems.append(f"'{key}' = {value!r} must be a positive integer")
 
-  accum = _get(config, ACCUM_KEY, 1) or 1
   batch = _get(config, BATCH_KEY, None)
-  if batch is not None:
-    if batch % accum:
+  for accum_key in (ACCUM_KEY, UNMASK_ACCUM_KEY):
+    accum = _get(config, accum_key, 0) or 0
+    if batch is None or (accum_key != ACCUM_KEY and not accum):
+      continue
+    accum = max(accum, 1)
+    if accum < 0 or batch % accum:
       problems.append(
-        f"'{BATCH_KEY}' = {batch} is not divisible by '{ACCUM_KEY}' = {accum}"
+        f"'{BATCH_KEY}' = {batch} is not divisible by '{accum_key}' = {accum}"
       )
     elif (batch // accum) % num_devices:
       micro = batch // accum
       problems.append(
         f"'{BATCH_KEY}' = {batch}"
-        + (f" / '{ACCUM_KEY}' = {accum} = {micro}" if accum > 1 else "")
+        + (f" / '{accum_key}' = {accum} = {micro}" if accum > 1 else "")
         + f" is not divisible by the {num_devices} devices; use a multiple of "
         f"{num_devices * accum}"
       )

@@ -426,10 +426,13 @@ def end_message(
   total_steps: int,
   plots: Sequence,
   checkpoints: Sequence[int],
+  *,
+  stopped: bool = False,
 ) -> str:
-  """Where a run's results are."""
+  """Where a run's results are (`stopped`: by a signal, also at the end)."""
   workdir = os.fspath(workdir)
-  done = ("finished" if step >= total_steps else "stopped") + f" at step {step}"
+  finished = step >= total_steps and not stopped
+  done = ("finished" if finished else "stopped") + f" at step {step}"
   lines = [
     f"{done}. Results in {workdir}:",
     "metrics      metrics.jsonl (`python -m vidjax.plot WORKDIR` "

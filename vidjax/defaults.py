@@ -262,7 +262,7 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
   elif name == "videomae":
     config.mask_ratio = 0.9
     config.decoder = ml_collections.ConfigDict(
-      dict(width=384, depth=4, heads=6)
+      dict(width=384, depth=4, heads=6, ln_eps=config_dict.placeholder(float))
     )
     config.norm_pix_loss = True
   else:
@@ -357,6 +357,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       total_steps=0,
       total_epochs=0.0,
       unmask_fraction=0.0,
+      unmask_lr=0.0,
+      unmask_warmup_steps=0,
+      unmask_accum_steps=0,
       batch_size=64,
       accum_steps=1,
       fsdp=1,

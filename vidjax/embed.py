@@ -282,11 +282,14 @@ class Summary:
   video_seconds: float  # Video duration embedded by this run.
 
 
-def _settings(config, spec: str, window_s: float, stride_s: float) -> dict:
+def _settings(config, spec, overrides, window_s, stride_s) -> dict:
+  """What the rows depend on (`SETTINGS`): the weights, the recipe and
+  the other overrides as given ("KEY=VALUE"), the windows."""
+  given = (o.removeprefix("--").removeprefix("config.") for o in overrides)
   return {
     "weights": os.path.abspath(config.init_from) if config.init_from else "",
     "recipe": spec,
-    "overrides": sorted(o for o in config.overrides if o != "init_from"),
+    "overrides": sorted(o for o in given if not o.startswith("init_from=")),
     "window_s": window_s,
     "stride_s": stride_s,
   }
@@ -400,7 +403,7 @@ def embed_videos(
     spec = os.path.abspath(path) + (f":{arg}" if arg else "")
     config = config_lib.load_config(spec, list(overrides))
   else:
-    spec = "(a ConfigDict)"
+    spec, overrides = "(a ConfigDict)", ()
   config = config.copy_and_resolve_references()
   window_s = float(window_s or default_window_s(config.data))
   stride_s = float(stride_s or window_s / 2)
@@ -408,19 +411,19 @@ def embed_videos(
     raise errors.ConfigError(
       f"--window_s {window_s} and --stride_s {stride_s} must be positive"
     )
+  if encoder is not None:
+    config = encoder.config
+  settings = _settings(config, spec, overrides, window_s, stride_s)
   with rundir.claim(out) as index:
+    _check_settings(index, settings)
     if encoder is None:
       encoder = load_encoder(config)
-    else:
-      config = encoder.config
-    settings = _settings(config, spec, window_s, stride_s)
-    _check_settings(index, settings)
     store, ids, failed = _store(os.fspath(videos), index, progress)
     if not ids and not failed:
       raise errors.PathError(
         f"--videos {videos}: no videos there",
-        hint=f"give a video, a folder or a .txt list of videos "
-        f"({', '.join(chunk_lib.VIDEO_EXTENSIONS[:4])}, ...), or a chunk store",
+        hint="give a video, a folder or a .txt list of videos (.mp4, .mkv, "
+        ".mov, ...), or a chunk store",
       )
     done = {p.stem for p in (index / VIDEOS).glob("*.npz")}
     todo = [v for v in ids if v not in done]
@@ -589,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
       args.config,
       args.videos,
       args.out,
-      overrides=[o.removeprefix("--") for o in overrides],
+      overrides=overrides,
       window_s=args.window_s,
       stride_s=args.stride_s,
       progress=not args.quiet,

@@ -16,8 +16,9 @@ it is found):
        `data.max_bad_row_fraction` bad rows, more than
        `data.max_skip_fraction` failed clip reads during training), a
        data worker process that died (`DataWorkerDied`: training saves its
-       last completed step first), a non-finite loss, or a bug (with a
-       traceback)
+       last completed step first), a non-finite loss, a device out of
+       memory (XLA's RESOURCE_EXHAUSTED: two lines, `main.out_of_memory`),
+       or a bug (with a traceback)
   2    refused: the command line or a `ConfigError` (a key, a value, a path,
        `init_from` weights that do not read or fit, a checkpoint that does
        not fit the run, a workdir that cannot be written or that another run

@@ -36,7 +36,15 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from vidjax import errors, rundir, scoreboard, sharding, tasks, whole_files
+from vidjax import (
+  errors,
+  rundir,
+  scoreboard,
+  sharding,
+  stopping,
+  tasks,
+  whole_files,
+)
 from vidjax.data import annotation_files, ek100, pipeline
 
 # `eval` keys that a named set may not change: they belong to the run.
@@ -224,15 +232,29 @@ def evaluate_set(run, es: EvalSet, step: int) -> dict[str, float]:
     records=records,
   )
   outputs = []
-  for batch in batches:
-    out = run.steps.eval(run.state["params"], run.rest, batch)
-    outputs.append(
-      jax.tree.map(
-        np.asarray, multihost_utils.process_allgather(out, tiled=True)
+  # After a signal, a wait longer than the stall warnings' period is on
+  # stuck data: given up (one process; several wait for each other's batch).
+  give_up = jax.process_count() == 1 and stopping.requested
+  patience_s = config.data.stall_warn_s
+  try:
+    while True:
+      try:
+        batch = batches.next_batch(interrupt=give_up, patience_s=patience_s)
+      except StopIteration:
+        break
+      if batch is None:
+        raise stopping.EvaluationStopped(
+          config.data.eval_annotations, patience_s, stopping.signal_name()
+        )
+      out = run.steps.eval(run.state["params"], run.rest, batch)
+      outputs.append(
+        jax.tree.map(
+          np.asarray, multihost_utils.process_allgather(out, tiled=True)
+        )
       )
-    )
-  skipped = batches.skipped
-  batches.close()
+    skipped = batches.skipped
+  finally:  # The workers stop (killed, after a wait given up).
+    batches.close()
   merged = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   if config.eval.kind:  # The field's benchmarks, by their definitions.
     metrics, emb = scoreboard.evaluate(

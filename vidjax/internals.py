@@ -231,6 +231,19 @@ def is_orbax_read_only_warning(record) -> bool:
   return str(record.msg).startswith(_ORBAX_READ_ONLY_WARNINGS)
 
 
+def is_orbax_item_metadata_warning(record) -> bool:
+  """Whether a log record is Orbax's "Metadata file does not exist:
+  STEP/state/_CHECKPOINT_METADATA", which reading one item of a step gives
+  every time (the step's metadata is one level up, where Orbax wrote it)."""
+  return str(record.msg).startswith("Metadata file does not exist")
+
+
+def is_not_found(error: BaseException) -> bool:
+  """Whether TensorStore's `error` says files it wrote are gone (NOT_FOUND:
+  the directory of a save deleted under it)."""
+  return str(error).startswith("NOT_FOUND:")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
   """Whether XLA's `error` says the device ran out of memory."""
   text = str(error)

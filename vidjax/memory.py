@@ -22,8 +22,10 @@ a contrastive or MIR step in several microbatches (`accum_steps` > 1) also
 holds the whole step's embeddings and their gradients (GradCache, see
 `vidjax.steps`), a few KiB per clip.
 Under masked training (a CLIP's `model.mask_ratio`) the loss keeps what
-the kept tokens need; a run with an unmasked tuning is checked at that
-phase's step, which keeps every token's.
+the kept tokens need, so the run is sized by its masked step (FLIP spends
+the memory masking saves on a larger batch); an unmasked tuning keeps every
+token's, in its own microbatches (`unmask_accum_steps`, the same global
+batch), and is checked as a second step.
 At start-up `check_step_fits` compares that with the device's memory less
 `HEADROOM` (cuDNN workspaces, the input batches, the allocator's
 fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
@@ -271,12 +273,22 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   limit = device_memory_bytes(config)
   if limit is None:
     return None
-  step_name = "the training step"
+  estimate = _check_fits(config, "the training step", limit, "accum_steps")
   if steps_lib.unmask_start(config) is not None:
-    # The unmasked tuning's step keeps every token: the run's largest.
-    config = config.copy_and_resolve_references()
-    config.model.mask_ratio = 0.0
-    step_name = "the unmasked tuning's training step"
+    # The unmasked tuning keeps every token, in its own microbatches (the
+    # same global batch): checked as a second step.
+    tuning = config.copy_and_resolve_references()
+    tuning.model.mask_ratio = 0.0
+    tuning.accum_steps = steps_lib.unmask_accum(config)
+    _check_fits(
+      tuning, "the unmasked tuning's training step", limit, "unmask_accum_steps"
+    )
+  return estimate
+
+
+def _check_fits(config, step_name: str, limit: int, accum_key: str):
+  """`check_step_fits` for one step, its microbatches `config.accum_steps`
+  (the hint names `accum_key` to change them)."""
   usable = (1 - HEADROOM) * limit
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
@@ -325,7 +337,7 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
     f"clips per device{cached}; remat {estimate.remat!r}, {estimate.attention} "
     f"attention) against {usable / GiB:.1f} GiB usable of "
     f"{limit / GiB:.1f} GiB",
-    hint=_what_fits(config, estimate, fitting, usable),
+    hint=_what_fits(config, estimate, fitting, usable, accum_key),
     on_host=False,
   )
 
@@ -356,7 +368,11 @@ def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
 
 
 def _what_fits(
-  config, estimate: StepMemory, fitting: StepMemory | None, usable: float
+  config,
+  estimate: StepMemory,
+  fitting: StepMemory | None,
+  usable: float,
+  accum_key: str = "accum_steps",
 ) -> str:
   """The policy that fits at the configured batch (`fitting`), and the
   batch that fits under the configured policy."""
@@ -387,7 +403,7 @@ def _what_fits(
       else ""
     )
     ways.append(
-      f"--config.accum_steps={accum} ({per_step // accum} clips per "
+      f"--config.{accum_key}={accum} ({per_step // accum} clips per "
       f"device at a time, the same global batch{cost}; at most {most} "
       "clips per device fit)"
     )

@@ -122,6 +122,7 @@ class MetricWriter:
   ):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.path = os.fspath(rundir.path(workdir, rundir.METRICS_FILE))
+    self.workdir = workdir
     self._file = None
     self._tb = None
     if self.enabled:
@@ -158,7 +159,7 @@ class MetricWriter:
     except OSError as e:
       raise errors.WriteError(
         f"could not write the metrics of step {step} to {self.path}: "
-        f"{e.strerror or e}",
+        f"{e.strerror or e}; {rundir.last_checkpoint_note(self.workdir)}",
         hint=errors.WRITE_HINT,
       ) from None
 

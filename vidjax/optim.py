@@ -38,6 +38,7 @@ to `make_optimizer` for another convention.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 import re
 
 import jax
@@ -138,24 +139,54 @@ def scale_by_layer(
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+  """A last phase with its own learning rate (FLIP's unmasked tuning): from
+  optimizer step `start` on, a linear warmup from 0 to `lr` over
+  `warmup_steps`, then the schedule's shape at that scale."""
+
+  start: int
+  lr: float
+  warmup_steps: int = 0
+
+
 def make_schedule(
-  config: ml_collections.ConfigDict, total_steps: int
+  config: ml_collections.ConfigDict,
+  total_steps: int,
+  tuning: Tuning | None = None,
 ) -> optax.Schedule:
   """Learning rate per optimizer step: linear warmup from 0 to `lr` over
   `warmup_steps`, then cosine to `min_lr` at `total_steps` (optax's
   `warmup_cosine_decay_schedule`) or constant. A warmup as long as the run
-  ends at `lr`."""
-  lr, min_lr, warmup = (
-    float(config.lr),
-    float(config.min_lr),
-    int(config.warmup_steps),
-  )
+  ends at `lr`. With `tuning`, its steps follow their own (`Tuning`): a
+  cosine ends at `min_lr` scaled as the tuning's lr is, at `total_steps`."""
   if config.schedule not in defaults.SCHEDULES:
     raise ValueError(
       f"optim: config.schedule must be one of {defaults.SCHEDULES}, "
       f"got {config.schedule!r}"
     )
-  if config.schedule == "cosine" and warmup < total_steps:
+  base = _schedule(
+    config.schedule,
+    float(config.lr),
+    float(config.min_lr),
+    int(config.warmup_steps),
+    total_steps,
+  )
+  if tuning is None:
+    return base
+  scale = tuning.lr / float(config.lr) if config.lr else 0.0
+  tune = _schedule(
+    config.schedule,
+    float(tuning.lr),
+    float(config.min_lr) * scale,
+    int(tuning.warmup_steps),
+    total_steps - tuning.start,
+  )
+  return optax.join_schedules([base, tune], [tuning.start])
+
+
+def _schedule(kind, lr, min_lr, warmup, total_steps) -> optax.Schedule:
+  if kind == "cosine" and warmup < total_steps:
     return optax.warmup_cosine_decay_schedule(
       0.0, lr, warmup, total_steps, min_lr
     )
@@ -172,6 +203,7 @@ def make_optimizer(
   total_steps: int,
   *,
   layer_id_fn: LayerIdFn | None = None,
+  tuning: Tuning | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Builds the optimizer described in the module docstring.
 
@@ -179,6 +211,7 @@ def make_optimizer(
     config: optimizer config (`config.optim`).
     total_steps: number of optimizer updates of the run (for the schedule).
     layer_id_fn: overrides the regex layer ids for layer decay.
+    tuning: a last phase with its own learning rate (`make_schedule`).
 
   Returns:
     (tx, schedule): the optax GradientTransformation (call
@@ -187,7 +220,7 @@ def make_optimizer(
   """
   if total_steps <= 0:
     raise ValueError(f"optim: total_steps must be positive, got {total_steps}")
-  schedule = make_schedule(config, total_steps)
+  schedule = make_schedule(config, total_steps, tuning)
   mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
   wd = float(config.weight_decay)
   mask = lambda params: decay_mask(params, tuple(config.no_decay_names))  # noqa: E731

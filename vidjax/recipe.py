@@ -29,6 +29,14 @@ read):
   unmask_fraction with a CLIP's `model.mask_ratio` > 0: the last share of
                   total_steps trains on every video token (FLIP's unmasked
                   tuning; at least one step when > 0); 0 masks to the end
+  unmask_lr       > 0: the unmasked tuning's own learning rate (FLIP's: 1/100
+                  of the pretraining's), after a linear warmup from 0 over
+                  `unmask_warmup_steps`, then as `optim.schedule` (cosine to
+                  min_lr x unmask_lr / lr at total_steps, or constant); 0:
+                  the pretraining's schedule runs on through the tuning
+  unmask_accum_steps  microbatches of the unmasked tuning's step (0:
+                  accum_steps): every token costs more memory per clip, the
+                  global batch stays
   batch_size      global batch (all processes)
   accum_steps     microbatches per step (gradient accumulation)
   fsdp            devices each parameter is sharded over (1: replicated)
@@ -48,8 +56,9 @@ read):
                   it): the user's, which the weights' facts never change
   peak_tflops     per device, for MFU; 0 looks the device kind up
   device_memory_gib  per device, for the start-up memory check
-                  (`vidjax.memory`): 0 takes what a GPU reports (no check
-                  on CPUs), N plans for N GiB, -1 checks nothing
+                  (`vidjax.memory`): 0 takes what a GPU reports (on a
+                  CPU: the host's available memory over its devices), N
+                  plans for N GiB, -1 checks nothing
   data            `vidjax.data.pipeline`
   model           `vidjax.models`, the task's model; `model.num_frames` and
                   `model.image_size` are references to `data.num_frames`

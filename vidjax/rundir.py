@@ -72,6 +72,7 @@ LOCK_FILE = "vidjax.lock"
 
 HEARTBEAT_S = 30.0  # The lock's holder touches it this often.
 STALE_AFTER_S = 300.0  # Untouched this long, from another host: taken over.
+WRITING_S = 5.0  # An unreadable lock younger than this is being written.
 
 
 def absolute(workdir: str | os.PathLike) -> Path:
@@ -87,6 +88,19 @@ def path(workdir: str | os.PathLike, name: str) -> Path:
 def checkpoints(workdir: str | os.PathLike) -> Path:
   """WORKDIR/checkpoints: Orbax's step directories and best.json."""
   return path(workdir, CHECKPOINTS)
+
+
+def last_checkpoint_note(workdir: str | os.PathLike) -> str:
+  """'the last checkpoint saved whole is step N' (or that none is), for a
+  failed write's message. Orbax moves a step's directory to its number
+  only once it is whole."""
+  try:
+    steps = [int(n) for n in os.listdir(checkpoints(workdir)) if n.isdigit()]
+  except OSError:
+    steps = []
+  if not steps:
+    return "no checkpoint was saved whole yet"
+  return f"the last checkpoint saved whole is step {max(steps)}"
 
 
 def bad_rows(workdir: str | os.PathLike, split: str) -> Path:
@@ -238,15 +252,15 @@ def _read(path: Path) -> tuple[dict | None, float | None]:
   if there is no lock)."""
   try:
     age = time.time() - os.stat(path).st_mtime
-    text = path.read_text()
+    data = path.read_bytes()
   except FileNotFoundError:
     return None, None
   except OSError:
     return None, 0.0
   try:
-    holder = json.loads(text)
+    holder = json.loads(data)  # Bytes: not UTF-8 is a ValueError too.
   except ValueError:
-    return None, age  # Being written, or torn by a kill.
+    return None, age  # Being written, torn by a kill, or damaged.
   return (holder if isinstance(holder, dict) else None), age
 
 
@@ -349,11 +363,18 @@ class WorkdirLock:
 
   def _in_use(self, holder: dict | None, age: float) -> errors.WorkdirError:
     workdir = self.path.parent
-    if not holder:
+    if not holder and age <= WRITING_S:
       return errors.WorkdirError(
         f"workdir {workdir} is being claimed by another run (its lock "
         f"{self.path} is being written)",
         hint="use another --workdir",
+      )
+    if not holder:  # Not a lock's JSON, and written a while ago: damaged.
+      return errors.WorkdirError(
+        f"workdir {workdir}: its lock {self.path} is unreadable (not a "
+        f"vidjax lock; last touched {age:.0f} s ago)",
+        hint="if no run is using this workdir, delete the lock; it is "
+        f"taken over {STALE_AFTER_S:.0f} s after its last touch",
       )
     return errors.WorkdirError(
       f"workdir {workdir} is in use by another run: PID {holder.get('pid')} "
@@ -395,10 +416,23 @@ class WorkdirLock:
         os.utime(self.path)
 
   def release(self) -> None:
-    """Stops the heartbeat and deletes the lock if it is still this run's."""
+    """Stops the heartbeat and deletes the lock if it is still this run's.
+
+    Never raises: a lock that cannot be deleted (the workdir is no longer
+    writable) is warned about, and whatever error ended the run is kept.
+    """
     self._stop.set()
     self.held = False
     holder, _ = _read(self.path)
     if holder and holder.get("token") == self._me["token"]:
-      with contextlib.suppress(FileNotFoundError):
+      try:
         os.unlink(self.path)
+      except FileNotFoundError:
+        pass
+      except OSError as e:
+        logging.warning(
+          "could not delete the workdir lock %s (%s): the next run here "
+          "takes it over (its process is gone), or delete it",
+          self.path,
+          e.strerror or e,
+        )

@@ -9,7 +9,16 @@ A CLIP trained with masking (`model.mask_ratio`) has two training steps:
 on, the unmasked tuning's (`steps.unmasked_train`, compiled when first
 called) on every token; `steps.train_at(step)` is the one to run from a
 state at `step`. The step number alone decides, so a run resumed on either
-side of the switch runs what the uninterrupted run ran.
+side of the switch runs what the uninterrupted run ran; the tuning's own
+learning rate (`unmask_lr`, `unmask_warmup_steps`) is the optimizer's
+schedule joined at that step, and its microbatches `unmask_accum_steps`.
+
+`accum_steps` > 1 splits a step into microbatches at the same global batch.
+A loss that is a mean over examples (classification, VideoMAE) averages the
+microbatches' gradients; a loss that couples the batch (contrastive, MIR:
+`tasks.EmbeddingTask`) stays the whole batch's by GradCache
+(`_cached_accumulate`): one more forward pass, memory for one microbatch
+plus the batch's embeddings.
 
 The train state is a dict {step, params, opt}, created already sharded (see
 `sharding.create_sharded_state`); model buffers that never train (`rest`)
@@ -127,12 +136,14 @@ def _cached_accumulate(embed_fn, head_fn, accum: int, params, rest, batch, key):
   return (loss, metrics), grads
 
 
-def caches_embeddings(config) -> bool:
+def caches_embeddings(config, accum: int | None = None) -> bool:
   """Whether the run's step is `_cached_accumulate`'s: a task whose loss
-  couples the batch (it has `embed`), in more than one microbatch. Its
-  step runs the towers' forward pass twice (4x, not 3x, the FLOPs)."""
+  couples the batch (it has `embed`), in more than one microbatch (`accum`,
+  default `config.accum_steps`). Its step runs the towers' forward pass
+  twice (4x, not 3x, the FLOPs)."""
   task = tasks.get_task(config.task)
-  return config.accum_steps > 1 and isinstance(task, tasks.EmbeddingTask)
+  accum = config.accum_steps if accum is None else accum
+  return accum > 1 and isinstance(task, tasks.EmbeddingTask)
 
 
 def unmask_start(config) -> int | None:
@@ -146,6 +157,23 @@ def unmask_start(config) -> int | None:
   if tuning <= 0:
     return None
   return config.total_steps - max(1, round(tuning))
+
+
+def unmask_accum(config) -> int:
+  """Microbatches of the unmasked tuning's step (`unmask_accum_steps`,
+  0: `accum_steps`): the same global batch, more memory per clip."""
+  return config.get("unmask_accum_steps") or config.accum_steps
+
+
+def unmask_tuning(config) -> optim.Tuning | None:
+  """The unmasked tuning's own learning rate (`unmask_lr` > 0, after
+  `unmask_warmup_steps`), or None: the schedule runs on through it."""
+  start = unmask_start(config)
+  if start is None or not config.get("unmask_lr", 0) > 0:
+    return None
+  return optim.Tuning(
+    start, float(config.unmask_lr), int(config.unmask_warmup_steps)
+  )
 
 
 Batch = dict[str, jax.Array]
@@ -210,7 +238,6 @@ def make_steps(
   model's graph training on every token, for the unmasked tuning (then
   `graphdef` is the masked one's, which evaluation runs unmasked anyway).
   """
-  accum, cache = config.accum_steps, caches_embeddings(config)
   # Frames leave the augment in the compute dtype (bf16 on GPU): the model
   # casts them anyway, and half the bytes cross HBM.
   dtype = {"dtype": jnp.dtype(models.resolve_dtype(config.model.dtype)).name}
@@ -221,8 +248,10 @@ def make_steps(
     {**dtype, **task.augment_config(config, train=False)}
   )
 
-  def make_train_step(graphdef):
-    """(loss, train step) of the model graph `graphdef`."""
+  def make_train_step(graphdef, accum: int):
+    """(loss, embed, gradients, train step) of the model graph `graphdef`,
+    in `accum` microbatches."""
+    cache = caches_embeddings(config, accum)
 
     def loss_fn(params, rest, batch, key):
       model = nnx.merge(graphdef, params, rest)
@@ -262,7 +291,9 @@ def make_steps(
 
     return loss_fn, embed_fn, gradients, train_step
 
-  loss_fn, embed_fn, gradients, train_step = make_train_step(graphdef)
+  loss_fn, embed_fn, gradients, train_step = make_train_step(
+    graphdef, config.accum_steps
+  )
 
   def eval_step(params, rest, batch):
     batch = eval_augment(batch, jax.random.key(0))
@@ -298,7 +329,9 @@ def make_steps(
   start = unmask_start(config) if unmasked_graphdef is not None else None
   unmasked_train = None
   if start is not None:
-    unmasked_train = jit_train(make_train_step(unmasked_graphdef)[-1])
+    unmasked_train = jit_train(
+      make_train_step(unmasked_graphdef, unmask_accum(config))[-1]
+    )
   return Steps(
     loss=raw_batch_loss,
     gradients=raw_batch_gradients,
@@ -353,7 +386,9 @@ def build_state_and_steps(
     (state, rest, steps): state {step, params, opt}, the model's untrained
     buffers, and the `Steps`.
   """
-  tx, schedule = optim.make_optimizer(config.optim, config.total_steps)
+  tx, schedule = optim.make_optimizer(
+    config.optim, config.total_steps, tuning=unmask_tuning(config)
+  )
 
   def build():
     return models.build_model(config.model, rngs=nnx.Rngs(config.seed))

@@ -13,13 +13,22 @@ continues:
 * Training (after `defer`): the step under way finishes and the loop
   (`should_stop`) saves its checkpoint, then `errors.Preempted` (exit 75).
   An evaluation under way finishes first; during the final evaluation and
-  the final save the run finishes them and ends as finished (exit 0).
+  the final save the run finishes them and ends as finished (exit 0). But
+  an evaluation whose data does not come for `data.stall_warn_s` after the
+  signal (stuck reads, stopped workers) is given up (`EvaluationStopped`):
+  training saves its step and exits 75, `--mode eval` exits 75 having
+  written nothing (one process: with several, the others wait in the
+  evaluation's collectives for this one's batch).
 * Ctrl-C after an earlier signal stops the process at once (exit 130): the
   `on_abort` hooks run (the workdir lock is released), a message names the
   newest checkpoint, and a save in flight is abandoned (its temporary
   directory is removed at the next start).
 
-A repeated SIGTERM is only logged. `python -m vidjax.main` takes the
+With several processes (`jax.distributed`), JAX takes SIGTERM itself as
+a preemption notice and tells every process: the loop stops at the step
+JAX's preemption sync agrees on, the same on every process (during start-up
+too, a SIGTERM is acted on there: after the first step). A repeated SIGTERM
+is only logged. `python -m vidjax.main` takes the
 signals first thing, so this module is light to import; training and
 evaluation set what a stop means in their part (`handling`, nested). Called
 from Python (a notebook), training handles the signals the same way: the
@@ -41,6 +50,18 @@ from vidjax import errors
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _abort_hooks: list[Callable[[], None]] = []
+
+
+class EvaluationStopped(errors.Stopped):
+  """An evaluation given up after a signal: its data stopped coming."""
+
+  def __init__(self, annotations: str, waited_s: float, signal_name: str):
+    super().__init__(
+      f"the evaluation of {annotations} was given up: {signal_name} came "
+      "while it "
+      f"waited for data, and no batch came for {waited_s:g} s "
+      "(data.stall_warn_s; what it waited on is in the warnings above)"
+    )
 
 
 class Signals:
@@ -106,6 +127,11 @@ class Signals:
     """True once a signal arrived in this process."""
     return self._event.is_set()
 
+  @property
+  def signal_name(self) -> str:
+    """The signal that came ('SIGTERM'), or '' before one."""
+    return self._signal or ""
+
   def _agreed(self) -> bool:
     """Whether a signal arrived on any process (a collective with several)."""
     import jax  # pylint: disable=import-outside-toplevel
@@ -135,12 +161,34 @@ class Signals:
     self.at_start, self.then = None, then
 
   def should_stop(self, step: int) -> bool:
-    """Whether to save and stop now; the same answer on every process
-    (agreed every `sync_every` steps)."""
+    """Whether to save and stop now; the same answer on every process.
+
+    With several processes, call it at every step on every process: a
+    SIGTERM is JAX's preemption notice there (`jax.distributed` takes the
+    signal itself and tells every process), and every process stops at the
+    step JAX's preemption sync names, as Orbax's `reached_preemption`; a
+    Ctrl-C (this handler's) is agreed every `sync_every` steps.
+    """
     import jax  # pylint: disable=import-outside-toplevel
 
     if jax.process_count() == 1:
       return self.requested
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    try:
+      preempted = multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # jax_enable_preemption_service=False: no notice.
+      preempted = False
+    if preempted:
+      if not self._event.is_set():
+        self._signal = "SIGTERM (JAX's preemption notice)"
+        self._event.set()
+      logging.warning(
+        "%s: every process saves a checkpoint of step %d and stops",
+        self._signal,
+        step,
+      )
+      return True
     return step % self.sync_every == 0 and self._agreed()
 
   def install(self) -> Signals:
@@ -207,6 +255,11 @@ def requested() -> bool:
   """Whether a SIGTERM/Ctrl-C came (within `handling`): for a wait that
   should give up instead of blocking the stop."""
   return _active is not None and _active.requested
+
+
+def signal_name() -> str:
+  """The signal that came (within `handling`), or ''."""
+  return _active.signal_name if _active is not None else ""
 
 
 @contextlib.contextmanager

@@ -298,6 +298,21 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
     )
 
 
+def _tuning_text(config) -> str:
+  """How the unmasked tuning differs from the masked steps, or ''."""
+  parts = []
+  accum = steps_lib.unmask_accum(config)
+  if accum != config.accum_steps:
+    parts.append(f"in {accum} microbatches (the same global batch)")
+  tuning = steps_lib.unmask_tuning(config)
+  if tuning is not None:
+    parts.append(
+      f"at its own learning rate {tuning.lr:g} after "
+      f"{tuning.warmup_steps} warmup steps"
+    )
+  return "".join(f", {p}" for p in parts)
+
+
 def _masking_summary(config, unmask_at: int | None) -> str:
   """What masked training drops, and when the unmasked tuning starts."""
   model = config.model
@@ -353,8 +368,14 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "--config.init_from=PATH (or --config.resume=RUN_DIR)",
       )
     run = setup(config, workdir, splits=("eval",))
+    preemption.check()  # A signal during setup's last part stops here.
     preemption.defer("the evaluation finishes and is written first")
-    metrics = eval_sets.evaluate(run, config)
+    try:
+      metrics = eval_sets.evaluate(run, config)
+    except stopping.EvaluationStopped as e:  # Its data stopped coming.
+      raise errors.Stopped(
+        f"{e}; nothing was written: run the same command to evaluate"
+      ) from None
     with monitor.MetricWriter(workdir) as writer:
       writer.write(int(run.state["step"]), metrics)
     logging.info("%s", console.eval_table(int(run.state["step"]), metrics))
@@ -427,13 +448,13 @@ def _train(
     """Of the step run from `step`: the tokens it processes (the kept ones
     under masking, every one in the unmasked tuning), and the second
     forward pass of accumulation by embedding cache."""
-    model = (
-      config.model
-      if unmask_at is None or step < unmask_at
-      else shapes.unmasked(config.model)
-    )
+    masked = unmask_at is None or step < unmask_at
+    model = config.model if masked else shapes.unmasked(config.model)
+    accum = config.accum_steps if masked else steps_lib.unmask_accum(config)
     flops = flops_lib.flops_per_example(model)
-    extra = flops["forward"] if steps_lib.caches_embeddings(config) else 0
+    extra = (
+      flops["forward"] if steps_lib.caches_embeddings(config, accum) else 0
+    )
     return (flops["training"] + extra) * config.batch_size
 
   timer = monitor.StepTimer(
@@ -529,7 +550,7 @@ def _train(
     preemption.check()  # The last stop point of the start-up.
     preemption.defer("will save a checkpoint and stop")
     # --------------------------------------------------------------- loop
-    with bar:
+    with bar, stopping.on_abort(bar.close):  # The error is the last line.
       while step < config.total_steps:
         with timer.waiting_for_data():
           try:  # None: SIGTERM or Ctrl-C while it waited (one process).
@@ -546,9 +567,10 @@ def _train(
         if step == unmask_at:  # Its step compiles now, once.
           logging.info(
             "the unmasked tuning starts: steps %d to %d train on "
-            "every video token",
+            "every video token%s",
             step + 1,
             config.total_steps,
+            _tuning_text(config),
           )
           timer.flops_per_step = flops_per_step(step)
         run.state, metrics = run.steps.train_at(step)(
@@ -584,7 +606,17 @@ def _train(
           preempted = True
           break
         if evaluating:
-          last_eval = evaluate_and_log()
+          try:
+            last_eval = evaluate_and_log()
+          except stopping.EvaluationStopped as e:  # Stuck data after a signal.
+            logging.warning(
+              "%s; saving the checkpoint of step %d (--mode eval evaluates it)",
+              e,
+              step,
+            )
+            save_last_step()
+            preempted = True
+            break
           ckpt.record_eval(
             step,
             last_eval,
@@ -600,8 +632,12 @@ def _train(
     train_batches.close()  # Its workers stop before the final evaluation.
     _say_read_failures(train_batches.failures)
     if step >= config.total_steps:
-      last_eval = evaluate_and_log()
-      ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+      try:
+        last_eval = evaluate_and_log()
+        ckpt.record_eval(step, last_eval, run.state)  # The final step is saved.
+      except stopping.EvaluationStopped as e:  # The rerun evaluates it.
+        logging.warning("%s", e)
+        preempted = True
     ckpt.wait_until_finished()
     saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
@@ -630,7 +666,12 @@ def _train(
     logging.info(
       "%s",
       console.end_message(
-        workdir, step, config.total_steps, plots, saved_steps
+        workdir,
+        step,
+        config.total_steps,
+        plots,
+        saved_steps,
+        stopped=preempted,
       ),
     )
   if preempted:

@@ -16,7 +16,10 @@ same pinned core, with:
                     -filter:v scale=-1:288 OUT`, x264's default settings;
   ffmpeg, same      that command line with the chunker's codec settings
                     (preset, tune, CRF, GOP, B-frames): the like-for-like
-                    comparison.
+                    comparison;
+  ffmpeg, one pass  the same settings in one ffmpeg process per video, its
+                    segment muxer cutting the chunks: the source decoded
+                    once, as the chunker does (not what AVION runs).
 
 Each runs `--repeats` times, interleaved; the figure is the median. Speeds
 are source frames per CPU-second (user + system time of the process and its
@@ -99,6 +102,28 @@ def ffmpeg_commands(
   return commands
 
 
+def ffmpeg_one_pass(ffmpeg: str, source: Path, out: Path) -> list[list[str]]:
+  """One ffmpeg process for the whole video, cutting 15 s segments with the
+  chunker's codec settings (a keyframe forced at every cut): it decodes the
+  source once, as the chunker does."""
+  opts = chunk.ChunkOptions()
+  params = (
+    f"keyint={opts.gop}:min-keyint={opts.gop}:scenecut=0:"
+    f"bframes={opts.bframes}:b-adapt=0:b-pyramid=none:open-gop=0"
+  )
+  return [
+    [
+      ffmpeg, "-nostdin", "-loglevel", "error", "-y", "-i", str(source),
+      "-filter:v", f"scale=-2:{opts.short_side}", "-c:v", "libx264",
+      "-preset", opts.preset, "-tune", opts.tune, "-crf", str(opts.crf),
+      "-x264-params", params, "-pix_fmt", "yuv420p", "-an",
+      "-force_key_frames", f"expr:gte(t,n_forced*{opts.chunk_seconds:g})",
+      "-f", "segment", "-segment_time", f"{opts.chunk_seconds:g}",
+      "-reset_timestamps", "1", str(out / "%d.mp4"),
+    ]
+  ]  # fmt: skip
+
+
 def run_ffmpeg(commands: list[list[str]], out: Path) -> tuple[float, int]:
   """(CPU-seconds of the ffmpeg processes, bytes written)."""
   shutil.rmtree(out, ignore_errors=True)
@@ -178,54 +203,59 @@ def main(argv=None) -> int:
   ffmpeg = shutil.which(args.ffmpeg)
   if args.core >= 0:
     os.sched_setaffinity(0, {args.core})  # Children inherit it.
-  fps = 25  # footage.make_source's rate.
-  frames = int(args.seconds * fps)
   methods = {"chunker": lambda out: run_chunker(source, out)}
   if ffmpeg:
     for name, same in (("ffmpeg, AVION's", False), ("ffmpeg, same", True)):
       methods[name] = lambda out, same=same: run_ffmpeg(
         ffmpeg_commands(ffmpeg, source, out, args.seconds, same), out
       )
+    methods["ffmpeg, one pass"] = lambda out: run_ffmpeg(
+      ffmpeg_one_pass(ffmpeg, source, out), out
+    )
+  else:
+    print(
+      f"ffmpeg: not found on PATH ({args.ffmpeg!r}): the chunker alone is "
+      "measured, the comparison is missing (apt install ffmpeg)"
+    )
   cpu = {name: [] for name in methods}
   size = {}
   for _ in range(args.repeats):
-    for name, method in methods.items():
-      seconds, size[name] = method(work / f"out_{len(cpu[name])}_{name[:6]}")
+    for i, (name, method) in enumerate(methods.items()):
+      seconds, size[name] = method(work / f"out_{i}")
       cpu[name].append(seconds)
+  info = next(iter(chunk.read_manifest(work / "out_0").values()))
+  frames = info["num_frames"]
   print(
     f"source: {args.seconds:g} s of real footage at {width}x{height}, "
-    f"{fps} fps ({frames} frames), x264 defaults; chunks: 15 s, short side "
-    f"288; pinned to core {args.core}; median of {args.repeats}"
+    f"{info['fps']:g} fps ({frames} frames), x264's defaults; chunks: "
+    f"{info['chunk_seconds']:g} s, {info['width']}x{info['height']}; "
+    f"pinned to core {args.core}; median of {args.repeats}"
+  )
+  print(
+    f"{'':17} {'frames/CPU-s':>12} {'chunk MB':>9}  Ego4D (~{EGO4D_HOURS} h, "
+    f"{EGO4D_FRAMES / 1e6:.0f} M frames): core-hours, hours on one "
+    f"{CORES_PER_NODE}-core machine, on {args.nodes}"
   )
   results = {}
-  print(
-    f"{'':18} {'frames/CPU-s':>12} {'chunk MB':>9}  Ego4D: core-h, h on 16 cores, h on {args.nodes} machines"
-  )
   for name in methods:
     rate = frames / statistics.median(cpu[name])
     ego = project(rate, args.nodes)
     results[name] = {"frames_per_cpu_s": rate, "chunk_bytes": size[name], **ego}
     print(
-      f"{name:18} {rate:12.0f} {size[name] / 1e6:9.2f}  "
-      f"{ego['core_hours']:8.0f} {ego['hours_one_machine']:8.1f} "
-      f"{ego[f'hours_{args.nodes}_machines']:8.2f}"
+      f"{name:17} {rate:12.0f} {size[name] / 1e6:9.2f}  "
+      f"{ego['core_hours']:10.0f} {ego['hours_one_machine']:10.1f} "
+      f"{ego[f'hours_{args.nodes}_machines']:10.2f}"
     )
-  if not ffmpeg:
-    print(
-      f"ffmpeg: not found on PATH ({args.ffmpeg!r}): the comparison is "
-      "missing; install it (apt install ffmpeg) and run again"
-    )
-  else:
-    ratio = (
-      results["chunker"]["frames_per_cpu_s"]
-      / results["ffmpeg, same"]["frames_per_cpu_s"]
-    )
-    print(
-      f"chunker / ffmpeg with the same settings: {ratio:.2f}x frames per CPU-second"
-    )
+  for name in list(methods)[1:]:
+    ratio = rate_of(results, "chunker") / rate_of(results, name)
+    print(f"chunker / {name}: {ratio:.2f}x source frames per CPU-second")
   if args.json:
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
   return 0 if ffmpeg or args.smoke else 1
+
+
+def rate_of(results: dict, name: str) -> float:
+  return results[name]["frames_per_cpu_s"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 evaluation step's clips per second, on the same model in the same run.
 
     python -m vidjax.bench.embed [--config configs/clip_vitb16_ego4d.py]
-        [--videos 12] [--stride_s 1] [--smoke] [--config.KEY=VALUE ...]
+        [--videos 12] [--stride_s 1] [--batch N] [--smoke]
+        [--config.KEY=VALUE ...]
 
 Both read the same synthetic corpus of real H.264 chunks with the recipe's
 reader settings (`config.data`) and the same parameters (random: speed does
@@ -110,6 +111,13 @@ def main(argv=None) -> dict:
   parser.add_argument("--stride_s", type=float, default=1.0)
   parser.add_argument("--window_s", type=float, default=None)
   parser.add_argument("--queries", type=int, default=64)
+  parser.add_argument(
+    "--batch",
+    type=int,
+    default=0,
+    help="clips per batch, both (0: the "
+    "recipe's eval.batch_size; a CPU wants a few)",
+  )
   parser.add_argument("--smoke", action="store_true")
   args, overrides = parser.parse_known_args(argv)
   spec = args.config or (
@@ -118,6 +126,8 @@ def main(argv=None) -> dict:
     else f"{REPO}/configs/clip_vitb16_ego4d.py"
   )
   config = config_lib.load_config(spec, overrides)
+  if args.batch:
+    config.eval.batch_size = args.batch
   num_videos = 4 if args.smoke else args.videos
   with tempfile.TemporaryDirectory(prefix="vidjax-bench-embed-") as tmp:
     root = synthetic.make_corpus(

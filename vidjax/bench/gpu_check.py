@@ -6,17 +6,25 @@ r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
         [--sections attention,training,breakdown,data] [--smoke]
 
 The whole check stops at a time limit (--time-limit-s; by default 330 s,
-110 s with --dry, so that it fits in a short job slot); launch/gpu_check.sh
-says how to start it on a GPU machine without network access. It first
-prints its plan (`--plan`: only that), then runs the sections in this
-order; the JSON file is rewritten after each (and after each training
-step), so a run cut short keeps what it measured, and a section or a
-measurement that fails holds {"error": ...} while the others still run: a
-cuDNN failure is a result, recorded with its message, not the end. At the
-time limit the results so far are saved, naming the section cut short
-under "deadline", the data pipeline's worker processes and the temporary
-files are cleaned up, and the process ends (exit code 3), whatever is
-running. The last line printed is always the verdict.
+so that it fits in a short job slot; with --dry 900 s, which only stops a
+hang: a dry run measures nothing, and a loaded CI machine takes minutes);
+launch/gpu_check.sh says how to start it on a GPU machine without network
+access. It first prints its plan (`--plan`: only that), then runs the
+sections in this order; the JSON file is replaced after each, after each
+attention case and after each training step (it names the section running
+under "running"), so a run cut short keeps what it measured, and a section
+or a measurement that fails holds {"error": ...} while the others still
+run: a cuDNN failure is a result, recorded with its message, not the end.
+At the time limit the results so far are saved, naming the section cut
+short under "deadline", the data pipeline's worker processes and the
+temporary files are cleaned up, and the process ends (exit code 3),
+whatever is running. The measuring runs in a child process, and the
+process started outlives it (`supervise`): if the child dies without its
+verdict (a crash inside XLA or cuDNN, a kill, a hang past the limit), the
+parent writes the verdict from the saved results under "died", naming how
+and in which section (exit code 4). The last line printed is always the
+verdict. Without --dry, JAX must run on a GPU: a CPU fallback (a CUDA
+plugin that did not load) measures nothing and says so (exit code 2).
 
   environment  versions (jax, jaxlib, CUDA plugin, cuDNN, flax, optax, orbax,
                grain, av, ml_collections), device, compute capability, memory,
@@ -29,7 +37,8 @@ running. The last line printed is always the verdict.
                unless their estimate does not fit (left out, saying why).
                `--remat` replaces the cuDNN policies (all measured).
   attention    `vidjax.models.attention`, cuDNN and XLA, bf16, forward and
-               forward+backward ms and the relative error of each against
+               forward+backward ms (the first calls' compile apart) and the
+               relative error of each against
                float32, at the recipes' shapes: CLIP ViT-B/16 vision (785
                tokens, 4 frames) and text (77, causal), 16-frame vision
                (3137, EK-100 fine-tuning), VideoMAE's encoder (160 visible
@@ -39,7 +48,8 @@ running. The last line printed is always the verdict.
                (halved on out-of-memory): cuDNN calls in the compiled HLO
                (a cuDNN step without them is an error, never a silent
                switch to XLA), XLA's memory analysis and the process's peak
-               so far, pipelined step time, clips/s, TFLOP/s, MFU, loss.
+               so far, the lowering, compile and first-step seconds apart
+               from the pipelined step time, clips/s, TFLOP/s, MFU, loss.
   breakdown    the fastest step split into matmul, attention and the rest,
                with the bytes the memory-bound rest moves (XLA's cost
                analysis) and their rate (`vidjax.bench.breakdown`).
@@ -55,7 +65,8 @@ running. The last line printed is always the verdict.
 
 `--dry` runs every section on CPU at toy sizes (the recipes' :debug models,
 XLA attention; cuDNN calls counted in the step lowered for CUDA instead of
-compiled) in under two minutes and writes every field the GPU run writes;
+compiled), about a minute on an idle machine, and writes every field the
+GPU run writes;
 measurements that need a GPU are null there (tests/test_gpu_check.py).
 """
 
@@ -72,6 +83,8 @@ import multiprocessing
 import os
 from pathlib import Path
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -258,6 +271,8 @@ def verdict(results: dict) -> dict:
   )
   wait = data.get("data_wait_fraction")
   result = dict(
+    no_gpu=results.get("environment", {}).get("no_gpu"),
+    died=results.get("died"),
     cudnn_attention=cudnn,
     cudnn_error=cudnn_error,
     best_step=best,
@@ -292,6 +307,10 @@ def verdict_line(v: dict, dry: bool = False) -> str:
     False: f"cuDNN attention NOT usable: {v['cudnn_error']}",
   }[v["cudnn_attention"]]
   parts = [cudnn]
+  if v.get("no_gpu"):
+    parts = [f"NO GPU: {v['no_gpu']}"]
+  if v.get("died"):
+    parts.insert(0, f"the measuring process DIED {v['died']}")
   if v["best_step"]:
     mfu = f"{v['best_mfu']:.1%}" if v["best_mfu"] is not None else "unknown"
     parts.append(
@@ -409,9 +428,37 @@ def summary(results: dict) -> str:
 
 
 SECTIONS = ("attention", "training", "breakdown", "data")
+EXIT_DIED = 4  # `supervise`: the measuring process died; verdict from its file.
 
 
-def main(argv=None) -> dict:
+def _write(out: Path, results: dict) -> None:
+  """The results file, replaced whole (a reader never sees half of it)."""
+  out.parent.mkdir(parents=True, exist_ok=True)
+  part = out.with_name(out.name + ".part")
+  part.write_text(json.dumps(_jsonable(results), indent=1) + "\n")
+  os.replace(part, out)
+
+
+def _no_gpu(plan: gpu_measure.Plan) -> str | None:
+  """Why a GPU run cannot measure here (JAX fell back to the CPU: a CUDA
+  plugin that failed to load), or None (a GPU, or the dry run)."""
+  if plan.dry:
+    return None
+  try:
+    backend = jax.default_backend()
+  except RuntimeError as e:  # JAX_PLATFORMS=cuda without a working plugin.
+    return f"JAX could not start a GPU backend: {gpu_measure.error_text(e)}"
+  if backend == "gpu":
+    return None
+  return (
+    f"JAX's backend is {backend!r}, not a GPU: its CUDA plugin is missing "
+    "or failed to load (see the warnings above; `pip install "
+    "'jax[cuda12]'` or `'jax[cuda13]'`, the driver's CUDA major version); "
+    "--dry checks the code on a CPU"
+  )
+
+
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="python -m vidjax.bench.gpu_check",
     description=__doc__.split("\n\n")[0],
@@ -419,7 +466,8 @@ def main(argv=None) -> dict:
   parser.add_argument(
     "--dry",
     action="store_true",
-    help="every section at toy sizes on CPU (< 2 minutes)",
+    help="every section at toy sizes on CPU (minutes; its time limit "
+    "only stops a hang)",
   )
   parser.add_argument(
     "--plan", action="store_true", help="print the plan and stop"
@@ -431,7 +479,7 @@ def main(argv=None) -> dict:
     default=None,
     help="time limit for the whole check, in seconds "
     "(default 330, which fits in a short job slot; with "
-    "--dry 110)",
+    f"--dry {gpu_measure.DRY_TIME_LIMIT_S:.0f})",
   )
   parser.add_argument(
     "--remat",
@@ -453,6 +501,12 @@ def main(argv=None) -> dict:
     action="store_true",
     help=f"--dry --plan, written to a temporary file; {bench.SMOKE_HELP}",
   )
+  return parser
+
+
+def main(argv=None) -> dict:
+  """The check in this process (`supervise` runs it in a child)."""
+  parser = _parser()
   args = parser.parse_args(argv)
   if args.smoke:
     args.dry = args.plan = True
@@ -465,7 +519,12 @@ def main(argv=None) -> dict:
   plan = make_plan(args.dry, args.time_limit_s)
   begin = time.monotonic()
   out, lock = Path(args.out), threading.Lock()
-  results: dict = {"mode": "dry" if plan.dry else "gpu", "deadline": None}
+  results: dict = {
+    "mode": "dry" if plan.dry else "gpu",
+    "deadline": None,
+    "pid": os.getpid(),  # The measuring process (`supervise`'s child).
+    "running": "start",
+  }
   running = ["start"]
 
   def save(name=None, section=None, deadline_reached=None):
@@ -475,9 +534,9 @@ def main(argv=None) -> dict:
       if name:
         results[name] = section
       results["deadline"] = deadline_reached
+      results["running"] = running[0]
       results["total_s"] = time.monotonic() - begin
-      out.parent.mkdir(parents=True, exist_ok=True)
-      out.write_text(json.dumps(_jsonable(results), indent=1) + "\n")
+      _write(out, results)
 
   def finish():  # The summary, then the verdict as the last line.
     print(summary(results), flush=True)
@@ -517,7 +576,9 @@ def main(argv=None) -> dict:
     sections = {
       "environment": lambda: environment(plan),
       "plan": make_plan_section,
-      "attention": lambda: gpu_measure.check_attention(plan),
+      "attention": lambda: gpu_measure.check_attention(
+        plan, functools.partial(save, "attention")
+      ),
       "training": training,
       "breakdown": lambda: breakdown.check_breakdown(
         results, measured, plan.repeats
@@ -530,8 +591,9 @@ def main(argv=None) -> dict:
       + ([] if args.plan else [s for s in SECTIONS if s in chosen])
       + ["verdict"]
     )
-    for name in run:
-      running[0] = name
+    while run:
+      name = running[0] = run.pop(0)
+      save()  # Which section runs: said if the process dies in it.
       gpu_measure.log(f"{name} ...")
       start = time.monotonic()
       try:
@@ -543,12 +605,97 @@ def main(argv=None) -> dict:
           **({"steps": [], "left_out": {}} if name == "plan" else {}),
         }
       result["seconds"] = time.monotonic() - start
+      if name == "environment":
+        result["no_gpu"] = _no_gpu(plan)
+        if result["no_gpu"]:  # Nothing a CPU measures would mean anything.
+          run = ["verdict"]
       save(name, result)
+    running[0] = None
+    save()
   deadline.cancel()
   gpu_measure.log(f"wrote {out} in {results['total_s']:.0f} s")
   finish()
   return results
 
 
+MEASURE_FLAG = "--measure"  # The child's: it measures, `supervise` waits.
+SUPERVISE_GRACE_S = 60.0  # Past the child's own limit, it is killed.
+# The child's exit codes after it printed its verdict: done, no GPU, limit.
+EXIT_NO_GPU = 2
+FINISHED = (0, EXIT_NO_GPU, 3)
+
+
+def supervise(argv=None, command=None) -> int:
+  """Runs the check in a child process and outlives it.
+
+  The child (`main`) measures and saves its results file after every
+  section, case and step. If it ends without its verdict (killed, a crash
+  inside XLA or cuDNN, past its time limit by `SUPERVISE_GRACE_S`), this
+  process writes the verdict from what the file holds, naming how and in
+  which section it died, and prints it as the last line.
+
+  Args:
+    argv: the check's arguments (default: the command line's).
+    command: the child's command before them (default: this module with
+      `MEASURE_FLAG`).
+
+  Returns:
+    The exit code: the child's when it finished, else `EXIT_DIED`.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = _parser().parse_args(argv)  # Usage errors stop here, in the parent.
+  out = Path(args.out)
+  with contextlib.suppress(FileNotFoundError):
+    out.unlink()  # An earlier run's file must not stand for this one's.
+  limit = args.time_limit_s or (
+    gpu_measure.DRY_TIME_LIMIT_S if args.dry else 330.0
+  )
+  command = command or [sys.executable, "-m", __spec__.name, MEASURE_FLAG]
+  # Its own process group: its data workers end with it.
+  child = subprocess.Popen([*command, *argv], start_new_session=True)
+
+  def forward(signum, _frame):  # Ctrl-C or SIGTERM reach the child.
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(child.pid, signum)
+
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    for s in (signal.SIGINT, signal.SIGTERM):
+      previous[s] = signal.signal(s, forward)
+  how = None
+  try:
+    code = child.wait(timeout=limit + SUPERVISE_GRACE_S)
+  except subprocess.TimeoutExpired:
+    os.killpg(child.pid, signal.SIGKILL)
+    code = child.wait()
+    how = f"killed {limit + SUPERVISE_GRACE_S:.0f} s after it started"
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    with contextlib.suppress(ProcessLookupError):  # Orphaned workers.
+      os.killpg(child.pid, signal.SIGKILL)
+  if how is None and code in FINISHED:
+    return code
+  if how is None:
+    how = (
+      f"killed by {signal.Signals(-code).name}"
+      if code < 0
+      else f"exit code {code}"
+    )
+  try:
+    results = json.loads(out.read_text())
+  except (OSError, ValueError):
+    results = {"mode": "dry" if args.dry else "gpu"}
+  results["died"] = f"({how}) during {results.get('running') or 'start-up'}"
+  results["verdict"] = verdict(results)
+  _write(out, results)
+  print(summary(results), flush=True)
+  print(results["verdict"]["line"], flush=True)
+  return EXIT_DIED
+
+
 if __name__ == "__main__":
-  main()
+  if MEASURE_FLAG in sys.argv[1:]:
+    done = main([a for a in sys.argv[1:] if a != MEASURE_FLAG])
+    sys.exit(EXIT_NO_GPU if done["environment"].get("no_gpu") else 0)
+  sys.exit(supervise())

@@ -153,7 +153,12 @@ def element_spec(
 
 
 class ClipLoader:
-  """Loads element `index` of a record list (see the module docstring)."""
+  """Loads element `index` of a record list (see the module docstring).
+
+  `read_clip` is the reader it calls (`vidjax.data.video.read_clip`; the
+  pipeline benchmark records the calls through it)."""
+
+  read_clip = staticmethod(video.read_clip)
 
   def __init__(
     self,
@@ -222,7 +227,7 @@ class ClipLoader:
     )
     ids = self._frame_ids(lo, hi, rng, view)
     box = self._crop(info.height, info.width, rng, view)
-    clip = video.read_clip(
+    clip = self.read_clip(
       self.root,
       record.video_id,
       ids,

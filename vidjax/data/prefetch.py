@@ -100,12 +100,20 @@ class DevicePrefetcher:
     return self.next_batch()
 
   def next_batch(
-    self, interrupt: Callable[[], bool] | None = None
+    self,
+    interrupt: Callable[[], bool] | None = None,
+    *,
+    patience_s: float = 0.0,
   ) -> dict[str, jax.Array] | None:
     """The next batch; None if `interrupt()` turned true while waiting.
 
     Every `stall_warn_s` seconds without a batch, a warning says what the
     wait is on (`waiting_on`).
+
+    Args:
+      interrupt: polled while no batch comes; true: give up the wait.
+      patience_s: give up only once the wait has lasted this long (a wait
+        that a batch ends sooner is not stuck).
 
     Raises:
       StopIteration: the end of the data.
@@ -113,7 +121,11 @@ class DevicePrefetcher:
     started = time.monotonic()
     warn_at = started + self.stall_warn_s
     while (batch := self.next_within(POLL_S)) is None:
-      if interrupt is not None and interrupt():
+      if (
+        interrupt is not None
+        and time.monotonic() - started >= patience_s
+        and interrupt()
+      ):
         self.interrupted = True
         return None
       if time.monotonic() >= warn_at:

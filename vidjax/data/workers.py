@@ -17,8 +17,10 @@ Frames cross to the main process in /dev/shm blocks named
 Grain passes `SharedMemoryArray`s on as they are, and the main process
 unlinks each block once it has copied it, as Grain's own). Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
-blocks left once the trainer and its workers are gone: nothing stays in
-/dev/shm.
+blocks left once the trainer and its workers are gone; a kill of the whole
+process group (how SLURM cancels) takes the tracker too, so a janitor in a
+session of its own (`start_janitor`) unlinks what the trainer left then,
+Grain's semaphores included: nothing stays in /dev/shm.
 
 Workers start lean: Grain's worker processes run `vidjax.data.lean_worker`
 as their main module instead of the trainer's, which would import jax,
@@ -33,6 +35,7 @@ the kernel's OOM killer struck (the memory cgroup's `oom_kill` count).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -107,6 +110,7 @@ class Workers:
     self.trainer = os.getpid()
     self.prefix = f"{PREFIX}{self.trainer}_{secrets.token_hex(3)}_"
     self._oom_kills = oom_kills()
+    start_janitor()
 
   def init_fn(self):
     """Grain's `worker_init_fn`: called with (index, count) in each worker."""
@@ -143,7 +147,11 @@ class Workers:
     )
 
   def kill(self) -> None:
-    """SIGKILL to the workers still running (their clips are not needed)."""
+    """SIGKILL to the workers still running (their clips are not needed);
+    one still starting (no status yet) ends itself once it starts, seeing
+    the pipeline's stop mark."""
+    with contextlib.suppress(OSError):
+      open(_stop_mark(self.prefix), "wb").close()
     for index in range(self.count):
       status = self.status(index)
       if status and _stat(status["pid"])[1] == self.trainer:
@@ -197,6 +205,8 @@ class Workers:
       names = os.listdir(SHM_DIR)
     except OSError:
       return  # Not Linux: Python's resource tracker unlinks them at exit.
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(_stop_mark(self.prefix))  # Not a block.
     for name in names:
       if name.startswith(self.prefix) and name not in mapped:
         try:
@@ -205,6 +215,68 @@ class Workers:
           continue
         block.close()
         block.unlink()
+
+
+# The janitor: a small process of its own session (a kill of the trainer's
+# process group, as SLURM cancels a job, does not reach it) that notes the
+# /dev/shm names the trainer maps (Grain's semaphores, blocks) and, once the
+# trainer is gone, unlinks those still there and every block named after
+# the trainer. Python's resource tracker does the same, but is in the
+# trainer's group and dies with it. Plain Python (-S, -I): nothing to import.
+_JANITOR = """
+import os, sys, time
+trainer, prefix, shm, every = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+kinds = ("sem.mp-", "psm_", "vidjax_")
+seen = set()
+while os.getppid() == trainer:
+  try:
+    with open(f"/proc/{trainer}/maps") as f:
+      for line in f:
+        if f" {shm}/" in line:
+          name = line.split(f"{shm}/", 1)[1].split()[0]
+          if name.startswith(kinds):
+            seen.add(name)
+  except OSError:
+    break
+  time.sleep(every)
+time.sleep(3 * every)  # The workers see their trainer gone and end.
+for name in os.listdir(shm):
+  if name.startswith(prefix) or name in seen:
+    try:
+      os.unlink(os.path.join(shm, name))
+    except OSError:
+      pass
+"""
+_janitor: list = []
+
+
+def start_janitor() -> None:
+  """Starts this process's /dev/shm janitor (once; Linux only)."""
+  if _janitor or not os.path.isdir(f"/proc/{os.getpid()}"):
+    return
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  _janitor.append(
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-S",
+        "-I",
+        "-c",
+        _JANITOR,
+        str(os.getpid()),
+        f"{PREFIX}{os.getpid()}_",
+        SHM_DIR,
+        str(WATCH_S),
+      ],
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True,
+      close_fds=True,
+    )
+  )
 
 
 def describe_exit(code: int, new_oom_kills: int | None) -> str:
@@ -289,15 +361,23 @@ def _init_worker(index: int, count: int, *, trainer: int, prefix: str) -> None:
   )
   threading.Thread(
     target=_watch,
-    args=(trainer, status),
+    args=(trainer, status, _stop_mark(prefix)),
     daemon=True,
     name="vidjax-worker-watch",
   ).start()
 
 
-def _watch(trainer: int, status: shared_memory.SharedMemory) -> None:
-  """Publishes what this worker reads; ends it once its trainer is gone."""
-  while os.getppid() == trainer:
+def _stop_mark(prefix: str) -> str:
+  """The file that tells a pipeline's workers to end (`Workers.kill`)."""
+  return os.path.join(SHM_DIR, f"{prefix}stop")
+
+
+def _watch(
+  trainer: int, status: shared_memory.SharedMemory, stop_mark: str
+) -> None:
+  """Publishes what this worker reads; ends it once its trainer is gone
+  or its pipeline is stopped."""
+  while os.getppid() == trainer and not os.path.exists(stop_mark):
     publish(status, os.getpid(), reads.in_progress())
     time.sleep(WATCH_S)
   os._exit(1)  # pylint: disable=protected-access

@@ -60,7 +60,8 @@ Every model
                 spatial positions in every frame).
 'videomae'
   mask_ratio    tube-masking ratio; fixes the masked count per clip.
-  decoder.width 384, decoder.depth 4, decoder.heads 6.
+  decoder.width 384, decoder.depth 4, decoder.heads 6; decoder.ln_eps the
+                eps of the decoder's last LayerNorm (None: ln_eps).
   norm_pix_loss per-patch normalised targets.
 'classifier'
   num_classes   head size.

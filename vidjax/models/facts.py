@@ -26,8 +26,10 @@ What each source fixes, read from each codebase's model code:
   AVION CLIP, classifier      gelu        1e-6 / 1e-5             token
   VideoMAE (original, AVION)  gelu        1e-6                    fc_norm: mean,
                                                                   else token
-  Hugging Face VideoMAE       config.json (VideoMAEConfig's defaults: gelu,
-                              1e-12); fc_norm eps 1e-5 (PyTorch's)
+  Hugging Face VideoMAE       config.json (VideoMAEConfig's   use_mean_pooling:
+                              defaults: gelu, 1e-12); fc_norm mean, else token
+                              and the decoder's last
+                              LayerNorm: eps 1e-5 (PyTorch's)
   a vidjax run                its saved config
 
 A video-text CLIP (AVION's, a vidjax run's) also fixes the temperature
@@ -54,6 +56,7 @@ FACT_KEYS = (
   "act",
   "ln_eps",
   "head_ln_eps",
+  "decoder.ln_eps",
   "text.ln_eps",
   "logit_scale_init",
 )
@@ -128,22 +131,26 @@ def videomae_facts(
   mean_pooling: bool,
   hf_config: dict | None = None,
   where: str = "config.json",
+  decoder: bool = False,
 ) -> Facts:
   """The facts of a VideoMAE.
 
   Args:
     origin: 'original' (also AVION's), or 'hugging_face'.
-    finetuned: a classifier (its pooling is fixed; a pretraining's is not:
-      fine-tuning starts its pooled norm fresh).
-    mean_pooling: it has an fc_norm (VideoMAE's use_mean_pooling=True).
+    finetuned: a classifier (its pooling is fixed; an original pretraining's
+      is not: fine-tuning starts its pooled norm fresh; a Hugging Face
+      encoder's is its config's, as VideoMAEForVideoClassification's from it).
+    mean_pooling: VideoMAE's use_mean_pooling=True: a classifier's fc_norm,
+      or a Hugging Face encoder without its last LayerNorm.
     hf_config: a Hugging Face directory's config.json (None: a file alone,
       VideoMAEConfig's defaults, which the hub's models keep).
     where: its path, for messages.
+    decoder: a pretraining with its decoder (its last LayerNorm's eps).
   """
   facts = {
     "backbone": ("videomae", "a VideoMAE: no class token, sinusoid positions")
   }
-  if finetuned:
+  if finetuned or origin == "hugging_face":
     facts["pool"] = (
       ("mean", "fc_norm: VideoMAE use_mean_pooling=True")
       if mean_pooling
@@ -154,11 +161,13 @@ def videomae_facts(
       )
     )
   if origin != "hugging_face":
-    return {
-      **facts,
-      "act": ("gelu", "VideoMAE's nn.GELU"),
-      "ln_eps": (1e-6, "VideoMAE's LayerNorm(eps=1e-6)"),
-    }
+    facts.update(
+      act=("gelu", "VideoMAE's nn.GELU"),
+      ln_eps=(1e-6, "VideoMAE's LayerNorm(eps=1e-6)"),
+    )
+    if decoder:
+      facts["decoder.ln_eps"] = (1e-6, "VideoMAE's LayerNorm(eps=1e-6)")
+    return facts
   why = (
     "config.json"
     if hf_config is not None
@@ -170,8 +179,10 @@ def videomae_facts(
   facts.update(
     {"act": (act, why), "ln_eps": (hf_config.get("layer_norm_eps", 1e-12), why)}
   )
-  if finetuned and mean_pooling:
+  if mean_pooling:
     facts["head_ln_eps"] = (1e-5, "Hugging Face's fc_norm: " + _LN_1E5)
+  if decoder:
+    facts["decoder.ln_eps"] = (1e-5, "Hugging Face's decoder norm: " + _LN_1E5)
   return facts
 
 
@@ -217,6 +228,9 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
     )
     if model.get("head_ln_eps") is not None:
       facts["head_ln_eps"] = (model["head_ln_eps"], why)
+  elif name == "videomae":
+    eps = (model.get("decoder") or {}).get("ln_eps")
+    facts["decoder.ln_eps"] = (facts["ln_eps"][0] if eps is None else eps, why)
   return {k: v for k, v in facts.items() if v[0] is not None}
 
 
@@ -245,6 +259,8 @@ def effective(model, key: str):
   """What `config.model`'s `key` means: '' and None resolved (the
   classifier's backbone defaults)."""
   value = _get(model, key)
+  if key == "decoder.ln_eps":
+    return effective(model, "ln_eps") if value is None else value
   if model.name == "clip" or key not in (
     "act",
     "ln_eps",

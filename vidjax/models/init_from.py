@@ -280,6 +280,15 @@ def fill(
       f"{source.description} holds a {source.kind} model; "
       f"it cannot initialise a {kind} model"
     )
+  if (source.kind, kind) == ("videomae", "classifier") and source.facts.get(
+    "pool", ("",)
+  )[0] == "token":
+    # A Hugging Face encoder saved with use_mean_pooling=False: its own
+    # classifier (VideoMAEForVideoClassification.from_pretrained) normalises
+    # every token with its last LayerNorm and classifies the first.
+    change = dataclasses.replace(
+      change, drop=tuple(d for d in change.drop if d[0] != "encoder.norm.")
+    )
   report = Report(
     source.description,
     f"{source.kind} -> {kind}",

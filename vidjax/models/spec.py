@@ -215,12 +215,15 @@ class VideoMAESpec:
     decoder: the decoder's stack.
     mask_ratio: tube masking's share of each frame's patches.
     norm_pix_loss: per-patch normalised targets.
+    decoder_ln_eps: the eps of the decoder's last LayerNorm (None: its
+      blocks'; `config.model.decoder.ln_eps`).
   """
 
   encoder: Vision
   decoder: Stack
   mask_ratio: float = 0.9
   norm_pix_loss: bool = True
+  decoder_ln_eps: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +342,7 @@ def from_config(config) -> ModelSpec:
     return fill(
       VideoMAESpec,
       values,
+      decoder_ln_eps=config.decoder.get("ln_eps"),
       encoder=fill(Vision, values, **switches, pool="none", mask_ratio=0.0),
       decoder=fill(Stack, decoder, mlp_dim=None, compute=compute),
     )

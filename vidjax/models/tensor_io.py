@@ -281,7 +281,8 @@ def canonical_videomae(sd: dict) -> tuple[dict, str]:
 
   The original release names the encoder 'encoder.blocks.<i>.attn.qkv' with
   separate 'q_bias'/'v_bias' (keys have no bias); fine-tuned checkpoints drop
-  the 'encoder.' prefix; Hugging Face splits query/key/value; AVION's
+  the 'encoder.' prefix; Hugging Face splits query/key/value (and its
+  VideoMAEModel, saved alone, has no 'videomae.' prefix); AVION's
   flash-attention blocks have `attn.Wqkv` (one bias) and `attn.out_proj`,
   and `--channel-last` stores the patch embedding as a Linear over
   (channel, frame, row, column).
@@ -305,6 +306,9 @@ def canonical_videomae(sd: dict) -> tuple[dict, str]:
     (".output.dense.", ".mlp.fc2."),
   ]
   avion = [(".attn.Wqkv.", ".attn.qkv."), (".attn.out_proj.", ".attn.proj.")]
+  if any(name.startswith("embeddings.patch_embeddings.") for name in sd):
+    # A VideoMAEModel's own save_pretrained: its names without 'videomae.'.
+    sd = {f"videomae.{name}": value for name, value in sd.items()}
   is_hf = any(name.startswith("videomae.") for name in sd)
   is_finetuned = "patch_embed.proj.weight" in sd
   is_avion = any(".attn.Wqkv." in name for name in sd)

@@ -90,6 +90,9 @@ class VideoMAE(nnx.Module):
   Parameters: `encoder` (a VisionTransformer, VideoMAE style),
   `encoder_to_decoder` (kernel [D, Dd], no bias), `mask_token` [Dd],
   `decoder` (blocks), `decoder_norm`, `decoder_head` (kernel [Dd, t*p*p*3]).
+  The blocks' LayerNorm eps is the encoder's last norm's too;
+  `spec.decoder_ln_eps` (None: the blocks') is the decoder's last (Hugging
+  Face's is PyTorch's default 1e-5 beside its blocks' 1e-12).
   """
 
   def __init__(self, spec, *, rngs: nnx.Rngs):
@@ -117,7 +120,11 @@ class VideoMAE(nnx.Module):
     )
     self.decoder = Transformer(decoder, rngs=rngs)
     self.decoder_norm = nnx.LayerNorm(
-      decoder.width, epsilon=decoder.ln_eps, rngs=rngs
+      decoder.width,
+      epsilon=decoder.ln_eps
+      if spec.decoder_ln_eps is None
+      else spec.decoder_ln_eps,
+      rngs=rngs,
     )
     patch = spec.encoder.patch_size
     self.decoder_head = nnx.Linear(

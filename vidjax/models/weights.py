@@ -112,6 +112,7 @@ CLIP_NAMES = (
     ),
     (r"transformer\.resblocks\.(\d+)\.", "text.blocks.layers", CLIP_BLOCK),
   ],
+  "CLIP",
 )
 # Original VideoMAE names ('encoder.' prefixed) -> ours.
 VIDEOMAE_NAMES = (
@@ -133,12 +134,13 @@ VIDEOMAE_NAMES = (
     (r"encoder\.blocks\.(\d+)\.", "encoder.blocks.layers", VIDEOMAE_BLOCK),
     (r"decoder\.blocks\.(\d+)\.", "decoder.layers", VIDEOMAE_BLOCK),
   ],
+  "VideoMAE",
 )
 
 
-def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
+def _rename(state_dict: dict, names, where: str) -> tuple[dict, dict, list]:
   """-> ({our path: array}, {our path: source name}, unmatched names)."""
-  top, blocks = names
+  top, blocks, _ = names
   tensors, sources, unmatched = {}, {}, []
   for name, value in state_dict.items():
     if name in top:
@@ -156,7 +158,15 @@ def _rename(state_dict: dict, names) -> tuple[dict, dict, list]:
     if dst in tensors:  # e.g. both a norm and an fc_norm
       unmatched.append(name)
       continue
-    tensors[dst] = transform(value) if transform else value
+    try:
+      tensors[dst] = transform(value) if transform else value
+    except (ValueError, IndexError):  # Another rank than its layout's.
+      raise errors.InitFromError(
+        f"{where}: the tensor {name} has shape {tuple(np.shape(value))}, "
+        f"which is not the layout of {name} in a {names[2]} state dict",
+        hint="the file is damaged or of another model: check it, or name "
+        "another one in --config.init_from",
+      ) from None
     sources[dst] = name
   return tensors, sources, unmatched
 
@@ -194,7 +204,7 @@ def convert(
   ):
     released = "input_resolution" in sd  # OpenAI's .pt archives' extras
     sd, fmt = canonical_clip(sd)
-    tensors, names, unexpected = _rename(sd, CLIP_NAMES)
+    tensors, names, unexpected = _rename(sd, CLIP_NAMES, description)
     kind = "classifier" if "head.kernel" in tensors else "clip"
     if kind == "classifier":
       tensors = {
@@ -230,20 +240,32 @@ def convert(
       facts=facts,
     )
   if any(
-    k.startswith(("encoder.patch_embed.", "patch_embed.", "videomae."))
+    k.startswith(
+      (
+        "encoder.patch_embed.",
+        "patch_embed.",
+        "videomae.",
+        "embeddings.patch_embeddings.",
+      )
+    )
     for k in sd
   ):
     sd, fmt = canonical_videomae(sd)
-    tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES)
+    tensors, names, unexpected = _rename(sd, VIDEOMAE_NAMES, description)
     finetuned = any(
       k.startswith(("encoder.head.", "encoder.fc_norm.")) for k in sd
     )
+    hugging_face = "Hugging Face" in fmt
     facts = facts_lib.videomae_facts(
-      "hugging_face" if "Hugging Face" in fmt else "original",
+      "hugging_face" if hugging_face else "original",
       finetuned=finetuned,
-      mean_pooling="encoder.fc_norm.weight" in sd,
+      # A Hugging Face encoder has its last LayerNorm exactly when its
+      # config says use_mean_pooling=False (VideoMAEModel.layernorm).
+      mean_pooling="encoder.fc_norm.weight" in sd
+      or (hugging_face and not finetuned and "encoder.norm.weight" not in sd),
       hf_config=hf_config,
       where=where,
+      decoder="encoder_to_decoder.weight" in sd,
     )
     conv = sd.get("encoder.patch_embed.proj.weight")
     return init_from.Source(
@@ -305,6 +327,8 @@ def _fact_keys(source: init_from.Source, kind: str) -> dict:
   keys = ["act", "ln_eps"]
   if kind == "clip":
     keys.append("text.ln_eps")
+  elif kind == "videomae":
+    keys.append("decoder.ln_eps")
   elif kind == "classifier":
     keys += ["head_ln_eps", "pool"]
   return {key: source.facts[key][0] for key in keys if key in source.facts}

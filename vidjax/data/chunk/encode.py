@@ -63,7 +63,9 @@ class ChunkOptions:
   preset: str = "veryfast"
   tune: str = "fastdecode"
   x264_params: str = ""  # Extra x264 options, "key=value:key=value".
-  threads: int = 0  # x264 threads; 0 = auto.
+  # Threads of each video's decoder and of its encoder; 0: FFmpeg's choice
+  # (chunk_videos gives each worker its share of the cores).
+  threads: int = 0
 
   def __post_init__(self):
     # A chunk of no length never ends: readers would loop forever.
@@ -161,16 +163,19 @@ def _constant_rate(
   time, and it must not be lost.
   """
   tail = 0.5 / max(float(fps), source_rate)
+  # Grid times as floats (integer division, correctly rounded): Fraction
+  # arithmetic per frame was a few % of the chunker's time.
+  den, num = fps.denominator, fps.numerator
   i, prev = 0, None
   for t, frame in frames:
     if prev is not None:
       midpoint = (prev[0] + t) / 2
-      while i / fps <= midpoint + 1e-9:
+      while i * den / num <= midpoint + 1e-9:
         yield prev[1]
         i += 1
     prev = (t, frame)
   if prev is not None:
-    while i / fps <= prev[0] + tail or i == 0:
+    while i * den / num <= prev[0] + tail or i == 0:
       yield prev[1]
       i += 1
 
@@ -297,6 +302,7 @@ def chunk_video(
       raise ChunkError(f"{src}: no video stream (audio-only or not a video)")
     stream = container.streams.video[0]
     stream.thread_type = "AUTO"
+    stream.codec_context.thread_count = opts.threads
     fps = (
       fractions.Fraction(opts.fps).limit_denominator(1001)
       if opts.fps

@@ -14,13 +14,14 @@ joins a finished split's parts into DST/manifest.jsonl and DST/errors.jsonl.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 import shutil
 import socket
 import time
 
-from vidjax import errors, whole_files
+from vidjax import errors, rundir, whole_files
 from vidjax.data.chunk import manifest as manifest_lib
 
 
@@ -62,10 +63,12 @@ class Report:
     self._write_errors()
     self._write()
 
-  def totals(self, videos: int, source_bytes: int) -> None:
-    """The whole store's source (every shard's), for --status."""
+  def totals(self, videos: int, source_bytes: int, sources: str) -> None:
+    """The whole store's source (every shard's), for --status, and a digest
+    of its files and sizes (each shard of a split must start from them)."""
     self.blob["store_videos"] = videos
     self.blob["store_source_bytes"] = source_bytes
+    self.blob["sources"] = sources
     self._write()
 
   def add(self, vid: str, path: Path, entry: dict | None, error: str | None):
@@ -113,6 +116,11 @@ def source_seconds(entry: dict) -> float:
 # ---------------------------------------------------------------------------
 # --status
 # ---------------------------------------------------------------------------
+def read_progress(part: Path) -> dict | None:
+  """A part's progress.json, or None (none yet, or unreadable)."""
+  return _read_json(part / manifest_lib.PROGRESS)
+
+
 def _read_json(path: Path) -> dict | None:
   try:
     blob = json.loads(path.read_text())
@@ -166,6 +174,33 @@ def _duration(seconds: float) -> str:
   )
 
 
+def _state(part: Path, blob: dict, now: float) -> str:
+  """finished, running (its lock touched lately: the holder does so every
+  HEARTBEAT_S seconds) or stopped."""
+  if blob["finished"]:
+    return "finished"
+  try:
+    idle = now - (part / manifest_lib.LOCK).stat().st_mtime
+  except FileNotFoundError:
+    idle = math.inf
+  return "running" if idle < 2.5 * rundir.HEARTBEAT_S else "stopped"
+
+
+def _rate(blob: dict, state: str, now: float) -> tuple[str, float | None]:
+  """This run's rate (source hours per hour) and, if running, the seconds
+  left at that rate (bytes of source left over bytes per second so far)."""
+  run = blob.get("run") or {}
+  wall = run.get("updated", 0) - run.get("started", 0)
+  if not run.get("source_bytes") or wall <= 0:
+    return "", None
+  text = f"  {run['source_seconds'] / wall:.1f} source-h/h"
+  if state != "running":
+    return text, None
+  left = blob["left_source_bytes"] * wall / run["source_bytes"]
+  eta = max(0.0, left - (now - run["updated"]))
+  return f"{text}, ETA {_duration(eta)}", eta
+
+
 def status(dst: str | os.PathLike, now: float | None = None) -> str:
   """What the store's parts say, as lines to print (see the module doc).
 
@@ -173,70 +208,85 @@ def status(dst: str | os.PathLike, now: float | None = None) -> str:
     errors.PathError: `dst` is not a chunk store.
   """
   dst, now = Path(dst), time.time() if now is None else now
-  parts = _parts(dst)
-  if not parts:
+  found = _parts(dst)
+  if not found:
     raise errors.PathError(
       f"{dst}: not a chunk store (no {manifest_lib.MANIFEST}, no "
       f"{manifest_lib.SHARDS}/)"
     )
-  splits = sorted({kn[1] for kn, _ in parts if kn})
-  lines, failures, etas = [f"{dst}:"], [], []
-  done = total = 0
-  seconds = chunk_bytes = done_bytes = source_bytes = 0.0
-  store_videos = None
-  expected = {(k, n) for n in splits for k in range(1, n + 1)}
-  missing = sorted(
-    expected - {kn for kn, _ in parts if kn}, key=lambda kn: kn[::-1]
-  )
-  for kn, part in parts:
+  shards = {kn for kn, _ in found if kn}
+  splits = sorted({n for _, n in shards})
+  missing = [(k, n) for n in splits for k in range(1, n + 1)]
+  missing = [kn for kn in missing if kn not in shards]
+  lines, failures, etas, blobs = [f"{dst}:"], [], [], []
+  for kn, part in found:
     name = "whole store" if kn is None else f"shard {kn[0]}/{kn[1]}"
-    blob = _read_json(part / manifest_lib.PROGRESS)
     failed = _failures(part)
     failures += failed
+    blob = read_progress(part)
     if blob is None:  # No report (an older chunker): its manifest only.
-      entries = [
-        e
-        for f in [part / manifest_lib.MANIFEST]
-        if f.exists()
-        for _, e in manifest_lib.manifest_lines(f)
-      ]
-      done += len(entries)
-      total += len(entries)
-      seconds += sum(source_seconds(e) for e in entries)
-      lines.append(f"  {name:<12} {len(entries)} videos, no progress.json")
+      listed = part / manifest_lib.MANIFEST
+      entries = (
+        [e for _, e in manifest_lib.manifest_lines(listed)]
+        if listed.exists()
+        else []
+      )
+      seconds = sum(source_seconds(e) for e in entries)
+      blobs.append(
+        dict.fromkeys(_COUNTS, 0)
+        | {
+          "videos": len(entries),
+          "done": len(entries),
+          "done_source_seconds": seconds,
+        }
+      )
+      lines.append(
+        f"  {name:<12} {len(entries)} videos, {_source(seconds)} of source (no {manifest_lib.PROGRESS})"
+      )
       continue
-    store_videos = blob.get("store_videos", store_videos)
-    done += blob["done"]
-    total += blob["videos"]
-    seconds += blob["done_source_seconds"]
-    chunk_bytes += blob["chunk_bytes"]
-    done_bytes += blob["done_source_bytes"]
-    source_bytes += blob["source_bytes"]
-    run = blob.get("run") or {}
-    if blob["finished"]:
-      state = "finished"
-    elif (part / manifest_lib.LOCK).exists():
-      state = "running"
-    else:
-      state = "stopped"
-    rate = ""
-    wall = run.get("updated", 0) - run.get("started", 0)
-    if run.get("source_bytes") and wall > 0:
-      speed = run["source_seconds"] / wall
-      rate = f"  {speed:.1f} source-h/h"
-      if state == "running":
-        left = blob["left_source_bytes"] * wall / run["source_bytes"]
-        eta = max(0.0, left - (now - run["updated"]))
-        etas.append(eta)
-        rate += f", ETA {_duration(eta)}"
+    # A shard counts its videos done in any part: with shards, the whole
+    # store's earlier lines are in their counts already.
+    if kn or not shards:
+      blobs.append(blob)
+    state = _state(part, blob, now)
+    rate, eta = _rate(blob, state, now)
+    if eta is not None:
+      etas.append(eta)
     lines.append(
       f"  {name:<12} {state:<9} {blob['done']}/{blob['videos']} videos, "
       f"{_source(blob['done_source_seconds'])} of source, "
       f"{_size(blob['chunk_bytes'])} of chunks, {len(failed)} failed{rate}"
     )
-  for kn in missing:
-    lines.append(f"  shard {kn[0]}/{kn[1]:<6} not started")
-  total = store_videos or total
+  lines += [f"  {f'shard {k}/{n}':<12} not started" for k, n in missing]
+  lines.append(_totals(blobs, len(failures), missing, etas))
+  if failures:
+    lines.append(f"failed ({len(failures)}):")
+    lines += [f"  {f.get('error', f)}" for f in failures]
+  return "\n".join(lines)
+
+
+# The counts of progress.json that add up over parts.
+_COUNTS = (
+  "videos",
+  "done",
+  "done_source_seconds",
+  "done_source_bytes",
+  "source_bytes",
+  "chunk_bytes",
+)
+
+
+def _totals(blobs: list[dict], failed: int, missing: list, etas: list) -> str:
+  """The last line of --status: the whole store's counts and its ETA."""
+  total = sum(b["videos"] for b in blobs)
+  total = max([total] + [b.get("store_videos", 0) for b in blobs])
+  done = sum(b["done"] for b in blobs)
+  seconds = sum(b["done_source_seconds"] for b in blobs)
+  done_bytes = sum(b["done_source_bytes"] for b in blobs)
+  source_bytes = max(
+    [sum(b["source_bytes"] for b in blobs)]
+    + [b.get("store_source_bytes", 0) for b in blobs]
+  )
   share = f" ({100 * done / total:.0f}%)" if total else ""
   in_all = (
     f" (~{_source(seconds * source_bytes / done_bytes)} in all)"
@@ -249,14 +299,11 @@ def status(dst: str | os.PathLike, now: float | None = None) -> str:
     eta = f"ETA {_duration(max(etas))} at the measured rates"
   else:
     eta = "nothing running"
-  lines.append(
+  chunk_bytes = _size(sum(b["chunk_bytes"] for b in blobs))
+  return (
     f"all: {done}/{total} videos{share}, {_source(seconds)} of source"
-    f"{in_all}, {_size(chunk_bytes)} of chunks, {len(failures)} failed; {eta}"
+    f"{in_all}, {chunk_bytes} of chunks, {failed} failed; {eta}"
   )
-  if failures:
-    lines.append(f"failed ({len(failures)}):")
-    lines += [f"  {f.get('error', f)}" for f in failures]
-  return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------
@@ -350,15 +397,7 @@ def merge(dst: str | os.PathLike) -> dict:
     f.writelines(json.dumps(entry) + "\n" for entry in added)
   with whole_files.replaced(dst / manifest_lib.ERRORS) as f:
     f.writelines(json.dumps(failure) + "\n" for failure in failed)
-  keys = (
-    "videos",
-    "source_bytes",
-    "done",
-    "done_source_bytes",
-    "done_source_seconds",
-    "chunk_bytes",
-    "left_source_bytes",
-  )
+  keys = (*_COUNTS, "left_source_bytes")
   summed = {k: sum(b[k] for b in blobs.values()) for k in keys}
   summed.update(
     shard=None,

@@ -19,6 +19,7 @@ import concurrent.futures as futures
 from concurrent.futures.process import BrokenProcessPool
 import contextlib
 import dataclasses
+import hashlib
 import heapq
 import json
 import multiprocessing
@@ -243,16 +244,27 @@ def chunk_videos(
   else:
     by_id_all = by_id
   _check_split(dst, shard)
+  digest = hashlib.sha256(
+    json.dumps(sorted(sizes.items())).encode()
+  ).hexdigest()
+  if shard is not None:
+    _check_sources(dst, shard, digest[:16])
   manifest_lib.read_manifest(dst)  # A bad line refuses before any write.
   part = manifest_lib.part_dir(dst, shard)
   part.mkdir(parents=True, exist_ok=True)
-  threads = opts.threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
+  # The cores this process may use (SLURM's, a container's), shared out:
+  # one thread per video when there are as many workers as cores.
+  if hasattr(os, "sched_getaffinity"):
+    cores = len(os.sched_getaffinity(0))
+  else:  # macOS
+    cores = os.cpu_count() or 1
+  threads = opts.threads or max(1, cores // max(workers, 1))
   opts = dataclasses.replace(opts, threads=threads)
   with _locked(dst, part, shard):
     finished = manifest_lib.read_manifest(dst)
     todo = [(vid, path) for vid, path in by_id.items() if vid not in finished]
     report = parts.Report(dst, part, shard, by_id, sizes, finished)
-    report.totals(len(by_id_all), sum(sizes.values()))
+    report.totals(len(by_id_all), sum(sizes.values()), digest[:16])
     bar = tqdm.tqdm(
       total=len(todo),
       unit="video",
@@ -311,8 +323,7 @@ def _chunk_all(todo, dst, opts, workers, finish) -> None:
 
 def _check_split(dst: Path, shard: tuple[int, int] | None) -> None:
   """Refuses to mix a whole-store run with shards, or two splits."""
-  parts = manifest_lib.shard_parts(dst)
-  splits = sorted({n for _, n in parts})
+  splits = sorted({n for _, n in manifest_lib.shard_parts(dst)})
   if not splits or (shard is not None and splits == [shard[1]]):
     return
   merge = f"python -m vidjax.data.chunk --merge {dst}"
@@ -328,6 +339,22 @@ def _check_split(dst: Path, shard: tuple[int, int] | None) -> None:
     f"({dst / manifest_lib.SHARDS}), not {shard[1]}",
     hint=f"use --shard K/{splits[0]}, or join the shards first: {merge}",
   )
+
+
+def _check_sources(dst: Path, shard: tuple[int, int], digest: str) -> None:
+  """Refuses a shard whose sources (their names and sizes) differ from
+  those the split's other shards started from: its split would differ, and
+  two shards could chunk one video into the same folder."""
+  for (k, n), folder in manifest_lib.shard_parts(dst).items():
+    blob = parts.read_progress(folder) or {}
+    if n == shard[1] and blob.get("sources", digest) != digest:
+      raise errors.DataError(
+        f"the sources are not those shard {k}/{n} of {dst} started from "
+        "(files added, removed or still growing): the split into shards "
+        "would differ",
+        hint="let the copies finish; or join the shards first (--merge, once "
+        "they are finished) and chunk the rest as a new split",
+      )
 
 
 @contextlib.contextmanager
