@@ -226,10 +226,11 @@ def avion_text(sd, tokens):
 # ----------------------------------------------------- through the recipes
 
 
-def load_through(recipe, path, *sizes):
+def load_through(recipe, path, *sizes, fresh=False):
   """configs/RECIPE.py with init_from=PATH, as `train.setup` loads it (the
   facts settled, the parameters filled by `load_params`), without the
-  optimizer state. -> (model, config, init_from report)."""
+  optimizer state; `fresh`: parameters the source lacks initialised first.
+  -> (model, config, init_from report)."""
   config = config_lib.load_config(
     f"{CONFIGS / recipe}.py", [f"--config.init_from={path}", *sizes]
   )
@@ -237,6 +238,8 @@ def load_through(recipe, path, *sizes):
   settled = facts.settle(config, source)
   make = lambda: models.build_model(config.model, rngs=nnx.Rngs(0))
   graphdef, params, _ = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+  if fresh:  # What the source does not give keeps its initial value.
+    params = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[1])()
   params, report = init_from.load_params(
     params, config.model, source, keep_init=tuple(config.init_keep)
   )
@@ -375,10 +378,13 @@ def test_a_model_key_that_disagrees_with_the_weights_is_refused(
 # ------------------------- Hugging Face VideoMAE (its forward: make_reference)
 
 
-def hf_videomae_dir(path, *, mean_pooling: bool, seed=2):
-  """A VideoMAEForVideoClassification's save_pretrained directory
-  (make_reference.hf_videomae's weights and config.json)."""
-  sd, config = make_reference.hf_videomae(mean_pooling, seed)
+def hf_videomae_dir(
+  path, *, mean_pooling: bool, seed=2, architecture="classification"
+):
+  """A save_pretrained directory of transformers' VideoMAE ARCHITECTURE
+  ('classification', 'model': a VideoMAEModel, or 'pretraining'), with
+  make_reference.hf_videomae's weights and config.json."""
+  sd, config = make_reference.hf_videomae(mean_pooling, seed, architecture)
   path.mkdir()
   (path / "config.json").write_text(json.dumps(config, indent=2))
   write_safetensors(path / "model.safetensors", sd, {"format": "pt"})
@@ -404,6 +410,63 @@ def test_hugging_face_videomae_directory_through_k400_ft(
     forward(model, make_reference.videomae_video()),
     logits["mean" if mean_pooling else "token"],
   )
+
+
+@pytest.mark.parametrize("mean_pooling", [False, True])
+def test_hugging_face_videomae_model_directory_through_k400_ft(
+  mean_pooling, tmp_path
+):
+  """A VideoMAEModel's own directory (names without 'videomae.') fine-tunes
+  as VideoMAEForVideoClassification.from_pretrained of it computes: its
+  config's pooling, a fresh fc_norm (1, 0) and a fresh head (set here to
+  the reference's, make_reference.hf_videomae_head)."""
+  path = tmp_path / "videomae"
+  hf_videomae_dir(path, mean_pooling=mean_pooling, architecture="model")
+  model, _, report = load_through(
+    "k400_ft", path, *SMALL, "--config.data.num_frames=4", fresh=True
+  )
+  encoder = model.encoder
+  assert (
+    encoder.pool,
+    encoder.blocks.layers[0].norm1.epsilon,
+    encoder.norm.epsilon,
+  ) == (("mean", 1e-3, 1e-5) if mean_pooling else ("token", 1e-3, 1e-3))
+  assert {"head.kernel", "head.bias"} <= set(report.fresh)
+  assert ("encoder.norm.scale" in report.fresh) == mean_pooling
+  head = make_reference.hf_videomae_head()
+  model.head.kernel[...] = jax.numpy.asarray(head["classifier.weight"].T)
+  model.head.bias[...] = jax.numpy.asarray(head["classifier.bias"])
+  assert_close(
+    forward(model, make_reference.videomae_video(frames=4)),
+    make_reference.committed("hf_videomae")[f"model/{encoder.pool}"],
+  )
+
+
+def test_hugging_face_videomae_pretraining_directory_predicts_as_it(tmp_path):
+  """VideoMAEForPreTraining's directory through the pretraining recipe: its
+  decoder's last LayerNorm keeps PyTorch's eps (1e-5) beside its blocks'
+  (1e-12 there: 1.5e-5 off); predictions to 1e-6 relative of
+  make_reference.hf_videomae_predictions (committed)."""
+  path = tmp_path / "videomae-pt"
+  hf_videomae_dir(path, mean_pooling=False, architecture="pretraining")
+  decoder = make_reference.VIDEOMAE["decoder"]
+  model, config, _ = load_through(
+    "videomae_vitb_k400_pretrain",
+    path,
+    *SMALL,
+    "--config.data.num_frames=4",
+    f"--config.model.decoder.width={decoder}",
+    "--config.model.decoder.depth=1",
+    "--config.model.decoder.heads=2",
+  )
+  assert (config.model.ln_eps, config.model.decoder.ln_eps) == (1e-3, 1e-5)
+  assert model.decoder_norm.epsilon == 1e-5
+  ours = nnx.jit(lambda m, v, k: m(v, k, return_predictions=True)[1])(
+    model, make_reference.videomae_video(frames=4), make_reference.MASK
+  )
+  theirs = make_reference.committed("hf_videomae")["pretraining"]
+  relative = np.abs(np.asarray(ours) - theirs).max() / np.abs(theirs).max()
+  assert relative <= 1e-6, relative
 
 
 @pytest.mark.parity

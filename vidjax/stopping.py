@@ -27,7 +27,7 @@ continues:
 With several processes (`jax.distributed`), JAX takes SIGTERM itself as
 a preemption notice and tells every process: the loop stops at the step
 JAX's preemption sync agrees on, the same on every process (during start-up
-too, a SIGTERM is acted on there: after the first step). A repeated SIGTERM
+too, a SIGTERM is acted on there, at one of the first steps). A repeated SIGTERM
 is only logged. `python -m vidjax.main` takes the
 signals first thing, so this module is light to import; training and
 evaluation set what a stop means in their part (`handling`, nested). Called

@@ -243,10 +243,21 @@ def crop_fallback() -> dict[str, np.ndarray]:
 
 # ------------------------------------------ Hugging Face VideoMAE, in torch
 
-# A small VideoMAEForVideoClassification: 2 layers, 16 frames of 32x32 in
-# 2x16x16 tubelets, 400 classes; LayerNorm eps 1e-3 (not the default, so
-# that config.json must be read).
-VIDEOMAE = dict(width=64, heads=2, patch=16, size=32, frames=16, eps=1e-3)
+# A small transformers VideoMAE: 2 layers, 16 frames of 32x32 in 2x16x16
+# tubelets, 400 classes; the pretraining's decoder 1 layer of width 32 and
+# 2 heads; LayerNorm eps 1e-3 (not the default, so that config.json must be
+# read).
+VIDEOMAE = dict(
+  width=64, heads=2, patch=16, size=32, frames=16, eps=1e-3, decoder=32
+)
+ARCHITECTURES = {
+  "classification": "VideoMAEForVideoClassification",
+  "model": "VideoMAEModel",  # saved alone: its names lack 'videomae.'
+  "pretraining": "VideoMAEForPreTraining",
+}
+# The pretraining's bool_masked_pos [2, 8] for a 4-frame clip (2 x 2 x 2
+# tubes): 3 of each time step's 4 masked, as tubes.
+MASK = np.array([[1, 1, 0, 1] * 2, [0, 1, 1, 1] * 2], bool)
 
 
 def random_tensors(shapes: dict, seed: int) -> dict[str, np.ndarray]:
@@ -262,28 +273,11 @@ def random_tensors(shapes: dict, seed: int) -> dict[str, np.ndarray]:
   return out
 
 
-def hf_videomae(
-  mean_pooling: bool, seed: int = 2
-) -> tuple[dict[str, np.ndarray], dict]:
-  """A VideoMAEForVideoClassification's weights (transformers' names) and
-  its config.json, as save_pretrained writes them."""
-  width, patch, size = VIDEOMAE["width"], VIDEOMAE["patch"], VIDEOMAE["size"]
-  shapes = {
-    "videomae.embeddings.patch_embeddings.projection.weight": (
-      width,
-      3,
-      2,
-      patch,
-      patch,
-    ),
-    "videomae.embeddings.patch_embeddings.projection.bias": (width,),
-    "classifier.weight": (400, width),
-    "classifier.bias": (400,),
-  }
-  final = "fc_norm" if mean_pooling else "videomae.layernorm"
-  shapes.update({f"{final}.weight": (width,), f"{final}.bias": (width,)})
-  for i in range(2):
-    p = f"videomae.encoder.layer.{i}."
+def _hf_layer_shapes(prefix: str, width: int, layers: int) -> dict:
+  """transformers' VideoMAELayer parameters (q/v biases, no key bias)."""
+  shapes = {}
+  for i in range(layers):
+    p = f"{prefix}.{i}."
     for name, shape in (
       ("attention.attention.query.weight", (width, width)),
       ("attention.attention.key.weight", (width, width)),
@@ -302,8 +296,54 @@ def hf_videomae(
       ("layernorm_after.bias", (width,)),
     ):
       shapes[p + name] = shape
+  return shapes
+
+
+def _norm_shapes(name: str, width: int) -> dict:
+  return {f"{name}.weight": (width,), f"{name}.bias": (width,)}
+
+
+def hf_videomae(
+  mean_pooling: bool, seed: int = 2, architecture: str = "classification"
+) -> tuple[dict[str, np.ndarray], dict]:
+  """The weights and config.json of a transformers VideoMAE ARCHITECTURE
+  (a key of `ARCHITECTURES`) as save_pretrained writes them: 'model' (a
+  VideoMAEModel) without the 'videomae.' prefix, and with its last
+  LayerNorm exactly when use_mean_pooling=False."""
+  width, patch = VIDEOMAE["width"], VIDEOMAE["patch"]
+  decoder, pixels = VIDEOMAE["decoder"], 2 * patch * patch * 3
+  shapes = {
+    "videomae.embeddings.patch_embeddings.projection.weight": (
+      width,
+      3,
+      2,
+      patch,
+      patch,
+    ),
+    "videomae.embeddings.patch_embeddings.projection.bias": (width,),
+  }
+  if architecture == "classification":
+    shapes.update(
+      {"classifier.weight": (400, width), "classifier.bias": (400,)}
+    )
+    final = "fc_norm" if mean_pooling else "videomae.layernorm"
+    shapes.update(_norm_shapes(final, width))
+  elif not mean_pooling:
+    shapes.update(_norm_shapes("videomae.layernorm", width))
+  shapes.update(_hf_layer_shapes("videomae.encoder.layer", width, 2))
+  if architecture == "pretraining":
+    shapes.update(
+      {
+        "encoder_to_decoder.weight": (decoder, width),
+        "mask_token": (1, 1, decoder),
+        **_hf_layer_shapes("decoder.decoder_layers", decoder, 1),
+        **_norm_shapes("decoder.norm", decoder),
+        "decoder.head.weight": (pixels, decoder),
+        "decoder.head.bias": (pixels,),
+      }
+    )
   config = dict(
-    architectures=["VideoMAEForVideoClassification"],
+    architectures=[ARCHITECTURES[architecture]],
     model_type="videomae",
     hidden_size=width,
     num_hidden_layers=2,
@@ -311,27 +351,53 @@ def hf_videomae(
     intermediate_size=4 * width,
     hidden_act="gelu",
     layer_norm_eps=VIDEOMAE["eps"],
-    image_size=size,
+    image_size=VIDEOMAE["size"],
     patch_size=patch,
     num_channels=3,
     num_frames=VIDEOMAE["frames"],
     tubelet_size=2,
     qkv_bias=True,
     use_mean_pooling=mean_pooling,
+    decoder_num_attention_heads=2,
+    decoder_hidden_size=decoder,
+    decoder_num_hidden_layers=1,
+    decoder_intermediate_size=4 * decoder,
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
     initializer_range=0.02,
     norm_pix_loss=True,
     torch_dtype="float32",
-    id2label={str(i): f"LABEL_{i}" for i in range(400)},
     transformers_version="4.57.1",
   )
-  return random_tensors(shapes, seed), config
+  if architecture == "classification":
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(400)}
+  sd = random_tensors(shapes, seed)
+  if architecture == "pretraining":
+    # Small decoder input and residual branches: its last LayerNorm sees
+    # little more than the position table's variance, so that its eps shows
+    # (1e-12 for 1e-5: predictions 1.5e-5 off, not 2e-6).
+    for name in sd:
+      if name == "encoder_to_decoder.weight" or (
+        name.startswith("decoder.") and ".output.dense." in name
+      ):
+        sd[name] *= 0.1
+  if architecture == "model":
+    sd = {k.removeprefix("videomae."): v for k, v in sd.items()}
+  return sd, config
 
 
-def videomae_video(seed: int = 1) -> np.ndarray:
-  """The normalised input video, float32 [2, 16, 32, 32, 3]."""
-  frames, size = VIDEOMAE["frames"], VIDEOMAE["size"]
+def hf_videomae_head(seed: int = 3) -> dict[str, np.ndarray]:
+  """The classifier VideoMAEForVideoClassification.from_pretrained adds to
+  a VideoMAEModel's weights (fresh there; seeded here, for the test to set
+  in vidjax's fresh head): `classifier.weight` [400, 64], `.bias` [400]."""
+  width = VIDEOMAE["width"]
+  shapes = {"classifier.weight": (400, width), "classifier.bias": (400,)}
+  return random_tensors(shapes, seed)
+
+
+def videomae_video(seed: int = 1, frames: int = 16) -> np.ndarray:
+  """The normalised input video, float32 [2, FRAMES, 32, 32, 3]."""
+  size = VIDEOMAE["size"]
   rng = np.random.default_rng(seed)
   return rng.standard_normal((2, frames, size, size, 3)).astype(np.float32)
 
@@ -377,27 +443,34 @@ def _sinusoid_table(length, dim):
   )
 
 
-def hf_videomae_logits(sd, config, video):
-  """transformers' VideoMAEForVideoClassification.forward, written from
-  `modeling_videomae.py`: sd torch tensors, video [B, T, C, H, W]."""
+def _hf_embeddings(sd, config, video):
+  """VideoMAEEmbeddings: video [B, T, C, H, W] -> tubelets [B, N, D] plus
+  the sinusoid positions."""
   import torch  # pylint: disable=import-outside-toplevel
 
-  F = torch.nn.functional
-  eps, width = config["layer_norm_eps"], config["hidden_size"]
   patch = config["patch_size"]
   x = (
-    F.conv3d(
+    torch.nn.functional.conv3d(
       video.transpose(1, 2),
       sd["videomae.embeddings.patch_embeddings.projection.weight"],
       sd["videomae.embeddings.patch_embeddings.projection.bias"],
-      stride=(2, patch, patch),
+      stride=(config["tubelet_size"], patch, patch),
     )
     .flatten(2)
     .transpose(1, 2)
   )
-  x = x + _sinusoid_table(x.shape[1], width)
-  for i in range(config["num_hidden_layers"]):
-    p = f"videomae.encoder.layer.{i}."
+  return x + _sinusoid_table(x.shape[1], x.shape[-1])
+
+
+def _hf_layers(x, sd, prefix, layers, heads, eps):
+  """transformers' VideoMAELayers PREFIX.i on x [B, N, D]: pre-LN, exact
+  GELU, no key bias."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  F = torch.nn.functional
+  width = x.shape[-1]
+  for i in range(layers):
+    p = f"{prefix}.{i}."
     a = p + "attention.attention."
     h = layer_norm(x, sd, p + "layernorm_before", eps)
     weight = torch.cat(
@@ -410,7 +483,7 @@ def hf_videomae_logits(sd, config, video):
       bias,
       sd[p + "attention.output.dense.weight"],
       sd[p + "attention.output.dense.bias"],
-      config["num_attention_heads"],
+      heads,
     )
     h = F.gelu(
       F.linear(
@@ -422,25 +495,108 @@ def hf_videomae_logits(sd, config, video):
     x = x + F.linear(
       h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"]
     )
+  return x
+
+
+def _hf_encoder(sd, config, x):
+  """VideoMAEModel's encoder (and last LayerNorm where not mean pooling)."""
+  eps = config["layer_norm_eps"]
+  x = _hf_layers(
+    x,
+    sd,
+    "videomae.encoder.layer",
+    config["num_hidden_layers"],
+    config["num_attention_heads"],
+    eps,
+  )
+  if config["use_mean_pooling"]:
+    return x
+  return layer_norm(x, sd, "videomae.layernorm", eps)
+
+
+def hf_videomae_logits(sd, config, video):
+  """transformers' VideoMAEForVideoClassification.forward, written from
+  `modeling_videomae.py`: sd torch tensors, video [B, T, C, H, W]."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  x = _hf_encoder(sd, config, _hf_embeddings(sd, config, video))
   if config["use_mean_pooling"]:
     x = layer_norm(x.mean(1), sd, "fc_norm", 1e-5)  # nn.LayerNorm's default
   else:
-    x = layer_norm(x, sd, "videomae.layernorm", eps)[:, 0]
-  return F.linear(x, sd["classifier.weight"], sd["classifier.bias"])
+    x = x[:, 0]
+  return torch.nn.functional.linear(
+    x, sd["classifier.weight"], sd["classifier.bias"]
+  )
+
+
+def hf_videomae_predictions(sd, config, video, mask):
+  """transformers' VideoMAEForPreTraining.forward's logits [B, M, t*p*p*3]
+  (the masked tubes' pixels) for video [B, T, C, H, W] and bool_masked_pos
+  `mask` [B, N] (M masked in each clip)."""
+  import torch  # pylint: disable=import-outside-toplevel
+
+  batch, width = len(video), config["decoder_hidden_size"]
+  keep = lambda x, where: x[where].reshape(batch, -1, x.shape[-1])
+  x = keep(_hf_embeddings(sd, config, video), ~mask)
+  x = _hf_encoder(sd, config, x)
+  x = torch.nn.functional.linear(x, sd["encoder_to_decoder.weight"])
+  positions = _sinusoid_table(mask.shape[1], width).expand(batch, -1, -1)
+  x = torch.cat(
+    [x + keep(positions, ~mask), sd["mask_token"] + keep(positions, mask)], 1
+  )
+  x = _hf_layers(
+    x,
+    sd,
+    "decoder.decoder_layers",
+    config["decoder_num_hidden_layers"],
+    config["decoder_num_attention_heads"],
+    config["layer_norm_eps"],
+  )
+  # The decoder's own nn.LayerNorm(decoder_hidden_size): eps 1e-5.
+  x = layer_norm(x[:, -int(mask[0].sum()) :], sd, "decoder.norm", 1e-5)
+  return torch.nn.functional.linear(
+    x, sd["decoder.head.weight"], sd["decoder.head.bias"]
+  )
 
 
 def hf_videomae_outputs() -> dict[str, np.ndarray]:
-  """The classifier's logits, float32 [2, 400], for `videomae_video()`:
-  `token` (the last LayerNorm, token 0) and `mean` (fc_norm of the mean)."""
+  """transformers' outputs of `hf_videomae`'s directories:
+
+  `token` / `mean`: a VideoMAEForVideoClassification's logits, float32
+  [2, 400], of `videomae_video()` (the last LayerNorm, token 0; fc_norm of
+  the mean); `model/token` / `model/mean`: those of
+  VideoMAEForVideoClassification.from_pretrained of a VideoMAEModel's
+  directory (with `hf_videomae_head()` and a fresh fc_norm: 1, 0), on the
+  4-frame `videomae_video(frames=4)`; `pretraining`: a
+  VideoMAEForPreTraining's predictions, float32 [2, 6, 1536], of that clip
+  under `MASK`.
+  """
   import torch  # pylint: disable=import-outside-toplevel
 
-  video = torch.from_numpy(videomae_video()).permute(0, 1, 4, 2, 3)
+  def tensors(sd):
+    return {k: torch.from_numpy(v) for k, v in sd.items()}
+
+  def video(frames):
+    clip = videomae_video(frames=frames)
+    return torch.from_numpy(clip).permute(0, 1, 4, 2, 3)
+
   out = {}
-  for pool, mean_pooling in (("token", False), ("mean", True)):
-    sd, config = hf_videomae(mean_pooling)
-    sd = {k: torch.from_numpy(v) for k, v in sd.items()}
-    with torch.no_grad():
-      out[pool] = hf_videomae_logits(sd, config, video).numpy()
+  width = VIDEOMAE["width"]
+  fresh_norm = {"fc_norm.weight": np.ones(width, np.float32)}
+  fresh_norm["fc_norm.bias"] = np.zeros(width, np.float32)
+  with torch.no_grad():
+    for pool, mean_pooling in (("token", False), ("mean", True)):
+      sd, config = hf_videomae(mean_pooling)
+      out[pool] = hf_videomae_logits(tensors(sd), config, video(16)).numpy()
+      sd, config = hf_videomae(mean_pooling, architecture="model")
+      sd = {f"videomae.{k}": v for k, v in sd.items()}  # from_pretrained's
+      sd.update(hf_videomae_head(), **(fresh_norm if mean_pooling else {}))
+      logits = hf_videomae_logits(tensors(sd), config, video(4))
+      out[f"model/{pool}"] = logits.numpy()
+    sd, config = hf_videomae(False, architecture="pretraining")
+    out["pretraining"] = hf_videomae_predictions(
+      tensors(sd), config, video(4), torch.from_numpy(MASK)
+    ).numpy()
   return out
 
 

@@ -40,16 +40,6 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
   return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def _aligned(value: np.ndarray) -> np.ndarray:
-  """`value` if it starts on an `ALIGNMENT`-byte boundary, else an aligned
-  copy."""
-  if value.ctypes.data % ALIGNMENT == 0:
-    return value
-  out = aligned_empty(value.shape, value.dtype)
-  out[...] = value
-  return out
-
-
 def failure_lines(failures: collections.Counter, limit: int = 10) -> list[str]:
   """'FILE: N failed reads' lines, most failures first, at most `limit`."""
   lines = [
@@ -65,8 +55,7 @@ class HostBatches:
   """Grain's groups of clips -> numeric local batches, with skip accounting.
 
   Builds each batch in the main process, copying group after group into it
-  so that each group's /dev/shm block is freed before the next arrives; a
-  group that is a whole batch is the batch, its aligned arrays uncopied.
+  so that each group's /dev/shm block is freed before the next arrives.
   Strips the per-element error strings, counts failed reads per file
   (`failures`; the first failure of each file is logged), stops with
   `errors.DataError` when they pass `max_skip_fraction`, and pads a short
@@ -138,15 +127,6 @@ class HostBatches:
         break
       self.groups += 1
       messages.extend(str(m) for m in group.pop("errors"))
-      size = len(group["valid"])
-      if not batch and size == self._batch_size:
-        # A whole batch in one group: its aligned arrays (the /dev/shm
-        # blocks of the frames) are the batch, without a copy.
-        return (
-          {k: _aligned(np.asarray(v)) for k, v in group.items()},
-          messages,
-          size,
-        )
       if not batch:
         batch = {
           k: aligned_empty(
@@ -154,6 +134,7 @@ class HostBatches:
           )
           for k, v in group.items()
         }
+      size = len(group["valid"])
       for key, value in group.items():
         batch[key][count : count + size] = value  # The shm block goes with it.
       count += size

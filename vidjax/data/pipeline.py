@@ -152,20 +152,14 @@ def shared_memory_bytes(
   Per worker: `worker_buffer` clips (in whole groups of
   `clips_per_transfer`) in its queue and as many read ahead by the main
   process, plus one group being handed over on each side; and
-  `PENDING_FREES` groups read but not yet freed. A group that is a whole
-  batch is the batch itself, without a copy (`batches.HostBatches`): its
-  block lives until the batch reaches the devices, so the batches in flight
-  (`device_prefetch`, and the one in hand) count too. Only the frames go
-  through /dev/shm (`MIN_SHM_BYTES`).
+  `PENDING_FREES` groups read but not yet freed. Only the frames go through
+  /dev/shm (`MIN_SHM_BYTES`).
   """
   if not data.workers:
     return 0
   group = clips_per_transfer(data, local_batch, train)
   groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 2)
-  groups += PENDING_FREES
-  if group == local_batch:
-    groups += data.device_prefetch + 1
-  return groups * group * clip_bytes(data, train)
+  return (groups + PENDING_FREES) * group * clip_bytes(data, train)
 
 
 def check_shared_memory(
