@@ -18,7 +18,7 @@ from test_models_weights import (
   random_videomae_state_dict,
 )
 from vidjax import checkpoint, keypaths, resume, rundir, sharding
-from vidjax.models import CLIP, Classifier, init_from, weights
+from vidjax.models import CLIP, Classifier, init_from, spec, weights
 
 
 def shapes(make):
@@ -35,17 +35,19 @@ def clip_classifier(**kw):
     **dict(
       num_classes=5,
       backbone="clip",
+      variant="B/8",
       width=64,
       depth=2,
       heads=1,
-      patch_size=8,
       image_size=16,
       num_frames=4,
       tubelet=1,
+      drop_path=0.0,
+      dtype="float32",
     ),
     **kw,
   }
-  return lambda: Classifier(**kw, rngs=nnx.Rngs(0))
+  return lambda: Classifier(spec.of("classifier", **kw), rngs=nnx.Rngs(0))
 
 
 def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
@@ -89,17 +91,7 @@ def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
 
 def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
   source = weights.convert(random_videomae_state_dict())
-  make = lambda: Classifier(
-    num_classes=3,
-    width=64,
-    depth=1,
-    heads=1,
-    patch_size=8,
-    image_size=16,
-    num_frames=4,
-    tubelet=2,
-    rngs=nnx.Rngs(0),
-  )
+  make = clip_classifier(num_classes=3, backbone="videomae", depth=1, tubelet=2)
   values, report = init_from.fill(shapes(make), source, "classifier", tubelet=2)
   assert set(report.fresh) == {
     "head.kernel",
@@ -115,22 +107,24 @@ def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
   assert "encoder.blocks.layers.0.attn.qkv.bias" in values
 
 
-def small_clip(embed_dim):
-  return lambda: CLIP(
-    embed_dim=embed_dim,
-    image_size=16,
-    patch_size=8,
-    num_frames=4,
-    vision_width=64,
-    vision_depth=2,
-    vision_heads=1,
-    vocab_size=50,
-    context_length=12,
-    text_width=64,
-    text_heads=1,
-    text_depth=1,
-    rngs=nnx.Rngs(0),
-  )
+def small_clip(embed_dim, **keys):
+  """A CLIP of ViT-64/8 (2 blocks) and a 64-wide text tower of 1 block."""
+  keys = {
+    **dict(
+      embed_dim=embed_dim,
+      variant="B/8",
+      width=64,
+      depth=2,
+      heads=1,
+      image_size=16,
+      num_frames=4,
+      text=dict(vocab_size=50, context_length=12, width=64, heads=1, layers=1),
+      drop_path=0.0,
+      dtype="float32",
+    ),
+    **keys,
+  }
+  return lambda: CLIP(spec.of("clip", **keys), rngs=nnx.Rngs(0))
 
 
 def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
@@ -209,24 +203,7 @@ def test_load_params_puts_each_array_on_the_live_sharding():
 
 def test_a_vidjax_run_loads_across_scan_and_task(tmp_path, caplog):
   """A scanned CLIP run -> an unscanned classifier, from its workdir."""
-  model = nnx.eval_shape(
-    lambda: CLIP(
-      embed_dim=16,
-      image_size=16,
-      patch_size=8,
-      num_frames=2,
-      vision_width=64,
-      vision_depth=2,
-      vision_heads=1,
-      vocab_size=50,
-      context_length=12,
-      text_width=64,
-      text_heads=1,
-      text_depth=1,
-      scan=True,
-      rngs=nnx.Rngs(0),
-    )
-  )
+  model = nnx.eval_shape(small_clip(16, num_frames=2, scan=True))
   rng = np.random.default_rng(0)
   params = jax.tree.map(
     lambda x: rng.standard_normal(x.shape).astype(np.float32),

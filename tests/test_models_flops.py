@@ -9,10 +9,9 @@ import pytest
 
 from vidjax import config as config_lib
 from vidjax.defaults import model_config
-from vidjax.models import build_model
+from vidjax.models import build_model, spec
 from vidjax.models.flops import flops_per_example
 from vidjax.models.shapes import unmasked
-from vidjax.models.vit import every_token
 
 BATCH = 2
 
@@ -96,8 +95,13 @@ def test_masked_clip_training_clip_costs_at_most_055x_by_flops_and_xla():
   assert (masked.num_frames, masked.mask_ratio) == (4, 0.5)
   model = nnx.eval_shape(lambda: build_model(masked, rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  with every_token(model):  # The unmasked tuning's graph, as `steps` has it.
-    graphdefs = {"masked": graphdef, "unmasked": nnx.graphdef(model)}
+  # The unmasked tuning's graph, as `steps` has it: its spec's model.
+  every_token = spec.unmasked(model.spec)
+  assert every_token.vision.mask_ratio == 0 < model.spec.vision.mask_ratio
+  every_token = nnx.eval_shape(
+    lambda s=every_token: build_model(s, rngs=nnx.Rngs(0))
+  )
+  graphdefs = {"masked": graphdef, "unmasked": nnx.graphdef(every_token)}
   counted, by_xla = {}, {}
   for name, config in (("masked", masked), ("unmasked", unmasked(masked))):
 

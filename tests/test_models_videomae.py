@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vidjax.defaults import model_config
-from vidjax.models import build_model
+from vidjax.models import build_model, spec
 from vidjax.models.videomae import (
   Classifier,
   VideoMAE,
@@ -18,23 +18,21 @@ from vidjax.tasks import losses
 
 
 def tiny_videomae(**overrides):
-  kwargs = dict(
+  keys = dict(
+    variant="Ti/8",
     width=32,
     depth=2,
     heads=2,
-    patch_size=8,
     image_size=16,
     num_frames=4,
     tubelet=2,
-    decoder_width=16,
-    decoder_depth=1,
-    decoder_heads=2,
+    decoder=dict(width=16, depth=1, heads=2),
     mask_ratio=0.5,
+    dtype="float32",
     attention="xla",
-    rngs=nnx.Rngs(0),
   )
-  kwargs.update(overrides)
-  return VideoMAE(**kwargs)
+  keys.update(overrides)
+  return VideoMAE(spec.of("videomae", **keys), rngs=nnx.Rngs(0))
 
 
 def tube_mask(batch=2, seed=0):
@@ -102,20 +100,22 @@ def test_wrong_mask_count_gives_nan_and_wrong_shape_raises():
 def test_classifier_backbones_and_build_model():
   video = jax.random.normal(jax.random.key(1), (2, 4, 16, 16, 3))
   for backbone, tubelet in (("videomae", 2), ("clip", 1)):
-    model = Classifier(
+    keys = dict(
       num_classes=5,
       backbone=backbone,
+      variant="Ti/8",
       width=32,
       depth=1,
       heads=2,
-      patch_size=8,
       image_size=16,
       num_frames=4,
       tubelet=tubelet,
+      drop_path=0.0,
       head_dropout=0.5,
+      dtype="float32",
       attention="xla",
-      rngs=nnx.Rngs(0),
     )
+    model = Classifier(spec.of("classifier", **keys), rngs=nnx.Rngs(0))
     run = nnx.jit(
       lambda model, video, key: (
         model(video),

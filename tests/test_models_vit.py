@@ -12,7 +12,7 @@ from vidjax.bench.cuda_trace import (
   lower_for_cuda,
 )
 from vidjax.defaults import model_config, parse_variant
-from vidjax.models import build_model
+from vidjax.models import build_model, spec
 from vidjax.models.transformer import Transformer
 from vidjax.models.vit import VisionTransformer, num_kept_tokens, patchify
 
@@ -29,10 +29,9 @@ def tiny_vit(**overrides):
     output_dim=8,
     attention="xla",
     drop_path=0.2,
-    rngs=nnx.Rngs(0),
   )
   kwargs.update(overrides)
-  return VisionTransformer(**kwargs)
+  return VisionTransformer(spec.fill(spec.Vision, kwargs), rngs=nnx.Rngs(0))
 
 
 def video(shape=(2, 4, 16, 16, 3), seed=1):
@@ -243,13 +242,18 @@ def test_bfloat16_residual_stream_stays_bfloat16_and_close(scan):
   stacks = {}
   for residual in (jnp.float32, jnp.bfloat16):
     stacks[residual] = Transformer(
-      width=32,
-      depth=3,
-      heads=2,
-      mlp_dim=64,
-      attention="xla",
-      scan=scan,
-      residual_dtype=residual,
+      spec.fill(
+        spec.Stack,
+        dict(
+          width=32,
+          depth=3,
+          heads=2,
+          mlp_dim=64,
+          attention="xla",
+          scan=scan,
+          residual_dtype=residual,
+        ),
+      ),
       rngs=nnx.Rngs(0),
     )
   wide, narrow = stacks[jnp.float32](x), stacks[jnp.bfloat16](x)
@@ -290,13 +294,18 @@ def test_save_attention_keeps_what_cudnn_backward_needs(remat, reruns):
   with forced_cudnn():
     stack = nnx.eval_shape(
       lambda: Transformer(
-        width=128,
-        depth=depth,
-        heads=2,
-        mlp_dim=256,
-        remat=remat,
-        attention="cudnn",
-        dtype=jnp.bfloat16,
+        spec.fill(
+          spec.Stack,
+          dict(
+            width=128,
+            depth=depth,
+            heads=2,
+            mlp_dim=256,
+            remat=remat,
+            attention="cudnn",
+            dtype=jnp.bfloat16,
+          ),
+        ),
         rngs=nnx.Rngs(0),
       )
     )

@@ -18,7 +18,6 @@ import pytest
 
 from vidjax import (
   config as config_lib,
-  models,
   sharding,
   steps as steps_lib,
   tasks,
@@ -41,10 +40,7 @@ KEEPS_ATTENTION = ("none", "save_attention", "save_dots_and_attention")
 
 
 def attention_layers(model) -> int:
-  kw = models.model_kwargs(model)
-  if model.name == "clip":
-    return kw["vision_depth"] + kw["text_depth"]
-  return kw["depth"] + (kw["decoder_depth"] if model.name == "videomae" else 0)
+  return sum(shape.layers for shape in shapes.attention_shapes(model).values())
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -57,7 +57,7 @@ from vidjax import (
   tasks,
 )
 from vidjax.data import batches
-from vidjax.models import attention, shapes, transformer
+from vidjax.models import attention, shapes, spec as spec_lib
 
 GiB, MiB = 2**30, 2**20
 HEADROOM = 0.10  # Of the device's memory, kept free for what is not counted.
@@ -154,8 +154,9 @@ def step_memories(
 ) -> Iterator[StepMemory]:
   """The training step's memory per device under each policy, in turn.
 
-  The policies change only what the blocks keep: the model's construction
-  is traced once (seconds for a ViT-B) and its blocks' policy switched.
+  The policies change only what the blocks keep: each is the model of the
+  spec with that policy (`spec.with_compute`), its construction traced
+  abstractly (about a second for a ViT-B).
 
   Args:
     config: the run config (its task, model, optimizer, fsdp, accum_steps).
@@ -168,14 +169,13 @@ def step_memories(
   config = config.copy_and_resolve_references()
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
-  model = nnx.eval_shape(
-    lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed))
-  )
+  spec = spec_lib.from_config(config.model)
   for remat in remats:
     config.model.remat = remat
-    for _, node in nnx.iter_graph(model):
-      if isinstance(node, transformer.Transformer):
-        node.remat = remat
+    variant = spec_lib.with_compute(spec, remat=remat)
+    model = nnx.eval_shape(
+      lambda s=variant: models.build_model(s, rngs=nnx.Rngs(config.seed))
+    )
     state, rest, steps = steps_lib.build_state_and_steps(
       config, task, mesh, abstract=True, model=model
     )

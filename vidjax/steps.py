@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from vidjax import augment, keypaths, models, optim, sharding, tasks
-from vidjax.models import clip as clip_lib, vit
+from vidjax.models import clip as clip_lib, spec as spec_lib
 from vidjax.tasks import Task
 
 # The batch keys every evaluation keeps beside the task's outputs: the record
@@ -348,6 +348,18 @@ def make_steps(
   )
 
 
+def _unmasked_graphdef(model, seed: int):
+  """The graph of the unmasked tuning's steps: the model of the spec whose
+  video tower sees every token (`spec.unmasked`), built abstractly; the
+  model's own graph where it never masks."""
+  spec = spec_lib.unmasked(model.spec)
+  if spec == model.spec:
+    return nnx.graphdef(model)
+  return nnx.graphdef(
+    nnx.eval_shape(lambda: models.build_model(spec, rngs=nnx.Rngs(seed)))
+  )
+
+
 def build_state_and_steps(
   config,
   task: Task,
@@ -366,8 +378,9 @@ def build_state_and_steps(
       arrays: nothing is computed or allocated, and the steps can still be
       traced, lowered or compiled for them.
     model: with `abstract`, the model's abstract form (`nnx.eval_shape`
-      of `models.build_model`) to use instead of tracing its construction
-      again (`vidjax.memory` estimates several remat policies with one).
+      of `models.build_model`, of `config.model` or a variant of its spec:
+      `vidjax.memory` passes one per remat policy) to use instead of
+      tracing its construction again.
 
   Returns:
     (state, rest, steps): state {step, params, opt}, the model's untrained
@@ -399,8 +412,7 @@ def build_state_and_steps(
   elif not abstract:
     raise ValueError("a prebuilt abstract model needs abstract=True")
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  with vit.every_token(model):
-    unmasked_graphdef = nnx.graphdef(model)
+  unmasked_graphdef = _unmasked_graphdef(model, config.seed)
   shapes = (jax.eval_shape(train_state, params), rest)
   shardings = sharding.param_shardings(shapes, mesh)
   if abstract:

@@ -29,8 +29,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from vidjax import models, monitor
-from vidjax.models import shapes
+from vidjax import monitor
+from vidjax.models import shapes, spec as spec_lib
 
 # HBM bandwidth per chip (bytes/s), looked up in `device_kind` as
 # `monitor.PEAK_FLOPS_BY_DEVICE_KIND` is: longest key first.
@@ -63,15 +63,15 @@ def median_ms(fn, *args, repeats: int) -> float:
 
 def _linear_layers(model, batch: int) -> list[tuple[str, int, int, int, int]]:
   """(tower, rows, fan in, fan out, depth) of each block's linear layers."""
-  kw = models.model_kwargs(model)
+  spec = spec_lib.from_config(model)
   towers = shapes.attention_shapes(model)
   layers = []
-  for tower, width in (
-    ("vision", kw["vision_width"]),
-    ("text", kw["text_width"]),
+  for tower, stack in (
+    ("vision", spec.vision.blocks),
+    ("text", spec.text.blocks),
   ):
     rows = batch * towers[tower].tokens
-    mlp = kw["vision_mlp_dim"] if tower == "vision" else 4 * width
+    width, mlp = stack.width, stack.mlp_dim
     for fan_in, fan_out in (
       (width, 3 * width),
       (width, width),

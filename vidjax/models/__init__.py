@@ -1,8 +1,10 @@
 """Models: video ViT, CLIP, VideoMAE, classifier; built from a config.
 
-`build_model(config, rngs=...)` reads these keys of `config` (a ConfigDict,
-usually `config.model`; `vidjax.defaults.model_config(name)` has all of
-them, with their defaults):
+`build_model(config, rngs=...)` builds the model of `config` (usually
+`config.model`) through its spec (`spec.from_config`: one frozen
+description, each module given its part whole). It reads these keys
+(`vidjax.defaults.model_config(name)` has all of them, with their
+defaults):
 
 Every model
   name          'clip' | 'videomae' | 'classifier'.
@@ -79,13 +81,12 @@ construction, or from `rngs=` given at call time (nnx.Rngs or a key).
 from __future__ import annotations
 
 from flax import nnx
-import jax
-import jax.numpy as jnp
 import ml_collections
 
-from vidjax import defaults, internals
+from vidjax import internals
+from vidjax.models import spec as spec_lib
 from vidjax.models.clip import CLIP
-from vidjax.models.transformer import drop_path_rates
+from vidjax.models.spec import resolve_dtype
 from vidjax.models.videomae import Classifier, VideoMAE
 from vidjax.models.vit import VisionTransformer
 
@@ -96,119 +97,30 @@ __all__ = [
   "VisionTransformer",
   "MODELS",
   "build_model",
-  "model_kwargs",
   "resolve_dtype",
 ]
 
-
-def resolve_dtype(name: str):
-  """'bfloat16' | 'float32' | 'float16' | 'auto' -> a jnp dtype."""
-  if name == "auto":
-    return jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
-  if name not in defaults.DTYPES:
-    raise ValueError(
-      f"model dtype must be one of {defaults.DTYPES}, got {name!r}"
-    )
-  return jnp.dtype(name).type
-
-
-def _clip_kwargs(config, vision: dict) -> dict:
-  text = config.text
-  return dict(
-    act=config.act,
-    norm_eps=config.ln_eps,
-    text_norm_eps=text.ln_eps,
-    embed_dim=config.embed_dim,
-    **{f"vision_{key}": value for key, value in vision.items()},
-    vocab_size=text.vocab_size,
-    context_length=text.context_length,
-    text_width=text.width,
-    text_heads=text.heads,
-    text_depth=text.layers,
-    logit_scale_init=config.logit_scale_init,
-    learn_logit_scale=config.learn_logit_scale,
-    mask_ratio=config.mask_ratio,
-    mask_kind=config.mask_kind,
-  )
-
-
-def _videomae_kwargs(config, vision: dict) -> dict:
-  return dict(
-    **vision,
-    act=config.act,
-    norm_eps=config.ln_eps,
-    decoder_width=config.decoder.width,
-    decoder_depth=config.decoder.depth,
-    decoder_heads=config.decoder.heads,
-    decoder_norm_eps=config.decoder.get("ln_eps"),
-    mask_ratio=config.mask_ratio,
-    norm_pix_loss=config.norm_pix_loss,
-  )
-
-
-def _classifier_kwargs(config, vision: dict) -> dict:
-  return dict(
-    **vision,
-    num_classes=config.num_classes,
-    act=config.act or None,
-    norm_eps=config.ln_eps,
-    head_norm_eps=config.head_ln_eps,
-    backbone=config.backbone,
-    pool=config.pool or None,
-    head_dropout=config.head_dropout,
-    head_init_scale=config.head_init_scale,
-  )
-
-
 # The model registry: `model.name` (the names of `defaults.MODELS`, whose
-# `model_config` has their keys) -> the class and its keyword arguments
-# beyond the vision tower's.
+# `model_config` has their keys) -> the class, built from its spec.
 MODELS = {
-  "clip": (CLIP, _clip_kwargs),
-  "videomae": (VideoMAE, _videomae_kwargs),
-  "classifier": (Classifier, _classifier_kwargs),
+  "clip": CLIP,
+  "videomae": VideoMAE,
+  "classifier": Classifier,
+}
+_NAMES = {
+  spec_lib.ClipSpec: "clip",
+  spec_lib.VideoMAESpec: "videomae",
+  spec_lib.ClassifierSpec: "classifier",
 }
 
 
-def model_kwargs(config: ml_collections.ConfigDict) -> dict:
-  """The constructor keyword arguments (without rngs) for `config.name`."""
-  if config.name not in MODELS:
-    raise ValueError(
-      f"config.name must be one of {tuple(MODELS)}, got {config.name!r}"
-    )
-  sizes = defaults.parse_variant(config.variant)
-  for key in ("width", "depth", "heads", "mlp_dim"):
-    if config[key] is not None:
-      sizes[key] = config[key]
-  if config.mlp_dim is None:
-    sizes["mlp_dim"] = 4 * sizes["width"]
-  common = dict(
-    patch_size=sizes["patch_size"],
-    image_size=config.image_size,
-    num_frames=config.num_frames,
-    tubelet=config.tubelet,
-    drop_path=drop_path_rates(
-      config.drop_path, sizes["depth"], config.drop_path_schedule
-    ),
-    attention=config.attention,
-    remat=config.remat,
-    scan=config.scan,
-    dtype=resolve_dtype(config.dtype),
-    residual_dtype=resolve_dtype(config.residual_dtype),
-    norm_dtype=resolve_dtype(config.norm_dtype),
-  )
-  vision = dict(
-    width=sizes["width"],
-    depth=sizes["depth"],
-    heads=sizes["heads"],
-    mlp_dim=sizes["mlp_dim"],
-  )
-  return dict(common, **MODELS[config.name][1](config, vision))
-
-
-def build_model(config: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-  """Builds the model `config.name` ('clip', 'videomae' or 'classifier')."""
+def build_model(
+  config: ml_collections.ConfigDict | spec_lib.ModelSpec, *, rngs: nnx.Rngs
+):
+  """Builds the model of a `config.model` ('clip', 'videomae' or
+  'classifier'), or of a spec (`spec.from_config`, or a variant of one)."""
+  spec = config if type(config) in _NAMES else spec_lib.from_config(config)
   # Built under jax.jit or nnx.eval_shape, Flax's random draws would make
   # construction quadratic in the model's size (see internals).
   with internals.tracer_sharding_without_explanation():
-    return MODELS[config.name][0](**model_kwargs(config), rngs=rngs)
+    return MODELS[_NAMES[type(spec)]](spec, rngs=rngs)

@@ -208,7 +208,7 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
   facts = {
     "backbone": (backbone, why),
     "act": (model.get("act") or style["act"], why),
-    "ln_eps": (model.get("ln_eps") or style["norm_eps"], why),
+    "ln_eps": (model.get("ln_eps") or style["ln_eps"], why),
   }
   if name == "clip":
     facts.update(
@@ -273,7 +273,7 @@ def effective(model, key: str):
     return effective(model, "ln_eps") if value is None else value
   if key == "pool":
     return value or ("token" if style["class_token"] else "mean")
-  default = style["norm_eps" if key == "ln_eps" else "act"]
+  default = style[key if key == "ln_eps" else "act"]
   return default if value in (None, "") else value
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from vidjax.models import model_kwargs
-from vidjax.models.shapes import attention_shapes, patch_grid
+from vidjax.models import spec as spec_lib
+from vidjax.models.shapes import attention_shapes
 
 
 def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> int:
@@ -33,14 +33,14 @@ def transformer_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> int:
   return depth * (projections + attention)
 
 
-def _vision_flops(kwargs: dict, tokens: int, prefix: str = "") -> int:
+def _vision_flops(vision: spec_lib.Vision, tokens: int) -> int:
   """Patch embedding of all patches plus the blocks over `tokens` tokens."""
-  time, rows, columns = patch_grid(kwargs)
-  width = kwargs[f"{prefix}width"]
-  patch_features = kwargs["tubelet"] * kwargs["patch_size"] ** 2 * 3
-  embed = 2 * time * rows * columns * patch_features * width
+  time, rows, columns = vision.grid
+  blocks = vision.blocks
+  patch_features = vision.tubelet * vision.patch_size**2 * 3
+  embed = 2 * time * rows * columns * patch_features * blocks.width
   return embed + transformer_flops(
-    tokens, width, kwargs[f"{prefix}depth"], kwargs[f"{prefix}mlp_dim"]
+    tokens, blocks.width, blocks.depth, blocks.mlp_dim
   )
 
 
@@ -55,38 +55,35 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
     example of the training step, plus the forward FLOPs of each part
     ('vision', 'text', 'decoder', 'head' where they exist).
   """
-  kwargs = model_kwargs(config)
+  spec = spec_lib.from_config(config)
   tokens = {
     name: shape.tokens for name, shape in attention_shapes(config).items()
   }
   parts = {}
   if config.name == "clip":
-    width = kwargs["vision_width"]
+    vision, text = spec.vision, spec.text.blocks
     parts["vision"] = (
-      _vision_flops(kwargs, tokens["vision"], prefix="vision_")
-      + 2 * width * kwargs["embed_dim"]
+      _vision_flops(vision, tokens["vision"])
+      + 2 * vision.blocks.width * spec.embed_dim
     )
-    text_width = kwargs["text_width"]
     parts["text"] = (
-      transformer_flops(
-        tokens["text"], text_width, kwargs["text_depth"], 4 * text_width
-      )
-      + 2 * text_width * kwargs["embed_dim"]
+      transformer_flops(tokens["text"], text.width, text.depth, text.mlp_dim)
+      + 2 * text.width * spec.embed_dim
     )
   elif config.name == "videomae":
+    encoder, decoder = spec.encoder, spec.decoder
     visible, patches = tokens["vision"], tokens["decoder"]
-    parts["vision"] = _vision_flops(kwargs, visible)
-    decoder_width = kwargs["decoder_width"]
-    patch_features = kwargs["tubelet"] * kwargs["patch_size"] ** 2 * 3
+    parts["vision"] = _vision_flops(encoder, visible)
+    patch_features = encoder.tubelet * encoder.patch_size**2 * 3
     parts["decoder"] = (
-      2 * visible * kwargs["width"] * decoder_width
+      2 * visible * encoder.blocks.width * decoder.width
       + transformer_flops(
-        patches, decoder_width, kwargs["decoder_depth"], 4 * decoder_width
+        patches, decoder.width, decoder.depth, decoder.mlp_dim
       )
-      + 2 * (patches - visible) * decoder_width * patch_features
+      + 2 * (patches - visible) * decoder.width * patch_features
     )
   else:
-    parts["vision"] = _vision_flops(kwargs, tokens["vision"])
-    parts["head"] = 2 * kwargs["width"] * kwargs["num_classes"]
+    parts["vision"] = _vision_flops(spec.encoder, tokens["vision"])
+    parts["head"] = 2 * spec.encoder.blocks.width * spec.num_classes
   forward = sum(parts.values())
   return dict(forward=forward, training=3 * forward, **parts)

@@ -17,10 +17,11 @@ of `unmasked(config)`.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import ml_collections
 
-from vidjax.models import model_kwargs
+from vidjax.models import spec as spec_lib
 from vidjax.models.videomae import num_masked_tokens
 from vidjax.models.vit import num_kept_tokens
 
@@ -44,18 +45,6 @@ class AttentionShape:
   causal: bool = False
 
 
-def patch_grid(kwargs: dict) -> tuple[int, int, int]:
-  """(T/t, H/p, W/p) tokens of the video ViT, from `model_kwargs`."""
-  size = kwargs["image_size"]
-  height, width = (size, size) if isinstance(size, int) else size
-  patch = kwargs["patch_size"]
-  return (
-    kwargs["num_frames"] // kwargs["tubelet"],
-    height // patch,
-    width // patch,
-  )
-
-
 def unmasked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of the model config whose video tower trains on every token
   (a CLIP's evaluation, and its unmasked tuning); other models as given."""
@@ -76,41 +65,26 @@ def attention_shapes(
   Returns:
     dict of `AttentionShape`, vision tower first.
   """
-  kw = model_kwargs(config)
-  grid = patch_grid(kw)
-  patches = grid[0] * grid[1] * grid[2]
-  if config.name == "clip":
-    width, heads = kw["vision_width"], kw["vision_heads"]
-    text_width, text_heads = kw["text_width"], kw["text_heads"]
-    kept = num_kept_tokens(grid, kw["mask_ratio"], kw["mask_kind"])
-    return {
-      "vision": AttentionShape(
-        1 + kept, heads, width // heads, kw["vision_depth"]
-      ),
-      "text": AttentionShape(
-        kw["context_length"],
-        text_heads,
-        text_width // text_heads,
-        kw["text_depth"],
-        causal=True,
-      ),
-    }
-  width, heads = kw["width"], kw["heads"]
-  if config.name == "videomae":
-    visible = patches - num_masked_tokens(grid, kw["mask_ratio"])
-    decoder_width, decoder_heads = kw["decoder_width"], kw["decoder_heads"]
-    return {
-      "vision": AttentionShape(visible, heads, width // heads, kw["depth"]),
-      "decoder": AttentionShape(
-        patches,
-        decoder_heads,
-        decoder_width // decoder_heads,
-        kw["decoder_depth"],
-      ),
-    }
-  class_token = int(kw["backbone"] == "clip")
-  return {
-    "vision": AttentionShape(
-      patches + class_token, heads, width // heads, kw["depth"]
+  spec = spec_lib.from_config(config)
+
+  def shape(tokens, stack, causal=False):
+    return AttentionShape(
+      tokens, stack.heads, stack.width // stack.heads, stack.depth, causal
     )
-  }
+
+  if config.name == "clip":
+    vision = spec.vision
+    kept = num_kept_tokens(vision.grid, vision.mask_ratio, vision.mask_kind)
+    return {
+      "vision": shape(1 + kept, vision.blocks),
+      "text": shape(spec.text.context_length, spec.text.blocks, causal=True),
+    }
+  encoder = spec.encoder
+  patches = math.prod(encoder.grid)
+  if config.name == "videomae":
+    visible = patches - num_masked_tokens(encoder.grid, spec.mask_ratio)
+    return {
+      "vision": shape(visible, encoder.blocks),
+      "decoder": shape(patches, spec.decoder),
+    }
+  return {"vision": shape(patches + encoder.class_token, encoder.blocks)}

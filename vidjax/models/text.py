@@ -6,7 +6,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from vidjax.defaults import CONTEXT_LENGTH, VOCAB_SIZE
 from vidjax.models.transformer import Transformer
 
 
@@ -18,56 +17,31 @@ class TextTransformer(nnx.Module):
   (kernel [width, output_dim], CLIP's text_projection).
   """
 
-  def __init__(
-    self,
-    *,
-    vocab_size: int = VOCAB_SIZE,
-    context_length: int = CONTEXT_LENGTH,
-    width: int = 512,
-    heads: int = 8,
-    depth: int = 12,
-    output_dim: int = 512,
-    act: str = "quick_gelu",
-    norm_eps: float = 1e-5,
-    attention: str = "auto",
-    remat: str = "none",
-    scan: bool = False,
-    dtype=jnp.float32,
-    residual_dtype=jnp.float32,
-    norm_dtype=jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    self.context_length, self.dtype = context_length, dtype
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    """Builds the tower a `spec.Text` describes."""
+    self.spec = spec
+    width = spec.blocks.width
     self.token_embed = nnx.Embed(
-      vocab_size, width, embedding_init=nnx.initializers.normal(0.02), rngs=rngs
-    )
-    self.pos_embed = nnx.Param(
-      nnx.initializers.normal(0.01)(rngs.params(), (context_length, width))
-    )
-    self.blocks = Transformer(
-      width=width,
-      depth=depth,
-      heads=heads,
-      mlp_dim=4 * width,
-      act=act,
-      norm_eps=norm_eps,
-      attention=attention,
-      remat=remat,
-      scan=scan,
-      dtype=dtype,
-      residual_dtype=residual_dtype,
-      norm_dtype=norm_dtype,
+      spec.vocab_size,
+      width,
+      embedding_init=nnx.initializers.normal(0.02),
       rngs=rngs,
     )
-    self.norm = nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs)
+    self.pos_embed = nnx.Param(
+      nnx.initializers.normal(0.01)(rngs.params(), (spec.context_length, width))
+    )
+    self.blocks = Transformer(spec.blocks, rngs=rngs)
+    self.norm = nnx.LayerNorm(width, epsilon=spec.blocks.ln_eps, rngs=rngs)
     self.proj = nnx.Linear(
       width,
-      output_dim,
+      spec.output_dim,
       use_bias=False,
-      dtype=dtype,
+      dtype=spec.blocks.compute.dtype,
       kernel_init=nnx.initializers.normal(width**-0.5),
       rngs=rngs,
     )
+
+  context_length = property(lambda self: self.spec.context_length)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Embeds token ids.

@@ -145,34 +145,27 @@ class LayerNorm(nnx.LayerNorm):
 
 
 class Block(nnx.Module):
-  """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+  """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x)), of a
+  `spec.Stack`."""
 
-  def __init__(
-    self,
-    width: int,
-    heads: int,
-    mlp_dim: int,
-    *,
-    act: str,
-    qkv_bias: bool,
-    norm_eps: float,
-    attention: str,
-    dtype,
-    norm_dtype=jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    norm = dict(epsilon=norm_eps, dtype=dtype, stats_dtype=norm_dtype)
-    self.norm1 = LayerNorm(width, **norm, rngs=rngs)
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    compute = spec.compute
+    norm = dict(
+      epsilon=spec.ln_eps, dtype=compute.dtype, stats_dtype=compute.norm_dtype
+    )
+    self.norm1 = LayerNorm(spec.width, **norm, rngs=rngs)
     self.attn = MultiHeadAttention(
-      width,
-      heads,
-      qkv_bias=qkv_bias,
-      implementation=attention,
-      dtype=dtype,
+      spec.width,
+      spec.heads,
+      qkv_bias=spec.qkv_bias,
+      implementation=compute.attention,
+      dtype=compute.dtype,
       rngs=rngs,
     )
-    self.norm2 = LayerNorm(width, **norm, rngs=rngs)
-    self.mlp = Mlp(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
+    self.norm2 = LayerNorm(spec.width, **norm, rngs=rngs)
+    self.mlp = Mlp(
+      spec.width, spec.mlp_dim, act=spec.act, dtype=compute.dtype, rngs=rngs
+    )
 
   def __call__(
     self,
@@ -190,7 +183,8 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """A stack of blocks, with per-block remat and optional scan over depth.
+  """A stack of blocks (a `spec.Stack`), with per-block remat and optional
+  scan over depth.
 
   Drop path grows linearly from 0 at the first block to `drop_path` at the
   last, or `drop_path` gives one rate per block (`drop_path_rates`). With
@@ -199,63 +193,49 @@ class Transformer(nnx.Module):
   instead of `depth`; otherwise they are `layers.<i>.<name>`.
   """
 
-  def __init__(
-    self,
-    *,
-    width: int,
-    depth: int,
-    heads: int,
-    mlp_dim: int,
-    act: str = "quick_gelu",
-    qkv_bias: bool = True,
-    norm_eps: float = 1e-5,
-    drop_path: float | tuple = 0.0,
-    attention: str = "auto",
-    remat: str = "none",
-    scan: bool = False,
-    dtype=jnp.float32,
-    residual_dtype=jnp.float32,
-    norm_dtype=jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    if remat not in REMAT_POLICIES:
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    if spec.compute.remat not in REMAT_POLICIES:
       raise ValueError(
-        f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}"
+        f"remat must be one of {sorted(REMAT_POLICIES)}, "
+        f"got {spec.compute.remat!r}"
       )
-    self.depth, self.remat, self.scan = depth, remat, scan
-    self.residual_dtype = residual_dtype
-    self.drop_rates = (
-      tuple(float(r) for r in drop_path)
-      if isinstance(drop_path, (tuple, list))
-      else drop_path_rates(drop_path, depth)
-    )
-    if len(self.drop_rates) != depth:
+    if len(spec.drop_path) != spec.depth:
       raise ValueError(
-        f"{len(self.drop_rates)} drop-path rates for {depth} blocks"
+        f"{len(spec.drop_path)} drop-path rates for {spec.depth} blocks"
       )
+    self.spec = spec
 
     def make_block(block_rngs):
-      return Block(
-        width,
-        heads,
-        mlp_dim,
-        act=act,
-        qkv_bias=qkv_bias,
-        norm_eps=norm_eps,
-        attention=attention,
-        dtype=dtype,
-        norm_dtype=norm_dtype,
-        rngs=block_rngs,
-      )
+      return Block(spec, rngs=block_rngs)
 
-    if scan:
-      make_stack = nnx.split_rngs(splits=depth)(
+    if spec.compute.scan:
+      make_stack = nnx.split_rngs(splits=spec.depth)(
         nnx.vmap(make_block, in_axes=0, out_axes=0)
       )
       self.layers = make_stack(rngs)
     else:
-      self.layers = nnx.List([make_block(rngs) for _ in range(depth)])
+      self.layers = nnx.List([make_block(rngs) for _ in range(spec.depth)])
     self.dropout_rngs = dropout_stream(rngs)
+
+  @property
+  def depth(self) -> int:
+    return self.spec.depth
+
+  @property
+  def remat(self) -> str:
+    return self.spec.compute.remat
+
+  @property
+  def scan(self) -> bool:
+    return self.spec.compute.scan
+
+  @property
+  def residual_dtype(self):
+    return self.spec.compute.residual_dtype
+
+  @property
+  def drop_rates(self) -> tuple[float, ...]:
+    return self.spec.drop_path
 
   def __call__(
     self,

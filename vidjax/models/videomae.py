@@ -33,7 +33,7 @@ BACKBONE_STYLES = {
     pre_norm=False,
     patch_bias=True,
     act="gelu",
-    norm_eps=1e-6,
+    ln_eps=1e-6,
   ),
   "clip": dict(
     class_token=True,
@@ -41,7 +41,7 @@ BACKBONE_STYLES = {
     pre_norm=True,
     patch_bias=False,
     act="quick_gelu",
-    norm_eps=1e-5,
+    ln_eps=1e-5,
   ),
 }
 
@@ -90,108 +90,53 @@ class VideoMAE(nnx.Module):
   Parameters: `encoder` (a VisionTransformer, VideoMAE style),
   `encoder_to_decoder` (kernel [D, Dd], no bias), `mask_token` [Dd],
   `decoder` (blocks), `decoder_norm`, `decoder_head` (kernel [Dd, t*p*p*3]).
-  `norm_eps` is every block's LayerNorm eps and the encoder's last;
-  `decoder_norm_eps` (None: `norm_eps`) the decoder's last (Hugging Face's
-  is PyTorch's default 1e-5 beside its blocks' 1e-12).
+  The blocks' LayerNorm eps is the encoder's last norm's too;
+  `spec.decoder_ln_eps` (None: the blocks') is the decoder's last (Hugging
+  Face's is PyTorch's default 1e-5 beside its blocks' 1e-12).
   """
 
-  def __init__(
-    self,
-    *,
-    width: int = 768,
-    depth: int = 12,
-    heads: int = 12,
-    mlp_dim: int | None = None,
-    patch_size: int = 16,
-    image_size=224,
-    num_frames: int = 16,
-    tubelet: int = 2,
-    decoder_width: int = 384,
-    decoder_depth: int = 4,
-    decoder_heads: int = 6,
-    mask_ratio: float = 0.9,
-    norm_pix_loss: bool = True,
-    act: str = "gelu",
-    norm_eps: float = 1e-6,
-    decoder_norm_eps: float | None = None,
-    drop_path: float = 0.0,
-    attention: str = "auto",
-    remat: str = "none",
-    scan: bool = False,
-    dtype=jnp.float32,
-    residual_dtype=jnp.float32,
-    norm_dtype=jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    style = dict(BACKBONE_STYLES["videomae"], act=act, norm_eps=norm_eps)
-    self.encoder = VisionTransformer(
-      width=width,
-      depth=depth,
-      heads=heads,
-      mlp_dim=mlp_dim,
-      patch_size=patch_size,
-      image_size=image_size,
-      num_frames=num_frames,
-      tubelet=tubelet,
-      pool="none",
-      output_dim=None,
-      drop_path=drop_path,
-      attention=attention,
-      remat=remat,
-      scan=scan,
-      dtype=dtype,
-      residual_dtype=residual_dtype,
-      norm_dtype=norm_dtype,
-      rngs=rngs,
-      **style,
-    )
-    self.num_masked = num_masked_tokens(self.encoder.grid, mask_ratio)
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    """Builds the model a `spec.VideoMAESpec` describes."""
+    self.spec = spec
+    self.encoder = VisionTransformer(spec.encoder, rngs=rngs)
+    self.num_masked = num_masked_tokens(self.encoder.grid, spec.mask_ratio)
     if not 0 < self.num_masked < self.encoder.num_patches:
       raise ValueError(
-        f"mask_ratio={mask_ratio} masks {self.num_masked} of "
+        f"mask_ratio={spec.mask_ratio} masks {self.num_masked} of "
         f"{self.encoder.num_patches} tokens; need at least one "
         "masked and one visible"
       )
-    self.norm_pix_loss = norm_pix_loss
-    self.decoder_width = decoder_width
+    decoder, dtype = spec.decoder, spec.decoder.compute.dtype
     self.encoder_to_decoder = nnx.Linear(
-      width,
-      decoder_width,
+      spec.encoder.blocks.width,
+      decoder.width,
       use_bias=False,
       dtype=dtype,
       kernel_init=nnx.initializers.xavier_uniform(),
       rngs=rngs,
     )
     self.mask_token = nnx.Param(
-      nnx.initializers.normal(0.02)(rngs.params(), (decoder_width,))
+      nnx.initializers.normal(0.02)(rngs.params(), (decoder.width,))
     )
-    self.decoder = Transformer(
-      width=decoder_width,
-      depth=decoder_depth,
-      heads=decoder_heads,
-      mlp_dim=4 * decoder_width,
-      act=act,
-      norm_eps=norm_eps,
-      attention=attention,
-      remat=remat,
-      scan=scan,
-      dtype=dtype,
-      residual_dtype=residual_dtype,
-      norm_dtype=norm_dtype,
-      rngs=rngs,
-    )
+    self.decoder = Transformer(decoder, rngs=rngs)
     self.decoder_norm = nnx.LayerNorm(
-      decoder_width,
-      epsilon=norm_eps if decoder_norm_eps is None else decoder_norm_eps,
+      decoder.width,
+      epsilon=decoder.ln_eps
+      if spec.decoder_ln_eps is None
+      else spec.decoder_ln_eps,
       rngs=rngs,
     )
+    patch = spec.encoder.patch_size
     self.decoder_head = nnx.Linear(
-      decoder_width,
-      tubelet * patch_size * patch_size * 3,
+      decoder.width,
+      spec.encoder.tubelet * patch * patch * 3,
       dtype=dtype,
       kernel_init=nnx.initializers.xavier_uniform(),
       rngs=rngs,
     )
+
+  norm_pix_loss = property(lambda self: self.spec.norm_pix_loss)
+  decoder_width = property(lambda self: self.spec.decoder.width)
 
   def __call__(
     self,
@@ -272,78 +217,24 @@ class Classifier(nnx.Module):
   """ViT + pooling + linear head, for fine-tuning either pretraining.
 
   Parameters: `encoder` (VisionTransformer, pool 'mean' or 'token') and
-  `head` (kernel [D, num_classes]). `act` and `norm_eps` (None: the
-  backbone's, `BACKBONE_STYLES`) are the blocks' activation and LayerNorm
-  eps; `head_norm_eps` (None: `norm_eps`) the pooled norm's.
+  `head` (kernel [D, num_classes]). `spec.from_config` gives the encoder
+  its backbone's style (`BACKBONE_STYLES`) where the config leaves the
+  activation, the LayerNorm eps or the pooling empty.
   """
 
-  def __init__(
-    self,
-    *,
-    num_classes: int,
-    backbone: str = "videomae",
-    pool: str | None = None,
-    width: int = 768,
-    depth: int = 12,
-    heads: int = 12,
-    mlp_dim: int | None = None,
-    patch_size: int = 16,
-    image_size=224,
-    num_frames: int = 16,
-    tubelet: int = 2,
-    act: str | None = None,
-    norm_eps: float | None = None,
-    head_norm_eps: float | None = None,
-    drop_path: float = 0.0,
-    head_dropout: float = 0.0,
-    head_init_scale: float = 0.001,
-    attention: str = "auto",
-    remat: str = "none",
-    scan: bool = False,
-    dtype=jnp.float32,
-    residual_dtype=jnp.float32,
-    norm_dtype=jnp.float32,
-    rngs: nnx.Rngs,
-  ):
-    if backbone not in BACKBONE_STYLES:
-      raise ValueError(
-        f"backbone must be one of {sorted(BACKBONE_STYLES)}, got {backbone!r}"
-      )
-    style = dict(BACKBONE_STYLES[backbone])
-    if act is not None:
-      style["act"] = act
-    if norm_eps is not None:
-      style["norm_eps"] = norm_eps
-    pool = pool or ("token" if style["class_token"] else "mean")
-    self.encoder = VisionTransformer(
-      width=width,
-      depth=depth,
-      heads=heads,
-      mlp_dim=mlp_dim,
-      patch_size=patch_size,
-      image_size=image_size,
-      num_frames=num_frames,
-      tubelet=tubelet,
-      pool=pool,
-      output_dim=None,
-      drop_path=drop_path,
-      head_norm_eps=head_norm_eps,
-      attention=attention,
-      remat=remat,
-      scan=scan,
-      dtype=dtype,
-      residual_dtype=residual_dtype,
-      norm_dtype=norm_dtype,
-      rngs=rngs,
-      **style,
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    """Builds the model a `spec.ClassifierSpec` describes."""
+    self.spec = spec
+    self.encoder = VisionTransformer(spec.encoder, rngs=rngs)
+    self.head_dropout = nnx.Dropout(
+      spec.head_dropout, rngs=dropout_stream(rngs)
     )
-    self.head_dropout = nnx.Dropout(head_dropout, rngs=dropout_stream(rngs))
     # Small head init (VideoMAE's init_scale) so fine-tuning starts gently.
     self.head = nnx.Linear(
-      width,
-      num_classes,
-      dtype=dtype,
-      kernel_init=nnx.initializers.normal(0.02 * head_init_scale),
+      spec.encoder.blocks.width,
+      spec.num_classes,
+      dtype=spec.encoder.blocks.compute.dtype,
+      kernel_init=nnx.initializers.normal(0.02 * spec.head_init_scale),
       rngs=rngs,
     )
 

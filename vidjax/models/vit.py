@@ -23,7 +23,6 @@ of a step (LayerNorms, residual adds, casts) moves, at some precision cost.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 from flax import nnx
@@ -144,30 +143,6 @@ def sincos_table(length: int, dim: int) -> np.ndarray:
   return table.astype(np.float32)
 
 
-@contextlib.contextmanager
-def every_token(model: nnx.Module):
-  """Within the block, the video towers of `model` (any nnx graph, also
-  an abstract one) train on every token: for the graph of the unmasked
-  tuning's steps (`nnx.graphdef` of it), as `vidjax.steps` builds them."""
-  towers = [
-    node
-    for _, node in nnx.iter_graph(model)
-    if isinstance(node, VisionTransformer)
-  ]
-  ratios = [tower.mask_ratio for tower in towers]
-  for tower in towers:
-    tower.mask_ratio = 0.0
-  try:
-    yield model
-  finally:
-    for tower, ratio in zip(towers, ratios):
-      tower.mask_ratio = ratio
-
-
-def _pair(size) -> tuple[int, int]:
-  return (size, size) if isinstance(size, int) else tuple(size)
-
-
 class VisionTransformer(nnx.Module):
   """Video ViT over tubelets of t frames x p x p pixels.
 
@@ -180,122 +155,95 @@ class VisionTransformer(nnx.Module):
   Pooling: 'token' takes the first token (the class token; without one, the
   first patch token, as VideoMAE's classifiers with use_mean_pooling=False),
   'mean' the mean of the patch tokens, 'none' every token; then `norm`
-  (eps `head_norm_eps`, default `norm_eps`: Hugging Face's VideoMAE fc_norm
-  uses PyTorch's 1e-5 whatever its blocks use).
+  (eps `head_ln_eps`, default the blocks' `ln_eps`: Hugging Face's VideoMAE
+  fc_norm uses PyTorch's 1e-5 whatever its blocks use).
+
+  Built from a `spec.Vision` (sizes, switches, masking, its `blocks`).
   """
 
-  def __init__(
-    self,
-    *,
-    width: int,
-    depth: int,
-    heads: int,
-    mlp_dim: int | None = None,
-    patch_size: int = 16,
-    image_size=224,
-    num_frames: int = 1,
-    tubelet: int = 1,
-    class_token: bool = True,
-    pos_embed: str = "learned",
-    pre_norm: bool = True,
-    pool: str = "token",
-    output_dim: int | None = None,
-    patch_bias: bool = False,
-    act: str = "quick_gelu",
-    qkv_bias: bool = True,
-    norm_eps: float = 1e-5,
-    head_norm_eps: float | None = None,
-    drop_path: float = 0.0,
-    attention: str = "auto",
-    remat: str = "none",
-    scan: bool = False,
-    dtype=jnp.float32,
-    residual_dtype=jnp.float32,
-    norm_dtype=jnp.float32,
-    mask_ratio: float = 0.0,
-    mask_kind: str = "random",
-    rngs: nnx.Rngs,
-  ):
-    if pos_embed not in ("learned", "sincos"):
+  def __init__(self, spec, *, rngs: nnx.Rngs):
+    """Builds the tower a `spec.Vision` describes."""
+    if spec.pos_embed not in ("learned", "sincos"):
       raise ValueError(
-        f"pos_embed must be 'learned' or 'sincos', got {pos_embed!r}"
+        f"pos_embed must be 'learned' or 'sincos', got {spec.pos_embed!r}"
       )
-    if pool not in ("token", "mean", "none"):
-      raise ValueError(f"pool must be 'token', 'mean' or 'none', got {pool!r}")
-    if num_frames % tubelet:
+    if spec.pool not in ("token", "mean", "none"):
       raise ValueError(
-        f"num_frames={num_frames} is not a multiple of tubelet={tubelet}"
+        f"pool must be 'token', 'mean' or 'none', got {spec.pool!r}"
       )
-    height, width_px = _pair(image_size)
-    if height % patch_size or width_px % patch_size:
+    if spec.num_frames % spec.tubelet:
       raise ValueError(
-        f"image_size {image_size} is not a multiple of patch_size {patch_size}"
+        f"num_frames={spec.num_frames} is not a multiple of "
+        f"tubelet={spec.tubelet}"
       )
-    self.width, self.patch_size, self.tubelet = width, patch_size, tubelet
-    self.num_frames, self.image_size = num_frames, (height, width_px)
-    self.grid = (
-      num_frames // tubelet,
-      height // patch_size,
-      width_px // patch_size,
+    height, width_px = spec.image_size
+    if height % spec.patch_size or width_px % spec.patch_size:
+      raise ValueError(
+        f"image_size {spec.image_size} is not a multiple of patch_size "
+        f"{spec.patch_size}"
+      )
+    num_kept_tokens(spec.grid, spec.mask_ratio, spec.mask_kind)  # Checks.
+    self.spec = spec
+    blocks, patch, dtype = (
+      spec.blocks,
+      spec.patch_size,
+      spec.blocks.compute.dtype,
     )
-    self.pos_embed, self.pool, self.dtype = pos_embed, pool, dtype
-    self.has_class_token = class_token
-    num_kept_tokens(self.grid, mask_ratio, mask_kind)  # Checks both.
-    self.mask_ratio, self.mask_kind = float(mask_ratio), mask_kind
+    width = blocks.width
 
     self.patch_embed = nnx.Linear(
-      tubelet * patch_size * patch_size * 3,
+      spec.tubelet * patch * patch * 3,
       width,
-      use_bias=patch_bias,
+      use_bias=spec.patch_bias,
       dtype=dtype,
       kernel_init=nnx.initializers.xavier_uniform(),
       rngs=rngs,
     )
     normal = nnx.initializers.normal(0.02)
-    if class_token:
+    if spec.class_token:
       self.class_token = nnx.Param(normal(rngs.params(), (width,)))
-    if pos_embed == "learned":
-      spatial_len = int(class_token) + self.grid[1] * self.grid[2]
+    if spec.pos_embed == "learned":
+      spatial_len = int(spec.class_token) + self.grid[1] * self.grid[2]
       self.spatial_pos = nnx.Param(normal(rngs.params(), (spatial_len, width)))
       # Zero, so that one frame of an image CLIP is unchanged.
       self.temporal_pos = nnx.Param(jnp.zeros((self.grid[0], width)))
     self.pre_norm = (
-      nnx.LayerNorm(width, epsilon=norm_eps, rngs=rngs) if pre_norm else None
+      nnx.LayerNorm(width, epsilon=blocks.ln_eps, rngs=rngs)
+      if spec.pre_norm
+      else None
     )
-    self.blocks = Transformer(
-      width=width,
-      depth=depth,
-      heads=heads,
-      mlp_dim=mlp_dim or 4 * width,
-      act=act,
-      qkv_bias=qkv_bias,
-      norm_eps=norm_eps,
-      drop_path=drop_path,
-      attention=attention,
-      remat=remat,
-      scan=scan,
-      dtype=dtype,
-      residual_dtype=residual_dtype,
-      norm_dtype=norm_dtype,
-      rngs=rngs,
-    )
+    self.blocks = Transformer(blocks, rngs=rngs)
     self.norm = nnx.LayerNorm(
       width,
-      epsilon=norm_eps if head_norm_eps is None else head_norm_eps,
+      epsilon=blocks.ln_eps if spec.head_ln_eps is None else spec.head_ln_eps,
       rngs=rngs,
     )
     self.proj = (
       nnx.Linear(
         width,
-        output_dim,
+        spec.output_dim,
         use_bias=False,
         dtype=dtype,
         kernel_init=normal,
         rngs=rngs,
       )
-      if output_dim
+      if spec.output_dim
       else None
     )
+
+  # What the spec says, as the tower's own attributes.
+  width = property(lambda self: self.spec.blocks.width)
+  dtype = property(lambda self: self.spec.blocks.compute.dtype)
+  patch_size = property(lambda self: self.spec.patch_size)
+  tubelet = property(lambda self: self.spec.tubelet)
+  num_frames = property(lambda self: self.spec.num_frames)
+  image_size = property(lambda self: self.spec.image_size)
+  grid = property(lambda self: self.spec.grid)
+  pos_embed = property(lambda self: self.spec.pos_embed)
+  pool = property(lambda self: self.spec.pool)
+  has_class_token = property(lambda self: self.spec.class_token)
+  mask_ratio = property(lambda self: self.spec.mask_ratio)
+  mask_kind = property(lambda self: self.spec.mask_kind)
 
   @property
   def num_patches(self) -> int:

@@ -29,8 +29,8 @@ import re
 from flax import nnx
 import numpy as np
 
-from vidjax import errors
-from vidjax.models import facts as facts_lib, init_from
+from vidjax import defaults, errors
+from vidjax.models import facts as facts_lib, init_from, spec as spec_lib
 from vidjax.models.clip import CLIP
 from vidjax.models.tensor_io import (
   canonical_clip,
@@ -322,38 +322,44 @@ def _vision_sizes(source: init_from.Source, prefix: str, kind: str) -> dict:
   return sizes
 
 
-def _fact_kwargs(source: init_from.Source, kind: str) -> dict:
-  """Constructor arguments for what the source computed with (its facts)."""
-  names = {"act": "act", "ln_eps": "norm_eps"}
+def _fact_keys(source: init_from.Source, kind: str) -> dict:
+  """`config.model` keys for what the source computed with (its facts)."""
+  keys = ["act", "ln_eps"]
   if kind == "clip":
-    names["text.ln_eps"] = "text_norm_eps"
+    keys.append("text.ln_eps")
   elif kind == "videomae":
-    names["decoder.ln_eps"] = "decoder_norm_eps"
+    keys.append("decoder.ln_eps")
   elif kind == "classifier":
-    names.update({"head_ln_eps": "head_norm_eps", "pool": "pool"})
-  return {
-    arg: source.facts[key][0]
-    for key, arg in names.items()
-    if key in source.facts
-  }
+    keys += ["head_ln_eps", "pool"]
+  return {key: source.facts[key][0] for key in keys if key in source.facts}
+
+
+def _spec(kind: str, sizes: dict, *keys: dict):
+  """The spec of the `kind` model of `config.model` keys (dotted names, the
+  later dicts winning) from a state dict's `sizes` (`_vision_sizes`), on
+  `defaults.model_config(kind)` in float32 without drop path."""
+  config = defaults.model_config(kind)
+  config.update(dtype="float32", drop_path=0.0)
+  sizes = dict(sizes)
+  # The variant only names the patch: its sizes are the state dict's.
+  config.variant = f"B/{sizes.pop('patch_size')}"
+  for flat in (sizes, *keys):
+    config.update_from_flattened_dict(flat)
+  return spec_lib.from_config(config)
 
 
 def _clip_config(source: init_from.Source) -> dict:
   vision = _vision_sizes(source, "visual", "CLIP")
   embed = _require(source, "text.token_embed.embedding", "CLIP")
-  config = dict(
-    embed_dim=_require(source, "text.proj.kernel", "CLIP").shape[1],
-    image_size=vision["image_size"],
-    patch_size=vision["patch_size"],
-    **{
-      f"vision_{k}": vision[k] for k in ("width", "heads", "depth", "mlp_dim")
-    },
-    vocab_size=embed.shape[0],
-    context_length=_require(source, "text.pos_embed", "CLIP").shape[0],
-    text_width=embed.shape[1],
-    text_heads=embed.shape[1] // 64,
-    text_depth=_count(source.tensors, "text.blocks.layers"),
-  )
+  config = {
+    **{k: v for k, v in vision.items() if k != "tubelet"},
+    "embed_dim": _require(source, "text.proj.kernel", "CLIP").shape[1],
+    "text.vocab_size": embed.shape[0],
+    "text.context_length": _require(source, "text.pos_embed", "CLIP").shape[0],
+    "text.width": embed.shape[1],
+    "text.heads": embed.shape[1] // 64,
+    "text.layers": _count(source.tensors, "text.blocks.layers"),
+  }
   if "logit_scale" in source.tensors:
     config["logit_scale_init"] = float(source.tensors["logit_scale"])
   return config
@@ -380,27 +386,28 @@ def clip_from_state_dict(
     keep_init: model parameter prefixes (e.g. 'text.') left at their
       initial values even where the state dict's fit (projections to
       another `embed_dim` start fresh anyway).
-    **overrides: CLIP constructor arguments, e.g. act='gelu' for OpenCLIP
+    **overrides: `config.model` keys, e.g. act='gelu' for OpenCLIP
       models trained with GELU (an OpenCLIP state dict does not say; the
       activation and LayerNorm eps of the formats that do are the
       defaults), image_size (positional embeddings are interpolated),
-      dtype, attention, remat.
+      tubelet, dtype ('bfloat16'), attention, remat, scan.
 
   Returns:
     The CLIP model; `encode_video`/`encode_text` as in the README.
   """
   source = convert(state_dict)
-  kwargs = {
-    **_clip_config(source),
-    "num_frames": num_frames,
-    **_fact_kwargs(source, "clip"),
-    **overrides,
-  }
+  spec = _spec(
+    "clip",
+    _clip_config(source),
+    {"num_frames": num_frames},
+    _fact_keys(source, "clip"),
+    overrides,
+  )
   return init_from.build(
-    lambda: CLIP(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    lambda: CLIP(spec, rngs=rngs or nnx.Rngs(0)),
     source,
     "clip",
-    tubelet=kwargs.get("tubelet", 1),
+    tubelet=spec.vision.tubelet,
     keep_init=keep_init,
     patch_inflation=patch_inflation,
   )
@@ -411,9 +418,11 @@ def _videomae_config(source: init_from.Source) -> dict:
   if "encoder_to_decoder.kernel" in source.tensors:
     width = source.tensors["encoder_to_decoder.kernel"].shape[1]
     config.update(
-      decoder_width=width,
-      decoder_heads=width // 64,
-      decoder_depth=_count(source.tensors, "decoder.layers"),
+      {
+        "decoder.width": width,
+        "decoder.heads": width // 64,
+        "decoder.depth": _count(source.tensors, "decoder.layers"),
+      }
     )
   return config
 
@@ -427,16 +436,17 @@ def videomae_from_state_dict(
   num_frames (not stored: positions are sinusoid) default to 224 and 16.
   """
   source = convert(state_dict)
-  kwargs = {
-    **_videomae_config(source),
-    **_fact_kwargs(source, "videomae"),
-    **overrides,
-  }
+  spec = _spec(
+    "videomae",
+    _videomae_config(source),
+    _fact_keys(source, "videomae"),
+    overrides,
+  )
   return init_from.build(
-    lambda: VideoMAE(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    lambda: VideoMAE(spec, rngs=rngs or nnx.Rngs(0)),
     source,
     "videomae",
-    tubelet=kwargs["tubelet"],
+    tubelet=spec.encoder.tubelet,
   )
 
 
@@ -462,17 +472,17 @@ def classifier_from_state_dict(
     sizes.update(tubelet=1, num_frames=1)
   else:
     sizes.pop("image_size", None)
-  kwargs = {
-    **sizes,
-    "backbone": source.backbone,
-    "num_classes": num_classes,
-    **_fact_kwargs(source, "classifier"),
-    **overrides,
-  }
+  spec = _spec(
+    "classifier",
+    sizes,
+    {"backbone": source.backbone, "num_classes": num_classes},
+    _fact_keys(source, "classifier"),
+    overrides,
+  )
   return init_from.build(
-    lambda: Classifier(**kwargs, rngs=rngs or nnx.Rngs(0)),
+    lambda: Classifier(spec, rngs=rngs or nnx.Rngs(0)),
     source,
     "classifier",
-    tubelet=kwargs["tubelet"],
+    tubelet=spec.encoder.tubelet,
     patch_inflation=patch_inflation,
   )
