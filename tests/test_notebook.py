@@ -1,8 +1,8 @@
 """notebooks/quickstart.ipynb runs headless, top to bottom; committed clean."""
 
 import json
-import re
 from pathlib import Path
+import re
 
 import pytest
 

@@ -59,9 +59,10 @@ def test_ci_runs_the_readme_test_command():
   assert command in block.splitlines()  # The first code block: the start.
   ci = (REPO / ".ci/run").read_text().splitlines()
   steps = [line for line in ci if line and not line.startswith(("#", " "))]
-  # After `set` and `cd`: the style first (seconds), then the tests.
-  assert steps[2].endswith("&& ruff check && ruff format --check"), steps
-  assert command in steps[3:], steps
+  # After `set`, `cd` and the constraints: the style first (seconds), then
+  # the tests; a failure in either ends CI (`set -e` alone would go on).
+  assert steps[3].endswith("&& ruff check && ruff format --check || exit 1")
+  assert f"{command} || exit 1" in steps[4:], steps
 
 
 def _benchmarks_the_docs_name() -> set[str]:
