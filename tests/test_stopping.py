@@ -92,6 +92,39 @@ def test_sigterm_during_start_up_stops_before_writing(
 
 
 @REFERENCE
+def test_sigterm_late_in_eval_start_up_stops_before_evaluating(
+  tmp_path, tmp_path_factory, monkeypatch
+):
+  """`--mode eval` on a run's weights, SIGTERM in setup's last part (the
+  pipeline being made): exit 75, nothing evaluated or written."""
+  reference = debug_runs.demo_reference(tmp_path_factory)
+  config, workdir = _workdir(
+    tmp_path, tmp_path_factory, f"--config.init_from={reference}"
+  )
+  setup = train.setup
+
+  def setup_then_signal(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return run
+
+  monkeypatch.setattr(train, "setup", setup_then_signal)
+  evaluated = []
+  monkeypatch.setattr(
+    train.eval_sets, "evaluate", lambda *a, **k: evaluated.append(a)
+  )
+  with pytest.raises(errors.Stopped) as e:
+    train.evaluate_only(config, workdir)
+  assert e.value.exit_code == errors.EXIT_PREEMPTED
+  assert str(e.value) == (
+    "stopped by SIGTERM before the evaluation; nothing was written: run "
+    "the same command to evaluate"
+  )
+  assert not evaluated and not (workdir / "metrics.jsonl").exists()
+  assert not (workdir / rundir.LOCK_FILE).exists()
+
+
+@REFERENCE
 def test_ctrl_c_in_the_first_step_saves_it(
   tmp_path, tmp_path_factory, monkeypatch
 ):
