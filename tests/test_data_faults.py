@@ -210,26 +210,33 @@ time.sleep(600)
 """
 
 
+def _start_trainer(tmp_path, tmp_path_factory, **popen) -> subprocess.Popen:
+  """`_TRAINER` on the demo's synthetic corpus (it prints "ready" once its
+  worker and blocks are up)."""
+  config = debug_runs.load("demo")
+  corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
+  command = [
+    sys.executable,
+    "-c",
+    _TRAINER,
+    str(debug_runs.CONFIGS / "demo.py"),
+  ]
+  return subprocess.Popen(
+    [*command, str(corpus)],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+    **popen,
+  )
+
+
 @pytest.mark.slow
 def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
   tmp_path, tmp_path_factory
 ):
   """kill -9 of a trainer: its worker ends, and its /dev/shm blocks (named
   after its pid, so other runs' are not counted) are unlinked."""
-  config = debug_runs.load("demo")
-  corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-c",
-      _TRAINER,
-      str(debug_runs.CONFIGS / "demo.py"),
-      str(corpus),
-    ],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    text=True,
-  )
+  proc = _start_trainer(tmp_path, tmp_path_factory)
   try:
     assert proc.stdout.readline() == "ready\n"
     pids = workers_of(proc.pid)
@@ -263,21 +270,8 @@ def test_a_process_group_killed_at_once_leaves_nothing_in_dev_shm(
   cancels: its workers and Python's resource tracker die with it): the
   janitor unlinks its blocks and semaphores (this trainer's only: named
   after its pid, or mapped by it)."""
-  config = debug_runs.load("demo")
-  corpus = debug_runs.prepare(config, tmp_path, tmp_path_factory) / "synthetic"
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-c",
-      _TRAINER,
-      str(debug_runs.CONFIGS / "demo.py"),
-      str(corpus),
-    ],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    text=True,
-    start_new_session=True,  # Its own group, as a job step's.
-  )
+  # Its own group, as a job step's.
+  proc = _start_trainer(tmp_path, tmp_path_factory, start_new_session=True)
   try:
     assert proc.stdout.readline() == "ready\n"
     left = lambda: (
