@@ -86,14 +86,16 @@ def _env(devices: int, **extra: str) -> dict[str, str]:
   return env
 
 
-def _start(workdir: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+def _start(
+  workdir: Path, env: dict[str, str], log: Path, overrides=OVERRIDES
+) -> subprocess.Popen:
   cmd = [
     sys.executable,
     "-m",
     "vidjax.main",
     f"--config={CONFIG}",
     f"--workdir={workdir}",
-    *OVERRIDES,
+    *overrides,
   ]
   with open(log, "wb") as out:  # the child keeps its own copy
     return subprocess.Popen(
@@ -305,18 +307,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(
       JAX_NUM_PROCESSES="2",
       JAX_PROCESS_ID=str(i),
     )
-    cmd = [
-      sys.executable,
-      "-m",
-      "vidjax.main",
-      f"--config={CONFIG}",
-      f"--workdir={workdir}",
-      *overrides,
-    ]
-    with open(logs[f"p{i}"], "wb") as out:
-      procs[f"p{i}"] = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
-      )
+    procs[f"p{i}"] = _start(workdir, env, logs[f"p{i}"], overrides)
   try:
     deadline = time.time() + TIMEOUT_S
     while (
