@@ -288,12 +288,16 @@ def _log_summary(run: Run, config, reports: dict, start) -> None:
       rundir.path(run.workdir, rundir.SYNTHETIC)
     )
   )
-  decoded = config.batch_size // config.data.get("repeats", 1)
+  repeats = config.data.get("repeats", 1)
+  decoded = config.batch_size // repeats
   if "train" in clips and decoded > clips["train"] and not synthetic_data:
+    # With repeats, a batch decodes batch_size / repeats clips.
+    per_batch = f" / data.repeats={repeats}" if repeats > 1 else ""
     logging.warning(
-      "batch_size=%d is larger than the %d training clips: every "
+      "batch_size=%d%s is larger than the %d training clips: every "
       "batch repeats clips; lower --config.batch_size",
-      decoded,
+      config.batch_size,
+      per_batch,
       clips["train"],
     )
 
