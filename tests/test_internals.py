@@ -163,6 +163,19 @@ def test_orbax_warns_of_read_only_directories(tmp_path):
   assert warnings and all(map(internals.is_orbax_read_only_warning, warnings))
 
 
+def test_tensorstore_says_not_found_for_files_gone(tmp_path):
+  import tensorstore as ts
+
+  spec = {
+    "driver": "zarr3",
+    "kvstore": {"driver": "file", "path": str(tmp_path)},
+  }
+  with pytest.raises(ValueError) as error:
+    ts.open(spec, open=True).result()
+  assert internals.is_not_found(error.value)
+  assert not internals.is_not_found(ValueError("INVALID_ARGUMENT: no"))
+
+
 def test_xla_out_of_memory_is_recognised():
   # XLA's status code for an allocation that does not fit (not made here:
   # a CPU does not run out).
