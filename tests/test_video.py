@@ -105,6 +105,11 @@ def test_hflip(store):
     store, "textured", [3, 14], crop=(10, 10, 64, 64), size=(32, 32), hflip=True
   )
   np.testing.assert_array_equal(flipped, clip[:, :, ::-1])
+  assert flipped.flags.c_contiguous  # Copied on with a plain memcpy.
+  whole = video.read_clip(store, "textured", [5], hflip=True)
+  np.testing.assert_array_equal(
+    whole, video.read_clip(store, "textured", [5])[:, :, ::-1]
+  )
 
 
 def test_output_shape_and_dtype(store):

@@ -200,7 +200,8 @@ def read_clip(
     crop: (x, y, w, h) window in stored pixels, the same for every frame;
       rounded to even offsets and sizes (4:2:0 chroma). None: the whole frame.
     size: (H, W) output size; None keeps the crop's size.
-    hflip: mirror the output horizontally.
+    hflip: mirror the output horizontally (in the conversion: the clip is
+      contiguous either way).
     stats: if given, decode counters are added to it.
 
   Returns:
@@ -229,12 +230,12 @@ def read_clip(
     local = {i - starts[k]: i for i in global_ids}
     with reads.reading(path):  # Named if the pipeline stalls on it.
       for j, rgb in _decode_chunk(
-        path, info.frame_rate, local, window, (out_w, out_h), stats
+        path, info.frame_rate, local, window, (out_w, out_h), stats, hflip
       ):
         frames[local[j]] = rgb
   clip = np.stack([frames[i] for i in ids.tolist()])
   stats.delivered += len(ids)
-  return clip[:, :, ::-1] if hflip else clip
+  return clip
 
 
 def even_window(crop, width: int, height: int) -> tuple[int, int, int, int]:
@@ -280,7 +281,9 @@ class _Converter:
     self.scaler = av.video.reformatter.VideoReformatter()
     self.to_rgb = av.video.reformatter.VideoReformatter()
 
-  def __call__(self, frame: av.VideoFrame, window, out_wh) -> np.ndarray:
+  def __call__(
+    self, frame: av.VideoFrame, window, out_wh, hflip: bool = False
+  ) -> np.ndarray:
     x, y, w, h = window
     if frame.format.name not in ("yuv420p", "yuvj420p"):
       frame = frame.reformat(format="yuv420p")
@@ -300,18 +303,25 @@ class _Converter:
         interpolation=_BILINEAR,
         threads=1,
       )
-    return self.to_rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
+    if not hflip:
+      return self.to_rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
+    bgr = self.to_rgb.reformat(frame, format="bgr24", threads=1).to_ndarray()
+    rows = bgr.reshape(bgr.shape[0], -1)[:, ::-1]  # B G R ... -> ... R G B
+    return np.ascontiguousarray(rows).reshape(bgr.shape)
 
 
 _BILINEAR = av.video.reformatter.Interpolation.BILINEAR
 _converters = threading.local()
 
 
-def crop_to_rgb(frame: av.VideoFrame, window, out_wh) -> np.ndarray:
-  """uint8[H, W, 3] RGB of the window of a decoded frame, scaled to out_wh."""
+def crop_to_rgb(
+  frame: av.VideoFrame, window, out_wh, hflip: bool = False
+) -> np.ndarray:
+  """uint8[H, W, 3] RGB of the window of a decoded frame, scaled to out_wh
+  (and mirrored left-right with `hflip`)."""
   if not hasattr(_converters, "value"):  # One per thread (reader threads).
     _converters.value = _Converter()
-  return _converters.value(frame, window, out_wh)
+  return _converters.value(frame, window, out_wh, hflip)
 
 
 # av.open runs FFmpeg's stream probing, which decodes the chunk's first frame
@@ -406,6 +416,7 @@ def _decode_chunk(
   window,
   out_wh,
   stats: DecodeStats,
+  hflip: bool = False,
 ):
   """Yields (local index, uint8[H, W, 3]) for each needed local frame."""
   first, todo = min(needed), set(needed)
@@ -448,13 +459,15 @@ def _decode_chunk(
         for p in pending:
           stats.packets_sent += 1
           for frame in ctx.decode(p):
-            yield from _deliver(frame, index, todo, window, out_wh, stats)
+            yield from _deliver(
+              frame, index, todo, window, out_wh, stats, hflip
+            )
         pending = []
         unsent.discard(j)
         if not unsent:
           break
       for frame in ctx.decode(None):
-        yield from _deliver(frame, index, todo, window, out_wh, stats)
+        yield from _deliver(frame, index, todo, window, out_wh, stats, hflip)
   except FileNotFoundError:
     raise VideoReadError(
       f"{path}: missing chunk (needed for local frame {first})"
@@ -496,11 +509,19 @@ def _packets_from(container, stream, first: int, rate: fractions.Fraction):
   yield from (p for p in container.demux(stream) if p.pts is not None)
 
 
-def _deliver(frame, index, todo: set[int], window, out_wh, stats: DecodeStats):
+def _deliver(
+  frame,
+  index,
+  todo: set[int],
+  window,
+  out_wh,
+  stats: DecodeStats,
+  hflip: bool = False,
+):
   stats.decoded += 1
   if frame.pts is None:  # No place on the timeline (a damaged stream): a
     return  # frame it leaves missing is reported as not found.
   j = index(frame.pts)
   if j in todo:
     todo.discard(j)
-    yield j, crop_to_rgb(frame, window, out_wh)
+    yield j, crop_to_rgb(frame, window, out_wh, hflip)
