@@ -58,6 +58,8 @@ def config_for(root, **data):
 
 
 CLIP_BYTES = 4 * SIZE * SIZE * 3  # config_for's uint8 clips.
+# A worker's block of a group of 2 clips (its flag byte, then alignment).
+BLOCK_BYTES = 2 * CLIP_BYTES + workers_lib.SLOT_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def two_workers(corpus, mesh):
 
   def watch():
     while not stop.is_set():
-      peak[0] = max(peak[0], _shm_bytes(2 * CLIP_BYTES, before))
+      peak[0] = max(peak[0], _shm_bytes(BLOCK_BYTES, before))
 
   watcher = threading.Thread(target=watch, daemon=True)
   watcher.start()
@@ -168,14 +170,15 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
   two_workers,
 ):
-  """Workers hand over groups of 2 clips, not batches of 48: /dev/shm never
-  holds more than their buffers' worth (`shared_memory_bytes`)."""
+  """Workers hand over groups of 2 clips, not batches of 48, in blocks they
+  reuse (3 batches are 72 groups): /dev/shm never holds more than their
+  buffers' worth (`shared_memory_bytes`)."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(pipeline, "TRANSFER_BYTES", 2 * CLIP_BYTES)
     bound = pipeline.shared_memory_bytes(two_workers["config"].data, 48)
   # Per worker: 4 clips (2 groups) buffered on each side and a group in hand
-  # on each side; and 2 groups read, waiting to be freed.
-  assert bound == (2 * (2 * 2 + 2) + 2) * 2 * CLIP_BYTES
+  # on each side.
+  assert bound == 2 * (2 * 2 + 2) * BLOCK_BYTES
   assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
     two_workers["peak_shm"],
     bound,

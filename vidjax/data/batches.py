@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from vidjax import defaults, errors
-from vidjax.data import loader
+from vidjax.data import loader, workers
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
 # XLA's CPU client uses host arrays in place, without a copy, when they are
@@ -55,7 +55,8 @@ class HostBatches:
   """Grain's groups of clips -> numeric local batches, with skip accounting.
 
   Builds each batch in the main process, copying group after group into it
-  so that each group's /dev/shm block is freed before the next arrives.
+  (a worker's `workers.Slot`s out of its /dev/shm blocks, which frees them
+  for the worker to reuse).
   Strips the per-element error strings, counts failed reads per file
   (`failures`; the first failure of each file is logged), stops with
   `errors.DataError` when they pass `max_skip_fraction`, and pads a short
@@ -130,13 +131,17 @@ class HostBatches:
       if not batch:
         batch = {
           k: aligned_empty(
-            (self._batch_size,) + np.shape(v)[1:], np.asarray(v).dtype
+            (self._batch_size,) + np.shape(v)[1:],
+            v.dtype if isinstance(v, workers.Slot) else np.asarray(v).dtype,
           )
           for k, v in group.items()
         }
       size = len(group["valid"])
       for key, value in group.items():
-        batch[key][count : count + size] = value  # The shm block goes with it.
+        if isinstance(value, workers.Slot):
+          workers.receive(value, batch[key][count : count + size])
+        else:
+          batch[key][count : count + size] = value
       count += size
     return batch, messages, count
 

@@ -9,10 +9,10 @@
 
 Workers hand the main process groups of a few clips (`clips_per_transfer`:
 at most `TRANSFER_BYTES` of frames, a divisor of the local batch), never
-whole batches: Grain passes each group through its own /dev/shm block, and
-the main process copies it into the batch and frees the block at once. What
-sits in /dev/shm is therefore a few groups per worker
-(`shared_memory_bytes`), whatever the global batch; a batch of 2048 clips
+whole batches: each group crosses in a /dev/shm block of its worker's, which
+the main process copies into the batch and frees at once for the worker to
+reuse (`vidjax.data.workers`). What sits in /dev/shm is therefore a few
+groups per worker (`shared_memory_bytes`), whatever the global batch; a batch of 2048 clips
 built inside each of 16 workers could hold tens of GB there and kill a
 container with a small /dev/shm (SIGBUS). `make_pipeline` checks the room at
 start-up. Groups rather than single clips: each hand-over costs both
@@ -102,9 +102,6 @@ SHM_DIR = workers_lib.SHM_DIR
 # Arrays smaller than this cross from workers pickled, not through /dev/shm:
 # a block per token array or label would cost more than the copy.
 MIN_SHM_BYTES = 4096
-# The main process frees the blocks it has read on a thread of Grain's, which
-# lets 50 wait by default; past this many, they are freed at once instead.
-PENDING_FREES = 2
 # The most frames a worker hands over at once (see the module docstring).
 TRANSFER_BYTES = 32 * 2**20
 
@@ -151,15 +148,15 @@ def shared_memory_bytes(
 
   Per worker: `worker_buffer` clips (in whole groups of
   `clips_per_transfer`) in its queue and as many read ahead by the main
-  process, plus one group being handed over on each side; and
-  `PENDING_FREES` groups read but not yet freed. Only the frames go through
-  /dev/shm (`MIN_SHM_BYTES`).
+  process, plus one group being handed over on each side: the most blocks
+  a worker can have in use at once, so the most it keeps. Only the frames
+  go through /dev/shm (`MIN_SHM_BYTES`).
   """
   if not data.workers:
     return 0
   group = clips_per_transfer(data, local_batch, train)
   groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 2)
-  return (groups + PENDING_FREES) * group * clip_bytes(data, train)
+  return groups * (group * clip_bytes(data, train) + workers_lib.SLOT_HEADER)
 
 
 def check_shared_memory(
@@ -235,8 +232,8 @@ def make_dataset(
   # number of processes.
   # Training drops a short final group (a short batch is dropped anyway);
   # evaluation has whole batches.
-  # With workers, frames are stacked straight into /dev/shm blocks named
-  # after this run (one copy of each clip, not two).
+  # With workers, frames are stacked straight into reused /dev/shm blocks
+  # named after this run (one copy of each clip, not two).
   ds = ds[process_index::process_count].batch(
     group,
     drop_remainder=train,
@@ -252,11 +249,6 @@ def make_dataset(
   )
   if workers is not None:
     workers_lib.mark_flags_parsed()  # Process-wide: absl's FLAGS parsed.
-    # Grain sets its queue of frees up on first use; setting it first keeps
-    # it short (`shared_memory_bytes`).
-    grain.multiprocessing.SharedMemoryArray.enable_async_del(
-      1, max_outstanding_requests=PENDING_FREES
-    )
     ds = grain.experimental.WithOptionsIterDataset(
       ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES)
     )

@@ -12,10 +12,17 @@ there; outside an absl app they never were), and a thread starts that every
 - publishes the worker's pid and the chunk files it is reading
   (`vidjax.data.reads`) in a small /dev/shm block, for the stall warning.
 
-Frames cross to the main process in /dev/shm blocks named
-`vidjax_<trainer pid>_<pipeline>_<worker pid>_<n>` (`stack_to_shared_memory`;
-Grain passes `SharedMemoryArray`s on as they are, and the main process
-unlinks each block once it has copied it, as Grain's own). Python's
+Frames cross to the main process in /dev/shm blocks that each worker
+reuses (`stack_to_shared_memory`): a worker stacks a group's clips into a
+block of its own not in use, named `vidjax_<trainer pid>_<pipeline>_<worker
+pid>_<n>`, and hands over a `Slot` (the block's name, shape and dtype, a
+few bytes pickled); the main process copies the frames out (`receive`,
+keeping the block mapped) and marks the block free again in its first
+byte. Blocks are made only while all of a worker's are in use, so each
+worker keeps as many as it ever had in flight at once; a fresh block per
+group would cost both processes a page fault (and the worker the zeroing)
+of every 4 KiB of frames: about a millisecond per 4-frame clip. The
+pipeline's `close` unlinks the blocks. Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
 blocks left once the trainer and its workers are gone; a kill of the whole
 process group (how SLURM cancels) takes the tracker too, so a janitor in a
@@ -47,7 +54,6 @@ import threading
 import time
 
 from absl import flags
-import grain.multiprocessing
 import numpy as np
 
 from vidjax import errors, internals
@@ -59,6 +65,9 @@ WATCH_S = (
   0.5  # How often a worker looks for its trainer and says what it reads.
 )
 STATUS_BYTES = 16384
+# A block's frames start this far in (the flag byte, then XLA's alignment).
+SLOT_HEADER = 64
+IN_USE, FREE = 1, 0  # A block's first byte.
 STATUS_READS = 8  # Reads in progress published per worker, oldest first.
 # Process states in /proc/PID/stat, as the warning says them.
 STATES = {
@@ -120,8 +129,9 @@ class Workers:
 
   def stack_to_shared_memory(self, min_bytes: int):
     """A Grain `batch_fn` run in the workers: stacks a group's clips (dicts
-    of arrays) straight into /dev/shm blocks of this pipeline's name for
-    the arrays of at least `min_bytes`, with no copy in between."""
+    of arrays) straight into reused /dev/shm blocks of this pipeline's name
+    for the arrays of at least `min_bytes` (`Slot`s in the group; `receive`
+    reads them), with no copy in between."""
     return functools.partial(
       _stack_to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
     )
@@ -193,28 +203,77 @@ class Workers:
     )
 
   def close(self) -> None:
-    """Once the workers are stopped: unlinks the blocks of this pipeline
-    that nobody else will, its workers' status, and the clips of killed
-    workers that never reached this process (a block mapped here is freed
-    by its array)."""
+    """Once the workers are stopped: unmaps and unlinks the blocks of this
+    pipeline (also those of killed workers that never reached this
+    process), and its workers' status."""
+    with contextlib.suppress(OSError):
+      os.unlink(_stop_mark(self.prefix))  # Not a block.
+    for name in unmap(self.prefix):
+      _unlink(name)
     try:
-      with open("/proc/self/maps") as f:
-        mapped = {
-          os.path.basename(line.split()[-1]) for line in f if SHM_DIR in line
-        }
       names = os.listdir(SHM_DIR)
     except OSError:
       return  # Not Linux: Python's resource tracker unlinks them at exit.
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(_stop_mark(self.prefix))  # Not a block.
     for name in names:
-      if name.startswith(self.prefix) and name not in mapped:
-        try:
-          block = shared_memory.SharedMemory(name)
-        except FileNotFoundError:
-          continue
-        block.close()
-        block.unlink()
+      if name.startswith(self.prefix):
+        _unlink(name)
+
+
+class Slot:
+  """A group's array in a worker's /dev/shm block (what crosses pickled).
+
+  Attributes:
+    name: the block's name; its frames start at `SLOT_HEADER`.
+    shape, dtype: the array's, e.g. (group, T, H, W, 3), uint8.
+  """
+
+  __slots__ = ("name", "shape", "dtype")
+
+  def __init__(self, name: str, shape: tuple[int, ...], dtype):
+    self.name, self.shape, self.dtype = name, tuple(shape), np.dtype(dtype)
+
+  def __reduce__(self):
+    return Slot, (self.name, self.shape, self.dtype.str)
+
+
+# In the main process: the blocks mapped so far, by name (kept mapped, so
+# a block's pages are faulted in once, not at every group).
+_MAPPED: dict[str, shared_memory.SharedMemory] = {}
+_MAPPED_LOCK = threading.Lock()
+
+
+def receive(slot: Slot, out: np.ndarray) -> None:
+  """Copies a `Slot`'s array into `out` (its shape) and frees the block for
+  the worker to reuse."""
+  with _MAPPED_LOCK:
+    block = _MAPPED.get(slot.name)
+    if block is None:
+      block = _MAPPED[slot.name] = shared_memory.SharedMemory(slot.name)
+  view = np.ndarray(slot.shape, slot.dtype, block.buf, offset=SLOT_HEADER)
+  out[...] = view
+  del view  # No view left: the block can be closed.
+  block.buf[0] = FREE
+
+
+def unmap(prefix: str) -> list[str]:
+  """Closes this process's mappings of the blocks named `prefix...`;
+  returns their names."""
+  with _MAPPED_LOCK:
+    names = [name for name in _MAPPED if name.startswith(prefix)]
+    for name in names:
+      with contextlib.suppress(BufferError):  # A view left: unmapped at exit.
+        _MAPPED.pop(name).close()
+  return names
+
+
+def _unlink(name: str) -> None:
+  """Unlinks a /dev/shm block (and tells Python's resource tracker)."""
+  try:
+    block = shared_memory.SharedMemory(name)
+  except FileNotFoundError:
+    return
+  block.close()
+  block.unlink()
 
 
 # The janitor: a small process of its own session (a kill of the trainer's
@@ -394,6 +453,26 @@ def publish(
   status.buf[: len(blob)] = blob
 
 
+# This worker's blocks by size, each in use (a group's frames in it, not yet
+# copied by the main process) or free, as its first byte says.
+_POOL: dict[int, list[shared_memory.SharedMemory]] = {}
+
+
+def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
+  """A block of this worker for `nbytes` of frames, marked in use."""
+  blocks = _POOL.setdefault(nbytes, [])
+  block = next((b for b in blocks if b.buf[0] == FREE), None)
+  if block is None:
+    block = shared_memory.SharedMemory(
+      f"{prefix}{os.getpid()}_{next(_BLOCKS)}",
+      create=True,
+      size=SLOT_HEADER + nbytes,
+    )
+    blocks.append(block)
+  block.buf[0] = IN_USE
+  return block
+
+
 def _stack_to_shared_memory(
   values: list[dict], *, prefix: str, min_bytes: int
 ) -> dict:
@@ -405,11 +484,11 @@ def _stack_to_shared_memory(
     if first.dtype.hasobject or first.dtype.kind in "US" or nbytes < min_bytes:
       out[key] = np.stack(parts)  # Pickled: a block would cost more.
       continue
-    block = shared_memory.SharedMemory(
-      f"{prefix}{os.getpid()}_{next(_BLOCKS)}", create=True, size=nbytes
+    block = _free_block(prefix, nbytes)
+    slot = Slot(block.name, (len(parts),) + first.shape, first.dtype)
+    np.stack(
+      parts,
+      out=np.ndarray(slot.shape, slot.dtype, block.buf, offset=SLOT_HEADER),
     )
-    out[key] = grain.multiprocessing.SharedMemoryArray.from_shared_memory(
-      block, (len(parts),) + first.shape, first.dtype
-    )
-    np.stack(parts, out=out[key])
+    out[key] = slot
   return out
