@@ -497,6 +497,27 @@ def test_host_batches_are_aligned_for_zero_copy_transfers():
   np.testing.assert_array_equal(batch["video"][:, 0, 0, 0, 0], [0, 0, 1, 1])
 
 
+def test_batch_buffers_are_reused_only_once_nothing_holds_them():
+  """A batch's memory comes back only when no array, view or device array
+  (a CPU's, made without a copy) holds it."""
+  pool = batches_lib.BatchBuffers()
+  shape = (4, 64, 64, 3)
+  first = pool.empty(shape, np.uint8)
+  where = first.ctypes.data
+  assert pool.empty(shape, np.uint8).ctypes.data != where  # Held.
+  del first
+  again = pool.empty(shape, np.uint8)
+  assert again.ctypes.data == where  # Only the pool held it.
+  view = again[1:]
+  del again
+  assert pool.empty(shape, np.uint8).ctypes.data != where  # Its view held.
+  del view
+  device = jax.device_put(pool.empty(shape, np.uint8))
+  if device.unsafe_buffer_pointer() == where:  # No copy (a CPU).
+    assert pool.empty(shape, np.uint8).ctypes.data != where
+  assert pool.empty((2, 2), np.uint8).ctypes.data % batches_lib.ALIGNMENT == 0
+
+
 def host_elements(valid, video_ids=None):
   """Elements as `ClipLoader` makes them; an invalid one failed one read."""
   video_ids = video_ids or [f"vid{i:03d}" for i in range(len(valid))]
