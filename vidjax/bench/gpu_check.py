@@ -237,7 +237,14 @@ def check_data(
     clips_per_s=perf.get("perf/clips_per_s"),
     compute_clips_per_s=measured.result["clips_per_s"],
     skipped_reads=skipped,
-    shm_need_gib=pipeline.shared_memory_bytes(config.data, config.batch_size)
+    # The clips decoded per step (a data.repeats-th of the views), each
+    # process's share, as make_pipeline sizes its blocks.
+    shm_need_gib=pipeline.shared_memory_bytes(
+      config.data,
+      pipeline.clips_per_step(config.data, config.batch_size)
+      // jax.process_count(),
+      train=True,
+    )
     / GiB,
   )
 
