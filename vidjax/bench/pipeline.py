@@ -220,6 +220,10 @@ SHAPES = {
 }
 TARGETS = (900, 1800)  # AVION ViT-B clips/s on an H200: unmasked, 50 % masked.
 VIDEOMAE_RATE = 1860  # VideoMAE ViT-B 16x4 clips/s on an H200, 90 % masked.
+# Batches before the count starts: the worker's start, and the /dev/shm
+# blocks and batch arrays the pipeline then reuses made (as many as it has
+# in flight at once: a few batches' worth).
+WARM_BATCHES = 6
 
 
 def shape_config(store: Path, work: Path, video_id: str, shape: str):
@@ -269,7 +273,7 @@ def reader_rate(config, clips: int) -> dict:
 
 def pipeline_rate(config, batch: int, clips: int, repeats: int = 1) -> dict:
   """The whole pipeline with 1 worker: clips and views per CPU-second of
-  the main process and the worker, after warm-up."""
+  the main process and the worker, after `WARM_BATCHES`."""
   config = config.copy_and_resolve_references()
   config.data.update(workers=1, threads=0, repeats=repeats)
   proc = psutil.Process()
@@ -277,7 +281,7 @@ def pipeline_rate(config, batch: int, clips: int, repeats: int = 1) -> dict:
     config, sharding.make_mesh(), train=True, batch_size=batch
   )
   try:
-    for _ in range(2):
+    for _ in range(WARM_BATCHES):
       jax.block_until_ready(next(pipe)["video"])
     steps = max(1, clips * repeats // batch)
     cpu0 = cpu_seconds(proc)
