@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from vidjax import (
+  config as config_lib,
   errors,
   rundir,
   scoreboard,
@@ -62,7 +63,7 @@ class EvalSet:
 
 
 def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
-  resolved = config.copy_and_resolve_references()
+  resolved = config_lib.copy(config)
   with resolved.unlocked():
     resolved.eval.sets = ml_collections.ConfigDict()
     for key, value in spec.items():
