@@ -20,6 +20,7 @@ import pytest
 import debug_runs
 from vidjax import (
   checkpoint,
+  checkpoint_reader,
   checksums,
   config as config_lib,
   errors,
@@ -117,7 +118,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
   stopped_at = max(losses(workdir))
   assert 2 <= stopped_at <= STEPS - 10, f"SIGINT came too late ({stopped_at})"
   ckpts = workdir / "checkpoints"
-  saved = checkpoint.latest_complete_step(ckpts)
+  saved = checkpoint_reader.latest_complete_step(ckpts)
   assert saved is not None and saved >= stopped_at
   assert [p.name for p in ckpts.iterdir()] == [str(saved)]  # Nothing partial.
   assert "run the same command to resume" in log()
@@ -142,7 +143,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
     "received SIGTERM: the final evaluation and the checkpoint of step "
     f"{STEPS} finish first, then the run ends"
   ) in log()
-  assert checkpoint.latest_complete_step(ckpts) == STEPS
+  assert checkpoint_reader.latest_complete_step(ckpts) == STEPS
   assert not partial.exists()
   assert re.search(
     r"changed since the checkpoint of step \d+:\n  "
@@ -193,7 +194,7 @@ def test_a_step_with_a_non_finite_loss_is_never_saved(
     r"at step 2; last good checkpoint at step 1 is kept",
   ):
     train.train_and_evaluate(config, workdir)
-  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
 
 
 def test_gradient_accumulation_matches_one_big_batch():

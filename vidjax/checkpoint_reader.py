@@ -75,7 +75,8 @@ def _rng_from_json(blob: dict):
   return jax.random.wrap_key_data(data, impl=blob["impl"])
 
 
-def _shapes(tree) -> dict[str, tuple]:
+def tree_shapes(tree) -> dict[str, tuple]:
+  """{dotted path: shape} of a pytree of arrays or ShapeDtypeStructs."""
   return {
     keypaths.name(p): tuple(x.shape)
     for p, x in jax.tree_util.tree_leaves_with_path(tree)
@@ -136,7 +137,7 @@ class RunCheckpoints:
   def shapes(self, step: int) -> dict[str, tuple]:
     """{dotted path: shape} of the step's state, from its metadata."""
     if step not in self._shapes:
-      self._shapes[step] = _shapes(self._mngr.item_metadata(step)["state"])
+      self._shapes[step] = tree_shapes(self._mngr.item_metadata(step)["state"])
     return self._shapes[step]
 
   def best(self) -> dict | None:

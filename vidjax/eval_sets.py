@@ -300,7 +300,7 @@ def evaluate(run, config: ml_collections.ConfigDict) -> dict[str, float]:
   """Runs every evaluation set once with the run's current parameters.
 
   Args:
-    run: a `train.Run` (its state, steps, mesh, task, tokenizer, workdir).
+    run: a `startup.Run` (its state, steps, mesh, task, tokenizer, workdir).
     config: the run config.
 
   Returns:
