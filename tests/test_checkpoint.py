@@ -235,7 +235,9 @@ def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
     assert ckpt.record_eval(15, {"eval/mAP_avg": 0.6}, _state(mesh, scale=15))
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [12, 15]  # The old best is let go.
-  restored = checkpoint_reader.restore_checkpoint(directory, _state(mesh), step=15)
+  restored = checkpoint_reader.restore_checkpoint(
+    directory, _state(mesh), step=15
+  )
   np.testing.assert_array_equal(restored.state["params"]["b"], np.full(4, 15.0))
   assert checkpoint_reader.read_best(directory)["step"] == 15
 
@@ -449,6 +451,48 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
     resume.resolve_start(saved, _config())
   assert refused.value.exit_code == errors.EXIT_USAGE
   assert "move" in refused.value.hint and "backup" in refused.value.hint
+
+
+def test_damaged_arrays_are_found_by_the_restore_which_takes_the_next_step(
+  tmp_path, caplog
+):
+  """The start point verifies a step's metadata; its arrays are verified as
+  the restore reads them: a damaged one gives way to the next newest step
+  (or, named by `resume`, is refused)."""
+  mesh = sharding.make_mesh(fsdp=2)
+  ckpts = rundir.checkpoints(tmp_path)
+  with checkpoint.Checkpointer(str(ckpts), every_steps=1) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, _state(mesh, scale=step), data_state={"seen": step})
+  arrays = [
+    p
+    for p in (ckpts / "2").rglob("*")
+    if p.is_file()
+    and checksums.is_array_data(p.relative_to(ckpts / "2").as_posix())
+  ]
+  assert arrays
+  data = bytearray(arrays[0].read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  arrays[0].write_bytes(bytes(data))
+  start = resume.resolve_start(tmp_path, _config())
+  assert start == resume.StartPoint("workdir", str(ckpts), 2)
+  with caplog.at_level("WARNING"):
+    at, restored, _ = resume.restore(
+      start, _state(mesh), _config(), training=False
+    )
+  start.close()
+  assert at == resume.StartPoint("workdir", str(ckpts), 1, damaged=(2,))
+  assert f"the checkpoint {ckpts}/2 is damaged: " in caplog.text
+  assert "has changed since it was saved" in caplog.text
+  assert "using step 1 instead" in caplog.text
+  jax.tree.map(np.testing.assert_array_equal, restored.state, _state(mesh))
+  assert restored.data_state == {"seen": 1}
+  named = resume.resolve_start(
+    tmp_path / "other", _config(resume=str(ckpts / "2"))
+  )
+  with pytest.raises(errors.WorkdirError, match="checkpoints/2 is damaged"):
+    resume.restore(named, _state(mesh), _config(), training=False)
+  named.close()
 
 
 def _random_state(mesh, size: int, seed: int):

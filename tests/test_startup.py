@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
@@ -14,6 +15,10 @@ from vidjax import (
   checksums,
   config as config_lib,
   models,
+  sharding,
+  startup,
+  steps,
+  tasks,
   train,
 )
 
@@ -45,12 +50,23 @@ def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
 ):
   config = config_lib.load_config(str(REPO / "configs/demo.py:debug"), SMALL)
   workdir = tmp_path / "run"
-  run = train.setup(config, workdir)  # From scratch: a state to save.
+  plan = startup.resolve(config, workdir)  # A state of the run to save.
+  plan.close()
+  target = steps.build_state_and_steps(
+    plan.config,
+    tasks.get_task(plan.config.task),
+    sharding.make_mesh(),
+    abstract=True,
+  )[0]
+  state = jax.tree.map(
+    lambda x: jax.device_put(np.full(x.shape, 0.5, x.dtype), x.sharding),
+    target,
+  )
   with checkpoint.Checkpointer.from_config(
-    workdir, run.config, metadata={"config": run.config.to_dict()}
+    workdir, plan.config, metadata={"config": plan.config.to_dict()}
   ) as ckpt:
-    ckpt.save(1, run.state, rng=jax.random.key(3), force=True)
-  step_dir = workdir / "checkpoints" / "1"
+    ckpt.save(7, state, rng=jax.random.key(3), force=True)
+  step_dir = workdir / "checkpoints" / "7"
   listed = json.loads((step_dir / checksums.MANIFEST).read_text())["files"]
 
   counts, crcs = collections.Counter(), collections.Counter()
@@ -62,14 +78,15 @@ def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
   monkeypatch.setattr(
     checksums,
     "_crc32",
-    lambda path: crcs.update([Path(path).relative_to(step_dir).as_posix()])
-    or crc32(path),
+    lambda path: (
+      crcs.update([Path(path).relative_to(step_dir).as_posix()]) or crc32(path)
+    ),
   )
   resumed = train.setup(config, workdir, splits=("train",))
   resumed.train_batches.close()
 
-  assert resumed.start.kind == "workdir" and resumed.start.step == 1
-  assert int(resumed.state["step"]) == int(run.state["step"])
+  assert resumed.start.kind == "workdir" and resumed.start.step == 7
+  jax.tree.map(np.testing.assert_array_equal, resumed.state, state)
   # The directory opened by one Orbax manager; its metadata read once (the
   # `meta` item, and the shapes); its bytes once: the restore, with every
   # file's checksum computed as it reads them, each file opened once.
@@ -86,5 +103,5 @@ def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
     resumed.config.total_steps = 5
   with pytest.raises(AttributeError, match="immutable"):
     resumed.config.model.remat = "full"
-  assert resumed.config.to_dict() == run.config.to_dict()
+  assert resumed.config.to_dict() == plan.config.to_dict()
   assert not config.data.root  # (The synthetic corpus: the run's copy.)
