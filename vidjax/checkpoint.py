@@ -125,7 +125,8 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   process's first save, for nothing when one host holds every replica. Here
   each shard is written whole by its first replica, as Orbax does on GPUs.
   The global registry (a user's own Orbax code shares it) is left alone.
-  Same format (`checkpoint_reader` reads it); a replicated array's chunks are whole shards.
+  Same format (`checkpoint_reader` reads it); a replicated array's chunks
+  are whole shards.
   """
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(

@@ -209,7 +209,7 @@ class RunCheckpoints:
 
 
 def complete_steps(directory) -> list[int]:
-  """The finalised checkpoint steps in `directory`, newest first ([] if none)."""
+  """The finalised steps in `directory`, newest first ([] if none)."""
   with RunCheckpoints(directory) as ckpts:
     return ckpts.steps()
 

@@ -664,11 +664,16 @@ class LockedConfig(ml_collections.FrozenConfigDict):
   """A run's config once start-up has settled it: any write raises.
 
   `to_dict` gives lists as lists (the JSON of config.json and of a
-  checkpoint's config, as before the lock); `copy` a changeable copy.
+  checkpoint's config, as before the lock); `copy_and_resolve_references`
+  (and `copy`, for its sections too) a changeable copy, for a variant.
   """
 
   def to_dict(self, *args, **kwargs) -> dict:
     return self.as_configdict().to_dict(*args, **kwargs)
+
+  def copy_and_resolve_references(self, visit_map=None):
+    del visit_map
+    return self.as_configdict()
 
 
 def lock(config: ml_collections.ConfigDict) -> LockedConfig:
