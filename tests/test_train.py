@@ -29,6 +29,7 @@ from vidjax import (
   steps,
   train,
 )
+from vidjax.data import pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -328,9 +329,9 @@ def test_a_data_bound_run_hears_it_again(
     def __getattr__(self, name):
       return getattr(self.batches, name)
 
-  make_pipeline = train.pipeline.make_pipeline
+  make_pipeline = pipeline.make_pipeline
   monkeypatch.setattr(
-    train.pipeline,
+    pipeline,
     "make_pipeline",
     lambda *a, **k: (
       SlowBatches(make_pipeline(*a, **k))

@@ -387,8 +387,18 @@ def restore(
       step=step,
       damaged=tuple(damaged) if start.kind == "workdir" else (),
     )
-    changed = check_fits(at, target, config, training=training)
     try:
+      try:
+        changed = check_fits(at, target, config, training=training)
+      except errors.UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        # Orbax's index of the arrays (read for their shapes) lives in the
+        # arrays' files: damaged ones may fail it before the restore.
+        problem = ckpts.verify(step, "arrays")
+        if problem is None:
+          raise
+        raise checkpoint_reader.Damaged(step, problem) from e
       restored = ckpts.restore(step, target)
     except checkpoint_reader.Damaged as e:
       if start.named:
