@@ -672,8 +672,8 @@ class LockedConfig(ml_collections.FrozenConfigDict):
     return self.as_configdict().to_dict(*args, **kwargs)
 
   def copy_and_resolve_references(self, visit_map=None):
-    del visit_map
-    return self.as_configdict()
+    del visit_map  # (`as_configdict` is shared: copied, to be changed.)
+    return self.as_configdict().copy_and_resolve_references()
 
 
 def lock(config: ml_collections.ConfigDict) -> LockedConfig:
@@ -686,5 +686,5 @@ def copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A changeable copy of a config, locked (`lock`) or not, its references
   resolved: for variants (a remat policy, an evaluation set's keys)."""
   if isinstance(config, ml_collections.FrozenConfigDict):
-    return config.as_configdict()
+    config = config.as_configdict()  # (Shared by every call: copied.)
   return config.copy_and_resolve_references()

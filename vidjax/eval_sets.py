@@ -63,7 +63,7 @@ class EvalSet:
 
 
 def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
-  resolved = config_lib.copy(config)
+  resolved, spec = config_lib.copy(config), config_lib.copy(spec)
   with resolved.unlocked():
     resolved.eval.sets = ml_collections.ConfigDict()
     for key, value in spec.items():
