@@ -16,7 +16,15 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from vidjax import checkpoint, checksums, errors, resume, rundir, sharding
+from vidjax import (
+  checkpoint,
+  checkpoint_reader,
+  checksums,
+  errors,
+  resume,
+  rundir,
+  sharding,
+)
 
 
 def _state(mesh, scale=1.0):
@@ -69,7 +77,7 @@ def test_round_trip_sharded_state_iterator_step_rng(tmp_path):
   target["params"]["w"] = jax.ShapeDtypeStruct(
     (16, 4), jnp.float32, sharding=NamedSharding(other, P("fsdp", None))
   )
-  restored = checkpoint.restore_checkpoint(tmp_path, target)
+  restored = checkpoint_reader.restore_checkpoint(tmp_path, target)
   assert restored.step == 10
   w = restored.state["params"]["w"]
   assert (
@@ -99,7 +107,7 @@ def test_restores_nnx_and_optax_state_into_abstract_target(tmp_path):
   with checkpoint.Checkpointer(tmp_path, every_steps=1) as ckpt:
     ckpt.save(1, state)
   target = sharding.abstract_sharded_state(init, mesh, key, min_size=1)
-  restored = checkpoint.restore_checkpoint(tmp_path, target).state
+  restored = checkpoint_reader.restore_checkpoint(tmp_path, target).state
   assert restored[0]["kernel"][...].sharding.spec == P("fsdp", None)
   jax.tree.map(np.testing.assert_array_equal, restored, state)
 
@@ -113,7 +121,7 @@ def test_keeps_last_k_and_restores_latest(tmp_path):
     assert not ckpt.save(9, _state(mesh, scale=9), force=True)  # already there
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [8, 9]
-    restored = checkpoint.restore_checkpoint(tmp_path, _state(mesh))
+    restored = checkpoint_reader.restore_checkpoint(tmp_path, _state(mesh))
   assert (
     restored.step == 9 and restored.data_state is None and restored.rng is None
   )
@@ -127,11 +135,11 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     ckpt.save(3, _state(mesh))
   # A crash mid-save leaves Orbax's temporary directory behind.
   os.makedirs(os.path.join(ckpt_dir, "4.orbax-checkpoint-tmp-1234", "state"))
-  assert checkpoint.latest_complete_step(ckpt_dir) == 3
+  assert checkpoint_reader.latest_complete_step(ckpt_dir) == 3
   assert resume.resolve_start(tmp_path, _config()) == resume.StartPoint(
     "workdir", ckpt_dir, 3
   )
-  assert checkpoint.restore_checkpoint(ckpt_dir, _state(mesh)).step == 3
+  assert checkpoint_reader.restore_checkpoint(ckpt_dir, _state(mesh)).step == 3
 
 
 def test_resolve_start_order(tmp_path):
@@ -214,7 +222,7 @@ def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [4, 10, 12]  # The last 2, and the best.
   best = {"metric": "eval/mAP_avg", "mode": "max", "step": 4, "value": 0.5}
-  assert checkpoint.read_best(directory) == best
+  assert checkpoint_reader.read_best(directory) == best
   assert resume.find_checkpoint(tmp_path, prefer_best=True) == (directory, 4)
   assert resume.find_checkpoint(tmp_path) == (directory, 12)
 
@@ -227,9 +235,11 @@ def test_best_checkpoint_outlives_keep_and_is_what_a_workdir_names(tmp_path):
     assert ckpt.record_eval(15, {"eval/mAP_avg": 0.6}, _state(mesh, scale=15))
     ckpt.wait_until_finished()
     assert ckpt.all_steps() == [12, 15]  # The old best is let go.
-  restored = checkpoint.restore_checkpoint(directory, _state(mesh), step=15)
+  restored = checkpoint_reader.restore_checkpoint(
+    directory, _state(mesh), step=15
+  )
   np.testing.assert_array_equal(restored.state["params"]["b"], np.full(4, 15.0))
-  assert checkpoint.read_best(directory)["step"] == 15
+  assert checkpoint_reader.read_best(directory)["step"] == 15
 
 
 def test_best_mode_min_nan_and_a_metric_the_eval_lacks(tmp_path):
@@ -260,7 +270,7 @@ def test_partial_save_is_ignored_then_removed(tmp_path):
   # What a save killed half-way leaves: Orbax's temporary directory.
   partial = ckpts / f"2{checkpoint.TMP_SUFFIX}"
   shutil.copytree(ckpts / "1", partial)
-  assert checkpoint.latest_complete_step(ckpts) == 1
+  assert checkpoint_reader.latest_complete_step(ckpts) == 1
   with checkpoint.Checkpointer(ckpts, every_steps=1) as ckpt:  # Orbax's
     ckpt.save(3, _state(mesh))  # clean-up ends before the first save.
   assert sorted(p.name for p in ckpts.iterdir()) == ["1", "3"]
@@ -304,7 +314,7 @@ def test_save_of_replicated_arrays_compiles_nothing(tmp_path):
   finally:
     jax.monitoring.unregister_event_duration_listener(on_event)
   assert compiled == []
-  restored = checkpoint.restore_checkpoint(tmp_path, state).state
+  restored = checkpoint_reader.restore_checkpoint(tmp_path, state).state
   jax.tree.map(np.testing.assert_array_equal, restored, state)
   assert restored["w"].sharding == state["w"].sharding
 
@@ -348,10 +358,10 @@ def test_checkpoints_written_by_orbax_standard_handler_still_read(
     " used without verifying its files"
   ) in caplog.text
   for directory in (old, new):
-    restored = checkpoint.restore_checkpoint(directory, state)
+    restored = checkpoint_reader.restore_checkpoint(directory, state)
     assert restored.step == 3 and restored.metadata == meta["metadata"]
     jax.tree.map(np.testing.assert_array_equal, restored.state, state)
-    params, config = checkpoint.read_params(directory, 3)
+    params, config = checkpoint_reader.read_params(directory, 3)
     assert sorted(params) == ["b", "w"] and config == {"seed": 1}
     np.testing.assert_array_equal(params["w"], state["params"]["w"])
 
@@ -412,8 +422,8 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
     assert "using step 1 instead, the newest intact checkpoint" in caplog.text
     # Once the run is accepted, the damaged step makes way for a new save.
     assert resume.set_aside_damaged(start) == [f"{ckpts}/2.damaged"]
-    assert checkpoint.complete_steps(ckpts) == [1]
-    restored = checkpoint.restore_checkpoint(ckpts, _state(mesh), step=1)
+    assert checkpoint_reader.complete_steps(ckpts) == [1]
+    restored = checkpoint_reader.restore_checkpoint(ckpts, _state(mesh), step=1)
     jax.tree.map(np.testing.assert_array_equal, restored.state, _state(mesh))
     assert restored.data_state == {"seen": 1}
 
@@ -441,6 +451,48 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
     resume.resolve_start(saved, _config())
   assert refused.value.exit_code == errors.EXIT_USAGE
   assert "move" in refused.value.hint and "backup" in refused.value.hint
+
+
+def test_damaged_arrays_are_found_by_the_restore_which_takes_the_next_step(
+  tmp_path, caplog
+):
+  """The start point verifies a step's metadata; its arrays are verified as
+  the restore reads them: a damaged one gives way to the next newest step
+  (or, named by `resume`, is refused)."""
+  mesh = sharding.make_mesh(fsdp=2)
+  ckpts = rundir.checkpoints(tmp_path)
+  with checkpoint.Checkpointer(str(ckpts), every_steps=1) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, _state(mesh, scale=step), data_state={"seen": step})
+  arrays = [
+    p
+    for p in (ckpts / "2").rglob("*")
+    if p.is_file()
+    and checksums.is_array_data(p.relative_to(ckpts / "2").as_posix())
+  ]
+  assert arrays
+  data = bytearray(arrays[0].read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  arrays[0].write_bytes(bytes(data))
+  start = resume.resolve_start(tmp_path, _config())
+  assert start == resume.StartPoint("workdir", str(ckpts), 2)
+  with caplog.at_level("WARNING"):
+    at, restored, _ = resume.restore(
+      start, _state(mesh), _config(), training=False
+    )
+  start.close()
+  assert at == resume.StartPoint("workdir", str(ckpts), 1, damaged=(2,))
+  assert f"the checkpoint {ckpts}/2 is damaged: " in caplog.text
+  assert "has changed since it was saved" in caplog.text
+  assert "using step 1 instead" in caplog.text
+  jax.tree.map(np.testing.assert_array_equal, restored.state, _state(mesh))
+  assert restored.data_state == {"seen": 1}
+  named = resume.resolve_start(
+    tmp_path / "other", _config(resume=str(ckpts / "2"))
+  )
+  with pytest.raises(errors.WorkdirError, match="checkpoints/2 is damaged"):
+    resume.restore(named, _state(mesh), _config(), training=False)
+  named.close()
 
 
 def _random_state(mesh, size: int, seed: int):
@@ -483,7 +535,7 @@ def test_a_save_that_fails_names_its_cause_and_the_last_good_step(small_disk):
   assert sorted(p.name for p in ckpts.iterdir()) == ["1"]
   assert checksums.verify(ckpts / "1") is None
   small_disk.free_up()
-  restored = checkpoint.restore_checkpoint(ckpts, state)
+  restored = checkpoint_reader.restore_checkpoint(ckpts, state)
   jax.tree.map(np.testing.assert_array_equal, restored.state, state)
   # A disk that stops being writable (here: remounted read-only).
   subprocess.run(

@@ -13,7 +13,7 @@ import pytest
 import debug_runs
 from vidjax import (
   augment,
-  checkpoint,
+  checkpoint_reader,
   config as config_lib,
   models,
   monitor,
@@ -256,7 +256,7 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
       assert 0 < final[key] <= 1
   config = debug_runs.load(name, *OVERRIDES.get(name, ()))
   if name in OVERRIDES:  # 8 frames, (32 / 16)^2 patches and the class token.
-    params, saved = checkpoint.read_params(workdir / "checkpoints", 2)
+    params, saved = checkpoint_reader.read_params(workdir / "checkpoints", 2)
     assert (saved["model"]["num_frames"], saved["model"]["image_size"]) == (
       8,
       32,

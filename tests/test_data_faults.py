@@ -20,7 +20,7 @@ import pytest
 
 import debug_runs
 from test_train import losses
-from vidjax import checkpoint, errors, train
+from vidjax import checkpoint_reader, errors, train
 from vidjax.data import pipeline, workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,9 @@ def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
   reference = debug_runs.demo_reference(tmp_path_factory)
   config = debug_runs.load("demo", *OVERRIDES, "--config.data.workers=0")
   workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
-  saved = lambda: checkpoint.latest_complete_step(workdir / "checkpoints")
+  saved = lambda: checkpoint_reader.latest_complete_step(
+    workdir / "checkpoints"
+  )
   log = lambda: (
     (workdir / "log.txt").read_text() if (workdir / "log.txt").exists() else ""
   )

@@ -17,6 +17,7 @@ from vidjax import (
   eval_sets,
   metrics as metrics_lib,
   monitor,
+  startup,
   train,
 )
 from vidjax.data import ek100
@@ -137,7 +138,10 @@ def evaluated(tmp_path_factory):
     config, tmp_path_factory.mktemp("mir_eval"), tmp_path_factory
   )
   metrics = train.evaluate_only(config, workdir)
-  return config, workdir, metrics
+  # The config as the evaluation settled it (changeable: tests vary it).
+  plan = startup.resolve(config, workdir, splits=("eval",))
+  plan.close()
+  return config_lib.copy(plan.config), workdir, metrics
 
 
 def _rows(path):

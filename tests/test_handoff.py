@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, monitor, rundir, train
+from vidjax import checkpoint_reader, monitor, rundir, train
 from vidjax.models.tensor_io import interpolate_temporal
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -37,7 +37,7 @@ def init_report(workdir) -> dict:
 
 def test_eval_mode_reproduces_the_pretraining_final_metrics(tmp_path_factory):
   pretrained, final = debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")
-  best = checkpoint.read_best(pretrained / "checkpoints")
+  best = checkpoint_reader.read_best(pretrained / "checkpoints")
   assert (best["metric"], best["step"]) == ("eval/ek100_mir/mAP_avg", 2)
   for source in (pretrained / "checkpoints" / "2", pretrained):
     config = debug_runs.load(
@@ -95,7 +95,7 @@ def test_mir_finetune_at_8_frames_starts_from_a_checkpoint_step(
     config, tmp_path_factory.mktemp("mir8"), tmp_path_factory
   )
   params = train.setup(config, workdir).state["params"]
-  saved, _ = checkpoint.read_params(pretrained / "checkpoints", 2)
+  saved, _ = checkpoint_reader.read_params(pretrained / "checkpoints", 2)
   np.testing.assert_allclose(
     params["visual"]["temporal_pos"][...],
     interpolate_temporal(saved["visual.temporal_pos"], 8),

@@ -50,6 +50,7 @@ LAYERS = [
   {
     "steps",
     "checkpoint",
+    "checkpoint_reader",
     "monitor",
     "console",
     "eval_sets",
@@ -58,6 +59,8 @@ LAYERS = [
     "memory",
     "plot",
   },
+  # A run's start-up: resolved, then built.
+  {"startup"},
   {"train"},
   # The command line, and the benchmarks beside it (imported by no one
   # else).

@@ -12,7 +12,7 @@ import pytest
 import debug_runs
 from vidjax import (
   augment,
-  checkpoint,
+  checkpoint_reader,
   config as config_lib,
   console,
   errors,
@@ -207,6 +207,6 @@ def test_videomae_resumes_repeated_views_exactly_across_sigterm(
     _stop_in_first_step(patch)
     with pytest.raises(errors.Preempted):
       train.train_and_evaluate(config, workdir)
-  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
   train.train_and_evaluate(debug_runs.load(name, *REPEATS), workdir)
   assert _losses(workdir) == expected

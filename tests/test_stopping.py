@@ -19,7 +19,7 @@ import sys
 import pytest
 
 import debug_runs
-from vidjax import checkpoint, errors, rundir, stopping, train
+from vidjax import checkpoint_reader, errors, rundir, stopping, train
 from vidjax.data import workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_ctrl_c_in_the_first_step_saves_it(
   monkeypatch.setattr(train, "setup", setup_then_signal_in_the_first_step)
   with pytest.raises(errors.Preempted, match="stopped at step 1; checkpoint"):
     train.train_and_evaluate(config, workdir)
-  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
   assert not (workdir / rundir.LOCK_FILE).exists()
 
 
@@ -244,7 +244,7 @@ def test_sigterm_while_an_evaluation_waits_on_stuck_data_saves_and_stops(
   _signal_in(monkeypatch, train.eval_sets, "evaluate", signal.SIGTERM)
   with pytest.raises(errors.Preempted, match="stopped at step 4; checkpoint"):
     train.train_and_evaluate(config, workdir)
-  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 4
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 4
   log = caplog.text
   assert re.search(
     r"the evaluation of \S+val.jsonl was given up: SIGTERM came while it "

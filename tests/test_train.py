@@ -20,6 +20,7 @@ import pytest
 import debug_runs
 from vidjax import (
   checkpoint,
+  checkpoint_reader,
   checksums,
   config as config_lib,
   errors,
@@ -28,6 +29,7 @@ from vidjax import (
   steps,
   train,
 )
+from vidjax.data import pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,7 +119,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
   stopped_at = max(losses(workdir))
   assert 2 <= stopped_at <= STEPS - 10, f"SIGINT came too late ({stopped_at})"
   ckpts = workdir / "checkpoints"
-  saved = checkpoint.latest_complete_step(ckpts)
+  saved = checkpoint_reader.latest_complete_step(ckpts)
   assert saved is not None and saved >= stopped_at
   assert [p.name for p in ckpts.iterdir()] == [str(saved)]  # Nothing partial.
   assert "run the same command to resume" in log()
@@ -142,7 +144,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
     "received SIGTERM: the final evaluation and the checkpoint of step "
     f"{STEPS} finish first, then the run ends"
   ) in log()
-  assert checkpoint.latest_complete_step(ckpts) == STEPS
+  assert checkpoint_reader.latest_complete_step(ckpts) == STEPS
   assert not partial.exists()
   assert re.search(
     r"changed since the checkpoint of step \d+:\n  "
@@ -193,7 +195,7 @@ def test_a_step_with_a_non_finite_loss_is_never_saved(
     r"at step 2; last good checkpoint at step 1 is kept",
   ):
     train.train_and_evaluate(config, workdir)
-  assert checkpoint.latest_complete_step(workdir / "checkpoints") == 1
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
 
 
 def test_gradient_accumulation_matches_one_big_batch():
@@ -327,9 +329,9 @@ def test_a_data_bound_run_hears_it_again(
     def __getattr__(self, name):
       return getattr(self.batches, name)
 
-  make_pipeline = train.pipeline.make_pipeline
+  make_pipeline = pipeline.make_pipeline
   monkeypatch.setattr(
-    train.pipeline,
+    pipeline,
     "make_pipeline",
     lambda *a, **k: (
       SlowBatches(make_pipeline(*a, **k))

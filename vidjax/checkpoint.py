@@ -1,4 +1,4 @@
-"""Checkpoints with Orbax: train state, data iterator, RNG, metadata.
+"""Checkpoints with Orbax, their layout and the write side (`Checkpointer`).
 
 Layout: `WORKDIR/checkpoints/<step>/` with three items:
 
@@ -15,7 +15,8 @@ mid-save leaves a temporary directory that is never picked up; the next
 `Checkpointer` on the directory deletes it (Orbax's
 `cleanup_tmp_directories`). Just before
 the rename, process 0 lists every file of the step with its checksum
-(`vidjax.checksums`), which `vidjax.resume` verifies before a restore. A
+(`vidjax.checksums`), which the restore verifies (`vidjax.checkpoint_reader`,
+which reads what is written here). A
 save that fails (a full disk, no permission) raises `errors.WriteError` at
 the next call of `save` (each step of the loop), `wait_until_finished` or
 `close`, naming the cause and the last checkpoint saved whole; its
@@ -24,13 +25,13 @@ temporary directory is removed.
 Best checkpoint: with `checkpoint.best_metric` set (a metric name as in
 metrics.jsonl, e.g. 'eval/mAP_avg') each evaluation that improves it is
 saved and recorded in `checkpoints/best.json`; that step outlives
-`checkpoint.keep`, and `init_from=WORKDIR` loads it (`read_params`).
+`checkpoint.keep`, and `init_from=WORKDIR` loads it
+(`checkpoint_reader.read_params`).
 Where a run starts, and how it stops to resume: `vidjax.resume`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
@@ -51,7 +52,6 @@ from vidjax import (
   errors,
   failed_saves,
   internals,
-  keypaths,
   rundir,
 )
 
@@ -113,40 +113,9 @@ def _rng_to_json(rng) -> dict:
   return {"impl": None, "data": np.asarray(rng).tolist()}
 
 
-def _rng_from_json(blob: dict):
-  data = np.asarray(blob["data"], dtype=np.uint32)
-  if blob["impl"] is None:
-    return jax.numpy.asarray(data)
-  return jax.random.wrap_key_data(data, impl=blob["impl"])
-
-
 # ---------------------------------------------------------------------------
-# Saving and restoring.
+# Saving.
 # ---------------------------------------------------------------------------
-@dataclasses.dataclass
-class Restored:
-  """What a checkpoint holds. `data_state`/`rng` are None if not saved."""
-
-  step: int
-  state: Any
-  data_state: Any
-  rng: Any
-  metadata: dict
-
-
-def _abstract(target: Any) -> Any:
-  """Arrays -> ShapeDtypeStruct keeping their sharding (restore target)."""
-
-  def one(x):
-    if isinstance(x, jax.ShapeDtypeStruct):
-      return x
-    return jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=getattr(x, "sharding", None)
-    )
-
-  return jax.tree.map(one, target)
-
-
 def _state_writer() -> ocp.PyTreeCheckpointHandler:
   """Orbax's pytree handler for the state, less replica-parallel saving.
 
@@ -156,7 +125,8 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   process's first save, for nothing when one host holds every replica. Here
   each shard is written whole by its first replica, as Orbax does on GPUs.
   The global registry (a user's own Orbax code shares it) is left alone.
-  Same format (`reader` reads it); a replicated array's chunks are whole shards.
+  Same format (`checkpoint_reader` reads it); a replicated array's chunks
+  are whole shards.
   """
   default = ocp.type_handlers.get_type_handler(jax.Array)
   array = ocp.type_handlers.ArrayHandler(
@@ -176,11 +146,12 @@ def _state_writer() -> ocp.PyTreeCheckpointHandler:
   )
 
 
-def _manager(
+def manager(
   directory,
   options: ocp.CheckpointManagerOptions,
   state_handler: ocp.CheckpointHandler,
 ) -> ocp.CheckpointManager:
+  """An Orbax manager of a checkpoints directory with the three items."""
   return ocp.CheckpointManager(
     epath.Path(directory),
     options=options,
@@ -189,72 +160,6 @@ def _manager(
       "data": _IteratorStateHandler(),
       "meta": ocp.JsonCheckpointHandler(),
     },
-  )
-
-
-def reader(directory) -> ocp.CheckpointManager:
-  """A read-only Orbax manager of a checkpoints directory (a context)."""
-  return _manager(
-    directory,
-    ocp.CheckpointManagerOptions(read_only=True),
-    ocp.StandardCheckpointHandler(),
-  )
-
-
-def complete_steps(directory) -> list[int]:
-  """The finalised checkpoint steps in `directory`, newest first ([] if none).
-
-  Temporary (half-written) step directories are not counted; whether a
-  step's files are intact is `checksums.verify`'s to say.
-  """
-  if not epath.Path(directory).is_dir():
-    return []
-  with reader(directory) as mngr:
-    return sorted(mngr.all_steps(), reverse=True)
-
-
-def latest_complete_step(directory) -> int | None:
-  """Latest finalised checkpoint step in `directory`, None if none/absent."""
-  return next(iter(complete_steps(directory)), None)
-
-
-def restore_checkpoint(
-  directory, target: Any, *, step: int | None = None
-) -> Restored:
-  """Restores a checkpoint written by `Checkpointer`.
-
-  Args:
-    directory: a checkpoints directory (`WORKDIR/checkpoints`).
-    target: pytree like the saved state: arrays or `jax.ShapeDtypeStruct`s
-      whose `.sharding` says where each restored array goes (e.g. the
-      shardings from `sharding.create_sharded_state`).
-    step: defaults to the latest complete step.
-
-  Returns:
-    `Restored` with the state placed on `target`'s shardings. The files are
-    not verified here: `vidjax.resume` picks a step whose files are intact.
-  """
-  directory = epath.Path(directory)
-  with reader(directory) as mngr:
-    step = mngr.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"no complete checkpoint in {directory}")
-    items = {
-      "state": ocp.args.StandardRestore(_abstract(target)),
-      "meta": ocp.args.JsonRestore(),
-    }
-    has_data = (directory / str(step) / "data").exists()
-    if has_data:
-      items["data"] = IteratorStateRestore()
-    out = mngr.restore(step, args=ocp.args.Composite(**items))
-  meta = dict(out["meta"])
-  rng = meta.pop("rng", None)
-  return Restored(
-    step=step,
-    state=out["state"],
-    data_state=out["data"] if has_data else None,
-    rng=None if rng is None else _rng_from_json(rng),
-    metadata=meta.get("metadata", {}),
   )
 
 
@@ -295,12 +200,6 @@ class Checkpointer:
     self.every_steps = every_steps
     self._metadata = metadata or {}
     self.best_metric, self.best_mode = best_metric, best_mode
-    self.best = read_best(directory) if best_metric else None
-    if self.best and (self.best["metric"], self.best["mode"]) != (
-      best_metric,
-      best_mode,
-    ):
-      self.best = None  # Another metric now: start the record over.
     self._warned_no_metric = False
     self._async = async_save
     self._in_flight: int | None = None  # The step being written, if any.
@@ -324,7 +223,7 @@ class Checkpointer:
     # and the commit; `async_save=False` waits for each save. Directories
     # are made before `save` returns: one that cannot be made (no
     # permission) fails that save, without threads left waiting for it.
-    self._mngr = _manager(
+    self._mngr = manager(
       self.directory,
       ocp.CheckpointManagerOptions(
         create=True,
@@ -338,6 +237,16 @@ class Checkpointer:
       ),
       _state_writer(),
     )
+    self.best = (
+      best_record(self.directory, self._mngr.all_steps())
+      if best_metric
+      else None
+    )
+    if self.best and (self.best["metric"], self.best["mode"]) != (
+      best_metric,
+      best_mode,
+    ):
+      self.best = None  # Another metric now: start the record over.
 
   @classmethod
   def from_config(cls, workdir, config, **kwargs) -> Checkpointer:
@@ -559,29 +468,6 @@ class Checkpointer:
     self.close()
 
 
-# ---------------------------------------------------------------------------
-# The best checkpoint, and the parameters of a run.
-# ---------------------------------------------------------------------------
-def read_best(directory) -> dict | None:
-  """The best-checkpoint record of a checkpoints directory, or None.
-
-  Returns:
-    {"metric", "mode", "step", "value"} if `best.json` names a complete
-    checkpoint, else None.
-  """
-  path = epath.Path(directory) / rundir.BEST_JSON
-  if not path.exists():
-    return None
-  try:
-    record = json.loads(path.read_text())
-  except ValueError:
-    logging.warning("%s is not valid JSON: ignored", path)
-    return None
-  with reader(directory) as mngr:
-    complete = record.get("step") in mngr.all_steps()
-  return record if complete else None
-
-
 class _KeepBest:
   """Orbax preservation policy: keeps the checkpointer's best step.
 
@@ -602,72 +488,19 @@ class _KeepBest:
     return [best is not None and c.step == best["step"] for c in checkpoints]
 
 
-@contextlib.contextmanager
-def _without_item_metadata_warning():
-  """Orbax's warning that a step's item has no metadata file, which reading
-  one item of a step (its directory `state`) gives every time."""
-
-  def keep(record) -> bool:
-    return not internals.is_orbax_item_metadata_warning(record)
-
-  absl_logger = logging.get_absl_logger()
-  absl_logger.addFilter(keep)
-  try:
-    yield
-  finally:
-    absl_logger.removeFilter(keep)
-
-
-def read_params(directory, step: int) -> tuple[dict[str, np.ndarray], dict]:
-  """One checkpoint's parameters as host arrays, and the run's config.
-
-  Only `state["params"]` is read (an Orbax partial restore): not the
-  optimizer state, the data iterator or the step.
-
-  Args:
-    directory: a checkpoints directory (`WORKDIR/checkpoints`).
-    step: a complete step in it.
+def best_record(directory, steps) -> dict | None:
+  """The record of `directory/best.json` if it names one of `steps`.
 
   Returns:
-    ({dotted parameter path: numpy array}, the config dict saved with it, or
-    {} if none was saved), e.g. {"visual.blocks.layers.0.norm1.scale": ...}.
+    {"metric", "mode", "step", "value"}, or None (no record, not valid
+    JSON, or its step is not among `steps`: not complete).
   """
-  step_dir = epath.Path(directory) / str(step)
-  with (
-    _without_item_metadata_warning(),
-    ocp.PyTreeCheckpointer() as checkpointer,
-  ):
-    tree = checkpointer.metadata(step_dir / "state")
-    tree = getattr(tree, "item_metadata", tree)  # Orbax versions differ.
-    tree = getattr(tree, "tree", tree)
-    if "params" not in tree:
-      raise errors.InitFromError(
-        f"{step_dir}: the saved state has no 'params' "
-        f"(it has {sorted(tree)}); not a vidjax checkpoint"
-      )
-    item = {"params": tree["params"]}
-    as_numpy = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item
-    )
-    restored = checkpointer.restore(
-      step_dir / "state",
-      args=ocp.args.PyTreeRestore(
-        item=item, restore_args=as_numpy, partial_restore=True
-      ),
-    )
-  params = {}
-  for path, value in jax.tree_util.tree_flatten_with_path(restored["params"])[
-    0
-  ]:
-    params[keypaths.name(path)] = value
-  return params, read_config(directory, step)
-
-
-def read_config(directory, step: int) -> dict:
-  """The config a checkpoint was saved with, as a dict ({} if none was)."""
-  meta_dir = epath.Path(directory) / str(step) / "meta"
-  if not meta_dir.is_dir():
-    return {}
-  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-    meta = checkpointer.restore(meta_dir)
-  return meta.get("metadata", {}).get("config", {})
+  path = epath.Path(directory) / rundir.BEST_JSON
+  if not path.exists():
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except ValueError:
+    logging.warning("%s is not valid JSON: ignored", path)
+    return None
+  return record if record.get("step") in steps else None

@@ -107,11 +107,24 @@ def _problem(
   return None
 
 
-def verify(step_dir) -> str | None:
+def is_array_data(name: str) -> bool:
+  """Whether a step's file (relative path) holds array bytes: Orbax's
+  OCDBT data files, `state/d/*` and `state/ocdbt.process_<i>/d/*`; the
+  others are metadata (manifests, JSON), small."""
+  return "d" in name.split("/")[:-1]
+
+
+def verify(step_dir, part: str | None = None) -> str | None:
   """What is wrong with a checkpoint step's files, or None if nothing is.
 
   Reads every file listed in `checksums.json` once (several at a time). A
-  step without the list is not verified (an info line says so).
+  step without the list is not verified (an info line says so, unless
+  `part` is 'arrays').
+
+  Args:
+    step_dir: a checkpoint step's directory.
+    part: 'metadata' or 'arrays' (`is_array_data`) for those files only;
+      None: every file.
 
   Returns:
     None if intact (or unverifiable), else one line naming the damaged files
@@ -122,6 +135,8 @@ def verify(step_dir) -> str | None:
     with open(os.path.join(step_dir, MANIFEST), encoding="utf-8") as f:
       listed = json.load(f)["files"]
   except FileNotFoundError:
+    if part == "arrays":
+      return None
     logging.info(
       "%s has no %s (saved before vidjax kept checksums): "
       "used without verifying its files",
@@ -133,6 +148,9 @@ def verify(step_dir) -> str | None:
     return f"{MANIFEST} does not read ({e.strerror or e})"
   except (ValueError, KeyError, TypeError) as e:
     return f"{MANIFEST} does not read ({e})"
+  if part is not None:
+    arrays = part == "arrays"
+    listed = {n: v for n, v in listed.items() if is_array_data(n) == arrays}
   # Largest first: the threads finish together.
   names = sorted(listed, key=lambda n: -listed[n][0])
   problems = [

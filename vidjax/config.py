@@ -658,3 +658,33 @@ def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
     for key in keys:
       if key in node and node[key]:
         node[key] = _absolute(node[key], several)
+
+
+class LockedConfig(ml_collections.FrozenConfigDict):
+  """A run's config once start-up has settled it: any write raises.
+
+  `to_dict` gives lists as lists (the JSON of config.json and of a
+  checkpoint's config, as before the lock); `copy_and_resolve_references`
+  (and `copy`, for its sections too) a changeable copy, for a variant.
+  """
+
+  def to_dict(self, *args, **kwargs) -> dict:
+    return self.as_configdict().to_dict(*args, **kwargs)
+
+  def copy_and_resolve_references(self, visit_map=None):
+    del visit_map  # (`as_configdict` is shared: copied, to be changed.)
+    return self.as_configdict().copy_and_resolve_references()
+
+
+def lock(config: ml_collections.ConfigDict) -> LockedConfig:
+  """`config` as a `LockedConfig` (references resolved): what a run reads
+  after its start-up; writing one of its keys raises AttributeError."""
+  return LockedConfig(config)
+
+
+def copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A changeable copy of a config, locked (`lock`) or not, its references
+  resolved: for variants (a remat policy, an evaluation set's keys)."""
+  if isinstance(config, ml_collections.FrozenConfigDict):
+    config = config.as_configdict()  # (Shared by every call: copied.)
+  return config.copy_and_resolve_references()

@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from vidjax import (
+  config as config_lib,
   errors,
   rundir,
   scoreboard,
@@ -62,7 +63,7 @@ class EvalSet:
 
 
 def _resolve(config, name: str, spec) -> ml_collections.ConfigDict:
-  resolved = config.copy_and_resolve_references()
+  resolved, spec = config_lib.copy(config), config_lib.copy(spec)
   with resolved.unlocked():
     resolved.eval.sets = ml_collections.ConfigDict()
     for key, value in spec.items():
@@ -299,7 +300,7 @@ def evaluate(run, config: ml_collections.ConfigDict) -> dict[str, float]:
   """Runs every evaluation set once with the run's current parameters.
 
   Args:
-    run: a `train.Run` (its state, steps, mesh, task, tokenizer, workdir).
+    run: a `startup.Run` (its state, steps, mesh, task, tokenizer, workdir).
     config: the run config.
 
   Returns:

@@ -49,6 +49,7 @@ import numpy as np
 import psutil
 
 from vidjax import (
+  config as config_lib,
   errors,
   internals,
   models,
@@ -150,7 +151,9 @@ def vision_attention(model: ml_collections.ConfigDict) -> str:
 
 
 def step_memories(
-  config: ml_collections.ConfigDict, remats: Sequence[str]
+  config: ml_collections.ConfigDict,
+  remats: Sequence[str],
+  built: tuple | None = None,
 ) -> Iterator[StepMemory]:
   """The training step's memory per device under each policy, in turn.
 
@@ -161,24 +164,31 @@ def step_memories(
   Args:
     config: the run config (its task, model, optimizer, fsdp, accum_steps).
     remats: `model.remat` policies.
+    built: the run's own abstract (state, rest, steps), from
+      `steps.build_state_and_steps(abstract=True)`: used for the config's
+      own policy instead of building them again.
 
   Yields:
     A `StepMemory` per policy; `total_bytes(clips_per_device(config))` is
     the step's.
   """
-  config = config.copy_and_resolve_references()
+  config = config_lib.copy(config)
   mesh = sharding.make_mesh(fsdp=config.fsdp)
   task = tasks.get_task(config.task)
   spec = spec_lib.from_config(config.model)
+  own = config.model.remat
   for remat in remats:
     config.model.remat = remat
-    variant = spec_lib.with_compute(spec, remat=remat)
-    model = nnx.eval_shape(
-      lambda s=variant: models.build_model(s, rngs=nnx.Rngs(config.seed))
-    )
-    state, rest, steps = steps_lib.build_state_and_steps(
-      config, task, mesh, abstract=True, model=model
-    )
+    if built is not None and remat == own:
+      state, rest, steps = built
+    else:
+      variant = spec_lib.with_compute(spec, remat=remat)
+      model = nnx.eval_shape(
+        lambda s=variant: models.build_model(s, rngs=nnx.Rngs(config.seed))
+      )
+      state, rest, steps = steps_lib.build_state_and_steps(
+        config, task, mesh, abstract=True, model=model
+      )
     # Two batch sizes split the residuals into per-clip and shared ones
     # (per view with `data.repeats`: the batches hold a clip per device).
     small = jax.device_count() * config.data.get("repeats", 1)
@@ -256,8 +266,12 @@ class StepTooLarge(errors.ConfigError):
     self.on_host = on_host
 
 
-def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
+def check_step_fits(
+  config: ml_collections.ConfigDict, built: tuple | None = None
+) -> StepMemory | None:
   """Refuses, before compiling, a training step that will not fit.
+
+  `built`: the run's abstract (state, rest, steps), see `step_memories`.
 
   Returns:
     The estimate, or None where the memory is unknown (see
@@ -273,11 +287,13 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   limit = device_memory_bytes(config)
   if limit is None:
     return None
-  estimate = _check_fits(config, "the training step", limit, "accum_steps")
+  estimate = _check_fits(
+    config, "the training step", limit, "accum_steps", built
+  )
   if steps_lib.unmask_start(config) is not None:
     # The unmasked tuning keeps every token, in its own microbatches (the
     # same global batch): checked as a second step.
-    tuning = config.copy_and_resolve_references()
+    tuning = config_lib.copy(config)
     tuning.model.mask_ratio = 0.0
     tuning.accum_steps = steps_lib.unmask_accum(config)
     _check_fits(
@@ -286,7 +302,7 @@ def check_step_fits(config: ml_collections.ConfigDict) -> StepMemory | None:
   return estimate
 
 
-def _check_fits(config, step_name: str, limit: int, accum_key: str):
+def _check_fits(config, step_name: str, limit: int, accum_key: str, built=None):
   """`check_step_fits` for one step, its microbatches `config.accum_steps`
   (the hint names `accum_key` to change them)."""
   usable = (1 - HEADROOM) * limit
@@ -299,6 +315,7 @@ def _check_fits(config, step_name: str, limit: int, accum_key: str):
   estimates = step_memories(
     config,
     [remat] + (order[order.index(remat) + 1 :] if remat in order else order),
+    built,
   )
   estimate = next(estimates)
   need = estimate.total_bytes(clips)

@@ -1,16 +1,19 @@
-"""Where a run starts, what it starts from, and whether its checkpoint fits.
+"""Where a run starts, what it starts from, and restoring its checkpoint.
 
 Where a run starts (`resolve_start`): its own latest checkpoint; else
 `config.resume` (another run's checkpoints: full state); else
 `config.init_from` (parameters only, filled by `vidjax.models.init_from`);
-else scratch. `read_start` reads what that start brings before the model
+else scratch. A checkpoint's directory is opened once for it
+(`checkpoint_reader.RunCheckpoints`, kept on the `StartPoint`) and read
+from there on. `read_start` reads what that start brings before the model
 is built: every tensor of `init_from` (`read_init_from`: a vidjax run's
 checkpoint, or what `vidjax.models.sources` reads), or the config a
 checkpoint to resume was saved with (what the run computed with).
 
 A checkpoint's files are verified against the checksums saved with it
-(`vidjax.checksums`): a damaged step is named with what is wrong and the
-newest intact one is taken instead (`set_aside_damaged` then moves the
+(`vidjax.checksums`): its metadata when the start is resolved, its arrays
+while `restore` reads them. A damaged step is named with what is wrong and
+the newest intact one is taken instead (`set_aside_damaged` then moves the
 run's own damaged steps out of the way). Before a checkpoint is restored,
 `check_fits` compares its array shapes with the new run's (from the files'
 metadata, reading no array) and names the config keys that changed.
@@ -26,14 +29,11 @@ from typing import Any
 from absl import logging
 from etils import epath
 import jax
-import orbax.checkpoint as ocp
 
 from vidjax import (
-  checkpoint,
-  checksums,
+  checkpoint_reader,
   config as config_lib,
   errors,
-  keypaths,
   rundir,
 )
 from vidjax.models import facts, init_from, sources
@@ -53,16 +53,41 @@ class StartPoint:
   path: checkpoints directory ('workdir', 'resume') or weights path.
   step: checkpoint step ('workdir', 'resume'), else None.
   damaged: the workdir's damaged steps newer than `step` ('workdir').
+  named: `resume` named this one step: no other is taken for it.
+  checkpoints: the directory opened for reading ('workdir', 'resume'),
+    until `close`.
   """
 
   kind: str
   path: str | None = None
   step: int | None = None
   damaged: tuple[int, ...] = ()
+  named: bool = dataclasses.field(default=False, compare=False)
+  checkpoints: checkpoint_reader.RunCheckpoints | None = dataclasses.field(
+    default=None, compare=False, repr=False
+  )
+
+  def close(self) -> None:
+    if self.checkpoints is not None:
+      self.checkpoints.close()
 
 
-def _newest_intact(directory: str, steps: list[int]) -> tuple[int, list[int]]:
-  """The first of `steps` whose files are intact, and the damaged ones before.
+def _none_intact(directory, damaged: list[int]) -> errors.WorkdirError:
+  return errors.WorkdirError(
+    f"no intact checkpoint in {directory}: steps "
+    f"{', '.join(map(str, damaged))} are damaged (see above)",
+    hint=f"copy intact ones back from a backup, or move {directory} away "
+    "to start from scratch (python -m vidjax.checksums STEP_DIR checks one)",
+  )
+
+
+def _newest_intact(
+  ckpts: checkpoint_reader.RunCheckpoints,
+  steps: list[int],
+  part: str | None = None,
+) -> tuple[int, list[int]]:
+  """The first of `steps` whose files (`part` of them, see
+  `checksums.verify`) are intact, and the damaged ones before.
 
   Each damaged step is logged with what is wrong.
 
@@ -71,7 +96,7 @@ def _newest_intact(directory: str, steps: list[int]) -> tuple[int, list[int]]:
   """
   damaged = []
   for step in steps:
-    problem = checksums.verify(os.path.join(directory, str(step)))
+    problem = ckpts.verify(step, part)
     if problem is None:
       if damaged:
         logging.warning(
@@ -79,14 +104,48 @@ def _newest_intact(directory: str, steps: list[int]) -> tuple[int, list[int]]:
         )
       return step, damaged
     logging.warning(
-      "the checkpoint %s/%d is damaged: %s", directory, step, problem
+      "the checkpoint %s/%d is damaged: %s", ckpts.directory, step, problem
     )
     damaged.append(step)
-  raise errors.WorkdirError(
-    f"no intact checkpoint in {directory}: steps "
-    f"{', '.join(map(str, damaged))} are damaged (see above)",
-    hint=f"copy intact ones back from a backup, or move {directory} away "
-    "to start from scratch (python -m vidjax.checksums STEP_DIR checks one)",
+  raise _none_intact(ckpts.directory, damaged)
+
+
+def _open(
+  path, *, prefer_best: bool = False, part: str | None = None
+) -> tuple[checkpoint_reader.RunCheckpoints, int | None, bool]:
+  """`find_checkpoint`, its directory left open: (checkpoints, step or
+  None, whether `path` named the step)."""
+  p = epath.Path(path)
+  if (p / rundir.CHECKPOINTS).is_dir():  # (epath: URLs too.)
+    p = p / rundir.CHECKPOINTS
+  if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
+    ckpts = checkpoint_reader.RunCheckpoints(p.parent)
+    problem = ckpts.verify(int(p.name), part)
+    if problem:
+      ckpts.close()
+      raise _named_damaged(p, problem)
+    return ckpts, int(p.name), True
+  ckpts = checkpoint_reader.RunCheckpoints(p)
+  steps = ckpts.steps()
+  best = ckpts.best() if prefer_best else None
+  if best:  # The best first, then the newest.
+    steps = [best["step"]] + [s for s in steps if s != best["step"]]
+  try:
+    return (
+      ckpts,
+      _newest_intact(ckpts, steps, part)[0] if steps else None,
+      False,
+    )
+  except BaseException:
+    ckpts.close()
+    raise
+
+
+def _named_damaged(step_dir, problem: str) -> errors.WorkdirError:
+  return errors.WorkdirError(
+    f"the checkpoint {step_dir} is damaged: {problem}",
+    hint="name another step, or the run's workdir "
+    "for its newest intact checkpoint",
   )
 
 
@@ -105,25 +164,9 @@ def find_checkpoint(
   Raises:
     errors.WorkdirError: the step named, or every step there, is damaged.
   """
-  p = epath.Path(path)
-  if (p / rundir.CHECKPOINTS).is_dir():  # (epath: URLs too.)
-    p = p / rundir.CHECKPOINTS
-  if p.name.isdigit() and (p / "state").is_dir():  # one step's directory
-    problem = checksums.verify(p)
-    if problem:
-      raise errors.WorkdirError(
-        f"the checkpoint {p} is damaged: {problem}",
-        hint="name another step, or the run's workdir "
-        "for its newest intact checkpoint",
-      )
-    return os.fspath(p.parent), int(p.name)
-  steps = checkpoint.complete_steps(p)
-  best = checkpoint.read_best(p) if prefer_best else None
-  if best:  # The best first, then the newest.
-    steps = [best["step"]] + [s for s in steps if s != best["step"]]
-  return os.fspath(p), (
-    _newest_intact(os.fspath(p), steps)[0] if steps else None
-  )
+  ckpts, step, _ = _open(path, prefer_best=prefer_best)
+  ckpts.close()
+  return os.fspath(ckpts.directory), step
 
 
 def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
@@ -132,33 +175,52 @@ def resolve_start(workdir, config, *, verify: bool = True) -> StartPoint:
   Reads `config.resume` and `config.init_from` (paths; empty/None = unset).
   A complete checkpoint in the workdir wins, so a preempted run rerun with
   the same command continues where it stopped, even if `resume` is set.
-  Its newest step whose files are intact is taken (see `find_checkpoint`).
+  Its newest step whose metadata is intact is taken; its arrays are
+  verified as `restore` reads them. The checkpoints directory stays open
+  on the start point (`StartPoint.close`).
 
   Args:
     workdir: the run's directory.
     config: the run's config.
-    verify: check the checkpoint's files (reads them all); False only says
-      where the run would start.
+    verify: check the checkpoint's metadata files; False only says where
+      the run would start.
 
   Raises:
     errors.PathError: `resume` or `init_from` names a path with nothing to
       load (a FileNotFoundError).
     errors.WorkdirError: every checkpoint there is damaged.
   """
-  own = os.fspath(rundir.checkpoints(workdir))
-  steps = checkpoint.complete_steps(own)
+  own = checkpoint_reader.RunCheckpoints(rundir.checkpoints(workdir))
+  steps = own.steps()
   if steps:
-    step, damaged = _newest_intact(own, steps) if verify else (steps[0], [])
-    return StartPoint("workdir", own, step, tuple(damaged))
+    try:
+      step, damaged = (
+        _newest_intact(own, steps, "metadata")
+        if verify
+        else (
+          steps[0],
+          [],
+        )
+      )
+    except BaseException:
+      own.close()
+      raise
+    return StartPoint(
+      "workdir", os.fspath(own.directory), step, tuple(damaged), checkpoints=own
+    )
+  own.close()
   resume = config.resume or None
   if resume:
-    directory, step = find_checkpoint(resume)
+    ckpts, step, named = _open(resume, part="metadata")
     if step is None:
+      ckpts.close()
       raise errors.PathError(
         f"config.resume={resume!r}: no complete checkpoint found there",
         hint="give a run's workdir, its checkpoints/ dir or a step dir",
       )
-    return StartPoint("resume", directory, step)
+    return StartPoint(
+      "resume", os.fspath(ckpts.directory), step, named=named, checkpoints=ckpts
+    )
   init_from = config.init_from or None
   if init_from:
     if not epath.Path(init_from).exists():
@@ -183,7 +245,7 @@ def read_init_from(
   if os.path.isdir(path) and not sources.is_hugging_face(path):
     directory, step = find_checkpoint(path, prefer_best=True)
     if step is not None:
-      params, config = checkpoint.read_params(directory, step)
+      params, config = checkpoint_reader.read_params(directory, step)
       return sources.vidjax_source(
         params, config, os.path.join(directory, str(step))
       )
@@ -203,7 +265,7 @@ def read_start(
     return read_init_from(start.path, allow_pickle=allow_pickle)
   if start.kind not in ("workdir", "resume"):
     return None
-  config = checkpoint.read_config(start.path, start.step)
+  config = start.checkpoints.config(start.step)
   kind = (config.get("model") or {}).get("name") or "run"
   return init_from.Source(
     kind,
@@ -217,13 +279,6 @@ def read_start(
 # ---------------------------------------------------------------------------
 # Before restoring: does the checkpoint fit? Damaged steps set aside.
 # ---------------------------------------------------------------------------
-def _shapes(tree) -> dict[str, tuple]:
-  return {
-    keypaths.name(p): tuple(x.shape)
-    for p, x in jax.tree_util.tree_leaves_with_path(tree)
-  }
-
-
 def check_fits(
   start: StartPoint, target: Any, config, *, training: bool = True
 ) -> list[tuple[str, Any, Any]]:
@@ -248,18 +303,14 @@ def check_fits(
     errors.WorkdirError: naming the config keys that changed and the first
       arrays whose shapes differ.
   """
-  with checkpoint.reader(start.path) as mngr:
-    saved = _shapes(mngr.item_metadata(start.step)["state"])
-    meta = mngr.restore(
-      start.step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-    )["meta"]
-  saved_config = meta.get("metadata", {}).get("config")
+  saved = start.checkpoints.shapes(start.step)
+  saved_config = start.checkpoints.config(start.step)
   changed = (
     config_lib.changes(saved_config, config.to_dict()) if saved_config else []
   )
   if training:
     check_batch(start, changed)
-  want = _shapes(target)
+  want = checkpoint_reader.tree_shapes(target)
   differ = sorted(
     k for k in saved.keys() | want.keys() if saved.get(k) != want.get(k)
   )
@@ -283,6 +334,86 @@ def check_fits(
     hint="use a new --workdir for the new model, or set those keys back to "
     "resume (the run's config is in its config.json); nothing was changed",
   )
+
+
+def restore(
+  start: StartPoint, target: Any, config, *, training: bool = True
+) -> tuple[StartPoint, checkpoint_reader.Restored, list[tuple[str, Any, Any]]]:
+  """Restores the start's checkpoint onto `target`, checked and verified.
+
+  `check_fits` first (metadata only), then the restore, which verifies the
+  arrays' files as it reads them. A damaged step is named and the next
+  newest intact one is taken, as `resolve_start` does (not where `resume`
+  named the step: that is refused).
+
+  Args:
+    start: a 'workdir' or 'resume' start point, its directory open.
+    target: the new run's abstract state (`jax.ShapeDtypeStruct`s with
+      shardings).
+    config: the new run's config.
+    training: see `check_fits`.
+
+  Returns:
+    (the start point restored: its step and damaged steps as found, the
+    `Restored`, the config keys changed since that step was saved).
+
+  Raises:
+    errors.WorkdirError: the checkpoint does not fit (`check_fits`), or
+      no step there is intact.
+  """
+  ckpts, damaged = start.checkpoints, list(start.damaged)
+  newest = start.step
+  steps = [newest] if start.named else [s for s in ckpts.steps() if s <= newest]
+  for step in steps:
+    if step != newest:
+      problem = ckpts.verify(step, "metadata")
+      if problem is None and facts.run_facts(ckpts.config(step)) != (
+        facts.run_facts(ckpts.config(newest))
+      ):
+        raise errors.WorkdirError(
+          f"the checkpoint {ckpts.directory}/{newest} is damaged (see above) "
+          f"and step {step} was trained with other model settings",
+          hint=f"move {ckpts.directory}/{newest} away and run the same "
+          "command to resume from the newest intact step",
+        )
+      if problem is not None:
+        logging.warning(
+          "the checkpoint %s/%d is damaged: %s", ckpts.directory, step, problem
+        )
+        damaged.append(step)
+        continue
+    at = dataclasses.replace(
+      start,
+      step=step,
+      damaged=tuple(damaged) if start.kind == "workdir" else (),
+    )
+    try:
+      try:
+        changed = check_fits(at, target, config, training=training)
+      except errors.UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        # Orbax's index of the arrays (read for their shapes) lives in the
+        # arrays' files: damaged ones may fail it before the restore.
+        problem = ckpts.verify(step, "arrays")
+        if problem is None:
+          raise
+        raise checkpoint_reader.Damaged(step, problem) from e
+      restored = ckpts.restore(step, target)
+    except checkpoint_reader.Damaged as e:
+      if start.named:
+        raise _named_damaged(ckpts.step_dir(step), e.problem) from None
+      logging.warning(
+        "the checkpoint %s/%d is damaged: %s", ckpts.directory, step, e.problem
+      )
+      damaged.append(step)
+      continue
+    if step != newest:
+      logging.warning(
+        "using step %d instead, the newest intact checkpoint", step
+      )
+    return at, restored, changed
+  raise _none_intact(ckpts.directory, damaged)
 
 
 def check_batch(start: StartPoint, changed: list[tuple[str, Any, Any]]) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
+import functools
 from typing import Any
 
 import flax.nnx as nnx
@@ -360,6 +361,44 @@ def _unmasked_graphdef(model, seed: int):
   )
 
 
+def _train_state(tx, params) -> dict:
+  return {
+    "step": jnp.zeros((), jnp.int32),
+    "params": params,
+    "opt": tx.init(params),
+  }
+
+
+def _optimizer(config):
+  return optim.make_optimizer(
+    config.optim, config.total_steps, tuning=unmask_tuning(config)
+  )
+
+
+def initial_state(config, state, rest, *, buffers_only: bool = False):
+  """Runs the initializers, born on the shardings of an abstract state.
+
+  Args:
+    config: the run config (`model`, `optim`, `seed`).
+    state, rest: from `build_state_and_steps(abstract=True)`.
+    buffers_only: the model's untrained buffers only, for a state restored
+      from a checkpoint (XLA drops the parameters' initializers).
+
+  Returns:
+    (state, rest) of arrays, or `rest` alone with `buffers_only`.
+  """
+  tx, _ = _optimizer(config)
+
+  def init():
+    model = models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+    _, params, buffers = nnx.split(model, nnx.Param, ...)
+    return buffers if buffers_only else (_train_state(tx, params), buffers)
+
+  target = rest if buffers_only else (state, rest)
+  shardings = jax.tree.map(lambda x: x.sharding, target)
+  return jax.jit(init, out_shardings=shardings)()
+
+
 def build_state_and_steps(
   config,
   task: Task,
@@ -376,7 +415,7 @@ def build_state_and_steps(
     mesh: from `sharding.make_mesh`.
     abstract: return `jax.ShapeDtypeStruct`s (with shardings) instead of
       arrays: nothing is computed or allocated, and the steps can still be
-      traced, lowered or compiled for them.
+      traced, lowered or compiled for them (`initial_state` computes them).
     model: with `abstract`, the model's abstract form (`nnx.eval_shape`
       of `models.build_model`, of `config.model` or a variant of its spec:
       `vidjax.memory` passes one per remat policy) to use instead of
@@ -386,41 +425,23 @@ def build_state_and_steps(
     (state, rest, steps): state {step, params, opt}, the model's untrained
     buffers, and the `Steps`.
   """
-  tx, schedule = optim.make_optimizer(
-    config.optim, config.total_steps, tuning=unmask_tuning(config)
-  )
-
-  def build():
-    return models.build_model(config.model, rngs=nnx.Rngs(config.seed))
-
-  def train_state(params):
-    return {
-      "step": jnp.zeros((), jnp.int32),
-      "params": params,
-      "opt": tx.init(params),
-    }
-
-  def init():
-    _, params, rest = nnx.split(build(), nnx.Param, ...)
-    return train_state(params), rest
-
+  tx, schedule = _optimizer(config)
   # Tracing a model's construction (its initializers) takes seconds for a
-  # ViT-B: done once here for the graph, shapes and shardings; `jax.jit`
-  # traces `init` once more to run it.
+  # ViT-B: done once here for the graph, shapes and shardings;
+  # `initial_state` traces it once more to run it.
   if model is None:
-    model = nnx.eval_shape(build)
+    model = nnx.eval_shape(
+      lambda: models.build_model(config.model, rngs=nnx.Rngs(config.seed))
+    )
   elif not abstract:
     raise ValueError("a prebuilt abstract model needs abstract=True")
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   unmasked_graphdef = _unmasked_graphdef(model, config.seed)
-  shapes = (jax.eval_shape(train_state, params), rest)
+  shapes = (jax.eval_shape(functools.partial(_train_state, tx), params), rest)
   shardings = sharding.param_shardings(shapes, mesh)
-  if abstract:
-    state, rest = sharding.with_shardings(shapes, shardings)
-  else:
-    (state, rest), _ = sharding.create_sharded_state(
-      init, mesh, shardings=shardings
-    )
+  state, rest = sharding.with_shardings(shapes, shardings)
+  if not abstract:
+    state, rest = initial_state(config, state, rest)
   steps = make_steps(
     config, task, graphdef, tx, schedule, mesh, shardings, unmasked_graphdef
   )

@@ -3,10 +3,10 @@
     train_and_evaluate(config, workdir)   # `python -m vidjax.main`
     evaluate_only(config, workdir)        # `python -m vidjax.main --mode eval`
 
-`setup` checks everything a user can get wrong, then builds the run: the
-model and optimizer state created already sharded and the jitted steps
-(`vidjax.steps`), restored or initialised from where it starts
-(`vidjax.resume`). The loop: batches from the pipeline (built at its resume
+`setup` resolves and builds the run (`vidjax.startup`: everything a user
+can get wrong checked, the config locked, the state restored or
+initialised, already sharded, and the jitted steps), then writes what the
+run accepted. The loop: batches from the pipeline (built at its resume
 point), one step, metrics logged one step late, checkpoints, preemption,
 evaluations (`vidjax.eval_sets`); then the final evaluation and the
 closing report.
@@ -15,40 +15,32 @@ closing report.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from pathlib import Path
 
 from absl import logging
-from flax import nnx
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
 from vidjax import (
   checkpoint,
-  config as config_lib,
+  checkpoint_reader,
   console,
-  defaults,
   errors,
   eval_sets,
-  memory,
   monitor,
   resume,
   rundir,
-  sharding,
+  startup,
   steps as steps_lib,
   stopping,
-  tasks,
 )
 from vidjax.data import (
   batches,
   checks,
-  pipeline,
-  synthetic,
-  tokenizer as tokenizer_lib,
 )
-from vidjax.models import facts, flops as flops_lib, init_from, shapes
+from vidjax.models import flops as flops_lib, shapes
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -58,29 +50,6 @@ ESTIMATE_AFTER_STEPS = 10
 DATA_BOUND_FRACTION = 0.5
 DATA_BOUND_WINDOW = 20
 DATA_BOUND_REPEAT_S = 600.0
-
-
-@dataclasses.dataclass
-class Run:
-  """What a run is built from: devices, task, jitted steps, and its state.
-
-  `state` is the train state {step, params, opt}: its one copy, which the
-  loop replaces at each step and evaluations read. `rest` is the model's
-  state that is not trained (nnx buffers).
-  """
-
-  mesh: jax.sharding.Mesh
-  task: tasks.Task
-  tokenizer: tokenizer_lib.Tokenizer | None  # Video-text tasks only.
-  state: dict
-  rest: nnx.State
-  steps: steps_lib.Steps
-  data_state: dict | None = None  # Where the training batches resume.
-  rng: jax.Array | None = None  # The checkpoint's base key; None: `seed`.
-  workdir: Path | None = None  # Where evaluations save embeddings.
-  train_records: list | None = None  # Checked rows; None: from the file.
-  start: resume.StartPoint = resume.StartPoint("scratch")
-  train_batches: pipeline.Pipeline | None = None  # With "train" in splits.
 
 
 def _start_text(start: resume.StartPoint) -> str:
@@ -96,101 +65,22 @@ def setup(
   workdir: Path,
   *,
   splits: tuple[str, ...] = (),
-) -> Run:
-  """Config, data, model and optimizer state (sharded), resume point.
+) -> startup.Run:
+  """The run, resolved and built (`vidjax.startup`), then accepted.
 
-  Everything a user can get wrong is checked before the workdir is touched,
-  in the order the facts become known: the config (its paths made
-  absolute), whether the attention configured can run (a GPU whose
-  attention falls back to XLA is warned about), the data paths, the
-  vocabulary, the annotation files of `splits` ('train', 'eval'; none for
-  tools on synthetic batches), which settle what the files decide
-  (`model.text.vocab_size`, `model.num_classes`, steps per epoch); then
-  whether the training step fits the memory (`vidjax.memory`), whether a
-  checkpoint to resume fits the model, the checkpoint or `init_from`
-  weights the run starts from are read, and with 'train' the training
-  batches are set up at their saved position (`run.train_batches`, to close). (Only a
-  synthetic corpus, which these checks read, is written before:
-  WORKDIR/synthetic.) Then WORKDIR/config.json and WORKDIR/log.txt are
-  written, damaged checkpoints set aside, and the config keys changed
-  since the checkpoint listed. (Half-written checkpoints go when the
-  training's `Checkpointer` opens.)
+  `startup.resolve` and `startup.build` check everything a user can get
+  wrong before the workdir is touched; then WORKDIR/config.json and
+  WORKDIR/log.txt are written, damaged checkpoints set aside, and the
+  config keys changed since the checkpoint listed. (Half-written
+  checkpoints go when the training's `Checkpointer` opens.) The run's
+  config is `run.config`, locked; `config` is left as given.
   """
-  config_lib.make_paths_absolute(config)
-  config_lib.validate(config, jax.device_count())
-  memory.check_attention(config)
-  mesh = sharding.make_mesh(fsdp=config.fsdp)
-  task = tasks.get_task(config.task)
-  synthetic.prepare(config, workdir)
-  stopping.check()  # Between the phases: a SIGTERM/Ctrl-C stops here.
-  if splits:
-    _check_files(config, splits)
-  needs_text = defaults.needs_text(config.task)
-  tokenizer = checks.load_tokenizer(config) if needs_text else None
-  reports = (
-    checks.check_annotations(
-      config,
-      splits,
-      needs_text=needs_text,
-      needs_label=config.task == "classification",
-    )
-    if splits
-    else {}
-  )
-  if reports:
-    checks.check_chunk_files(config, reports)
-    checks.stop_if_unusable(reports, config, workdir)
-  if "train" in reports:  # `*_epochs` keys count epochs of these records.
-    config_lib.epochs_to_steps(config, len(reports["train"].kept_records()))
-  # What the files decide (vocabulary, classes, steps per epoch) is now
-  # settled: the first model is built, abstract, to size the step.
-  if "train" in splits:  # Before compiling: a step that cannot fit.
-    memory.check_step_fits(config)
-  stopping.check()
-
-  start = resume.resolve_start(workdir, config)
-  # What the weights were trained with (activation, LayerNorm eps, pooling,
-  # temperature) decides the model where the command line does not.
-  source = resume.read_start(start, allow_pickle=config.init_allow_pickle)
-  settled = facts.settle(config, source)
-  changed = []
-  if start.kind in ("workdir", "resume"):
-    changed = resume.check_fits(
-      start,
-      steps_lib.build_state_and_steps(config, task, mesh, abstract=True)[0],
-      config,
-      training="train" in splits,
-    )
-  state, rest, steps = steps_lib.build_state_and_steps(config, task, mesh)
-  run = Run(
-    mesh, task, tokenizer, state, rest, steps, workdir=workdir, start=start
-  )
-  if start.kind in ("workdir", "resume"):
-    restored = checkpoint.restore_checkpoint(start.path, state, step=start.step)
-    run.state, run.data_state = restored.state, restored.data_state
-    run.rng = restored.rng
-  elif start.kind == "init_from":  # Parameters only, onto their shardings.
-    params, init_report = init_from.load_params(
-      state["params"], config.model, source, keep_init=tuple(config.init_keep)
-    )
-    init_report.settled = settled
-    run.state = dict(state, params=params)
-  if "train" in reports:
-    run.train_records = reports["train"].kept_records()
-  stopping.check()
-  if "train" in splits and run.train_records:
-    # Before anything is written: refuses a saved data position that does
-    # not fit. (No rows left: `checks.report` below says why.)
-    run.train_batches = pipeline.make_pipeline(
-      config,
-      run.mesh,
-      train=True,
-      batch_size=config.batch_size,
-      tokenizer=run.tokenizer,
-      records=run.train_records,
-      state=run.data_state,
-    )
-
+  plan = startup.resolve(config, workdir, splits=splits)
+  try:
+    run = startup.build(plan)
+  finally:
+    plan.close()
+  config, start, reports = run.config, run.start, plan.reports
   try:
     stopping.check()
     # --- The run is accepted: from here on the workdir is written.
@@ -206,11 +96,11 @@ def setup(
         "resumed from %s at step %d%s",
         start.path,
         start.step,
-        "".join(f"\n  set {line}" for line in settled),
+        "".join(f"\n  set {line}" for line in plan.settled),
       )
-      _say_changes(changed, start.step, warn="train" in splits)
+      _say_changes(run.changed, start.step, warn="train" in splits)
     elif start.kind == "init_from":
-      init_report.log(workdir)  # Also WORKDIR/init_from.json.
+      run.init_report.log(workdir)  # Also WORKDIR/init_from.json.
     if splits:
       _log_summary(run, config, reports, start)
   except BaseException:
@@ -232,30 +122,7 @@ def _say_changes(changed: list, step: int, warn: bool) -> None:
   )
 
 
-def _check_files(config, splits: tuple[str, ...]) -> None:
-  """The files that `splits` read exist (and the evaluation files fit)."""
-  actions = config.data.format == "ek100_cls" and config.data.label == "action"
-  if actions and not config.data.train_annotations:
-    raise errors.ConfigError(
-      "data.train_annotations is unset: with data.format='ek100_cls' and "
-      "data.label='action', the action ids are numbered over the training "
-      "and validation CSVs together (as the head was trained), also to "
-      "evaluate",
-      hint="set --config.data.train_annotations to EPIC_100_train.csv",
-    )
-  keys = [
-    k
-    for k in eval_sets.required_paths(config, needs_text=False)
-    if "train" in splits
-    or not k.startswith("data.train_")
-    or (actions and k == "data.train_annotations")
-  ]
-  checks.check_paths(config, keys)
-  if "eval" in splits:
-    eval_sets.check_files(config)
-
-
-def _log_summary(run: Run, config, reports: dict, start) -> None:
+def _log_summary(run: startup.Run, config, reports: dict, start) -> None:
   """The start-up summary; a warning when the batch is larger than the data."""
   num_params = sum(x.size for x in jax.tree.leaves(run.state["params"]))
   clips = {s: len(r.kept_records()) for s, r in reports.items()}
@@ -365,13 +232,16 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ) as preemption,
     rundir.claim(workdir) as workdir,
   ):
-    if resume.resolve_start(workdir, config, verify=False).kind == "scratch":
+    start = resume.resolve_start(workdir, config, verify=False)
+    start.close()
+    if start.kind == "scratch":
       raise errors.WorkdirError(
         f"{workdir} has no checkpoint to evaluate",
         hint="check the --workdir path, or evaluate other weights with "
         "--config.init_from=PATH (or --config.resume=RUN_DIR)",
       )
     run = setup(config, workdir, splits=("eval",))
+    config = run.config
     preemption.check()  # A signal during setup's last part stops here.
     preemption.defer("the evaluation finishes and is written first")
     try:
@@ -408,7 +278,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     except errors.Preempted:
       raise
     except errors.Stopped as e:  # In start-up: say what the rerun does.
-      step = checkpoint.latest_complete_step(directory)
+      step = checkpoint_reader.latest_complete_step(directory)
       raise errors.Stopped(
         f"{e}; "
         + (
@@ -442,6 +312,7 @@ def _train(
   """`train_and_evaluate` in its claimed workdir, its signals handled."""
   # ------------------------------------------------------------------ setup
   run = setup(config, workdir, splits=("train", "eval"))
+  config = run.config
   first_step = step = int(run.state["step"])
   # Each step's randomness folds the step into it: a resumed run continues
   # with its checkpoint's key (the same, unless the seed was changed).

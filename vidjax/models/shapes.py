@@ -21,6 +21,7 @@ import math
 
 import ml_collections
 
+from vidjax import config as config_lib
 from vidjax.models import spec as spec_lib
 from vidjax.models.videomae import num_masked_tokens
 from vidjax.models.vit import num_kept_tokens
@@ -48,8 +49,8 @@ class AttentionShape:
 def unmasked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of the model config whose video tower trains on every token
   (a CLIP's evaluation, and its unmasked tuning); other models as given."""
-  config = config.copy_and_resolve_references()
   if config.name == "clip":
+    config = config_lib.copy(config)
     config.mask_ratio = 0.0
   return config
 

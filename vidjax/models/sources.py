@@ -23,7 +23,7 @@ from vidjax.models.weights import convert
 def vidjax_source(
   params: dict, config: dict, description: str
 ) -> init_from.Source:
-  """A vidjax run's parameters, as `checkpoint.read_params` reads them
+  """A vidjax run's parameters, as `checkpoint_reader.read_params` reads them
   ({dotted path: array}, and the config dict saved with them); scanned
   layers are unstacked."""
   tensors = {}

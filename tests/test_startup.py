@@ -1,0 +1,107 @@
+"""Tests for vidjax.startup: a resumed run reads its checkpoint once, builds
+its model once, and its config is locked."""
+
+import collections
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from vidjax import (
+  checkpoint,
+  checksums,
+  config as config_lib,
+  models,
+  sharding,
+  startup,
+  steps,
+  tasks,
+  train,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+# The demo's debug run, smaller (as tests/test_train.py's init_from tests).
+SMALL = [
+  "--config.data.size=16",
+  "--config.model.variant=Ti/8",
+  "--config.model.width=64",
+  "--config.model.heads=1",
+  "--config.model.depth=2",
+  "--config.model.embed_dim=16",
+  "--config.model.text.heads=1",
+]
+
+
+def _counting(monkeypatch, owner, name: str, counts: collections.Counter):
+  original = getattr(owner, name)
+
+  def counted(*args, **kwargs):
+    counts[name] += 1
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(owner, name, counted)
+
+
+def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
+  tmp_path, monkeypatch
+):
+  config = config_lib.load_config(str(REPO / "configs/demo.py:debug"), SMALL)
+  workdir = tmp_path / "run"
+  plan = startup.resolve(config, workdir)  # A state of the run to save.
+  plan.close()
+  target = steps.build_state_and_steps(
+    plan.config,
+    tasks.get_task(plan.config.task),
+    sharding.make_mesh(),
+    abstract=True,
+  )[0]
+  state = jax.tree.map(
+    lambda x: jax.device_put(np.full(x.shape, 0.5, x.dtype), x.sharding),
+    target,
+  )
+  with checkpoint.Checkpointer.from_config(
+    workdir, plan.config, metadata={"config": plan.config.to_dict()}
+  ) as ckpt:
+    ckpt.save(7, state, rng=jax.random.key(3), force=True)
+  step_dir = workdir / "checkpoints" / "7"
+  listed = json.loads((step_dir / checksums.MANIFEST).read_text())["files"]
+
+  counts, crcs = collections.Counter(), collections.Counter()
+  for name in ("__init__", "restore", "item_metadata"):
+    _counting(monkeypatch, ocp.CheckpointManager, name, counts)
+  _counting(monkeypatch, ocp.Checkpointer, "__init__", counts)
+  _counting(monkeypatch, models, "build_model", counts)
+  crc32 = checksums._crc32  # pylint: disable=protected-access
+  monkeypatch.setattr(
+    checksums,
+    "_crc32",
+    lambda path: (
+      crcs.update([Path(path).relative_to(step_dir).as_posix()]) or crc32(path)
+    ),
+  )
+  resumed = train.setup(config, workdir, splits=("train",))
+  resumed.train_batches.close()
+
+  assert resumed.start.kind == "workdir" and resumed.start.step == 7
+  jax.tree.map(np.testing.assert_array_equal, resumed.state, state)
+  # The directory opened by one Orbax manager; its metadata read once (the
+  # `meta` item, and the shapes); its bytes once: the restore, with every
+  # file's checksum computed as it reads them, each file opened once.
+  assert counts["__init__"] == 1, counts
+  assert counts["item_metadata"] == 1 and counts["restore"] == 2, counts
+  assert crcs == {n: 1 for n, (_, crc) in listed.items() if crc is not None}
+  # One abstract model sizes the step, checks the checkpoint fits and is
+  # the restore's target; one more builds the untrained buffers' values.
+  # (Before: four, the first three abstract.)
+  assert counts["build_model"] == 2, counts
+
+  # The config the run reads is locked; the caller's is left as given.
+  with pytest.raises(AttributeError, match="immutable"):
+    resumed.config.total_steps = 5
+  with pytest.raises(AttributeError, match="immutable"):
+    resumed.config.model.remat = "full"
+  assert resumed.config.to_dict() == plan.config.to_dict()
+  assert not config.data.root  # (The synthetic corpus: the run's copy.)
