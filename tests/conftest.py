@@ -57,10 +57,12 @@ def _has_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
   """Runs the slow tests first; skips `gpu` tests unless JAX sees a GPU.
 
-  Order: the `:debug` runs' group, then the `slow` tests, then the rest.
-  The two test processes take work in this order (pytest-xdist's
-  `loadgroup`, `--no-loadscope-reorder`), so the long runs start at once
-  and the short tests fill the end, leaving neither process idle.
+  Order: the `:debug` runs' group, then the other groups (each a unit one
+  process runs whole: shared runs or expensive fixtures) and the `slow`
+  tests, then the rest. The two test processes take work in this order
+  (pytest-xdist's `loadgroup`, `--no-loadscope-reorder`), so the long units
+  start at once and the short tests fill the end, leaving neither process
+  idle.
 
   The default platform here is CPU; run GPU tests with `JAX_PLATFORMS=cuda,cpu`.
   """
@@ -69,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
     group = item.get_closest_marker("xdist_group")
     if group and group.args == ("debug_runs",):
       return 0
-    return 1 if item.get_closest_marker("slow") else 2
+    return 1 if group or item.get_closest_marker("slow") else 2
 
   items.sort(key=rank)  # Stable: collection order within a rank.
 

@@ -15,6 +15,10 @@ import debug_runs
 from vidjax import monitor, train
 from vidjax.data import synthetic
 
+# The three tests share the masked run (a module fixture): in one test
+# process, one after another, so it is trained once.
+pytestmark = pytest.mark.xdist_group("masked_run")
+
 # 40 steps: 30 on 33 of the 65 video tokens, the last 10 on every token,
 # at 1/100 of the demo's learning rate after 4 warmup steps.
 STEPS, SWITCH, SAVED = 40, 30, 29
@@ -88,7 +92,6 @@ def masked_run(tmp_path_factory):
   return workdir, metrics, compiles, "\n".join(messages.messages)
 
 
-@pytest.mark.xdist_group("demo_reference")  # Its compiled training step.
 def test_masked_demo_learns_and_compiles_the_switch_once(masked_run):
   _, metrics, compiles, log = masked_run
   assert metrics["eval/t2v_r1"] >= 5 * metrics["eval/chance_r1"], metrics
@@ -121,7 +124,6 @@ def test_the_unmasked_tuning_runs_at_its_own_learning_rate(masked_run):
   )
 
 
-@pytest.mark.xdist_group("demo_reference")
 def test_resume_before_the_unmask_switch_runs_what_the_run_ran(
   masked_run, tmp_path
 ):
