@@ -1,7 +1,8 @@
 """vidjax.embed and vidjax.search on a user's own videos, with the demo's
-trained weights (`debug_runs.demo_reference`): its two held-out videos and
-eight new ones like them (two captioned 2 s moments each, of captions it
-trained on), plus a file that is not a video."""
+trained weights (`debug_runs.demo_reference` resumed in a copy to
+`TRAINED_STEPS`): its two held-out videos and eight new ones like them (two
+captioned 2 s moments each, every caption it trained on among them), plus a
+file that is not a video."""
 
 import csv
 import json
@@ -18,7 +19,7 @@ import pytest
 
 import debug_runs
 from video_fixtures import write_video
-from vidjax import embed, errors, rundir, search
+from vidjax import embed, errors, rundir, search, train
 from vidjax.data import synthetic
 
 pytestmark = pytest.mark.xdist_group("demo_reference")  # Its run and step.
@@ -26,6 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = f"{REPO}/configs/demo.py:debug"
 STRIDE = "0.25"  # Windows of 2 s (the recipe's default) every 0.25 s.
 NEW_VIDEOS = 8
+# The shared 16-step run resumed in a copy to 32 steps (its constant
+# schedule: the same as a 32-step run). At 16 steps it knows colours only.
+TRAINED_STEPS = 32
 VIDEOS = [f"own{v}" for v in range(NEW_VIDEOS)] + ["vid006", "vid007"]
 
 
@@ -38,7 +42,16 @@ def _words(caption: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
   """(weights, SRC list, captioned moments [(video, start, end, caption)])."""
-  weights = debug_runs.demo_reference(tmp_path_factory)
+  weights = tmp_path_factory.mktemp("demo_trained") / "run"
+  shutil.copytree(debug_runs.demo_reference(tmp_path_factory), weights)
+  train.train_and_evaluate(
+    debug_runs.load(
+      "demo",
+      *debug_runs.DEMO_REFERENCE,
+      f"--config.total_steps={TRAINED_STEPS}",
+    ),
+    weights,
+  )
   corpus = weights / "synthetic"
   root = tmp_path_factory.mktemp("own_videos")
   moments = []
@@ -53,10 +66,13 @@ def own(tmp_path_factory):
     {json.loads(x)["label"] for x in (corpus / "train.jsonl").open()}
   )
   rng = np.random.default_rng(7)
+  # Every trained caption once, then random ones: as many queries as can be.
+  extra = rng.choice(trained, 2 * NEW_VIDEOS - len(trained), replace=False)
+  labels = list(rng.permutation(trained + list(extra)))
   for v in range(NEW_VIDEOS):  # As the demo's: two 2 s segments at 8 fps.
     parts = []
     for k in range(2):
-      label = trained[int(rng.integers(len(trained)))]
+      label = int(labels.pop())
       shape, colour, motion = np.unravel_index(label, (3, 4, 4))
       parts.append(
         synthetic.render_segment(rng, shape, colour, motion, 16, 96, 128)
@@ -125,6 +141,10 @@ def test_index_holds_rows_windows_and_provenance(own, clean):
 
 
 def test_search_ranks_the_right_video_first(own, clean):
+  """Each distinct caption of the ten videos searched once; right when the
+  top window is in a video showing that caption (several may). Measured
+  here: 0.50 of 14 captions against chance 0.143 (p 0.0014); other render
+  seeds 0.43-0.50 (p <= 0.008); the 16-step run alone 0.21-0.43."""
   _, _, moments = own
   index = search.Index(clean[0])
   captions = sorted({m[3] for m in moments})
@@ -132,14 +152,27 @@ def test_search_ranks_the_right_video_first(own, clean):
   hits = index.query(captions, top=1)
   right = [h[0].video in shown_in[c] for c, h in zip(captions, hits)]
   # A random window is right as often as the videos showing it have windows.
-  chance = np.mean(
-    [np.isin(index.videos, list(shown_in[c])).mean() for c in captions]
-  )
+  per_caption = [
+    np.isin(index.videos, list(shown_in[c])).mean() for c in captions
+  ]
+  chance = np.mean(per_caption)
+  p = _at_least(sum(right), per_caption)
   print(
     f"top window in the right video for {np.mean(right):.2f} of "
-    f"{len(captions)} captions (chance {chance:.3f})"
+    f"{len(captions)} captions (chance {chance:.3f}; p {p:.2g})"
   )
-  assert np.mean(right) > 1.5 * chance
+  assert np.mean(right) >= 2.5 * chance and p < 0.01
+
+
+def _at_least(k: int, chances) -> float:
+  """P(k or more right) when query i is right with probability chances[i]
+  (Poisson binomial: the exact law of hits by chance)."""
+  law = np.zeros(len(chances) + 1)
+  law[0] = 1.0
+  for q in chances:
+    law[1:] = law[1:] * (1 - q) + law[:-1] * q
+    law[0] *= 1 - q
+  return float(law[k:].sum())
 
 
 @pytest.mark.parametrize(
