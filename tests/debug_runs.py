@@ -30,6 +30,17 @@ DEMO_REFERENCE = (
   "--config.checkpoint.every_steps=1000",
 )
 DEMO_REFERENCE_STEPS = 16
+# The demo's debug model at its smallest (a start-up that builds it for
+# real, not abstractly, in a second).
+TINY_DEMO = (
+  "--config.data.size=16",
+  "--config.model.variant=Ti/8",
+  "--config.model.width=64",
+  "--config.model.heads=1",
+  "--config.model.depth=2",
+  "--config.model.embed_dim=16",
+  "--config.model.text.heads=1",
+)
 _corpus: list[Path] = []
 _runs: dict[tuple, tuple[Path, dict]] = {}
 _compiles: dict[tuple, collections.Counter] = {}

@@ -10,6 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import debug_runs
 from vidjax import (
   checkpoint,
   checksums,
@@ -23,16 +24,6 @@ from vidjax import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-# The demo's debug run, smaller (as tests/test_train.py's init_from tests).
-SMALL = [
-  "--config.data.size=16",
-  "--config.model.variant=Ti/8",
-  "--config.model.width=64",
-  "--config.model.heads=1",
-  "--config.model.depth=2",
-  "--config.model.embed_dim=16",
-  "--config.model.text.heads=1",
-]
 
 
 def _counting(monkeypatch, owner, name: str, counts: collections.Counter):
@@ -48,7 +39,9 @@ def _counting(monkeypatch, owner, name: str, counts: collections.Counter):
 def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
   tmp_path, monkeypatch
 ):
-  config = config_lib.load_config(str(REPO / "configs/demo.py:debug"), SMALL)
+  config = config_lib.load_config(
+    str(REPO / "configs/demo.py:debug"), debug_runs.TINY_DEMO
+  )
   workdir = tmp_path / "run"
   plan = startup.resolve(config, workdir)  # A state of the run to save.
   plan.close()

@@ -235,13 +235,7 @@ def test_init_from_released_clip_weights(tmp_path):
     str(REPO / "configs/demo.py:debug"),
     [
       f"--config.init_from={tmp_path / 'clip.npz'}",
-      "--config.data.size=16",
-      "--config.model.variant=Ti/8",
-      "--config.model.width=64",
-      "--config.model.heads=1",
-      "--config.model.depth=2",
-      "--config.model.embed_dim=16",
-      "--config.model.text.heads=1",
+      *debug_runs.TINY_DEMO,
     ],
   )
   run = train.setup(config, tmp_path / "run")
