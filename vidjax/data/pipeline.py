@@ -182,6 +182,16 @@ def check_shared_memory(
     )
 
 
+def train_elements(
+  clip_loader: loader.ClipLoader, seed: int, num_epochs: int | None = None
+) -> grain.MapDataset:
+  """The training stream's clips, element by element (before the slice per
+  process and the groups): the records shuffled each epoch, each element
+  loaded with its own generator (seed and element index)."""
+  ds = grain.MapDataset.range(len(clip_loader.records)).shuffle(seed=seed)
+  return ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
+
+
 def make_dataset(
   clip_loader: loader.ClipLoader,
   *,
@@ -218,8 +228,7 @@ def make_dataset(
   """
   records = len(clip_loader.records)
   if train:
-    ds = grain.MapDataset.range(records).shuffle(seed=seed)
-    ds = ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
+    ds = train_elements(clip_loader, seed, num_epochs)
   else:
     # Every process must yield as many batches, or the evaluation's
     # collectives wait forever for the one that ran out: pad to whole
