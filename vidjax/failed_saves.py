@@ -35,18 +35,23 @@ def cause(error: BaseException) -> str | None:
   return os.strerror(code) if code is not None else None
 
 
-def _from_orbax(record: logging.LogRecord) -> bool:
-  """Logged by Orbax, or about an error raised in Orbax's code."""
+def _from_failed_save(record: logging.LogRecord) -> bool:
+  """Logged by Orbax, about an error raised in Orbax's code, or about a
+  write the system refused (asyncio's "Future exception was never
+  retrieved" for a TensorStore write: no Orbax frame in its traceback)."""
   if _ORBAX_DIR in record.pathname:
     return True
-  tb = record.exc_info[2] if record.exc_info else None
-  return tb is not None and any(
+  if not record.exc_info or record.exc_info[1] is None:
+    return False
+  _, error, tb = record.exc_info
+  return cause(error) is not None or any(
     _ORBAX_DIR in frame.filename for frame in traceback.extract_tb(tb)
   )
 
 
 class _Quiet(logging.Filter):
-  """Drops error lines from Orbax and the unraisable 'Event loop is closed'."""
+  """Drops a failed save's error lines and the unraisable 'Event loop is
+  closed'."""
 
   def __init__(self):
     super().__init__()
@@ -54,7 +59,7 @@ class _Quiet(logging.Filter):
     self._previous_hook = None
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.levelno >= logging.ERROR and _from_orbax(record))
+    return not (record.levelno >= logging.ERROR and _from_failed_save(record))
 
   def _unraisable(self, unraisable):
     if not (
