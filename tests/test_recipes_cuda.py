@@ -4,7 +4,8 @@ Each configs/*.py is traced at its real model shapes and frame counts in
 bfloat16, as on an H100/H200 (`forced_cudnn`), with a batch of 8 over the 8
 fake devices, exactly as `train.setup` builds the steps, and lowered for
 CUDA. The state is abstract (`jax.eval_shape`): nothing is allocated or
-compiled. JAX's cuDNN shape checks run while tracing, so a tower length the
+compiled. Each tower keeps 2 of its blocks (`BLOCKS`): its blocks are one
+program repeated, of the real widths, heads and token counts. JAX's cuDNN shape checks run while tracing, so a tower length the
 kernel rejects fails here; the lowered steps must call cuDNN in every
 attention layer, forward and backward, the training step over the vision
 tower's training length (the kept tokens of a masked CLIP) padded to a
@@ -37,6 +38,8 @@ RECIPES = sorted(p.name for p in CONFIGS.glob("*.py")) + [
 ]
 # Policies under which the backward pass runs no attention forward again.
 KEEPS_ATTENTION = ("none", "save_attention", "save_dots_and_attention")
+# Blocks per tower lowered (a ViT-B's 12 would take 3x the time).
+BLOCKS = 2
 
 
 def attention_layers(model) -> int:
@@ -53,6 +56,11 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
     config.model.text.vocab_size = 49408
   if "num_classes" in config.model and not config.model.num_classes:
     config.model.num_classes = 10
+  config.model.depth = BLOCKS
+  if "text" in config.model:
+    config.model.text.layers = BLOCKS
+  if "decoder" in config.model:
+    config.model.decoder.depth = min(BLOCKS, config.model.decoder.depth)
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
   batch = batches.batch_spec(config, 8)
