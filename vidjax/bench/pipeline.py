@@ -356,14 +356,30 @@ def cores(rate_per_cpu_s: float, target: float) -> float:
   return target / rate_per_cpu_s
 
 
+def in_turns(rounds: int, first, second) -> tuple[list, list]:
+  """([first() results], [second() results]) of `rounds` rounds, the order
+  swapped every round (AB, BA, AB, ...): a machine whose speed drifts
+  during the run (clock, neighbours; 20 % over minutes on a shared VM)
+  favours neither."""
+  a, b = [], []
+  for r in range(rounds):
+    if r % 2:
+      b.append(second())
+      a.append(first())
+    else:
+      a.append(first())
+      b.append(second())
+  return a, b
+
+
 def measure(config, batch: int, clips: int, rounds: int) -> dict:
-  """`reader_rate` and `pipeline_rate` in turns (`rounds`, so that load
-  from other processes hits both alike): the medians, and the median of the
-  rounds' ratios."""
-  reads, pipes = [], []
-  for _ in range(rounds):
-    reads.append(reader_rate(config, batch, clips))
-    pipes.append(pipeline_rate(config, batch, clips))
+  """`reader_rate` and `pipeline_rate` `in_turns`: the medians, and the
+  median of the rounds' ratios."""
+  reads, pipes = in_turns(
+    rounds,
+    lambda: reader_rate(config, batch, clips),
+    lambda: pipeline_rate(config, batch, clips),
+  )
   median = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
   return {
     "read": {k: median(reads, k) for k in reads[0]},
@@ -375,7 +391,7 @@ def measure(config, batch: int, clips: int, rounds: int) -> dict:
 
 
 def report(
-  stores: dict, work: Path, video_id: str, clips: int, rounds: int = 3
+  stores: dict, work: Path, video_id: str, clips: int, rounds: int = 4
 ) -> dict:
   """Measures and prints everything of the module docstring but the
   worker-scaling table; returns the figures."""
@@ -403,13 +419,14 @@ def report(
 
   config = shape_config(stores["default"], work, video_id, "16x4")
   canvas = loader.canvas_size(config.data)
-  ratios, ones, fours = [], [], []
-  for _ in range(rounds):  # In turns, as `measure`.
-    ones.append(pipeline_rate(config, 16, clips)["views_per_cpu_s"])
-    fours.append(pipeline_rate(config, 32, clips, repeats=4)["views_per_cpu_s"])
-    ratios.append(fours[-1] / ones[-1])
+  ones, fours = in_turns(
+    rounds,
+    lambda: pipeline_rate(config, 16, clips)["views_per_cpu_s"],
+    lambda: pipeline_rate(config, 32, clips, repeats=4)["views_per_cpu_s"],
+  )
   one, four = statistics.median(ones), statistics.median(fours)
-  out["repeats"] = {1: one, 4: four, "ratio": statistics.median(ratios)}
+  ratio = statistics.median(f / o for o, f in zip(ones, fours))
+  out["repeats"] = {1: one, 4: four, "ratio": ratio}
   print(
     f"\n16x4 views per CPU-second: repeats=1 {one:.1f} (224x224 clips), "
     f"repeats=4 {four:.1f} ({canvas[0]}x{canvas[1]} canvases): "
@@ -481,7 +498,7 @@ def main(argv=None):
     default=768,
     help="clips per figure (the pipeline's count is off by up to the group a worker is decoding at each end: 24 batches keep that to a few per cent)",
   )
-  p.add_argument("--rounds", type=int, default=3, help="rounds per figure")
+  p.add_argument("--rounds", type=int, default=4, help="rounds per figure")
   p.add_argument(
     "--workers",
     default="",
