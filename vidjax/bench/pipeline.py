@@ -9,10 +9,10 @@ the chunker's defaults and with `--profile sparse`, reused if present), with
 random clip records, it prints per CPU-second (the CPU time of the main
 process and its workers, so load from other processes counts little):
 
-- clips of `read_clip` alone (the very reads the pipeline's `ClipLoader`
-  makes, in this process) and of the whole pipeline (1 Grain worker,
-  shared memory, batching, the transfer thread, device arrays), and their
-  ratio, for AVION's 4-frame clips (one frame in each of 4 segments of 2 s)
+- clips of the whole pipeline (1 Grain worker, shared memory, batching,
+  the transfer thread, device arrays) and of `read_clip` alone (the CPU
+  time of its calls, timed in the worker as it runs them:
+  `vidjax.bench.timed_reads`), and their ratio, for AVION's 4-frame clips (one frame in each of 4 segments of 2 s)
   and VideoMAE's 16x4 clips (16 frames, stride 4), both to 224x224;
 - views with `data.repeats=4` against 1 (16x4: the host decodes a quarter
   of the clips, each its canvas; the views are made on the device);
@@ -50,9 +50,8 @@ except ModuleNotFoundError:
   psutil = None
 
 from vidjax import bench, defaults, sharding
-from vidjax.bench import footage
+from vidjax.bench import footage, timed_reads
 from vidjax.data import (
-  annotation_files,
   annotations,
   chunk,
   loader,
@@ -231,8 +230,6 @@ VIDEOMAE_RATE = 1860  # VideoMAE ViT-B 16x4 clips/s on an H200, 90 % masked.
 # blocks and batch arrays the pipeline then reuses made (as many as it has
 # in flight at once: a few batches' worth).
 WARM_BATCHES = 6
-# Reads replayed untimed before `read_clip` is timed: files opened once.
-WARM_READS = 4
 
 
 def shape_config(store: Path, work: Path, video_id: str, shape: str):
@@ -246,70 +243,43 @@ def shape_config(store: Path, work: Path, video_id: str, shape: str):
   return config
 
 
-def reader_rate(config, batch: int, clips: int) -> dict:
-  """`read_clip` alone: clips per CPU-second of this process on the very
-  reads the pipeline's `ClipLoader` makes for the clips `pipeline_rate`
-  counts (the same elements of the same stream: recorded, then replayed),
-  and the decoded frames per delivered frame."""
-  clip_loader = loader.ClipLoader(
-    annotation_files.load_annotations(
-      config.data, config.data.train_annotations
-    ),
-    config.data.root,
-    loader.ClipSpec.from_config(config.data, train=True),
-    targets=("label",),
-  )
-  calls, read_clip = [], video.read_clip
-
-  def record(*args, **kwargs):
-    calls.append((args, kwargs))
-    return read_clip(*args, **kwargs)
-
-  clip_loader.read_clip = record
-  elements = pipeline.train_elements(clip_loader, config.seed)
-  first = WARM_BATCHES * batch
-  for i in range(first - WARM_READS, first + _steps(batch, clips) * batch):
-    elements[i]
-  stats = video.DecodeStats()
-  for args, kwargs in calls[:WARM_READS]:
-    video.read_clip(*args, **kwargs)
-  start = time.process_time()
-  for args, kwargs in calls[WARM_READS:]:
-    video.read_clip(*args, **kwargs, stats=stats)
-  cpu = time.process_time() - start
-  return {
-    "clips_per_cpu_s": (len(calls) - WARM_READS) / cpu,
-    "decoded_per_delivered": stats.decoded / stats.delivered,
-  }
-
-
 def _steps(batch: int, clips: int, repeats: int = 1) -> int:
   """Batches of `batch` views counted for `clips` clips (at least one)."""
   return max(1, clips * repeats // batch)
 
 
 def pipeline_rate(config, batch: int, clips: int, repeats: int = 1) -> dict:
-  """The whole pipeline with 1 worker: clips and views per CPU-second of
-  the main process and the worker, after `WARM_BATCHES`."""
+  """The whole pipeline with 1 worker, after `WARM_BATCHES`: clips and
+  views per CPU-second of the main process and the worker; and, of the
+  same stretch, `read_clip`'s own clips per CPU-second and decoded frames
+  per delivered frame, timed in the worker (`vidjax.bench.timed_reads`)."""
   config = config.copy_and_resolve_references()
   config.data.update(workers=1, threads=0, repeats=repeats)
   proc = psutil.Process()
-  pipe = pipeline.make_pipeline(
-    config, sharding.make_mesh(), train=True, batch_size=batch
-  )
-  try:
-    for _ in range(WARM_BATCHES):
-      jax.block_until_ready(next(pipe)["video"])
-    steps = _steps(batch, clips, repeats)
-    cpu0 = cpu_seconds(proc)
-    for _ in range(steps):
-      jax.block_until_ready(next(pipe)["video"])
-    cpu = cpu_seconds(proc) - cpu0
-  finally:
-    pipe.close()
+  with tempfile.TemporaryDirectory() as folder:
+    pipe = pipeline.make_pipeline(
+      config,
+      sharding.make_mesh(),
+      train=True,
+      batch_size=batch,
+      read_clip=timed_reads.TimedReadClip(folder),
+    )
+    try:
+      for _ in range(WARM_BATCHES):
+        jax.block_until_ready(next(pipe)["video"])
+      steps = _steps(batch, clips, repeats)
+      cpu0, reads0 = cpu_seconds(proc), timed_reads.totals(folder)
+      for _ in range(steps):
+        jax.block_until_ready(next(pipe)["video"])
+      cpu = cpu_seconds(proc) - cpu0
+      reads = timed_reads.totals(folder) - reads0
+    finally:
+      pipe.close()
   return {
     "clips_per_cpu_s": steps * batch / repeats / cpu,
     "views_per_cpu_s": steps * batch / cpu,
+    "read_clips_per_cpu_s": reads.clips / reads.cpu_s,
+    "decoded_per_delivered": reads.decoded / reads.delivered,
   }
 
 
@@ -373,19 +343,14 @@ def in_turns(rounds: int, first, second) -> tuple[list, list]:
 
 
 def measure(config, batch: int, clips: int, rounds: int) -> dict:
-  """`reader_rate` and `pipeline_rate` `in_turns`: the medians, and the
-  median of the rounds' ratios."""
-  reads, pipes = in_turns(
-    rounds,
-    lambda: reader_rate(config, batch, clips),
-    lambda: pipeline_rate(config, batch, clips),
-  )
-  median = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+  """`pipeline_rate` `rounds` times: the medians of its figures, and the
+  median of the rounds' ratios of the pipeline's clips per CPU-second to
+  `read_clip`'s."""
+  runs = [pipeline_rate(config, batch, clips) for _ in range(rounds)]
   return {
-    "read": {k: median(reads, k) for k in reads[0]},
-    "pipeline": {k: median(pipes, k) for k in pipes[0]},
+    **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
     "ratio": statistics.median(
-      p["clips_per_cpu_s"] / r["clips_per_cpu_s"] for r, p in zip(reads, pipes)
+      r["clips_per_cpu_s"] / r["read_clips_per_cpu_s"] for r in runs
     ),
   }
 
@@ -409,11 +374,10 @@ def report(
       config = shape_config(stores[profile], work, video_id, shape)
       batch = 32 if shape == "4-frame" else 16
       m = out[(shape, profile)] = measure(config, batch, clips, rounds)
-      read, pipe = m["read"], m["pipeline"]
       print(
-        f"{shape:>8} {profile:>8} {read['clips_per_cpu_s']:9.1f} "
-        f"{pipe['clips_per_cpu_s']:8.1f} {m['ratio']:6.0%} "
-        f"{read['decoded_per_delivered']:17.2f}",
+        f"{shape:>8} {profile:>8} {m['read_clips_per_cpu_s']:9.1f} "
+        f"{m['clips_per_cpu_s']:8.1f} {m['ratio']:6.0%} "
+        f"{m['decoded_per_delivered']:17.2f}",
         flush=True,
       )
 
@@ -464,11 +428,11 @@ def report(
   )
   rows = []
   for profile in ("default", "sparse"):
-    rate = out[("4-frame", profile)]["pipeline"]["clips_per_cpu_s"]
+    rate = out[("4-frame", profile)]["clips_per_cpu_s"]
     rows += [
       (f"AVION 4-frame, {profile} chunks", t, cores(rate, t)) for t in TARGETS
     ]
-  rate16 = out[("16x4", "default")]["pipeline"]["clips_per_cpu_s"]
+  rate16 = out[("16x4", "default")]["clips_per_cpu_s"]
   rows.append(("VideoMAE 16x4", VIDEOMAE_RATE, cores(rate16, VIDEOMAE_RATE)))
   rows.append(
     ("VideoMAE 16x4, repeats=4", VIDEOMAE_RATE, cores(four, VIDEOMAE_RATE))

@@ -156,9 +156,7 @@ class ClipLoader:
   """Loads element `index` of a record list (see the module docstring).
 
   `read_clip` is the reader it calls (`vidjax.data.video.read_clip`; the
-  pipeline benchmark records the calls through it)."""
-
-  read_clip = staticmethod(video.read_clip)
+  pipeline benchmark times the calls through a stand-in)."""
 
   def __init__(
     self,
@@ -169,12 +167,13 @@ class ClipLoader:
     max_attempts: int = 10,
     positives: ek100.CaptionPositives | None = None,
     targets: Sequence[str] | None = None,
+    read_clip=video.read_clip,
   ):
     if not records:
       raise DataFileError("no records: the annotation file is empty")
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
-    self.positives = positives
+    self.positives, self.read_clip = positives, read_clip
     first = self.records[0]
     # Only the targets the task reads (`batches.target_keys`): two sets of
     # one shape then make batches of one structure, and one compiled step.

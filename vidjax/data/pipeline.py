@@ -95,6 +95,7 @@ from vidjax.data import (
   loader,
   prefetch,
   reads,
+  video,
   workers as workers_lib,
 )
 
@@ -282,6 +283,7 @@ def make_pipeline(
   num_epochs: int | None = None,
   seed: int | None = None,
   state: dict | None = None,
+  read_clip=video.read_clip,
 ) -> Pipeline:
   """Global device batches for training or evaluation.
 
@@ -301,6 +303,8 @@ def make_pipeline(
     state: a `get_state()` of an earlier pipeline of the same config (any
       `data.workers` and `data.threads`): this one starts at the batch that
       one would have yielded next (a resumed run).
+    read_clip: the reader of each clip (`vidjax.data.video.read_clip`;
+      the pipeline benchmark times it through a stand-in, in the workers).
 
   Returns:
     A `Pipeline`: an iterator of dicts of `jax.Array` (video
@@ -334,6 +338,7 @@ def make_pipeline(
       annotation_files.caption_positives(data, records) if train else None
     ),
     targets=batches.target_keys(config),
+    read_clip=read_clip,
   )
   start = batches.resume_group(state, group) if state else 0
   workers = workers_lib.Workers(data.workers) if data.workers else None
