@@ -365,7 +365,7 @@ def report(
     f"\nper CPU-second ({clips} clips, median of {rounds} rounds; 1 worker "
     "for the pipeline)\n"
     f"{'clips':>8} {'chunks':>8} {'read_clip':>9} {'pipeline':>8} "
-    f"{'ratio':>6} {'decoded/delivered':>17}"
+    f"{'ratio':>7} {'decoded/delivered':>17}"
   )
   for shape in SHAPES:
     for profile in (
@@ -376,7 +376,7 @@ def report(
       m = out[(shape, profile)] = measure(config, batch, clips, rounds)
       print(
         f"{shape:>8} {profile:>8} {m['read_clips_per_cpu_s']:9.1f} "
-        f"{m['clips_per_cpu_s']:8.1f} {m['ratio']:6.0%} "
+        f"{m['clips_per_cpu_s']:8.1f} {m['ratio']:7.1%} "
         f"{m['decoded_per_delivered']:17.2f}",
         flush=True,
       )
