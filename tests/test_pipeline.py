@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from vidjax import augment, defaults, errors, sharding
+from vidjax.bench import timed_reads
 from vidjax.data import (
   annotation_files,
   annotations,
@@ -97,10 +98,12 @@ def _shm_bytes(block_size, before):
 
 
 @pytest.fixture(scope="module")
-def two_workers(corpus, mesh):
+def two_workers(corpus, mesh, tmp_path_factory):
   """3 batches of 48 clips made by 2 worker processes in groups of 2 clips,
-  /dev/shm watched."""
+  /dev/shm watched, their reads timed as the pipeline benchmark times them
+  (`vidjax.bench.timed_reads`)."""
   config = config_for(corpus, workers=2, worker_buffer=4)
+  reads = tmp_path_factory.mktemp("reads")
   patch = pytest.MonkeyPatch()
   patch.setattr(pipeline, "TRANSFER_BYTES", 2 * CLIP_BYTES)
   assert pipeline.clips_per_transfer(config.data, 48) == 2
@@ -113,7 +116,13 @@ def two_workers(corpus, mesh):
 
   watcher = threading.Thread(target=watch, daemon=True)
   watcher.start()
-  pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=48)
+  pipe = pipeline.make_pipeline(
+    config,
+    mesh,
+    train=True,
+    batch_size=48,
+    read_clip=timed_reads.TimedReadClip(reads),
+  )
   try:
     batches = take(pipe, 1)
     time.sleep(1.0)  # Every worker and main-side buffer fills up.
@@ -133,6 +142,7 @@ def two_workers(corpus, mesh):
     "peak_shm": peak[0],
     "config": config,
     "jax_in_workers": jax_in_workers,
+    "reads": reads,
   }
 
 
@@ -143,7 +153,21 @@ def test_workers_start_without_jax(two_workers):
   assert two_workers["jax_in_workers"] == [False, False]
 
 
-# One process makes `two_workers` (a module fixture) for both tests.
+@pytest.mark.xdist_group("two_workers")
+def test_the_benchmarks_timed_reads_count_each_workers_reads(two_workers):
+  """Every clip the workers read is counted, in a file per worker, with its
+  frames and a CPU time (and the batches are the same without the stand-in:
+  `test_same_batches_whatever_the_workers`)."""
+  folder = two_workers["reads"]
+  assert len(list(folder.iterdir())) == 2
+  totals = timed_reads.totals(folder)
+  frames = two_workers["config"].data.num_frames
+  assert totals.clips >= 3 * 48
+  assert totals.delivered == totals.clips * frames
+  assert totals.decoded >= totals.delivered and totals.cpu_s > 0
+
+
+# The tests of `two_workers` (a module fixture) run in one process.
 @pytest.mark.xdist_group("two_workers")
 def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   runs = {(2, 0): two_workers["batches"]}
@@ -164,7 +188,7 @@ def test_same_batches_whatever_the_workers(corpus, mesh, two_workers):
   pipe.close()
 
 
-# One process makes `two_workers` (a module fixture) for both tests.
+# The tests of `two_workers` (a module fixture) run in one process.
 @pytest.mark.xdist_group("two_workers")
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
