@@ -12,8 +12,9 @@ process and its workers, so load from other processes counts little):
 - clips of the whole pipeline (1 Grain worker, shared memory, batching,
   the transfer thread, device arrays) and of `read_clip` alone (the CPU
   time of its calls, timed in the worker as it runs them:
-  `vidjax.bench.timed_reads`), and their ratio, for AVION's 4-frame clips (one frame in each of 4 segments of 2 s)
-  and VideoMAE's 16x4 clips (16 frames, stride 4), both to 224x224;
+  `vidjax.bench.timed_reads`), and their ratio, for AVION's 4-frame clips
+  (one frame in each of 4 segments of 2 s) and VideoMAE's 16x4 clips (16
+  frames, stride 4), both to 224x224;
 - views with `data.repeats=4` against 1 (16x4: the host decodes a quarter
   of the clips, each its canvas; the views are made on the device);
 - a worker's start-up: seconds to the first batch, its memory (RSS) and
