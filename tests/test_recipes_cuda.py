@@ -5,11 +5,11 @@ bfloat16, as on an H100/H200 (`forced_cudnn`), with a batch of 8 over the 8
 fake devices, exactly as `train.setup` builds the steps, and lowered for
 CUDA. The state is abstract (`jax.eval_shape`): nothing is allocated or
 compiled. Each tower keeps 2 of its blocks (`BLOCKS`): its blocks are one
-program repeated, of the real widths, heads and token counts. JAX's cuDNN shape checks run while tracing, so a tower length the
-kernel rejects fails here; the lowered steps must call cuDNN in every
-attention layer, forward and backward, the training step over the vision
-tower's training length (the kept tokens of a masked CLIP) padded to a
-multiple of 8.
+program repeated, of the real widths, heads and token counts. JAX's cuDNN
+shape checks run while tracing, so a tower length the kernel rejects fails
+here; the lowered steps must call cuDNN in every attention layer, forward
+and backward, the training step over the vision tower's training length
+(the kept tokens of a masked CLIP) padded to a multiple of 8.
 """
 
 from pathlib import Path

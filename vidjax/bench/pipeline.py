@@ -461,7 +461,9 @@ def main(argv=None):
     "--clips",
     type=int,
     default=768,
-    help="clips per figure (the pipeline's count is off by up to the group a worker is decoding at each end: 24 batches keep that to a few per cent)",
+    help="clips per figure (the pipeline's count is off by up to the group "
+    "a worker is decoding at each end: 24 batches keep that to a few per "
+    "cent)",
   )
   p.add_argument("--rounds", type=int, default=4, help="rounds per figure")
   p.add_argument(

@@ -15,6 +15,7 @@ No jax here: the lean worker unpickles this module.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from pathlib import Path
 import struct
@@ -33,13 +34,15 @@ class ReadTotals:
   decoded: int = 0
   delivered: int = 0
 
+  def _combine(self, other: ReadTotals, op) -> ReadTotals:
+    pairs = zip(dataclasses.astuple(self), dataclasses.astuple(other))
+    return ReadTotals(*(op(a, b) for a, b in pairs))
+
+  def __add__(self, other: ReadTotals) -> ReadTotals:
+    return self._combine(other, operator.add)
+
   def __sub__(self, other: ReadTotals) -> ReadTotals:
-    return ReadTotals(
-      *(
-        a - b
-        for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))
-      )
-    )
+    return self._combine(other, operator.sub)
 
 
 class TimedReadClip:
@@ -50,7 +53,7 @@ class TimedReadClip:
     self.folder = os.fspath(folder)
     self._lock = threading.Lock()
     self._fd = None
-    self._totals = [0.0, 0, 0, 0]
+    self._totals = ReadTotals()
 
   def __getstate__(self):
     return {"folder": self.folder}
@@ -62,17 +65,15 @@ class TimedReadClip:
     stats = video.DecodeStats()
     start = time.thread_time()
     clip = video.read_clip(*args, **kwargs, stats=stats)
-    cpu = time.thread_time() - start
+    read = ReadTotals(
+      time.thread_time() - start, 1, stats.decoded, stats.delivered
+    )
     with self._lock:
       if self._fd is None:
         path = os.path.join(self.folder, str(os.getpid()))
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-      t = self._totals
-      t[0] += cpu
-      t[1] += 1
-      t[2] += stats.decoded
-      t[3] += stats.delivered
-      os.pwrite(self._fd, _RECORD.pack(*t), 0)
+      self._totals += read
+      os.pwrite(self._fd, _RECORD.pack(*dataclasses.astuple(self._totals)), 0)
     return clip
 
 
@@ -82,9 +83,5 @@ def totals(folder: str | os.PathLike) -> ReadTotals:
   for path in Path(folder).iterdir():
     data = path.read_bytes()
     if len(data) == _RECORD.size:  # Else not yet written.
-      sums = ReadTotals(
-        *(
-          a + b for a, b in zip(dataclasses.astuple(sums), _RECORD.unpack(data))
-        )
-      )
+      sums += ReadTotals(*_RECORD.unpack(data))
   return sums
