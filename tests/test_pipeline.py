@@ -59,8 +59,8 @@ def config_for(root, **data):
 
 
 CLIP_BYTES = 4 * SIZE * SIZE * 3  # config_for's uint8 clips.
-# A worker's block of a group of 2 clips (its flag byte, then alignment).
-BLOCK_BYTES = 2 * CLIP_BYTES + workers_lib.SLOT_HEADER
+# A worker's block of a clip (its flag byte, then alignment).
+BLOCK_BYTES = CLIP_BYTES + workers_lib.SLOT_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +200,9 @@ def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(pipeline, "TRANSFER_BYTES", 2 * CLIP_BYTES)
     bound = pipeline.shared_memory_bytes(two_workers["config"].data, 48)
-  # Per worker: 4 clips (2 groups) buffered on each side and a group in hand
-  # on each side.
-  assert bound == 2 * (2 * 2 + 2) * BLOCK_BYTES
+  # Per worker: 4 clips (2 groups) buffered on each side, a group in hand
+  # on each side, and the next group being decoded; a block a clip.
+  assert bound == 2 * (2 * 2 + 3) * 2 * BLOCK_BYTES
   assert 0 < two_workers["peak_shm"] <= bound < 48 * CLIP_BYTES, (
     two_workers["peak_shm"],
     bound,

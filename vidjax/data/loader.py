@@ -40,7 +40,14 @@ import dataclasses
 import numpy as np
 
 from vidjax import defaults
-from vidjax.data import annotations, crop as crop_lib, ek100, sampling, video
+from vidjax.data import (
+  annotations,
+  crop as crop_lib,
+  ek100,
+  sampling,
+  video,
+  workers,
+)
 from vidjax.errors import DataFileError
 
 TARGETS = ("tokens", "label", "verb", "noun")  # What an element may carry.
@@ -226,14 +233,21 @@ class ClipLoader:
     )
     ids = self._frame_ids(lo, hi, rng, view)
     box = self._crop(info.height, info.width, rng, view)
-    clip = self.read_clip(
-      self.root,
-      record.video_id,
-      ids,
-      crop=box.box,
-      size=self.spec.size,
-      hflip=box.hflip,
-    )
+    # In a data worker, the frames are decoded into a /dev/shm block.
+    frames = workers.clip_array(*self._spec["video"])
+    try:
+      clip = self.read_clip(
+        self.root,
+        record.video_id,
+        ids,
+        crop=box.box,
+        size=self.spec.size,
+        hflip=box.hflip,
+        out=frames,
+      )
+    except BaseException:
+      workers.release(frames)
+      raise
     out = {"video": clip, **self._targets(index, rng)}
     out.update(
       index=np.int32(index),

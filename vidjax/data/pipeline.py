@@ -9,10 +9,10 @@
 
 Workers hand the main process groups of a few clips (`clips_per_transfer`:
 at most `TRANSFER_BYTES` of frames, a divisor of the local batch), never
-whole batches: each group crosses in a /dev/shm block of its worker's, which
-the main process copies into the batch and frees at once for the worker to
-reuse (`vidjax.data.workers`). What sits in /dev/shm is therefore a few
-groups per worker (`shared_memory_bytes`), whatever the global batch; a batch of 2048 clips
+whole batches: each clip is decoded into a /dev/shm block of its worker's,
+which the main process copies into the batch and frees at once for the
+worker to reuse (`vidjax.data.workers`). What sits in /dev/shm is therefore
+a few groups per worker (`shared_memory_bytes`), whatever the global batch; a batch of 2048 clips
 built inside each of 16 workers could hold tens of GB there and kill a
 container with a small /dev/shm (SIGBUS). `make_pipeline` checks the room at
 start-up. Groups rather than single clips: each hand-over costs both
@@ -100,9 +100,6 @@ from vidjax.data import (
 )
 
 SHM_DIR = workers_lib.SHM_DIR
-# Arrays smaller than this cross from workers pickled, not through /dev/shm:
-# a block per token array or label would cost more than the copy.
-MIN_SHM_BYTES = 4096
 # The most frames a worker hands over at once (see the module docstring).
 TRANSFER_BYTES = 32 * 2**20
 
@@ -149,15 +146,17 @@ def shared_memory_bytes(
 
   Per worker: `worker_buffer` clips (in whole groups of
   `clips_per_transfer`) in its queue and as many read ahead by the main
-  process, plus one group being handed over on each side: the most blocks
-  a worker can have in use at once, so the most it keeps. Only the frames
-  go through /dev/shm (`MIN_SHM_BYTES`).
+  process, one group being handed over on each side, and the next being
+  decoded (each clip is in its block from its first frame on): the most
+  blocks (one a clip) a worker can have in use at once, so the most it
+  keeps. Only the frames go through /dev/shm
+  (`workers_lib.MIN_SHM_BYTES`).
   """
   if not data.workers:
     return 0
   group = clips_per_transfer(data, local_batch, train)
-  groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 2)
-  return groups * (group * clip_bytes(data, train) + workers_lib.SLOT_HEADER)
+  groups = data.workers * (2 * _buffered_groups(data.worker_buffer, group) + 3)
+  return groups * group * (clip_bytes(data, train) + workers_lib.SLOT_HEADER)
 
 
 def check_shared_memory(
@@ -242,12 +241,12 @@ def make_dataset(
   # number of processes.
   # Training drops a short final group (a short batch is dropped anyway);
   # evaluation has whole batches.
-  # With workers, frames are stacked straight into reused /dev/shm blocks
-  # named after this run (one copy of each clip, not two).
+  # With workers, the clips cross in the reused /dev/shm blocks they were
+  # decoded into, named after this run (no copy in the worker).
   ds = ds[process_index::process_count].batch(
     group,
     drop_remainder=train,
-    batch_fn=workers and workers.stack_to_shared_memory(MIN_SHM_BYTES),
+    batch_fn=workers and workers.stack_to_shared_memory(),
   )
   # A resumed stream starts at its position: each worker then takes every
   # `workers`-th group of it, so any number of workers resumes there.
@@ -260,7 +259,8 @@ def make_dataset(
   if workers is not None:
     workers_lib.mark_flags_parsed()  # Process-wide: absl's FLAGS parsed.
     ds = grain.experimental.WithOptionsIterDataset(
-      ds, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES)
+      ds,
+      grain.experimental.DatasetOptions(min_shm_size=workers_lib.MIN_SHM_BYTES),
     )
     ds = ds.mp_prefetch(
       grain.MultiprocessingOptions(

@@ -189,6 +189,7 @@ def read_clip(
   size: tuple[int, int] | None = None,
   hflip: bool = False,
   stats: DecodeStats | None = None,
+  out: np.ndarray | None = None,
 ) -> np.ndarray:
   """Decodes frames of a chunked video, cropped and scaled in the decoder.
 
@@ -203,9 +204,11 @@ def read_clip(
     hflip: mirror the output horizontally (in the conversion: the clip is
       contiguous either way).
     stats: if given, decode counters are added to it.
+    out: uint8[T, H, W, 3] to write the frames into (a data worker's
+      /dev/shm block: `vidjax.data.workers.clip_array`); None: a new array.
 
   Returns:
-    uint8[T, H, W, 3] RGB frames.
+    uint8[T, H, W, 3] RGB frames (`out`, if given).
 
   Raises:
     VideoReadError: unknown video, missing chunk, or undecodable data; the
@@ -233,7 +236,7 @@ def read_clip(
         path, info.frame_rate, local, window, (out_w, out_h), stats, hflip
       ):
         frames[local[j]] = rgb
-  clip = np.stack([frames[i] for i in ids.tolist()])
+  clip = np.stack([frames[i] for i in ids.tolist()], out=out)
   stats.delivered += len(ids)
   return clip
 

@@ -13,15 +13,19 @@ there; outside an absl app they never were), and a thread starts that every
   (`vidjax.data.reads`) in a small /dev/shm block, for the stall warning.
 
 Frames cross to the main process in /dev/shm blocks that each worker
-reuses (`stack_to_shared_memory`): a worker stacks a group's clips into a
-block of its own not in use, named `vidjax_<trainer pid>_<pipeline>_<worker
-pid>_<n>`, and hands over a `Slot` (the block's name, shape and dtype, a
-few bytes pickled); the main process copies the frames out (`receive`,
-keeping the block mapped) and marks the block free again in its first
-byte. Blocks are made only while all of a worker's are in use, so each
-worker keeps as many as it ever had in flight at once; a fresh block per
-group would cost both processes a page fault (and the worker the zeroing)
-of every 4 KiB of frames: about a millisecond per 4-frame clip. The
+reuses: a worker decodes each clip straight into a block of its own not in
+use (`clip_array`, named `vidjax_<trainer pid>_<pipeline>_<worker
+pid>_<n>`), and hands over a group's clips as one `Slot` (the blocks'
+names, the group's shape and dtype, a few bytes pickled:
+`stack_to_shared_memory`); the main process copies the frames out
+(`receive`, keeping the blocks mapped) and marks each block free again in
+its first byte. Blocks are made only while all of a worker's are in use, so
+each worker keeps as many as it ever had in flight at once; a fresh block
+per clip would cost both processes a page fault (and the worker the
+zeroing) of every 4 KiB of frames: about a millisecond per 4-frame clip.
+Decoding into the block, not into an array then stacked into one, saves
+the worker a copy of the frames and an allocation per clip (about 2 % of
+its time: `python -m vidjax.bench.pipeline`). The
 pipeline's `close` unlinks the blocks. Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
 blocks left once the trainer and its workers are gone; a kill of the whole
@@ -65,6 +69,9 @@ WATCH_S = (
   0.5  # How often a worker looks for its trainer and says what it reads.
 )
 STATUS_BYTES = 16384
+# Arrays smaller than this cross from workers pickled, not through /dev/shm:
+# a block per token array or label would cost more than the copy.
+MIN_SHM_BYTES = 4096
 # A block's frames start this far in (the flag byte, then XLA's alignment).
 SLOT_HEADER = 64
 IN_USE, FREE = 1, 0  # A block's first byte.
@@ -127,14 +134,12 @@ class Workers:
       _init_worker, trainer=self.trainer, prefix=self.prefix
     )
 
-  def stack_to_shared_memory(self, min_bytes: int):
-    """A Grain `batch_fn` run in the workers: stacks a group's clips (dicts
-    of arrays) straight into reused /dev/shm blocks of this pipeline's name
-    for the arrays of at least `min_bytes` (`Slot`s in the group; `receive`
-    reads them), with no copy in between."""
-    return functools.partial(
-      _stack_to_shared_memory, prefix=self.prefix, min_bytes=min_bytes
-    )
+  def stack_to_shared_memory(self):
+    """A Grain `batch_fn` run in the workers: a group's clips (dicts of
+    arrays) as `Slot`s of the /dev/shm blocks they were decoded into
+    (`clip_array`), with no copy; arrays under `MIN_SHM_BYTES` stacked
+    (pickled)."""
+    return functools.partial(_stack_to_shared_memory, prefix=self.prefix)
 
   def status(self, index: int) -> dict | None:
     """{'pid', 'reads': [(path, start), ...]} as worker `index` last
@@ -220,20 +225,22 @@ class Workers:
 
 
 class Slot:
-  """A group's array in a worker's /dev/shm block (what crosses pickled).
+  """A group's array in a worker's /dev/shm blocks (what crosses pickled).
 
   Attributes:
-    name: the block's name; its frames start at `SLOT_HEADER`.
-    shape, dtype: the array's, e.g. (group, T, H, W, 3), uint8.
+    names: the blocks' names, one per row (a clip); each row starts at
+      `SLOT_HEADER` in its block.
+    shape, dtype: the whole array's, e.g. (group, T, H, W, 3), uint8.
   """
 
-  __slots__ = ("name", "shape", "dtype")
+  __slots__ = ("names", "shape", "dtype")
 
-  def __init__(self, name: str, shape: tuple[int, ...], dtype):
-    self.name, self.shape, self.dtype = name, tuple(shape), np.dtype(dtype)
+  def __init__(self, names: tuple[str, ...], shape: tuple[int, ...], dtype):
+    self.names, self.shape = tuple(names), tuple(shape)
+    self.dtype = np.dtype(dtype)
 
   def __reduce__(self):
-    return Slot, (self.name, self.shape, self.dtype.str)
+    return Slot, (self.names, self.shape, self.dtype.str)
 
 
 # In the main process: the blocks mapped so far, by name (kept mapped, so
@@ -243,16 +250,17 @@ _MAPPED_LOCK = threading.Lock()
 
 
 def receive(slot: Slot, out: np.ndarray) -> None:
-  """Copies a `Slot`'s array into `out` (its shape) and frees the block for
-  the worker to reuse."""
-  with _MAPPED_LOCK:
-    block = _MAPPED.get(slot.name)
-    if block is None:
-      block = _MAPPED[slot.name] = shared_memory.SharedMemory(slot.name)
-  view = np.ndarray(slot.shape, slot.dtype, block.buf, offset=SLOT_HEADER)
-  out[...] = view
-  del view  # No view left: the block can be closed.
-  block.buf[0] = FREE
+  """Copies a `Slot`'s array into `out` (its shape) and frees its blocks
+  for the worker to reuse."""
+  for name, row in zip(slot.names, out, strict=True):
+    with _MAPPED_LOCK:
+      block = _MAPPED.get(name)
+      if block is None:
+        block = _MAPPED[name] = shared_memory.SharedMemory(name)
+    view = np.ndarray(row.shape, slot.dtype, block.buf, offset=SLOT_HEADER)
+    row[...] = view
+    del view  # No view left: the block can be closed.
+    block.buf[0] = FREE
 
 
 def unmap(prefix: str) -> list[str]:
@@ -278,25 +286,31 @@ def _unlink(name: str) -> None:
 
 # The janitor: a small process of its own session (a kill of the trainer's
 # process group, as SLURM cancels a job, does not reach it) that notes the
-# /dev/shm names the trainer maps (Grain's semaphores, blocks) and, once the
-# trainer is gone, unlinks those still there and every block named after
-# the trainer. Python's resource tracker does the same, but is in the
-# trainer's group and dies with it. Plain Python (-S, -I): nothing to import.
+# /dev/shm names the trainer maps (Grain's semaphores, Python's blocks) and,
+# once the trainer is gone, unlinks those still there and every block named
+# after the trainer. Python's resource tracker does the same, but is in the
+# trainer's group and dies with it. It reads the trainer's memory map (~1 ms
+# for a process with jax) only when /dev/shm has a name it has not placed
+# yet, each new name at most `tries` times, so it costs next to nothing
+# while a run trains. Plain Python (-S, -I): nothing to import.
 _JANITOR = """
 import os, sys, time
 trainer, prefix, shm, every = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
-kinds = ("sem.mp-", "psm_", "vidjax_")
-seen = set()
+kinds, tries = ("sem.mp-", "psm_"), 3
+seen, looked = set(), {}
 while os.getppid() == trainer:
-  try:
-    with open(f"/proc/{trainer}/maps") as f:
-      for line in f:
-        if f" {shm}/" in line:
-          name = line.split(f"{shm}/", 1)[1].split()[0]
-          if name.startswith(kinds):
-            seen.add(name)
-  except OSError:
-    break
+  new = [n for n in os.listdir(shm) if n.startswith(kinds) and n not in seen
+         and looked.get(n, 0) < tries]
+  if new:
+    try:
+      with open(f"/proc/{trainer}/maps") as f:
+        maps = f.read()
+    except OSError:
+      break
+    for name in new:
+      if f" {shm}/{name}\\n" in maps:
+        seen.add(name)
+      looked[name] = looked.get(name, 0) + 1
   time.sleep(every)
 time.sleep(3 * every)  # The workers see their trainer gone and end.
 for name in os.listdir(shm):
@@ -415,6 +429,7 @@ _BLOCKS = itertools.count()  # This worker's blocks, numbered.
 def _init_worker(index: int, count: int, *, trainer: int, prefix: str) -> None:
   mark_flags_parsed()
   del count
+  _PREFIX.append(prefix)
   status = shared_memory.SharedMemory(
     f"{prefix}w{index}", create=True, size=STATUS_BYTES
   )
@@ -453,9 +468,35 @@ def publish(
   status.buf[: len(blob)] = blob
 
 
-# This worker's blocks by size, each in use (a group's frames in it, not yet
-# copied by the main process) or free, as its first byte says.
+# This worker's blocks by size, each in use (a clip's or a group's frames in
+# it, not yet copied by the main process) or free, as its first byte says.
 _POOL: dict[int, list[shared_memory.SharedMemory]] = {}
+# In a worker: its pipeline's block prefix (`_init_worker`), and the blocks
+# `clip_array` handed out, by the address of the array in them.
+_PREFIX: list[str] = []
+_CLIPS: dict[int, shared_memory.SharedMemory] = {}
+
+
+def clip_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
+  """Where a worker decodes a clip: an array in a free /dev/shm block of its
+  own, which `stack_to_shared_memory` hands over without a copy (and
+  `release` frees if the read fails). None outside a worker, or for fewer
+  than `MIN_SHM_BYTES`: the reader makes its own array."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape)) * dtype.itemsize
+  if not _PREFIX or nbytes < MIN_SHM_BYTES:
+    return None
+  block = _free_block(_PREFIX[0], nbytes)
+  array = np.ndarray(shape, dtype, block.buf, offset=SLOT_HEADER)
+  _CLIPS[array.ctypes.data] = block
+  return array
+
+
+def release(array: np.ndarray | None) -> None:
+  """Frees the block of a `clip_array` that will not be handed over."""
+  block = array is not None and _CLIPS.pop(array.ctypes.data, None)
+  if block:
+    block.buf[0] = FREE
 
 
 def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
@@ -473,22 +514,30 @@ def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
   return block
 
 
-def _stack_to_shared_memory(
-  values: list[dict], *, prefix: str, min_bytes: int
-) -> dict:
+def _stack_to_shared_memory(values: list[dict], *, prefix: str) -> dict:
   out = {}
   for key in values[0]:
     parts = [np.asarray(v[key]) for v in values]
     first = parts[0]
-    nbytes = first.nbytes * len(parts)
-    if first.dtype.hasobject or first.dtype.kind in "US" or nbytes < min_bytes:
+    if (
+      first.dtype.hasobject
+      or first.dtype.kind in "US"
+      or first.nbytes < MIN_SHM_BYTES
+    ):
       out[key] = np.stack(parts)  # Pickled: a block would cost more.
       continue
-    block = _free_block(prefix, nbytes)
-    slot = Slot(block.name, (len(parts),) + first.shape, first.dtype)
-    np.stack(
-      parts,
-      out=np.ndarray(slot.shape, slot.dtype, block.buf, offset=SLOT_HEADER),
-    )
-    out[key] = slot
+    names = [_block_of(part, prefix).name for part in parts]
+    out[key] = Slot(names, (len(parts),) + first.shape, first.dtype)
   return out
+
+
+def _block_of(part: np.ndarray, prefix: str) -> shared_memory.SharedMemory:
+  """The block a group's row crosses in: its own, if it was decoded into one
+  (`clip_array`), else a free one it is copied into (an invalid clip's
+  zeros)."""
+  block = _CLIPS.pop(part.ctypes.data, None)
+  if block is None:
+    block = _free_block(prefix, part.nbytes)
+    row = np.ndarray(part.shape, part.dtype, block.buf, offset=SLOT_HEADER)
+    row[...] = part
+  return block
