@@ -26,6 +26,7 @@ from vidjax.data import (
   pipeline,
   synthetic,
   synthetic_annotations,
+  video,
   workers as workers_lib,
 )
 
@@ -207,6 +208,55 @@ def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
     two_workers["peak_shm"],
     bound,
   )
+
+
+@pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
+def test_a_worker_hands_over_the_blocks_it_decoded_into(corpus, monkeypatch):
+  """In a worker, each clip is decoded into a /dev/shm block of its own and
+  crosses in it (stacking the group makes no block for it); a failed read
+  frees its block for the next clip; an invalid clip's zeros are copied into
+  a block; `receive` copies the frames out and frees every block."""
+  pool = workers_lib.Workers(1)
+  for name, value in (
+    ("_PREFIX", [pool.prefix]),
+    ("_POOL", {}),
+    ("_CLIPS", {}),
+  ):
+    monkeypatch.setattr(workers_lib, name, value)  # As in a worker.
+  blocks = lambda: sorted(
+    n for n in os.listdir(pipeline.SHM_DIR) if n.startswith(pool.prefix)
+  )
+
+  def broken(*args, out=None, **kwargs):
+    raise video.VideoReadError("broken.mp4: cannot decode")
+
+  records = annotations.load_jsonl(corpus / "train.jsonl")
+  spec = loader_lib.ClipSpec.from_config(config_for(corpus).data, train=True)
+  make = lambda **kw: loader_lib.ClipLoader(
+    records, str(corpus / "chunks"), spec, targets=(), **kw
+  )
+  good, bad = make(), make(read_clip=broken, max_attempts=3)
+  rng = np.random.default_rng(0)
+  try:
+    first = good.train_element(0, rng)
+    invalid = bad.train_element(1, rng)  # 3 reads in one block, freed.
+    third = good.train_element(2, rng)  # In the block the reads freed.
+    assert invalid["skipped"] == 3 and not invalid["valid"]
+    assert len(blocks()) == 2
+    expected = np.stack([first["video"], invalid["video"], third["video"]])
+    group = pool.stack_to_shared_memory()([first, invalid, third])
+    slot = group["video"]
+    assert len(blocks()) == 3  # One more: the invalid clip's zeros.
+    assert set(slot.names) == set(blocks()) and slot.shape == expected.shape
+    out = np.empty_like(expected)
+    workers_lib.receive(slot, out)
+    np.testing.assert_array_equal(out, expected)
+    for name in slot.names:
+      with open(os.path.join(pipeline.SHM_DIR, name), "rb") as f:
+        assert f.read(1) == bytes([workers_lib.FREE])
+  finally:
+    pool.close()
+  assert not blocks()
 
 
 def test_too_small_dev_shm_stops_at_start_up_saying_what_to_change(
