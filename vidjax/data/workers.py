@@ -50,6 +50,7 @@ import contextlib
 import functools
 import itertools
 import json
+import math
 from multiprocessing import shared_memory, spawn
 import os
 import secrets
@@ -483,7 +484,7 @@ def clip_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
   `release` frees if the read fails). None outside a worker, or for fewer
   than `MIN_SHM_BYTES`: the reader makes its own array."""
   dtype = np.dtype(dtype)
-  nbytes = int(np.prod(shape)) * dtype.itemsize
+  nbytes = math.prod(shape) * dtype.itemsize
   if not _PREFIX or nbytes < MIN_SHM_BYTES:
     return None
   block = _free_block(_PREFIX[0], nbytes)
