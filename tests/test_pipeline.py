@@ -213,9 +213,10 @@ def test_shared_memory_holds_a_few_clips_per_worker_whatever_the_batch(
 @pytest.mark.skipif(not os.path.isdir(pipeline.SHM_DIR), reason="no /dev/shm")
 def test_a_worker_hands_over_the_blocks_it_decoded_into(corpus, monkeypatch):
   """In a worker, each clip is decoded into a /dev/shm block of its own and
-  crosses in it (stacking the group makes no block for it); a failed read
-  frees its block for the next clip; an invalid clip's zeros are copied into
-  a block; `receive` copies the frames out and frees every block."""
+  crosses in it (stacking the group makes no block for it); a failed read,
+  or a reader that makes its own array, frees its block for the next clip;
+  an invalid clip's zeros are copied into a block; `receive` copies the
+  frames out and frees every block."""
   pool = workers_lib.Workers(1)
   for name, value in (
     ("_PREFIX", [pool.prefix]),
@@ -251,9 +252,16 @@ def test_a_worker_hands_over_the_blocks_it_decoded_into(corpus, monkeypatch):
     out = np.empty_like(expected)
     workers_lib.receive(slot, out)
     np.testing.assert_array_equal(out, expected)
-    for name in slot.names:
-      with open(os.path.join(pipeline.SHM_DIR, name), "rb") as f:
-        assert f.read(1) == bytes([workers_lib.FREE])
+    free = lambda name: (
+      Path(pipeline.SHM_DIR, name).read_bytes()[:1] == bytes([workers_lib.FREE])
+    )
+    assert all(map(free, slot.names))
+    # A reader that makes its own array leaves the block it was offered free.
+    own = make(
+      read_clip=lambda *args, out=None, **kw: video.read_clip(*args, **kw)
+    )
+    assert own.train_element(3, rng)["valid"]
+    assert len(blocks()) == 3 and all(map(free, blocks()))
   finally:
     pool.close()
   assert not blocks()

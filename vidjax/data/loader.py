@@ -248,6 +248,8 @@ class ClipLoader:
     except BaseException:
       workers.release(frames)
       raise
+    if clip is not frames:  # A reader that made its own array.
+      workers.release(frames)
     out = {"video": clip, **self._targets(index, rng)}
     out.update(
       index=np.int32(index),

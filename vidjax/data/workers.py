@@ -469,8 +469,8 @@ def publish(
   status.buf[: len(blob)] = blob
 
 
-# This worker's blocks by size, each in use (a clip's or a group's frames in
-# it, not yet copied by the main process) or free, as its first byte says.
+# This worker's blocks by size, each in use (a clip's frames in it, not yet
+# copied by the main process) or free, as its first byte says.
 _POOL: dict[int, list[shared_memory.SharedMemory]] = {}
 # In a worker: its pipeline's block prefix (`_init_worker`), and the blocks
 # `clip_array` handed out, by the address of the array in them.
