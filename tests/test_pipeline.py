@@ -224,15 +224,22 @@ def test_a_worker_hands_over_the_blocks_it_decoded_into(corpus, monkeypatch):
     ("_CLIPS", {}),
   ):
     monkeypatch.setattr(workers_lib, name, value)  # As in a worker.
+  # Clips of a size of this test's own: the reader threads of other tests'
+  # pipelines may still run in this process, and would take blocks too.
+  data = config_for(corpus).data
+  data.size = SIZE + 4
   blocks = lambda: sorted(
-    n for n in os.listdir(pipeline.SHM_DIR) if n.startswith(pool.prefix)
+    e.name
+    for e in os.scandir(pipeline.SHM_DIR)
+    if e.name.startswith(pool.prefix)
+    and e.stat().st_size == 4 * data.size**2 * 3 + workers_lib.SLOT_HEADER
   )
 
   def broken(*args, out=None, **kwargs):
     raise video.VideoReadError("broken.mp4: cannot decode")
 
   records = annotations.load_jsonl(corpus / "train.jsonl")
-  spec = loader_lib.ClipSpec.from_config(config_for(corpus).data, train=True)
+  spec = loader_lib.ClipSpec.from_config(data, train=True)
   make = lambda **kw: loader_lib.ClipLoader(
     records, str(corpus / "chunks"), spec, targets=(), **kw
   )

@@ -248,8 +248,8 @@ class ClipLoader:
     except BaseException:
       workers.release(frames)
       raise
-    if clip is not frames:  # A reader that made its own array.
-      workers.release(frames)
+    if frames is not None and not np.may_share_memory(clip, frames):
+      workers.release(frames)  # A reader that made its own array.
     out = {"video": clip, **self._targets(index, rng)}
     out.update(
       index=np.int32(index),

@@ -476,6 +476,7 @@ _POOL: dict[int, list[shared_memory.SharedMemory]] = {}
 # `clip_array` handed out, by the address of the array in them.
 _PREFIX: list[str] = []
 _CLIPS: dict[int, shared_memory.SharedMemory] = {}
+_POOL_LOCK = threading.Lock()  # For the pool, `_CLIPS` and blocks' flags.
 
 
 def clip_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
@@ -489,29 +490,33 @@ def clip_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
     return None
   block = _free_block(_PREFIX[0], nbytes)
   array = np.ndarray(shape, dtype, block.buf, offset=SLOT_HEADER)
-  _CLIPS[array.ctypes.data] = block
+  with _POOL_LOCK:
+    _CLIPS[array.ctypes.data] = block
   return array
 
 
 def release(array: np.ndarray | None) -> None:
   """Frees the block of a `clip_array` that will not be handed over."""
-  block = array is not None and _CLIPS.pop(array.ctypes.data, None)
-  if block:
-    block.buf[0] = FREE
+  with _POOL_LOCK:
+    block = array is not None and _CLIPS.pop(array.ctypes.data, None)
+    if block:
+      block.buf[0] = FREE
 
 
 def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
-  """A block of this worker for `nbytes` of frames, marked in use."""
-  blocks = _POOL.setdefault(nbytes, [])
-  block = next((b for b in blocks if b.buf[0] == FREE), None)
-  if block is None:
-    block = shared_memory.SharedMemory(
-      f"{prefix}{os.getpid()}_{next(_BLOCKS)}",
-      create=True,
-      size=SLOT_HEADER + nbytes,
-    )
-    blocks.append(block)
-  block.buf[0] = IN_USE
+  """A block of this worker for `nbytes` of frames, marked in use (by one
+  reader thread: `data.threads` decode side by side in a worker)."""
+  with _POOL_LOCK:
+    blocks = _POOL.setdefault(nbytes, [])
+    block = next((b for b in blocks if b.buf[0] == FREE), None)
+    if block is None:
+      block = shared_memory.SharedMemory(
+        f"{prefix}{os.getpid()}_{next(_BLOCKS)}",
+        create=True,
+        size=SLOT_HEADER + nbytes,
+      )
+      blocks.append(block)
+    block.buf[0] = IN_USE
   return block
 
 
@@ -536,7 +541,8 @@ def _block_of(part: np.ndarray, prefix: str) -> shared_memory.SharedMemory:
   """The block a group's row crosses in: its own, if it was decoded into one
   (`clip_array`), else a free one it is copied into (an invalid clip's
   zeros)."""
-  block = _CLIPS.pop(part.ctypes.data, None)
+  with _POOL_LOCK:
+    block = _CLIPS.pop(part.ctypes.data, None)
   if block is None:
     block = _free_block(prefix, part.nbytes)
     row = np.ndarray(part.shape, part.dtype, block.buf, offset=SLOT_HEADER)
