@@ -252,7 +252,7 @@ def test_a_worker_hands_over_the_blocks_it_decoded_into(corpus, monkeypatch):
     assert invalid["skipped"] == 3 and not invalid["valid"]
     assert len(blocks()) == 2
     expected = np.stack([first["video"], invalid["video"], third["video"]])
-    group = pool.stack_to_shared_memory()([first, invalid, third])
+    group = workers_lib.stack_to_shared_memory([first, invalid, third])
     slot = group["video"]
     assert len(blocks()) == 3  # One more: the invalid clip's zeros.
     assert set(slot.names) == set(blocks()) and slot.shape == expected.shape

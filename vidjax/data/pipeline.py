@@ -246,7 +246,7 @@ def make_dataset(
   ds = ds[process_index::process_count].batch(
     group,
     drop_remainder=train,
-    batch_fn=workers and workers.stack_to_shared_memory(),
+    batch_fn=workers and workers_lib.stack_to_shared_memory,
   )
   # A resumed stream starts at its position: each worker then takes every
   # `workers`-th group of it, so any number of workers resumes there.

@@ -135,13 +135,6 @@ class Workers:
       _init_worker, trainer=self.trainer, prefix=self.prefix
     )
 
-  def stack_to_shared_memory(self):
-    """A Grain `batch_fn` run in the workers: a group's clips (dicts of
-    arrays) as `Slot`s of the /dev/shm blocks they were decoded into
-    (`clip_array`), with no copy; arrays under `MIN_SHM_BYTES` stacked
-    (pickled)."""
-    return functools.partial(_stack_to_shared_memory, prefix=self.prefix)
-
   def status(self, index: int) -> dict | None:
     """{'pid', 'reads': [(path, start), ...]} as worker `index` last
     published it; None before it did."""
@@ -258,7 +251,7 @@ def receive(slot: Slot, out: np.ndarray) -> None:
       block = _MAPPED.get(name)
       if block is None:
         block = _MAPPED[name] = shared_memory.SharedMemory(name)
-    view = np.ndarray(row.shape, slot.dtype, block.buf, offset=SLOT_HEADER)
+    view = _frames(block, row.shape, slot.dtype)
     row[...] = view
     del view  # No view left: the block can be closed.
     block.buf[0] = FREE
@@ -488,8 +481,8 @@ def clip_array(shape: tuple[int, ...], dtype) -> np.ndarray | None:
   nbytes = math.prod(shape) * dtype.itemsize
   if not _PREFIX or nbytes < MIN_SHM_BYTES:
     return None
-  block = _free_block(_PREFIX[0], nbytes)
-  array = np.ndarray(shape, dtype, block.buf, offset=SLOT_HEADER)
+  block = _free_block(nbytes)
+  array = _frames(block, shape, dtype)
   with _POOL_LOCK:
     _CLIPS[array.ctypes.data] = block
   return array
@@ -503,7 +496,14 @@ def release(array: np.ndarray | None) -> None:
       block.buf[0] = FREE
 
 
-def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
+def _frames(
+  block: shared_memory.SharedMemory, shape: tuple[int, ...], dtype
+) -> np.ndarray:
+  """The array of `shape` and `dtype` at a block's frames."""
+  return np.ndarray(shape, dtype, block.buf, offset=SLOT_HEADER)
+
+
+def _free_block(nbytes: int) -> shared_memory.SharedMemory:
   """A block of this worker for `nbytes` of frames, marked in use (by one
   reader thread: `data.threads` decode side by side in a worker)."""
   with _POOL_LOCK:
@@ -511,7 +511,7 @@ def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
     block = next((b for b in blocks if b.buf[0] == FREE), None)
     if block is None:
       block = shared_memory.SharedMemory(
-        f"{prefix}{os.getpid()}_{next(_BLOCKS)}",
+        f"{_PREFIX[0]}{os.getpid()}_{next(_BLOCKS)}",
         create=True,
         size=SLOT_HEADER + nbytes,
       )
@@ -520,7 +520,11 @@ def _free_block(prefix: str, nbytes: int) -> shared_memory.SharedMemory:
   return block
 
 
-def _stack_to_shared_memory(values: list[dict], *, prefix: str) -> dict:
+def stack_to_shared_memory(values: list[dict]) -> dict:
+  """A Grain `batch_fn` run in the workers: a group's clips (dicts of
+  arrays) with each large array as a `Slot` of the /dev/shm blocks its
+  rows were decoded into (`clip_array`), with no copy; arrays under
+  `MIN_SHM_BYTES` stacked (pickled)."""
   out = {}
   for key in values[0]:
     parts = [np.asarray(v[key]) for v in values]
@@ -532,19 +536,18 @@ def _stack_to_shared_memory(values: list[dict], *, prefix: str) -> dict:
     ):
       out[key] = np.stack(parts)  # Pickled: a block would cost more.
       continue
-    names = [_block_of(part, prefix).name for part in parts]
+    names = [_block_of(part).name for part in parts]
     out[key] = Slot(names, (len(parts),) + first.shape, first.dtype)
   return out
 
 
-def _block_of(part: np.ndarray, prefix: str) -> shared_memory.SharedMemory:
+def _block_of(part: np.ndarray) -> shared_memory.SharedMemory:
   """The block a group's row crosses in: its own, if it was decoded into one
   (`clip_array`), else a free one it is copied into (an invalid clip's
   zeros)."""
   with _POOL_LOCK:
     block = _CLIPS.pop(part.ctypes.data, None)
   if block is None:
-    block = _free_block(prefix, part.nbytes)
-    row = np.ndarray(part.shape, part.dtype, block.buf, offset=SLOT_HEADER)
-    row[...] = part
+    block = _free_block(part.nbytes)
+    _frames(block, part.shape, part.dtype)[...] = part
   return block
