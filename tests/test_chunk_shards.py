@@ -45,7 +45,7 @@ def _check_whole(dst: Path) -> dict[str, dict]:
   frames, nothing half-written left; returns the entries."""
   entries = {}
   for path in manifest.manifest_files(dst):
-    text = path.read_text()
+    text = Path(path).read_text()
     assert text.endswith("\n"), f"{path}: a torn last line"
     for line in text.splitlines():
       entry = json.loads(line)

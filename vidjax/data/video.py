@@ -154,7 +154,7 @@ def manifest(root: str | os.PathLike) -> dict[str, VideoInfo]:
   for _ in range(3):  # A part may go as it is looked at (--merge).
     try:
       parts = tuple(
-        (os.fspath(p), (st := os.stat(p)).st_mtime_ns, st.st_size)
+        (p, (st := os.stat(p)).st_mtime_ns, st.st_size)
         for p in chunk_lib.manifest_files(root)
       )
     except FileNotFoundError:

@@ -47,7 +47,7 @@ def part_dir(dst: str | os.PathLike, shard: tuple[int, int] | None) -> Path:
 def shard_parts(dst: str | os.PathLike) -> dict[tuple[int, int], Path]:
   """The shard folders under DST/shards, by (K, N), in order."""
   try:
-    names = os.listdir(Path(dst) / SHARDS)
+    names = os.listdir(os.path.join(dst, SHARDS))
   except (FileNotFoundError, NotADirectoryError):
     return {}
   found = {}
@@ -57,11 +57,15 @@ def shard_parts(dst: str | os.PathLike) -> dict[tuple[int, int], Path]:
   return {k: found[k] for k in sorted(found, key=lambda kn: (kn[1], kn[0]))}
 
 
-def manifest_files(dst: str | os.PathLike) -> list[Path]:
-  """The files whose union is the store's manifest, in reading order."""
-  parts = [Path(dst) / MANIFEST]
-  parts += [folder / MANIFEST for folder in shard_parts(dst).values()]
-  return [p for p in parts if p.is_file()]
+def manifest_files(dst: str | os.PathLike) -> list[str]:
+  """The files whose union is the store's manifest, in reading order.
+
+  (Paths as strings: every clip read looks them up, `os.path` is a few
+  times faster than `pathlib` here.)
+  """
+  parts = [os.path.join(dst, MANIFEST)]
+  parts += [os.path.join(f, MANIFEST) for f in shard_parts(dst).values()]
+  return [p for p in parts if os.path.isfile(p)]
 
 
 _TORN_SEEN: set[tuple[str, str]] = set()  # Torn lines warned about.
