@@ -12,6 +12,8 @@ import importlib.util
 import logging
 from pathlib import Path
 import pickle
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -184,6 +186,29 @@ def test_xla_out_of_memory_is_recognised():
   )
   assert internals.is_out_of_memory(error)
   assert not internals.is_out_of_memory(RuntimeError("INTERNAL: other"))
+
+
+def test_flax_imports_ipython_and_the_command_start_does_not():
+  """The reason for `import_flax_without_ipython` (Flax and treescope
+  import IPython as they load), and what it does: flax loads without it,
+  and IPython still imports afterwards."""
+  pytest.importorskip("IPython")
+  plain = "import sys, flax.nnx; print('IPython' in sys.modules)"
+  quick = (
+    "import sys; from vidjax import internals; "
+    "internals.import_flax_without_ipython(); "
+    "print('flax.nnx' in sys.modules, 'IPython' in sys.modules); "
+    "import IPython; print(IPython.version_info >= (7,))"
+  )
+  outputs = [
+    subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for code in (plain, quick)
+  ]
+  assert outputs == [["True"], ["True", "False", "True"]], (
+    "flax.nnx no longer imports IPython? Then drop the work-around"
+  )
 
 
 class Opaque:

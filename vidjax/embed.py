@@ -636,7 +636,8 @@ def report(summary: Summary) -> str:
 
 
 if __name__ == "__main__":
-  from vidjax import console  # pylint: disable=import-outside-toplevel
+  from vidjax import console, internals  # pylint: disable=import-outside-toplevel
 
   console.setup_console()  # Process-wide: not for library use.
+  internals.import_flax_without_ipython()
   sys.exit(main())

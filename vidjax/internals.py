@@ -1,4 +1,5 @@
-"""Every private API vidjax uses, and every match on a library's message text.
+"""Every private API vidjax uses, every match on a library's message text,
+and the one way around a library's import cost (`import_flax_without_ipython`).
 
 No public API does what these do (each says why). They are here, and only
 here (tests/test_layers.py checks that no other module imports `jax._src`,
@@ -17,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import re
+import sys
 import threading
 
 # ------------------------------------------------------------------ JAX
@@ -152,6 +154,32 @@ def tracer_sharding_without_explanation():
 def _no_sharding(tracer):
   # Python then asks `Tracer.__getattr__`, whose message is short.
   raise AttributeError("sharding")
+
+
+# ----------------------------------------------------------------- Flax
+
+
+def import_flax_without_ipython() -> None:
+  """Imports `flax.nnx`, outside an IPython process without IPython.
+
+  Where IPython is installed (wherever Jupyter is), `flax.nnx` and
+  treescope import it as they load, only to ask whether the process runs
+  under IPython: about 0.6 CPU-second of every command's start. Outside
+  IPython the answer is no either way. Inside it (a notebook) IPython is
+  already imported, and flax loads as usual. Meant for a command's start,
+  before anything else imports flax; afterwards IPython imports as usual.
+  """
+  # pylint: disable=import-outside-toplevel
+  if "flax.nnx" in sys.modules or "IPython" in sys.modules:
+    import flax.nnx  # noqa: F401
+
+    return
+  sys.modules["IPython"] = None  # `import IPython` raises ImportError.
+  try:
+    import flax.nnx  # noqa: F401, F811
+  finally:
+    if "IPython" in sys.modules and sys.modules["IPython"] is None:
+      del sys.modules["IPython"]
 
 
 # ---------------------------------------------------------------- Orbax

@@ -174,6 +174,10 @@ def run(
 
   spec, config = config, config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
+  # pylint: disable-next=import-outside-toplevel
+  from vidjax import internals
+
+  internals.import_flax_without_ipython()  # First: before anything else.
   from vidjax import memory, train  # pylint: disable=import-outside-toplevel
 
   stopping.check()
