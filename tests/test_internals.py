@@ -211,6 +211,27 @@ def test_flax_imports_ipython_and_the_command_start_does_not():
   )
 
 
+def test_grains_no_jax_warning_is_recognised_and_kept_from_workers():
+  """Grain warns as it loads without jax (what every lean data worker
+  does); the record is recognised, and a worker's start says nothing."""
+  plain = (
+    "import logging, sys; from vidjax import internals; records = []; "
+    "handler = logging.Handler(); handler.emit = records.append; "
+    "logging.getLogger('absl').addHandler(handler); "
+    "sys.modules['jax'] = None; import grain; "
+    "print(sum(map(internals.is_grain_no_jax_warning, records)))"
+  )
+  worker = "import vidjax.data.lean_worker, grain, grain.python"
+  runs = [
+    subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    for code in (plain, worker)
+  ]
+  assert runs[0].stdout.split() == ["1"], runs[0].stderr
+  assert "jax" not in runs[1].stderr, runs[1].stderr
+
+
 class Opaque:
   """A class a pickle can only build by running code."""
 

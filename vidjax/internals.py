@@ -266,6 +266,17 @@ def is_orbax_item_metadata_warning(record) -> bool:
   return str(record.msg).startswith("Metadata file does not exist")
 
 
+# Grain's warning, as it loads, that it found no jax (its profiler hooks):
+# a lean data worker keeps jax out on purpose (vidjax.data.lean_worker).
+_GRAIN_NO_JAX_WARNING = "Failed to load jax profiler: "
+
+
+def is_grain_no_jax_warning(record) -> bool:
+  """Whether a log record is Grain's warning that it cannot load jax's
+  profiler (said once by each data worker, which runs without jax)."""
+  return str(record.msg).startswith(_GRAIN_NO_JAX_WARNING)
+
+
 def is_not_found(error: BaseException) -> bool:
   """Whether TensorStore's `error` says files it wrote are gone (NOT_FOUND:
   the directory of a save deleted under it)."""
