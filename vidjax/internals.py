@@ -160,7 +160,7 @@ def _no_sharding(tracer):
 
 
 def import_flax_without_ipython() -> None:
-  """Imports `flax.nnx`, outside an IPython process without IPython.
+  """Imports `flax.nnx`; outside IPython, without importing IPython.
 
   Where IPython is installed (wherever Jupyter is), `flax.nnx` and
   treescope import it as they load, only to ask whether the process runs

@@ -177,7 +177,7 @@ def run(
   # pylint: disable-next=import-outside-toplevel
   from vidjax import internals
 
-  internals.import_flax_without_ipython()  # First: before anything else.
+  internals.import_flax_without_ipython()  # Before anything imports flax.
   from vidjax import memory, train  # pylint: disable=import-outside-toplevel
 
   stopping.check()
