@@ -350,9 +350,12 @@ class Checkpointer:
         os.fspath(self.directory / f"{step}{TMP_SUFFIX}"), ignore_errors=True
       )
     cause = failed_saves.cause(error)
-    # Files gone under the save (TensorStore says NOT_FOUND): deleted.
-    deleted = cause == os.strerror(errno.ENOENT) or internals.is_not_found(
-      error
+    # Files gone under the save: TensorStore says NOT_FOUND, or Orbax fails
+    # on the metadata it can no longer read back (its own ValueError).
+    deleted = (
+      cause == os.strerror(errno.ENOENT)
+      or internals.is_not_found(error)
+      or not self.directory.is_dir()
     )
     if cause is None and not deleted:
       raise error
