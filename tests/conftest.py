@@ -11,6 +11,7 @@ directory new to each test session and shared by the test processes
 """
 
 import atexit
+import gc
 from importlib import metadata
 import os
 import shutil
@@ -82,6 +83,17 @@ def pytest_collection_modifyitems(config, items):
     )
     for item in gpu_items:
       item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish():
+  """What the session made is left out of the collections at its end.
+
+  pytest's unraisableexception plugin ends each test process with five
+  `gc.collect()` passes over the whole heap, seconds each with JAX's
+  caches of a whole session: frozen objects are not visited.
+  """
+  gc.freeze()
 
 
 class SmallDisk:

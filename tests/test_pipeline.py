@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 from pathlib import Path
+import pickle
 import re
 import shutil
 import threading
@@ -23,6 +24,7 @@ from vidjax.data import (
   batches as batches_lib,
   ek100,
   loader as loader_lib,
+  order as order_lib,
   pipeline,
   synthetic,
   synthetic_annotations,
@@ -290,6 +292,27 @@ def test_too_small_dev_shm_stops_at_start_up_saying_what_to_change(
     r"data.worker_buffer.*data.workers.*--shm-size",
   ):
     pipeline.make_pipeline(config, mesh, train=True, batch_size=8)
+
+
+def test_training_order_takes_every_record_once_an_epoch_in_a_new_order():
+  """`EpochShuffle`: each epoch a permutation of its own (the same for
+  the same seed, also in another process: pickled to a worker), read at
+  any position and by slices as Grain reads it."""
+  order = order_lib.EpochShuffle(grain.MapDataset.range(12), seed=3)
+  order = order.repeat(3)
+  epochs = [[order[12 * e + i] for i in range(12)] for e in range(3)]
+  assert all(sorted(epoch) == list(range(12)) for epoch in epochs)
+  assert len({tuple(epoch) for epoch in epochs}) == 3
+  assert epochs[0] != list(range(12))
+  again = pickle.loads(
+    pickle.dumps(order_lib.EpochShuffle(grain.MapDataset.range(12), seed=3))
+  )
+  assert [again[i] for i in reversed(range(24))] == [
+    x for epoch in epochs[:2] for x in epoch
+  ][::-1]
+  other = order_lib.EpochShuffle(grain.MapDataset.range(12), seed=4)
+  assert [other[i] for i in range(12)] != epochs[0]
+  assert list(order[1::12].to_iter_dataset())[:3] == [e[1] for e in epochs]
 
 
 def test_restored_iterator_reproduces_following_batches(corpus, mesh):

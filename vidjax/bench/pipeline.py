@@ -23,7 +23,9 @@ process and its workers, so load from other processes counts little):
 - the sparse chunk profile against the defaults: decoded frames per
   delivered frame, 4-frame clips per CPU-second, MB per minute of video;
 - the cores needed to feed 900 and 1,800 AVION clips/s and VideoMAE at
-  ~1,860 clips/s (an H200's rate, masked 90 %), from the measured rates.
+  ~1,860 clips/s (an H200's rate, masked 90 %), from the measured rates;
+- the training order's cost per clip, Grain's `MapDataset.shuffle` against
+  `order.EpochShuffle`, from 12 records to 1M.
 
 `--workers 0,1,2` adds the older table: clips/s by number of workers and
 threads, cores busy, and with `--consumer-clips-per-s R` the share of a
@@ -41,6 +43,7 @@ import statistics
 import tempfile
 import time
 
+import grain
 import jax
 import ml_collections
 import numpy as np
@@ -56,16 +59,14 @@ from vidjax.data import (
   annotations,
   chunk,
   loader,
+  order,
   pipeline,
   video,
   workers as workers_lib,
 )
 
 # Records in the benchmarks' lists: a real data set's count (K400 has
-# 240k, Ego4D's clips 4M). Grain's shuffle of a few hundred records costs
-# ~0.2 ms an element (its `index_shuffle` slows down on small ranges),
-# ~5-8 us from about 10k records on: a short list would charge the
-# pipeline a cost no real run pays.
+# 240k, Ego4D's clips 4M).
 NUM_RECORDS = 20_000
 
 
@@ -322,6 +323,27 @@ def worker_start(config, lean: bool) -> dict:
   return out
 
 
+def shuffle_costs(sizes=(12, 100, 10_000, 1_000_000), lookups=2_000) -> None:
+  """Prints microseconds a clip of the training order, Grain's shuffle
+  against `order.EpochShuffle` (whose first epoch's permutation is
+  counted), over the first `lookups` positions of one epoch."""
+  print(f"training order, us a clip (the first {lookups} of an epoch)")
+  print(f"{'records':>9} {'Grain shuffle':>14} {'EpochShuffle':>13}")
+  for size in sizes:
+    records = grain.MapDataset.range(size)
+    row = []
+    for ds in (
+      records.shuffle(seed=0),
+      order.EpochShuffle(records, seed=0),
+    ):
+      n = min(size, lookups)
+      start = time.perf_counter()
+      for i in range(n):
+        ds[i]
+      row.append((time.perf_counter() - start) / n * 1e6)
+    print(f"{size:9d} {row[0]:14.1f} {row[1]:13.1f}")
+
+
 def cores(rate_per_cpu_s: float, target: float) -> float:
   """Cores busy feeding `target` clips (or views) per second."""
   return target / rate_per_cpu_s
@@ -519,6 +541,7 @@ def main(argv=None):
     f"real footage: {source} ({args.seconds:g} s), {psutil.cpu_count()} CPUs"
   )
   report(stores, work, source.stem, args.clips, args.rounds)
+  shuffle_costs()
   if args.workers:
     scaling_table(stores["default"], source.stem, work, args)
 

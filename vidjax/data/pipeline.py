@@ -93,6 +93,7 @@ from vidjax.data import (
   annotation_files,
   batches,
   loader,
+  order,
   prefetch,
   reads,
   video,
@@ -188,7 +189,9 @@ def train_elements(
   """The training stream's clips, element by element (before the slice per
   process and the groups): the records shuffled each epoch, each element
   loaded with its own generator (seed and element index)."""
-  ds = grain.MapDataset.range(len(clip_loader.records)).shuffle(seed=seed)
+  ds = order.EpochShuffle(
+    grain.MapDataset.range(len(clip_loader.records)), seed=seed
+  )
   return ds.repeat(num_epochs).random_map(clip_loader.train_element, seed=seed)
 
 
