@@ -569,16 +569,20 @@ def test_a_workdir_deleted_during_a_save_is_said_so(tmp_path):
 
 
 def test_any_failure_of_a_save_whose_workdir_is_gone_is_said_so(tmp_path):
-  """Which error the deletion raises depends on when it hits the save (Orbax
-  reading back its metadata raises a ValueError); with the checkpoints'
-  directory gone it is the same WriteError; with it there, a bug's own."""
+  """Which error the deletion raises depends on when it hits the save:
+  Orbax reading back its array metadata raises a ValueError, also once its
+  writes have made the directories again; with the checkpoints' directory
+  gone any error is the same WriteError; else a bug's own."""
   ckpts = tmp_path / "run" / "checkpoints"
+  gone = ValueError("No ArrayMetadata found for process_index=0 in ...")
   with checkpoint.Checkpointer(ckpts, every_steps=1, keep=3) as ckpt:
     with pytest.raises(ValueError, match="a bug"):
       ckpt._report_failure(1, ValueError("a bug"))  # pylint: disable=protected-access
+    with pytest.raises(errors.WriteError, match="were deleted while"):
+      ckpt._report_failure(1, gone)  # pylint: disable=protected-access
     shutil.rmtree(tmp_path / "run")
     with pytest.raises(errors.WriteError, match="were deleted while"):
-      ckpt._report_failure(1, ValueError("No ArrayMetadata found"))  # pylint: disable=protected-access
+      ckpt._report_failure(1, ValueError("a bug"))  # pylint: disable=protected-access
 
 
 _ORPHANED_WRITES = """

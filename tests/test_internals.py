@@ -178,6 +178,25 @@ def test_tensorstore_says_not_found_for_files_gone(tmp_path):
   assert not internals.is_not_found(ValueError("INVALID_ARGUMENT: no"))
 
 
+def test_orbax_says_its_array_metadata_is_gone_so():
+  """The message of Orbax's ValueError when a save's array metadata has
+  gone before the save finished (a race, not made here: read in the
+  installed Orbax's source)."""
+  import inspect
+
+  from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler
+
+  source = inspect.getsource(base_pytree_checkpoint_handler)
+  assert "f'No ArrayMetadata found for process_index={process_index}" in source
+  error = ValueError(
+    "No ArrayMetadata found for process_index=0 in the checkpoint "
+    "directory: /run/checkpoints/1.orbax-checkpoint-tmp/state. But input "
+    "PyTree contains at least one jax.Array param_info: ..."
+  )
+  assert internals.is_orbax_metadata_gone(error)
+  assert not internals.is_orbax_metadata_gone(ValueError("No space left"))
+
+
 def test_xla_out_of_memory_is_recognised():
   # XLA's status code for an allocation that does not fit (not made here:
   # a CPU does not run out).

@@ -351,10 +351,12 @@ class Checkpointer:
       )
     cause = failed_saves.cause(error)
     # Files gone under the save: TensorStore says NOT_FOUND, or Orbax fails
-    # on the metadata it can no longer read back (its own ValueError).
+    # on the metadata it can no longer read back (its own ValueError; its
+    # writes may have made the directories again by then).
     deleted = (
       cause == os.strerror(errno.ENOENT)
       or internals.is_not_found(error)
+      or internals.is_orbax_metadata_gone(error)
       or not self.directory.is_dir()
     )
     if cause is None and not deleted:

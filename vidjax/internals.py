@@ -283,6 +283,17 @@ def is_not_found(error: BaseException) -> bool:
   return str(error).startswith("NOT_FOUND:")
 
 
+# Orbax's error when the array metadata its save wrote is gone as it reads
+# it back to finish the save (`base_pytree_checkpoint_handler`).
+_ORBAX_NO_ARRAY_METADATA = "No ArrayMetadata found for process_index="
+
+
+def is_orbax_metadata_gone(error: BaseException) -> bool:
+  """Whether Orbax's `error` says the array metadata its save wrote has
+  gone before the save finished (the directory of the save deleted)."""
+  return str(error).startswith(_ORBAX_NO_ARRAY_METADATA)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
   """Whether XLA's `error` says the device ran out of memory."""
   text = str(error)
