@@ -1,7 +1,8 @@
 """vidjax.embed and vidjax.search on a user's own videos, with the demo's
-trained weights (its :debug trained `TRAINED_STEPS` steps): its two held-out videos and eight new ones like them (two
-captioned 2 s moments each, every caption it trained on among them), plus a
-file that is not a video."""
+trained weights (its :debug trained `TRAINED_STEPS` steps): its two
+held-out videos and eight new ones like them (two captioned 2 s moments
+each, every caption it trained on among them), plus a file that is not a
+video."""
 
 import csv
 import json
