@@ -331,12 +331,12 @@ def shuffle_costs(sizes=(12, 100, 10_000, 1_000_000), lookups=2_000) -> None:
   print(f"{'records':>9} {'Grain shuffle':>14} {'EpochShuffle':>13}")
   for size in sizes:
     records = grain.MapDataset.range(size)
+    n = min(size, lookups)
     row = []
     for ds in (
       records.shuffle(seed=0),
       order.EpochShuffle(records, seed=0),
     ):
-      n = min(size, lookups)
       start = time.perf_counter()
       for i in range(n):
         ds[i]
