@@ -116,6 +116,27 @@ def test_console_shows_vidjax_info_and_other_libraries_warnings():
   )
 
 
+def test_a_library_that_logged_before_the_set_up_is_not_printed_twice():
+  # absl's first log with no handler set up calls logging.basicConfig(),
+  # whose handler would print each later line again (Orbax logs at import).
+  code = (
+    "from absl import logging\n"
+    "from vidjax import console\n"
+    "logging.warning('before')\n"
+    "console.setup_console()\n"
+    "logging.warning('after')\n"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=True,
+  ).stderr.splitlines()
+  assert out[0] == "WARNING:absl:before"
+  assert len(out) == 2 and out[1].endswith(" warning: after"), out
+
+
 def test_console_that_went_away_is_harmless(tmp_path):
   # A child whose stdout and stderr are a pipe nobody reads any more: every
   # write fails with EPIPE, yet it logs, prints, draws a bar and exits 0.

@@ -176,13 +176,25 @@ class _LogFile(logging.Handler):
 _log_file: _LogFile | None = None
 
 
+def _made_by_basic_config(handler: logging.Handler) -> bool:
+  """Whether `handler` is the one `logging.basicConfig()` adds to the root
+  logger (absl calls it when a library logs before any set-up: Orbax does
+  at import), which would print every line again as `WARNING:absl:...`."""
+  return (
+    type(handler) is logging.StreamHandler  # pylint: disable=unidiomatic-typecheck
+    and handler.formatter is not None
+    and handler.formatter._fmt == logging.BASIC_FORMAT  # pylint: disable=protected-access
+  )
+
+
 def setup_console(verbose: bool = False) -> None:
   """Console through the progress bar, a log file to come, safe std streams.
 
   Changes the whole process, once (the command line calls it; library use
   and notebooks do not): `sys.stdout` and `sys.stderr` are wrapped in
   streams that survive a closed reader, the root logger's handlers are
-  swapped (absl's removed; the console's and the log file's added), and
+  swapped (absl's and `logging.basicConfig`'s removed; the console's and
+  the log file's added), and
   `warnings.warn` is routed through logging.
 
   Args:
@@ -194,6 +206,9 @@ def setup_console(verbose: bool = False) -> None:
       setattr(sys, name, _SafeStream(getattr(sys, name)))
   root = logging.getLogger()
   root.removeHandler(absl_logging.get_absl_handler())
+  for handler in list(root.handlers):  # absl's first log, unset up, made one.
+    if _made_by_basic_config(handler):
+      root.removeHandler(handler)
   console, _log_file = _ConsoleHandler(sys.stderr), _LogFile()
   for handler in (console, _log_file):
     if not verbose:

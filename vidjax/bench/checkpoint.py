@@ -40,6 +40,7 @@ from vidjax import (
   checkpoint_reader,
   checksums,
   config as config_lib,
+  console,
   sharding,
   steps as steps_lib,
   tasks,
@@ -74,6 +75,8 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--smoke", action="store_true", help=bench.SMOKE_HELP)
   args = parser.parse_args(argv)
+  # Orbax's notes on every read-only open (a restore) kept off the figures.
+  console.setup_console()  # Process-wide: not for library use.
   if args.smoke:
     args.config, args.rounds = "configs/demo.py:debug", 1
   config = config_lib.load_config(args.config, [])
