@@ -5,6 +5,7 @@ each, every caption it trained on among them), plus a file that is not a
 video."""
 
 import csv
+import io
 import json
 import math
 import os
@@ -327,6 +328,21 @@ def test_search_command_json_labels_and_page_in_chromium(
   text = page.read_text()
   assert query in text and "own0" in text and "src='http" not in text
   _check_thumbnails_render(page, tmp_path, count=6)
+
+
+def test_a_thumbnail_is_a_jpeg_of_the_frame():
+  # Made by PyAV's encoder (no image library installed with vidjax).
+  import av
+
+  rows, cols = np.mgrid[0:144, 0:256]
+  image = np.stack([rows, cols, rows + cols], -1).astype(np.uint8)
+  image[40:80, 50:120] = (255, 0, 0)
+  data = search._jpeg(image)  # pylint: disable=protected-access
+  assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9"  # SOI, EOI
+  with av.open(io.BytesIO(data), format="mjpeg") as f:
+    decoded = next(f.decode(video=0)).to_ndarray(format="rgb24")
+  assert decoded.shape == image.shape
+  assert np.abs(decoded.astype(int) - image).mean() < 3
 
 
 # A script added to a copy of the page: each image drawn on a canvas, its

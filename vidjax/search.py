@@ -34,8 +34,8 @@ import base64
 import collections
 import csv
 import dataclasses
+import fractions
 import html
-import io
 import json
 import os
 from pathlib import Path
@@ -161,10 +161,7 @@ class Index:
 
   def thumbnail(self, hit: Hit, height: int = THUMB_HEIGHT) -> bytes:
     """JPEG bytes of the middle frame of a hit's window."""
-    # pylint: disable=import-outside-toplevel
-    from PIL import Image
-
-    from vidjax.data import video
+    from vidjax.data import video  # pylint: disable=import-outside-toplevel
 
     store = self.info["store"]
     info = video.video_info(store, hit.video)
@@ -172,9 +169,22 @@ class Index:
     frame = min(int((hit.start + hit.end) / 2 * fps), info.num_frames - 1)
     width = max(2, round(info.width * height / info.height / 2) * 2)
     image = video.read_clip(store, hit.video, [frame], size=(height, width))[0]
-    out = io.BytesIO()
-    Image.fromarray(image).save(out, format="JPEG", quality=85)
-    return out.getvalue()
+    return _jpeg(image)
+
+
+def _jpeg(image: np.ndarray) -> bytes:
+  """A JPEG of `image` (uint8[H, W, 3] RGB, even H and W), by the MJPEG
+  encoder of PyAV's own FFmpeg: no image library needed."""
+  import av  # pylint: disable=import-outside-toplevel
+
+  encoder = av.CodecContext.create("mjpeg", "w")
+  encoder.width, encoder.height = image.shape[1], image.shape[0]
+  encoder.pix_fmt = "yuvj420p"  # Full-range YUV 4:2:0, as JPEG files are.
+  encoder.time_base = fractions.Fraction(1, 1)
+  encoder.options = {"qmin": "2", "qmax": "2"}  # Its finest quantiser.
+  frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+  packets = encoder.encode(frame.reformat(format="yuvj420p"))
+  return b"".join(bytes(p) for p in packets + encoder.encode(None))
 
 
 # ---------------------------------------------------------------------------
