@@ -194,8 +194,7 @@ def setup_console(verbose: bool = False) -> None:
   and notebooks do not): `sys.stdout` and `sys.stderr` are wrapped in
   streams that survive a closed reader, the root logger's handlers are
   swapped (absl's and `logging.basicConfig`'s removed; the console's and
-  the log file's added), and
-  `warnings.warn` is routed through logging.
+  the log file's added), and `warnings.warn` is routed through logging.
 
   Args:
     verbose: keep every library's INFO lines (`--verbosity` given).
@@ -206,7 +205,7 @@ def setup_console(verbose: bool = False) -> None:
       setattr(sys, name, _SafeStream(getattr(sys, name)))
   root = logging.getLogger()
   root.removeHandler(absl_logging.get_absl_handler())
-  for handler in list(root.handlers):  # absl's first log, unset up, made one.
+  for handler in list(root.handlers):  # Made by absl's first log, if any.
     if _made_by_basic_config(handler):
       root.removeHandler(handler)
   console, _log_file = _ConsoleHandler(sys.stderr), _LogFile()
