@@ -56,7 +56,7 @@ def _imported(package: Path = PACKAGE) -> dict[str, set[str]]:
       for name in names:
         top = name.split(".")[0]
         if top not in sys.stdlib_module_names and top != "vidjax":
-          found.setdefault(top, set()).add(path.name)
+          found.setdefault(top, set()).add(str(path.relative_to(package)))
   return found
 
 
