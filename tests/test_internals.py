@@ -165,6 +165,18 @@ def test_orbax_warns_of_read_only_directories(tmp_path):
   assert warnings and all(map(internals.is_orbax_read_only_warning, warnings))
 
 
+def test_the_handler_of_logging_basic_config_is_recognised(monkeypatch):
+  root = logging.getLogger()
+  monkeypatch.setattr(root, "handlers", [])
+  logging.basicConfig()
+  (made,) = root.handlers
+  assert internals.is_basic_config_handler(made)
+  assert not internals.is_basic_config_handler(logging.StreamHandler())
+  own = logging.StreamHandler()
+  own.setFormatter(logging.Formatter("%(message)s"))
+  assert not internals.is_basic_config_handler(own)
+
+
 def test_tensorstore_says_not_found_for_files_gone(tmp_path):
   import tensorstore as ts
 

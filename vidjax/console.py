@@ -176,17 +176,6 @@ class _LogFile(logging.Handler):
 _log_file: _LogFile | None = None
 
 
-def _made_by_basic_config(handler: logging.Handler) -> bool:
-  """Whether `handler` is the one `logging.basicConfig()` adds to the root
-  logger (absl calls it when a library logs before any set-up: Orbax does
-  at import), which would print every line again as `WARNING:absl:...`."""
-  return (
-    type(handler) is logging.StreamHandler  # pylint: disable=unidiomatic-typecheck
-    and handler.formatter is not None
-    and handler.formatter._fmt == logging.BASIC_FORMAT  # pylint: disable=protected-access
-  )
-
-
 def setup_console(verbose: bool = False) -> None:
   """Console through the progress bar, a log file to come, safe std streams.
 
@@ -206,7 +195,7 @@ def setup_console(verbose: bool = False) -> None:
   root = logging.getLogger()
   root.removeHandler(absl_logging.get_absl_handler())
   for handler in list(root.handlers):  # Made by absl's first log, if any.
-    if _made_by_basic_config(handler):
+    if internals.is_basic_config_handler(handler):
       root.removeHandler(handler)
   console, _log_file = _ConsoleHandler(sys.stderr), _LogFile()
   for handler in (console, _log_file):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import re
 import sys
 import threading
@@ -190,6 +191,21 @@ def array_metadata_store(handler):
   None), to give an `ArrayHandler` of our own the same one: Orbax takes
   it as a constructor argument but only keeps it privately."""
   return getattr(handler, "_array_metadata_store", None)
+
+
+# -------------------------------------------------------------- logging
+
+
+def is_basic_config_handler(handler) -> bool:
+  """Whether `handler` is the one `logging.basicConfig()` adds to the root
+  logger: absl calls it when a library logs before any set-up (Orbax does
+  at import). Only its format tells it (a private attribute) from a
+  handler someone else added."""
+  return (
+    type(handler) is logging.StreamHandler  # pylint: disable=unidiomatic-typecheck
+    and handler.formatter is not None
+    and handler.formatter._fmt == logging.BASIC_FORMAT  # pylint: disable=protected-access
+  )
 
 
 # ------------------------------------------------- libraries' messages
