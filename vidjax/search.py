@@ -34,7 +34,6 @@ import base64
 import collections
 import csv
 import dataclasses
-import fractions
 import html
 import json
 import os
@@ -180,7 +179,6 @@ def _jpeg(image: np.ndarray) -> bytes:
   encoder = av.CodecContext.create("mjpeg", "w")
   encoder.width, encoder.height = image.shape[1], image.shape[0]
   encoder.pix_fmt = "yuvj420p"  # Full-range YUV 4:2:0, as JPEG files are.
-  encoder.time_base = fractions.Fraction(1, 1)
   encoder.options = {"qmin": "2", "qmax": "2"}  # Its finest quantiser.
   frame = av.VideoFrame.from_ndarray(image, format="rgb24")
   packets = encoder.encode(frame.reformat(format="yuvj420p"))
