@@ -10,7 +10,7 @@ the clips found at start-up, cosine to 1e-5 (LaViLa warms up for 1 epoch:
 `--config.optim.warmup_steps=` the epoch's steps, which start-up logs). Evaluation every epoch (`--eval-freq 1`) on the
 untrimmed test videos (CharadesEgo_v1_test_only1st.csv), 16 frames sparse
 over each whole video, one centre crop, as a zero-shot classifier of the
-157 class names (`vidjax.zeroshot`): `eval/charades_ego/mAP` (videos
+157 class names (`vidjax.evaluation.zeroshot`): `eval/charades_ego/mAP` (videos
 without a label do not count), the best checkpoint by it.
 
 Files, as Charades-Ego ships them: the videos `CharadesEgo_v1_480/<id>.mp4`
@@ -52,7 +52,7 @@ tiny, 2 steps on the synthetic corpus's Charades-Ego files (CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ pretraining instead: the same model on LaViLa's rephrased and narrator-
 generated narrations (see below).
 
 Optional zero-shot sets, every epoch (skipped while their files are unset;
-`vidjax.scoreboard`): EgoMCQ (`eval/egomcq/inter_video`, `.../intra_video`,
+`vidjax.evaluation.scoreboard`): EgoMCQ (`eval/egomcq/inter_video`, `.../intra_video`,
 `--config.eval.sets.egomcq.data.eval_annotations=egomcq.json` on the Ego4D
 chunks), EGTEA (`eval/egtea/mean_class_acc`, test_split1.txt on the
 chunked cropped_clips), Charades-Ego (`eval/charades_ego/mAP`,
@@ -98,7 +98,7 @@ does the loss, InfoNCE over all 2048 pairs (each clip still sees 2047
 negatives), its gradients those of the unsplit batch, at the cost of one
 more forward pass (4/3 the FLOPs; GradCache, see `vidjax.steps`). One H200
 takes the whole recipe that way: `--config.accum_steps=4`, 512 clips at a
-time, about 88 GiB by the estimate (`python -m vidjax.bench.memory
+time, about 88 GiB by the estimate (`python -m benchmarks.memory
 --batch-per-device 2048 --accum-steps 4`), and the cached embeddings 8 MiB.
 
 The run evaluates zero-shot EK-100 MIR every `eval.every_steps`
@@ -148,7 +148,7 @@ about half AVION's compute). The last 1% of the steps train on every token
 (`unmask_lr=6e-7`) after a warmup of a tenth of them
 (`unmask_warmup_steps`), in 2 microbatches of the same 4096 (GradCache:
 the loss stays the whole batch's; `unmask_accum_steps=2`). The batch it is
-meant for, by the memory estimate (`python -m vidjax.bench.memory`; the
+meant for, by the memory estimate (`python -m benchmarks.memory`; the
 check at start-up sizes the masked step and the tuning's apart):
   8 x 24 GiB (AVION's A5000s), 512 clips per GPU: `--config.model.remat=
     save_attention`, masked 16.5 GiB, the tuning's 256-clip microbatches
@@ -182,7 +182,7 @@ clips per second (README, "Masked training").
   better MSR-VTT, DiDeMo and ActivityNet retrieval.
   Not measured here yet: zero-shot EK-100 MIR after Ego4D pretraining with
   masking (against the 27.4-28.4 mAP above), and the GPU speed-up per step
-  (`python -m vidjax.bench.masking` prints the FLOPs and a CPU step-time
+  (`python -m benchmarks.masking` prints the FLOPs and a CPU step-time
   ratio).
 
 Hyper-parameters: AVION docs/MODEL_ZOO.md (launch commands) and
@@ -194,7 +194,7 @@ every evaluation set, tiny, for 2 steps on the synthetic corpus (CPU, tests);
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -222,7 +222,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     drop_path=0.0,  # --drop-path-rate 0
     learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
     # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
-    # `python -m vidjax.bench.memory --config configs/clip_vitb16_ego4d.py`):
+    # `python -m benchmarks.memory --config configs/clip_vitb16_ego4d.py`):
     # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
     # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
     # which recomputes only elementwise work, fits 80 GB GPUs; "none"

@@ -23,7 +23,7 @@ videos (`configs/own_videos.py` is made for that; see the README).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

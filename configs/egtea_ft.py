@@ -52,7 +52,7 @@ evaluation, tiny, 2 steps on the synthetic corpus's EGTEA files (CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 EGTEA_ACTIONS = 106
 

@@ -73,7 +73,7 @@ tiny, 2 steps on the synthetic corpus (CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 EK100_ACTIONS = 3_806  # verb:noun pairs in EPIC_100_{train,validation}.csv.
 
@@ -101,7 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     head_dropout=0.5,  # --dropout-rate 0.5
     head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
     # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-    # `python -m vidjax.bench.memory --config configs/ek100_cls_ft.py`):
+    # `python -m benchmarks.memory --config configs/ek100_cls_ft.py`):
     # none 134 GiB, save_dots_and_attention 41, save_attention 14, full 10
     # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
     # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention

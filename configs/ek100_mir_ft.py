@@ -94,7 +94,7 @@ corpus (CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -121,7 +121,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     drop_path=0.0,  # --drop-path-rate 0
     learn_logit_scale=False,  # freeze_temperature=True
     # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-    # `python -m vidjax.bench.memory --config configs/ek100_mir_ft.py`):
+    # `python -m benchmarks.memory --config configs/ek100_mir_ft.py`):
     # none 127 GiB, save_dots_and_attention 43, save_attention 15, full 11
     # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
     # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention

@@ -54,7 +54,7 @@ tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -75,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # The VideoMAE ViT-B/16 (tubelets of 2), mean pool + fc_norm, no
   # --grad-checkpointing in AVION's command. GPU memory at 32 clips per GPU
-  # (upper bounds, `python -m vidjax.bench.memory --config
+  # (upper bounds, `python -m benchmarks.memory --config
   # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
   # save_attention 4: on 24 GB cards use "save_dots_and_attention".
   c.model.update(

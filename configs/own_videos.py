@@ -35,7 +35,7 @@ data (the start-up summary prints the steps per epoch), or `total_epochs`.
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -31,7 +31,7 @@ batch of 256, so its learning rate and schedule apply unchanged):
 One GPU (an H200 with 16 cores): add `--config.data.repeats=4`, 4 views of
 each decoded clip (MAE-ST's repeated sampling, its `repeat_aug` 4). The GPU
 trains about 1,860 masked 16x4 clips a second, but a core decodes about 76
-(`python -m vidjax.bench.pipeline`, BENCHMARKS.md): ~25 cores would be
+(`python -m benchmarks.pipeline`, BENCHMARKS.md): ~25 cores would be
 needed, and 16 feed ~1,200. MAE-ST's reasoning holds here: with 90 % of the
 tubes masked, each view of a clip (its own crop, flip and mask) is a mostly
 new reconstruction task, while decoding is what a step costs the host; so
@@ -62,7 +62,7 @@ tiny, 2 steps on the synthetic corpus (JSONL, CPU).
 
 import ml_collections
 
-from vidjax import defaults, recipe
+from vidjax.config import defaults, recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -82,7 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ViT-B/16 on tubelets of 2, exact GELU; --mask-ratio 0.9,
   # --normalize-target, --drop-path-rate 0; a 384-wide 4-layer decoder.
   # No --grad-checkpointing in AVION's command: at 32 clips per GPU the
-  # step holds at most 10 GiB (`python -m vidjax.bench.memory --config
+  # step holds at most 10 GiB (`python -m benchmarks.memory --config
   # configs/videomae_vitb_k400_pretrain.py`), the encoder seeing 10% of
   # the tokens.
 

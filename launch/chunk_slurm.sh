@@ -28,7 +28,7 @@
 # per CPU (--workers = the task's CPUs, one thread each). A worker chunking
 # 1080p peaked at 0.11 GB resident; 1 GB per CPU leaves room for 4K sources.
 # With N machines of 16 cores, Ego4D (~3,670 h) takes about the hours
-# BENCHMARKS.md gives for N machines (python -m vidjax.bench.chunk). Edit the
+# BENCHMARKS.md gives for N machines (python -m benchmarks.chunk). Edit the
 # header for your cluster; options given to sbatch on the command line win.
 #SBATCH --job-name=vidjax-chunk
 #SBATCH --array=1-8

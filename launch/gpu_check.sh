@@ -161,4 +161,4 @@ elif [[ -n "${missing}" ]]; then
   exit 1
 fi
 
-exec "${python}" -m vidjax.bench.gpu_check "$@"
+exec "${python}" -m benchmarks.gpu_check "$@"

@@ -59,7 +59,7 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${HOME}/.cache/vi
 # Not set on purpose: JAX_PLATFORMS (JAX picks the GPU when one is there and
 # the CUDA wheels are installed: pip install -e ".[cuda12]"), and the number
 # of data workers, which is a config key (--config.data.workers=N,
-# --config.data.threads=N); measure them with python -m vidjax.bench.pipeline.
+# --config.data.threads=N); measure them with python -m benchmarks.pipeline.
 
 echo "vidjax: $(command -v "${PYTHON:-python}") -m vidjax.main --config ${config} --workdir ${workdir} $*" >&2
 echo "vidjax: XLA_FLAGS=${XLA_FLAGS}" >&2

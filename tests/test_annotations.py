@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from vidjax.data import annotations as ann, ek100
-from vidjax.data.annotations import ClipRecord
+from vidjax.data import annotations as ann
+from vidjax.data.annotations import ClipRecord, ek100
 
 EPIC_HEADER = (
   "narration_id,participant_id,video_id,narration_timestamp,start_timestamp,"

@@ -8,7 +8,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest
 
-from vidjax import augment, defaults
+from vidjax import augment
+from vidjax.config import defaults
 
 
 def _video(b=4, t=4, h=32, w=32, seed=0):

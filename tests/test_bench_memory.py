@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vidjax.bench import memory
+from benchmarks import memory
 
 
 def test_kept_memory_falls_as_the_policy_keeps_less(capsys):

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from vidjax import errors
-from vidjax.data import annotations, benchmark_files
+from vidjax.base import errors
+from vidjax.data import annotations
+from vidjax.data.annotations import benchmark_files
 
 # EGTEA Gaze+ as released: split lines `clip_name action verb noun`
 # (1-based), action_idx.txt `Action_Name idx`.

@@ -1,4 +1,4 @@
-"""Tests for vidjax.checkpoint: Orbax round trips, keep-last-K, resume order."""
+"""Tests for vidjax.checkpoints.checkpoint: Orbax round trips, keep-last-K, resume order."""
 
 import json
 import os
@@ -17,15 +17,9 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from vidjax import (
-  checkpoint,
-  checkpoint_reader,
-  checksums,
-  errors,
-  resume,
-  rundir,
-  sharding,
-)
+from vidjax import sharding
+from vidjax.base import errors, rundir
+from vidjax.checkpoints import checkpoint, checkpoint_reader, checksums, resume
 
 
 def _state(mesh, scale=1.0):
@@ -587,7 +581,8 @@ def test_any_failure_of_a_save_whose_workdir_is_gone_is_said_so(tmp_path):
 
 _ORPHANED_WRITES = """
 import asyncio, gc
-from vidjax import console, failed_saves
+from vidjax.checkpoints import failed_saves
+from vidjax.report import console
 console.setup_console()
 failed_saves.install_quiet()
 loop = asyncio.new_event_loop()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import video_fixtures as vf
-from vidjax import errors
+from vidjax.base import errors
 from vidjax.data import chunk, video
 from vidjax.data.chunk import cli, store
 

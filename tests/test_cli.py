@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from video_fixtures import write_video
-from vidjax import errors, plot, rundir
+from vidjax.base import errors, rundir
 from vidjax.data import synthetic
+from vidjax.report import plot
 
 # The module's fixtures (a chunked corpus, ten refused runs, one training)
 # are made once: its tests stay in one test process.
@@ -659,7 +660,8 @@ def test_readme_installs_little_for_the_demo_and_dev_for_the_tests():
 def test_own_videos_variants_build(variant):
   from flax import nnx
 
-  from vidjax import config as config_lib, defaults, models
+  from vidjax import config as config_lib, models
+  from vidjax.config import defaults
 
   config = config_lib.load_config(
     str(REPO / f"configs/own_videos.py:{variant}")

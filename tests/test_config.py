@@ -1,4 +1,4 @@
-"""Tests for vidjax.config and vidjax.recipe with a small recipe written in
+"""Tests for vidjax.config and vidjax.config.recipe with a small recipe written in
 tmp_path."""
 
 import json
@@ -8,10 +8,12 @@ import textwrap
 import ml_collections
 import pytest
 
-from vidjax import config as vconfig, defaults, errors, recipe, rundir
+from vidjax import config as vconfig
+from vidjax.base import errors, rundir
+from vidjax.config import defaults, recipe
 
 CONFIG_PY = textwrap.dedent("""
-    from vidjax import defaults, recipe
+    from vidjax.config import defaults, recipe
 
     def get_config(arg=None):
       variants = recipe.variants(arg, ("debug", "small"))
@@ -278,7 +280,7 @@ def test_validate_names_the_keys_a_config_lacks():
     r"model.num_classes, eval.sets.other.data.eval_annotations, "
     r"eval.sets.other.data.format, eval.sets.other.relevancy, "
     r"eval.sets.other.sentences; build the config on "
-    r"vidjax.defaults.base_config\('classification'\)",
+    r"vidjax.config.defaults.base_config\('classification'\)",
   ):
     vconfig.validate(config, num_devices=1)
 

@@ -13,15 +13,15 @@ import pytest
 import debug_runs
 from vidjax import (
   augment,
-  checkpoint_reader,
   config as config_lib,
   models,
-  monitor,
   optim,
   steps as steps_lib,
   tasks,
 )
+from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import annotations, synthetic
+from vidjax.report import monitor
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
 # tests that share them in one process when tests run in parallel.

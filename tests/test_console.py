@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from vidjax import console, internals, rundir
+from vidjax.base import internals, rundir
+from vidjax.report import console
 
 
 def test_eval_table_short_and_ordered():
@@ -64,7 +65,7 @@ def test_data_bound_warning_names_the_knobs():
     "--config.data.threads, now 2",
     "fewer frames (--config.data.num_frames, now 16)",
     "--short-side",
-    "vidjax.bench.pipeline",
+    "benchmarks.pipeline",
   ):
     assert knob in text
   # At 4 frames (AVION's fewest) it does not suggest fewer.
@@ -121,7 +122,7 @@ def test_a_library_that_logged_before_the_set_up_is_not_printed_twice():
   # whose handler would print each later line again (Orbax logs at import).
   code = (
     "from absl import logging\n"
-    "from vidjax import console\n"
+    "from vidjax.report import console\n"
     "logging.warning('before')\n"
     "console.setup_console()\n"
     "logging.warning('after')\n"
@@ -142,7 +143,7 @@ def test_console_that_went_away_is_harmless(tmp_path):
   # write fails with EPIPE, yet it logs, prints, draws a bar and exits 0.
   code = (
     "import logging, sys, tqdm\n"
-    "from vidjax import console\n"
+    "from vidjax.report import console\n"
     "console.setup_console()\n"
     "for i in tqdm.tqdm(range(3), file=sys.stderr, mininterval=0):\n"
     "  logging.getLogger('x').warning('line %d', i)\n"
@@ -220,7 +221,7 @@ def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
 def test_ctrl_c_twice_leaves_its_error_as_the_last_line(capsys, monkeypatch):
   # The error goes through tqdm.write, which draws an open bar again under
   # it; `train` closes the bar first (an abort hook).
-  from vidjax import stopping  # pylint: disable=import-outside-toplevel
+  from vidjax.base import stopping  # pylint: disable=import-outside-toplevel
 
   def exit_now(code):
     raise SystemExit(code)

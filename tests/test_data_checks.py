@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from video_fixtures import write_video
-from vidjax import defaults, errors
+from vidjax.base import errors
+from vidjax.config import defaults
 from vidjax.data import checks, loader, synthetic, tokenizer
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.

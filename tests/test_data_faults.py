@@ -20,7 +20,9 @@ import pytest
 
 import debug_runs
 from test_train import losses
-from vidjax import checkpoint_reader, errors, train
+from vidjax import train
+from vidjax.base import errors
+from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import pipeline, workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,9 +203,10 @@ def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
 _TRAINER = """
 import sys, time
 from vidjax import config as config_lib, sharding
-from vidjax.data import pipeline, synthetic_annotations
+from vidjax.data import pipeline
+from vidjax.data.synthetic import layouts
 config = config_lib.load_config(sys.argv[1] + ":debug", ["--config.data.workers=1"])
-synthetic_annotations.use_corpus(config, sys.argv[2])
+layouts.use_corpus(config, sys.argv[2])
 batches = pipeline.make_pipeline(config, sharding.make_mesh(), train=True,
                                  batch_size=8)
 next(batches)

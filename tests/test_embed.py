@@ -1,4 +1,4 @@
-"""vidjax.embed and vidjax.search on a user's own videos, with the demo's
+"""vidjax.search.embed and vidjax.search on a user's own videos, with the demo's
 trained weights (its :debug trained `TRAINED_STEPS` steps): its two
 held-out videos and eight new ones like them (two captioned 2 s moments
 each, every caption it trained on among them), plus a file that is not a
@@ -21,8 +21,10 @@ import pytest
 
 import debug_runs
 from video_fixtures import write_video
-from vidjax import embed, errors, rundir, search, train
+from vidjax import search, train
+from vidjax.base import errors, rundir
 from vidjax.data import synthetic
+from vidjax.search import embed
 
 pytestmark = pytest.mark.xdist_group("demo_reference")  # Its corpus and step.
 REPO = Path(__file__).resolve().parents[1]

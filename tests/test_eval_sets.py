@@ -11,18 +11,13 @@ import pytest
 
 import debug_runs
 from test_metrics import _ndcg_loop, _official_ap_loop
-from vidjax import (
-  config as config_lib,
-  errors,
-  eval_sets,
-  metrics as metrics_lib,
-  monitor,
-  startup,
-  train,
-)
-from vidjax.data import ek100
-from vidjax.data.records import ClipRecord
-from vidjax.tasks import classification, contrastive
+from vidjax import config as config_lib, startup, train
+from vidjax.base import errors
+from vidjax.data.annotations import ek100
+from vidjax.data.annotations.records import ClipRecord
+from vidjax.evaluation import eval_sets
+from vidjax.report import monitor
+from vidjax.tasks import classification, contrastive, metrics as metrics_lib
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
 # tests that share them in one process when tests run in parallel.

@@ -20,8 +20,8 @@ import types
 import jax
 import pytest
 
+from benchmarks import cuda_trace, gpu_check, gpu_measure
 from vidjax import config as config_lib
-from vidjax.bench import cuda_trace, gpu_check, gpu_measure
 from vidjax.models import attention
 
 # The dry run (a module fixture) is made once: the tests stay in one process.
@@ -451,7 +451,7 @@ def test_the_scripts_help_lists_both_forms():
 # the test kills it there. The plan's memory estimates are left out (slow).
 HANGING_CHILD = """
 import sys, time
-from vidjax.bench import gpu_check, gpu_measure
+from benchmarks import gpu_check, gpu_measure
 gpu_measure.ATTENTION_CASES = {
   "clip_text": ("clip_vitb16_ego4d", "text"),
   "clip_vision": ("clip_vitb16_ego4d", "vision"),

@@ -4,9 +4,9 @@ the whole global batch under `accum_steps` > 1 (GradCache, `vidjax.steps`)."""
 import jax
 import numpy as np
 
+from benchmarks import random_batches
 from debug_runs import load
 from vidjax import sharding, steps as steps_lib, tasks
-from vidjax.bench import random_batches
 
 
 def test_accumulated_gradients_of_a_batch_loss_equal_the_whole_batchs():

@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import checkpoint_reader, monitor, rundir, train
-from vidjax.models.tensor_io import interpolate_temporal
+from vidjax import train
+from vidjax.base import rundir
+from vidjax.checkpoints import checkpoint_reader
+from vidjax.report import monitor
+from vidjax.weights.tensor_io import interpolate_temporal
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
 # tests that share them in one process when tests run in parallel.

@@ -17,8 +17,11 @@ from test_models_weights import (
   random_clip_state_dict,
   random_videomae_state_dict,
 )
-from vidjax import checkpoint, keypaths, resume, rundir, sharding
-from vidjax.models import CLIP, Classifier, init_from, spec, weights
+from vidjax import sharding
+from vidjax.base import keypaths, rundir
+from vidjax.checkpoints import checkpoint, resume
+from vidjax.models import CLIP, Classifier, spec
+from vidjax.weights import conversion, init_from
 
 
 def shapes(make):
@@ -55,7 +58,7 @@ def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
   sd["visual.temporal_embedding"] = np.arange(2 * 64, dtype=np.float32).reshape(
     2, 64
   )  # 2 frames
-  source = weights.convert(sd, "clip.pt")
+  source = conversion.convert(sd, "clip.pt")
   values, report = init_from.fill(
     shapes(clip_classifier(scan=True)), source, "classifier"
   )
@@ -90,7 +93,7 @@ def test_clip_to_classifier_keeps_the_vision_tower_and_says_what_it_did():
 
 
 def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
-  source = weights.convert(random_videomae_state_dict())
+  source = conversion.convert(random_videomae_state_dict())
   make = clip_classifier(num_classes=3, backbone="videomae", depth=1, tubelet=2)
   values, report = init_from.fill(shapes(make), source, "classifier", tubelet=2)
   assert set(report.fresh) == {
@@ -131,7 +134,7 @@ def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
   sd = random_clip_state_dict(layers=1)
   target = shapes(small_clip(embed_dim=8))  # The source's are 16-d.
   with pytest.raises(init_from.InitFromError) as error:
-    init_from.fill(target, weights.convert(sd, "clip.npz"), "clip")
+    init_from.fill(target, conversion.convert(sd, "clip.npz"), "clip")
   message = str(error.value)
   assert message.startswith(
     "clip.npz (OpenAI/OpenCLIP CLIP) does not fit the clip model:"
@@ -144,7 +147,7 @@ def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
       if k.startswith("visual.transformer.resblocks.0.")
     }
   )
-  values, report = init_from.fill(target, weights.convert(sd), "clip")
+  values, report = init_from.fill(target, conversion.convert(sd), "clip")
   assert report.fresh == {
     "text.proj.kernel": init_from._NEW_PROJECTION,
     "visual.proj.kernel": init_from._NEW_PROJECTION,
@@ -154,7 +157,7 @@ def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
   # init_keep: not loaded even though it fits.
   values, report = init_from.fill(
     shapes(small_clip(embed_dim=16)),
-    weights.convert(sd),
+    conversion.convert(sd),
     "clip",
     keep_init=("text.proj",),
   )
@@ -166,7 +169,7 @@ def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
     match="holds a videomae model; it cannot initialise a clip model",
   ):
     init_from.fill(
-      target, weights.convert(random_videomae_state_dict()), "clip"
+      target, conversion.convert(random_videomae_state_dict()), "clip"
     )
 
 
@@ -184,7 +187,7 @@ def test_load_params_puts_each_array_on_the_live_sharding():
   model_config = ml_collections.ConfigDict(
     dict(name="classifier", tubelet=1, backbone="")
   )
-  params, _ = init_from.load_params(live, model_config, weights.convert(sd))
+  params, _ = init_from.load_params(live, model_config, conversion.convert(sd))
   kernel = params["encoder"]["blocks"]["layers"][0]["mlp"]["fc1"]["kernel"]
   assert kernel[...].sharding.spec == P(None, "fsdp")  # [64, 256] split
   np.testing.assert_array_equal(
@@ -198,7 +201,7 @@ def test_load_params_puts_each_array_on_the_live_sharding():
     init_from.InitFromError,
     match="has a clip backbone but config.model.backbone is 'videomae'",
   ):
-    init_from.load_params(live, model_config, weights.convert(sd))
+    init_from.load_params(live, model_config, conversion.convert(sd))
 
 
 def test_a_vidjax_run_loads_across_scan_and_task(tmp_path, caplog):

@@ -1,4 +1,4 @@
-"""Pins of vidjax.internals: each private API and each library message it
+"""Pins of vidjax.base.internals: each private API and each library message it
 reads, against the installed libraries. A JAX, Grain, Orbax, TensorStore,
 absl, asyncio or torch release that moves one fails here, by name.
 
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import internals
+from vidjax.base import internals
 
 
 def test_saved_residuals_lists_what_the_backward_pass_keeps():
@@ -226,7 +226,7 @@ def test_flax_imports_ipython_and_the_command_start_does_not():
   pytest.importorskip("IPython")
   plain = "import sys, flax.nnx; print('IPython' in sys.modules)"
   quick = (
-    "import sys; from vidjax import internals; "
+    "import sys; from vidjax.base import internals; "
     "internals.import_flax_without_ipython(); "
     "print('flax.nnx' in sys.modules, 'IPython' in sys.modules); "
     "import IPython; print(IPython.version_info >= (7,))"
@@ -246,7 +246,7 @@ def test_grains_no_jax_warning_is_recognised_and_kept_from_workers():
   """Grain warns as it loads without jax (what every lean data worker
   does); the record is recognised, and a worker's start says nothing."""
   plain = (
-    "import logging, sys; from vidjax import internals; records = []; "
+    "import logging, sys; from vidjax.base import internals; records = []; "
     "handler = logging.Handler(); handler.emit = records.append; "
     "logging.getLogger('absl').addHandler(handler); "
     "sys.modules['jax'] = None; import grain; "

@@ -1,6 +1,6 @@
 """The package's layers: imports point down only, loading a recipe starts
 no runtime, and libraries are used through their public APIs everywhere
-but `vidjax.internals` (its pins: tests/test_internals.py).
+but `vidjax.base.internals` (its pins: tests/test_internals.py).
 
 The import graph and the uses are read from the source files (`ast`),
 every import counted, also those inside functions.
@@ -13,58 +13,30 @@ import subprocess
 import sys
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vidjax"
+# Outside the package, held to the same rules on private APIs and hooks.
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 # The intended layering, from the ground up: a module may import modules
 # of its own layer or of one below, never of one above (and the imports
-# form no cycle). Names are top-level modules or packages of vidjax.
+# form no cycle). Names are the folders and top-level modules of vidjax.
 LAYERS = [
+  # Errors, private APIs, whole files, the run directory, stopping.
+  {"base"},
   # Loading a config: no jax, flax, grain, orbax or PyAV (internals
   # imports its libraries where it uses them).
-  {"errors", "defaults", "config", "recipe", "internals"},
-  # Small parts the layers above share; the run directory is here so
-  # that whatever writes a file of the run asks it where.
-  {
-    "keypaths",
-    "whole_files",
-    "checksums",
-    "failed_saves",
-    "tfevents",
-    "stopping",
-    "rundir",
-  },
-  # Data, models and what a step is made of.
-  {
-    "data",
-    "models",
-    "metrics",
-    "randaugment",
-    "views",
-    "augment",
-    "optim",
-    "sharding",
-  },
-  # The text-prompt classifier, on metrics (zero-shot evaluation, labels).
-  {"zeroshot"},
-  {"tasks"},
+  {"config"},
+  # The read path, the architectures, the device mesh; what a run reports.
+  {"data", "models", "sharding", "report"},
+  # Weights in, the objectives and their metrics, augmentation, optax.
+  {"weights", "tasks", "augment", "optim"},
   # What the loop is built from.
-  {
-    "steps",
-    "checkpoint",
-    "checkpoint_reader",
-    "monitor",
-    "console",
-    "eval_sets",
-    "scoreboard",
-    "resume",
-    "memory",
-    "plot",
-  },
+  {"steps", "checkpoints", "evaluation"},
+  {"memory"},
   # A run's start-up: resolved, then built.
   {"startup"},
   {"train"},
-  # The command line, and the benchmarks beside it (imported by no one
-  # else).
-  {"main", "bench", "embed", "search"},
+  # The command lines.
+  {"main", "search", "embed", "plot", "checksums"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 RUNTIMES = ("jax", "flax", "grain", "orbax", "av", "optax", "torch")
@@ -119,18 +91,29 @@ def test_imports_point_down_the_layers():
     if _layer(b) > _layer(a)
   ]
   assert not upward, "imports that point up:\n" + "\n".join(upward)
+  # The benchmarks (benchmarks/, outside the package) are imported by none
+  # of its modules: an installed vidjax has no benchmark.
   into_bench = [
-    f"{a} -> {b}"
-    for a, targets in graph.items()
-    for b in targets
-    if b.startswith("vidjax.bench") and not a.startswith("vidjax.bench")
+    f"{path.relative_to(PACKAGE.parent)} imports {name}"
+    for path in sorted(PACKAGE.rglob("*.py"))
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, (ast.Import, ast.ImportFrom))
+    for name in (
+      [a.name for a in node.names]
+      if isinstance(node, ast.Import)
+      else [node.module or ""]
+    )
+    if name.split(".")[0] == "benchmarks"
   ]
   assert not into_bench, into_bench
 
 
 def test_recipes_import_only_defaults_and_recipe():
   for path in sorted((PACKAGE.parent / "configs").glob("*.py")):
-    assert _imports(path) <= {"vidjax.defaults", "vidjax.recipe"}, path
+    assert _imports(path) <= {
+      "vidjax.config.defaults",
+      "vidjax.config.recipe",
+    }, path
 
 
 def test_imports_form_no_cycle():
@@ -294,16 +277,16 @@ def _text_matches(node: ast.AST) -> list[str]:
 
 
 def test_private_apis_and_library_messages_only_in_internals():
-  """No module but vidjax.internals imports a private module of jax,
+  """No module but vidjax.base.internals imports a private module of jax,
   Grain, Orbax or TensorStore, reads a library's private attribute,
   patches with unittest.mock, or matches an error's text."""
   found = [
     use
-    for path in sorted(PACKAGE.rglob("*.py"))
-    if path != PACKAGE / "internals.py"
+    for path in sorted([*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")])
+    if path != PACKAGE / "base" / "internals.py"
     for use in _private_uses(path)
   ]
-  assert not found, "outside vidjax/internals.py:\n" + "\n".join(found)
+  assert not found, "outside vidjax/base/internals.py:\n" + "\n".join(found)
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
@@ -339,11 +322,11 @@ def test_the_checks_find_what_they_look_for(tmp_path):
 
 def test_process_wide_hooks_only_in_main():
   """`sys.unraisablehook`, `sys.excepthook` and filters on loggers are set
-  by `vidjax.failed_saves.install_quiet` only, and only `vidjax.main`
+  by `vidjax.checkpoints.failed_saves.install_quiet` only, and only `vidjax.main`
   calls it: library code (a Checkpointer) installs no process-wide hook.
   (And by the data workers' own main module, `vidjax.data.lean_worker`.)"""
   setters = {}
-  for path in sorted(PACKAGE.rglob("*.py")):
+  for path in sorted([*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")]):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Assign):
         for target in node.targets:
@@ -359,22 +342,24 @@ def test_process_wide_hooks_only_in_main():
         and "getLogger" in ast.unparse(node.func.value)
       ):
         setters.setdefault(_module(path), []).append("a logger's filter")
-  assert set(setters) == {"vidjax.failed_saves", "vidjax.data.lean_worker"}, (
-    setters
-  )
+  assert set(setters) == {
+    "vidjax.checkpoints.failed_saves",
+    "vidjax.data.lean_worker",
+  }, setters
   callers = {
     _module(p)
-    for p in PACKAGE.rglob("*.py")
+    for p in [*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")]
     if "failed_saves.install_quiet(" in p.read_text()
   }
   assert callers == {"vidjax.main"}, callers
 
 
 def test_every_choice_is_implemented_under_its_defaults_name():
-  """The tables that implement a choice are keyed by `vidjax.defaults`'s
+  """The tables that implement a choice are keyed by `vidjax.config.defaults`'s
   names, and every task module is a `tasks.Task`."""
   # pylint: disable=import-outside-toplevel
-  from vidjax import defaults, models, tasks
+  from vidjax import models, tasks
+  from vidjax.config import defaults
   from vidjax.data import annotations
   from vidjax.models import transformer, videomae
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vidjax import sharding
-from vidjax.defaults import INIT_LOGIT_SCALE
+from vidjax.config.defaults import INIT_LOGIT_SCALE
 from vidjax.tasks import losses
 
 # Jitted once per test: much faster than dozens of eager ops on 2 cores.

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import monitor, train
+from vidjax import train
 from vidjax.data import synthetic
+from vidjax.report import monitor
 
 # The three tests share the masked run (a module fixture): in one test
 # process, one after another, so it is trained once.

@@ -12,8 +12,9 @@ import pytest
 
 import debug_runs
 from debug_runs import counting_compiles
-from vidjax import config as config_lib, errors, main, memory, models
-from vidjax.data import synthetic_annotations
+from vidjax import config as config_lib, main, memory, models
+from vidjax.base import errors
+from vidjax.data.synthetic import layouts
 from vidjax.models import attention
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -32,7 +33,7 @@ def _on_synthetic(spec, workdir, tmp_path_factory, *overrides):
   has it."""
   config = config_lib.load_config(spec, SYNTHETIC)
   debug_runs.prepare(config, workdir, tmp_path_factory)
-  own_format = config.data.format in synthetic_annotations.FILES
+  own_format = config.data.format in layouts.FILES
   return [*SYNTHETIC, *overrides] + (
     [] if own_format else ["--config.data.format=jsonl"]
   )

@@ -1,11 +1,11 @@
-"""Tests for vidjax.metrics against independent per-query implementations."""
+"""Tests for vidjax.tasks.metrics against independent per-query implementations."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import metrics
+from vidjax.tasks import metrics
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax.bench.cuda_trace import (
+from benchmarks.cuda_trace import (
   cudnn_attention_calls,
   forced_cudnn,
   lower_for_cuda,

@@ -31,8 +31,9 @@ import numpy as np
 import pytest
 
 from reference import make_reference
-from vidjax import defaults, models
-from vidjax.models import init_from, sources, torchscript
+from vidjax import models
+from vidjax.config import defaults
+from vidjax.weights import init_from, sources, torchscript
 
 ARCHIVE = make_reference.HERE / "openclip_vit.pt"
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from vidjax import config as config_lib
-from vidjax.defaults import model_config
+from vidjax.config.defaults import model_config
 from vidjax.models import build_model, spec
 from vidjax.models.flops import flops_per_example
 from vidjax.models.shapes import unmasked

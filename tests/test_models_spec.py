@@ -8,7 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from vidjax import defaults
+from vidjax.config import defaults
 from vidjax.models import spec
 
 MODELS = Path(__file__).resolve().parents[1] / "vidjax" / "models"

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax.defaults import model_config
+from vidjax.config.defaults import model_config
 from vidjax.models import build_model, spec
 from vidjax.models.videomae import (
   Classifier,

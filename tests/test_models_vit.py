@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax.bench.cuda_trace import (
+from benchmarks.cuda_trace import (
   cudnn_attention_calls,
   forced_cudnn,
   lower_for_cuda,
 )
-from vidjax.defaults import model_config, parse_variant
+from vidjax.config.defaults import model_config, parse_variant
 from vidjax.models import build_model, spec
 from vidjax.models.transformer import Transformer
 from vidjax.models.vit import VisionTransformer, num_kept_tokens, patchify

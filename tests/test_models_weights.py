@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from reference import make_reference
-from vidjax import errors
-from vidjax.models import tensor_io, weights
+from vidjax.base import errors
 from vidjax.models.vit import patchify
+from vidjax.weights import conversion, tensor_io
 
 WIDTH, PATCH, GRID, TEXT_WIDTH, CONTEXT, VOCAB, EMBED = 64, 8, 2, 64, 12, 50, 16
 
@@ -153,7 +153,7 @@ def encode(model, images=IMAGES):
 @pytest.mark.parametrize("scan", [False, True])
 def test_clip_from_state_dict_matches_a_reference_clip(scan):
   sd = random_clip_state_dict()
-  model = weights.clip_from_state_dict(
+  model = conversion.clip_from_state_dict(
     sd, scan=scan, attention="xla", remat="full" if scan else "none"
   )
   image_embedding, text_embedding = encode(model)
@@ -178,13 +178,13 @@ def test_mismatch_lists_missing_unexpected_and_shapes():
   sd["text_projection"] = np.zeros((TEXT_WIDTH, EMBED + 1), np.float32)
   sd["visual.transformer.resblocks.1.mlp.c_fc.bias"] = np.zeros(7, np.float32)
   with pytest.raises(ValueError) as error:
-    weights.clip_from_state_dict(sd)
+    conversion.clip_from_state_dict(sd)
   message = str(error.value)
   assert "missing (1): visual.norm.bias" in message
   assert "unexpected (1): visual.extra_thing" in message
   assert "visual.transformer.resblocks.1.mlp.c_fc.bias (7,)" in message
   with pytest.raises(ValueError, match="not a CLIP or VideoMAE.*'a'"):
-    weights.clip_from_state_dict({"a": np.zeros(1)})
+    conversion.clip_from_state_dict({"a": np.zeros(1)})
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -261,7 +261,7 @@ def test_checkpoint_files_npz_safetensors_and_torch(tmp_path):
 
 def test_resolution_change_and_tubelet_inflation():
   sd = random_clip_state_dict(layers=1)
-  bigger = weights.clip_from_state_dict(sd, image_size=32)
+  bigger = conversion.clip_from_state_dict(sd, image_size=32)
   table = bigger.visual.spatial_pos[...]
   assert table.shape == (1 + 16, WIDTH)
   np.testing.assert_array_equal(table[0], sd["visual.positional_embedding"][0])
@@ -274,7 +274,7 @@ def test_resolution_change_and_tubelet_inflation():
     sd["visual.conv1.weight"][:, :, None]
   )
   for mode in ("center", "average"):
-    model = weights.clip_from_state_dict(
+    model = conversion.clip_from_state_dict(
       sd, num_frames=2, tubelet=2, patch_inflation=mode
     )
     static = np.repeat(IMAGES[:, None], 2, axis=1)
@@ -353,10 +353,10 @@ def to_hugging_face(sd):
 
 def test_videomae_original_and_hugging_face_names_give_the_same_model():
   sd = random_videomae_state_dict()
-  original = weights.videomae_from_state_dict(
+  original = conversion.videomae_from_state_dict(
     sd, image_size=16, num_frames=4, mask_ratio=0.5
   )
-  hf = weights.videomae_from_state_dict(
+  hf = conversion.videomae_from_state_dict(
     to_hugging_face(sd), image_size=16, num_frames=4, mask_ratio=0.5
   )
   assert original.encoder.grid == (2, 2, 2)
@@ -390,19 +390,19 @@ def test_classifier_from_videomae_and_clip_checkpoints():
       "head.bias": np.zeros(7, np.float32),
     }
   )
-  same = weights.classifier_from_state_dict(
+  same = conversion.classifier_from_state_dict(
     finetuned, num_classes=7, image_size=16, num_frames=4
   )
   np.testing.assert_array_equal(
     same.head.kernel[...], finetuned["head.weight"].T
   )
   assert same.encoder.pool == "mean"
-  fresh = weights.classifier_from_state_dict(
+  fresh = conversion.classifier_from_state_dict(
     finetuned, num_classes=3, image_size=16, num_frames=4
   )
   assert fresh.head.kernel[...].shape == (64, 3)
   sd = random_clip_state_dict(layers=1)
-  from_clip = weights.classifier_from_state_dict(sd, num_classes=4)
+  from_clip = conversion.classifier_from_state_dict(sd, num_classes=4)
   np.testing.assert_array_equal(
     from_clip.encoder.class_token[...], sd["visual.class_embedding"]
   )
@@ -462,9 +462,9 @@ def assert_same_source(a, b):
 
 def test_hugging_face_clip_names_give_the_same_tensors():
   sd = random_clip_state_dict()
-  hf = weights.convert(to_hugging_face_clip(sd), "hf")
+  hf = conversion.convert(to_hugging_face_clip(sd), "hf")
   assert hf.description == "hf (Hugging Face CLIP)" and not hf.unexpected
-  assert_same_source(hf, weights.convert(sd))
+  assert_same_source(hf, conversion.convert(sd))
 
 
 def to_avion_videomae(sd, finetuned=False):
@@ -490,17 +490,17 @@ def to_avion_videomae(sd, finetuned=False):
 
 def test_avion_videomae_names_give_the_same_tensors():
   sd = random_videomae_state_dict()
-  avion = weights.convert(to_avion_videomae(sd), "avion")
+  avion = conversion.convert(to_avion_videomae(sd), "avion")
   assert avion.description == "avion (VideoMAE (AVION))"
   assert avion.kind == "videomae" and avion.tubelet == 2
-  assert_same_source(avion, weights.convert(sd))
+  assert_same_source(avion, conversion.convert(sd))
   encoder = {k: v for k, v in sd.items() if k.startswith("encoder.blocks")}
   encoder["encoder.patch_embed.proj.weight"] = sd[
     "encoder.patch_embed.proj.weight"
   ]
   encoder["encoder.fc_norm.weight"] = np.ones(64, np.float32)
   encoder["encoder.fc_norm.bias"] = np.zeros(64, np.float32)
-  finetuned = weights.convert(to_avion_videomae(encoder, finetuned=True))
+  finetuned = conversion.convert(to_avion_videomae(encoder, finetuned=True))
   assert finetuned.kind == "classifier" and finetuned.backbone == "videomae"
   np.testing.assert_array_equal(
     finetuned.tensors["encoder.norm.scale"], np.ones(64)
@@ -513,7 +513,7 @@ def test_lavila_timesformer_is_refused_with_the_reason():
     "visual.blocks.0.timeattn.qkv.weight": np.zeros((24, 8), np.float32),
   }
   with pytest.raises(ValueError, match="lavila.pt: a TimeSformer"):
-    weights.convert(sd, "lavila.pt")
+    conversion.convert(sd, "lavila.pt")
 
 
 class NotATensor:
@@ -578,7 +578,7 @@ def test_a_tensor_of_another_rank_is_refused_naming_it():
   sd = random_clip_state_dict()
   sd["visual.conv1.weight"] = np.asarray(sd["visual.conv1.weight"]).reshape(-1)
   with pytest.raises(errors.InitFromError) as e:
-    weights.convert(sd, "bad.pt")
+    conversion.convert(sd, "bad.pt")
   assert str(e.value).startswith(
     "bad.pt: the tensor visual.conv1.weight has shape (12288,), which is "
     "not the layout of visual.conv1.weight in a CLIP state dict"

@@ -1,4 +1,4 @@
-"""Tests for vidjax.monitor: JSONL rows, late fetching, timing/MFU, guard."""
+"""Tests for vidjax.report.monitor: JSONL rows, late fetching, timing/MFU, guard."""
 
 import json
 
@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vidjax import errors, monitor
+from vidjax.base import errors
+from vidjax.report import monitor
 
 
 def test_jsonl_rows_are_plain_json(tmp_path):

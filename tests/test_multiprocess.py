@@ -34,7 +34,7 @@ import time
 import pytest
 
 import debug_runs
-from vidjax import checksums
+from vidjax.checkpoints import checksums
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo.py:debug"
@@ -50,7 +50,7 @@ OVERRIDES = (*debug_runs.DEMO_REFERENCE, f"--config.total_steps={STEPS}")
 _LAG_HOOK = """
 import os, time
 if os.environ.get("JAX_PROCESS_ID") == "1":
-  from vidjax import resume
+  from vidjax.checkpoints import resume
   _resolve_start = resume.resolve_start
   def _late_resolve_start(*args, **kwargs):
     time.sleep(5)

@@ -62,7 +62,7 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert len(losses) == 5  # step 1 and every 5th of 20
   assert any("eval/t2v_r1" in r for r in rows)
   assert (workdir / "plots" / "loss.png").exists()
-  # Its videos indexed and searched (vidjax.embed, vidjax.search).
+  # Its videos indexed and searched (vidjax.search.embed, vidjax.search).
   assert re.search(r"indexed \d+ videos", text), text
   assert "right video first for" in text
   assert (workdir / "index" / "embeddings.npy").exists()

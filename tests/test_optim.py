@@ -7,7 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from vidjax import defaults, keypaths, optim
+from vidjax import optim
+from vidjax.base import keypaths
+from vidjax.config import defaults
 
 
 def _params():

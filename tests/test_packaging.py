@@ -15,14 +15,20 @@ import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "vidjax"
+# Run from a checkout (`python -m benchmarks.NAME`), never installed; their
+# imports are declared too (core, or the [bench] extra).
+BENCHMARKS = REPO / "benchmarks"
 # Imported only where the optional part runs: the import name, the extra
 # that declares its distribution (None: used when installed, declared
 # nowhere), and that distribution.
 OPTIONAL = {
-  "matplotlib": ("plots", "matplotlib"),  # vidjax.plot, drawn at a run's end
+  "matplotlib": (
+    "plots",
+    "matplotlib",
+  ),  # vidjax.report.plot, drawn at a run's end
   "torch": ("parity", "torch"),  # reading a .pt checkpoint
   "ftfy": (None, "ftfy"),  # the tokenizer's text clean-up, as OpenCLIP's
-  "cv2": ("bench", "opencv-python-headless"),  # bench.loader's peers
+  "cv2": ("bench", "opencv-python-headless"),  # benchmarks.loader's peers
   "decord": ("bench", "decord"),
 }
 
@@ -42,10 +48,11 @@ def _declared() -> tuple[set[str], dict[str, set[str]]]:
   return {_name(r) for r in project["dependencies"]}, extras
 
 
-def _imported(package: Path = PACKAGE) -> dict[str, set[str]]:
-  """Third-party top-level modules imported in a package -> the files."""
+def _imported(*packages: Path) -> dict[str, set[str]]:
+  """Third-party top-level modules imported in packages -> the files."""
   found = {}
-  for path in sorted(package.rglob("*.py")):
+  paths = [(p, d) for d in packages for p in sorted(d.rglob("*.py"))]
+  for path, package in paths:
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
@@ -55,8 +62,10 @@ def _imported(package: Path = PACKAGE) -> dict[str, set[str]]:
         continue
       for name in names:
         top = name.split(".")[0]
-        if top not in sys.stdlib_module_names and top != "vidjax":
-          found.setdefault(top, set()).add(str(path.relative_to(package)))
+        if top not in sys.stdlib_module_names | {"vidjax", "benchmarks"}:
+          found.setdefault(top, set()).add(
+            str(path.relative_to(package.parent))
+          )
   return found
 
 
@@ -85,14 +94,14 @@ def _undeclared(imported: dict[str, set[str]]) -> dict[str, list[str]]:
 
 
 def test_every_imported_package_is_declared():
-  assert _undeclared(_imported()) == {}, (
+  assert _undeclared(_imported(PACKAGE, BENCHMARKS)) == {}, (
     "imported but not in pyproject.toml's dependencies"
   )
 
 
 def test_every_declared_package_is_imported():
   core, _ = _declared()
-  imported = set().union(*map(_distributions, _imported()))
+  imported = set().union(*map(_distributions, _imported(PACKAGE)))
   assert core - imported == set(), "declared but never imported"
 
 
@@ -102,4 +111,19 @@ def test_the_check_finds_an_undeclared_import(tmp_path):
   (tmp_path / "search.py").write_text(
     "import numpy\n\ndef f():\n  from PIL import Image\n"
   )
-  assert _undeclared(_imported(tmp_path)) == {"PIL": ["search.py"]}
+  assert _undeclared(_imported(tmp_path)) == {
+    "PIL": [f"{tmp_path.name}/search.py"]
+  }
+
+
+def test_the_installed_package_holds_no_benchmark():
+  """`pip install .` installs the packages pyproject.toml's find settings
+  select: vidjax's, and never benchmarks/ (run from a checkout)."""
+  import setuptools  # pylint: disable=import-outside-toplevel
+
+  find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
+    "setuptools"
+  ]["packages"]["find"]
+  packages = setuptools.find_packages(str(REPO), include=find["include"])
+  assert "vidjax" in packages and "vidjax.data.chunk" in packages, packages
+  assert not [p for p in packages if not p.startswith("vidjax")], packages

@@ -16,21 +16,22 @@ import numpy as np
 import psutil
 import pytest
 
-from vidjax import augment, defaults, errors, sharding
-from vidjax.bench import timed_reads
+from benchmarks import timed_reads
+from vidjax import augment, sharding
+from vidjax.base import errors
+from vidjax.config import defaults
 from vidjax.data import (
-  annotation_files,
   annotations,
   batches as batches_lib,
-  ek100,
   loader as loader_lib,
   order as order_lib,
   pipeline,
   synthetic,
-  synthetic_annotations,
   video,
   workers as workers_lib,
 )
+from vidjax.data.annotations import annotation_files, ek100
+from vidjax.data.synthetic import layouts
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def _shm_bytes(block_size, before):
 def two_workers(corpus, mesh, tmp_path_factory):
   """3 batches of 48 clips made by 2 worker processes in groups of 2 clips,
   /dev/shm watched, their reads timed as the pipeline benchmark times them
-  (`vidjax.bench.timed_reads`)."""
+  (`benchmarks.timed_reads`)."""
   config = config_for(corpus, workers=2, worker_buffer=4)
   reads = tmp_path_factory.mktemp("reads")
   patch = pytest.MonkeyPatch()
@@ -466,7 +467,7 @@ def tok(corpus):
 def corpus_config(corpus, data_format, **data):
   """The corpus's files in `data_format`, as a `:debug` run points at them."""
   config = config_for(corpus, format=data_format, **data)
-  synthetic_annotations.use_corpus(config, corpus)
+  layouts.use_corpus(config, corpus)
   return config
 
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from vidjax import plot  # noqa: E402  (after the importorskip)
+from vidjax.report import plot  # noqa: E402  (after the importorskip)
 
 
 def _write_metrics(workdir, rows, tail=""):

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from reference import make_reference
-from vidjax import augment, defaults, randaugment as ra
+from vidjax import augment
+from vidjax.augment import randaugment as ra
+from vidjax.config import defaults
 
 B, T, H, W = 6, 3, 24, 32
 REPO = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ def test_layout_names_every_module():
 
 
 def test_readme_lists_the_exit_codes_errors_defines():
-  from vidjax import errors  # pylint: disable=import-outside-toplevel
+  from vidjax.base import errors  # pylint: disable=import-outside-toplevel
 
   readme = (REPO / "README.md").read_text()
   listed = re.search(r"\n- Exit codes .*?(?=\n- )", readme, re.S).group(0)
@@ -66,7 +66,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def _benchmarks_the_docs_name() -> set[str]:
-  """NAME of every `python -m vidjax.bench.NAME` in README.md and
+  """NAME of every `python -m benchmarks.NAME` in README.md and
   BENCHMARKS.md (a command may break across lines), as .ci/run finds them."""
   text = " ".join(
     (REPO / name).read_text().replace("\n", " ")
@@ -86,7 +86,7 @@ def test_ci_smokes_every_benchmark_the_docs_name():
   assert not lacking, f"benchmarks the docs name without --smoke: {lacking}"
   ci = (REPO / ".ci/run").read_text()
   assert "cat README.md BENCHMARKS.md" in ci, "CI no longer finds them"
-  assert 'python -m "vidjax.bench.${bench}" --smoke' in ci
+  assert 'python -m "benchmarks.${bench}" --smoke' in ci
   benchmarks = (REPO / "BENCHMARKS.md").read_text()
   for name in named:  # Each one's section says how long it runs.
     section = re.search(

@@ -17,17 +17,12 @@ from pathlib import Path
 import jax
 import pytest
 
-from vidjax import (
-  config as config_lib,
-  sharding,
-  steps as steps_lib,
-  tasks,
-)
-from vidjax.bench.cuda_trace import (
+from benchmarks.cuda_trace import (
   cudnn_attention_calls,
   forced_cudnn,
   lower_for_cuda,
 )
+from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
 from vidjax.data import batches
 from vidjax.models import attention, shapes
 

@@ -10,18 +10,12 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import (
-  augment,
-  checkpoint_reader,
-  config as config_lib,
-  console,
-  errors,
-  monitor,
-  tasks,
-  train,
-  views,
-)
+from vidjax import augment, config as config_lib, tasks, train
+from vidjax.augment import views
+from vidjax.base import errors
+from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import batches, crop as crop_lib, loader
+from vidjax.report import console, monitor
 
 # Shares the :debug runs of test_configs.py (one per process).
 pytestmark = pytest.mark.xdist_group("debug_runs")

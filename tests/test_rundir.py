@@ -12,7 +12,8 @@ import time
 import pytest
 
 import debug_runs
-from vidjax import config as config_lib, errors, main, rundir
+from vidjax import config as config_lib, main
+from vidjax.base import errors, rundir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,11 @@ import re
 import pytest
 
 import debug_runs
-from vidjax import defaults, errors, eval_sets, main, monitor
+from vidjax import main
+from vidjax.base import errors
+from vidjax.config import defaults
+from vidjax.evaluation import eval_sets
+from vidjax.report import monitor
 
 # The demo's reference run (its model, its compiled evaluation step) is
 # made in this group's process.

@@ -28,8 +28,10 @@ import pytest
 from reference import make_reference
 from reference.make_reference import attention, layer_norm, random_tensors
 from test_models_weights import write_safetensors
-from vidjax import config as config_lib, errors, models, resume, train
-from vidjax.models import facts, init_from, sources, weights
+from vidjax import config as config_lib, models, train
+from vidjax.base import errors
+from vidjax.checkpoints import resume
+from vidjax.weights import conversion, facts, init_from, sources
 
 try:  # AVION's checkpoints are torch pickles: written (and read) with torch.
   import torch
@@ -485,7 +487,7 @@ def test_openai_weights_start_the_pretraining_as_avion_does():
     context_length=np.array(12),
     vocab_size=np.array(50),
   )  # The TorchScript release's extras.
-  source = weights.convert(sd, "ViT-B-16.pt")
+  source = conversion.convert(sd, "ViT-B-16.pt")
   assert source.description == "ViT-B-16.pt (OpenAI CLIP)"
   config = config_lib.load_config(
     f"{CONFIGS}/clip_vitb16_ego4d.py",

@@ -12,8 +12,6 @@ import pytest
 
 import debug_runs
 from vidjax import (
-  checkpoint,
-  checksums,
   config as config_lib,
   models,
   sharding,
@@ -22,6 +20,7 @@ from vidjax import (
   tasks,
   train,
 )
+from vidjax.checkpoints import checkpoint, checksums
 
 REPO = Path(__file__).resolve().parents[1]
 

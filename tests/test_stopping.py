@@ -19,7 +19,9 @@ import sys
 import pytest
 
 import debug_runs
-from vidjax import checkpoint_reader, errors, rundir, stopping, train
+from vidjax import train
+from vidjax.base import errors, rundir, stopping
+from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +150,7 @@ def test_ctrl_c_in_the_first_step_saves_it(
 # it is stopped.
 _WAIT_HOOK = """
 import sys, time
-from vidjax import resume
+from vidjax.checkpoints import resume
 def _waiting(*args, **kwargs):
   print("waiting in start-up", file=sys.stderr, flush=True)
   time.sleep(120)

@@ -1,4 +1,4 @@
-"""Tests for vidjax.tfevents: CRC, records as tensorboardX writes them."""
+"""Tests for vidjax.report.tfevents: CRC, records as tensorboardX writes them."""
 
 import math
 import re
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from vidjax import monitor, tfevents
+from vidjax.report import monitor, tfevents
 
 
 def read_records(path) -> list[bytes]:

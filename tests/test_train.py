@@ -18,18 +18,11 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import (
-  checkpoint,
-  checkpoint_reader,
-  checksums,
-  config as config_lib,
-  errors,
-  main,
-  monitor,
-  steps,
-  train,
-)
+from vidjax import config as config_lib, main, steps, train
+from vidjax.base import errors
+from vidjax.checkpoints import checkpoint, checkpoint_reader, checksums
 from vidjax.data import pipeline
+from vidjax.report import monitor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -222,7 +215,7 @@ def test_init_from_released_clip_weights(tmp_path):
   from flax import nnx
 
   from test_models_weights import random_clip_state_dict
-  from vidjax.models import weights
+  from vidjax.weights import conversion
 
   rng = np.random.default_rng(1)
   sd = random_clip_state_dict(layers=2)  # Width 64, patch 8, 16x16 images.
@@ -240,7 +233,7 @@ def test_init_from_released_clip_weights(tmp_path):
   )
   run = train.setup(config, tmp_path / "run")
   expected = nnx.split(
-    weights.clip_from_state_dict(sd, num_frames=4), nnx.Param, ...
+    conversion.clip_from_state_dict(sd, num_frames=4), nnx.Param, ...
   )[1]
   for got, want in zip(
     jax.tree.leaves(run.state["params"]), jax.tree.leaves(expected)

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from benchmarks import random_batches
 from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
-from vidjax.bench import random_batches
 from vidjax.data import batches
 
 

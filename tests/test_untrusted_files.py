@@ -15,9 +15,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from vidjax import errors
-from vidjax.data import records
-from vidjax.models import sources, tensor_io
+from vidjax.base import errors
+from vidjax.data.annotations import records
+from vidjax.weights import sources, tensor_io
 
 
 class _WritesMarker:

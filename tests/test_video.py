@@ -8,8 +8,8 @@ import av
 import numpy as np
 import pytest
 
+from benchmarks import footage
 import video_fixtures as vf
-from vidjax.bench import footage
 from vidjax.data import chunk, video
 
 OPTS = chunk.ChunkOptions(chunk_seconds=1, short_side=0, gop=8, bframes=3)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidjax import zeroshot
 from vidjax.data import synthetic
 from vidjax.data.tokenizer import Tokenizer
+from vidjax.evaluation import zeroshot
 
 
 @pytest.fixture(scope="module")

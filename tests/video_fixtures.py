@@ -12,7 +12,7 @@ import av
 import numpy as np
 import pytest
 
-from vidjax.bench import footage
+from benchmarks import footage
 
 NUM_BITS = 10
 

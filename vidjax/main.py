@@ -7,7 +7,7 @@
                          `--config.init_from`)
 
 Mistakes in the command, the config or the data are printed as one message
-and a hint, without a traceback. The exit codes are `vidjax.errors`'s
+and a hint, without a traceback. The exit codes are `vidjax.base.errors`'s
 (`EXIT_*`, listed in its docstring and the README).
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
@@ -25,7 +25,10 @@ import sys
 from absl import app, flags, logging
 
 # Light imports only, up to the signal handler (`main`); JAX loads after.
-from vidjax import defaults, errors, failed_saves, stopping
+from vidjax import config as config_lib
+from vidjax.base import errors, stopping
+from vidjax.checkpoints import failed_saves
+from vidjax.config import defaults
 from vidjax.data import reads  # Standard library only.
 
 _CONFIG = flags.DEFINE_string(
@@ -47,34 +50,12 @@ _MODE = flags.DEFINE_enum(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
-  """(`--config.KEY[=VALUE]` overrides, the other arguments).
-
-  `--config.KEY VALUE` (a space instead of '=') is joined into one.
-  """
-  overrides, rest, i = [], [], 0
-  while i < len(args):
-    arg = args[i]
-    if arg.startswith(("--config.", "--noconfig.")):
-      if (
-        "=" not in arg
-        and i + 1 < len(args)
-        and not args[i + 1].startswith("--")
-      ):
-        arg, i = f"{arg}={args[i + 1]}", i + 1
-      overrides.append(arg)
-    else:
-      rest.append(arg)
-    i += 1
-  return overrides, rest
-
-
 _HELP = {"-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml"}
 
 
 def _parse_flags(argv: list[str]) -> tuple[list[str], list[str]]:
   """absl's flags; the config overrides are kept for `load_config`."""
-  overrides, rest = _split_overrides(argv[1:])
+  overrides, rest = config_lib.split_overrides(argv[1:])
   try:
     rest = flags.FLAGS([argv[0]] + rest)
     if len(rest) > 1:
@@ -170,12 +151,11 @@ def run(
     errors.UserError: a mistake in the command, the config or the data
       (`main` prints `describe()` and exits with its `exit_code`).
   """
-  from vidjax import config as config_lib  # pylint: disable=import-outside-toplevel
 
   spec, config = config, config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
   # pylint: disable-next=import-outside-toplevel
-  from vidjax import internals
+  from vidjax.base import internals
 
   internals.import_flax_without_ipython()  # Before anything imports flax.
   from vidjax import memory, train  # pylint: disable=import-outside-toplevel
@@ -200,7 +180,7 @@ def main(parsed) -> int:
     with stopping.handling(
       "during start-up; nothing was written: run the same command again"
     ):
-      from vidjax import console  # pylint: disable=import-outside-toplevel
+      from vidjax.report import console  # pylint: disable=import-outside-toplevel
 
       # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped;
       # a failed checkpoint save's noise (Orbax's tracebacks from each
@@ -248,7 +228,7 @@ def out_of_memory(error: BaseException) -> errors.UserError | None:
 
 # The system refusing a write (a full disk or quota, a read-only mount) at
 # any point outside a checkpoint save (which says it itself): what was
-# written before is whole (checkpoints, `vidjax.whole_files`).
+# written before is whole (checkpoints, `vidjax.base.whole_files`).
 _REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 

@@ -32,7 +32,7 @@ fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
 host's available memory shared by its devices; it refuses a configuration
 that will not fit, naming a remat policy and a batch per device that would
 (on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU).
-`python -m vidjax.bench.memory` prints the same estimate for every policy,
+`python -m benchmarks.memory` prints the same estimate for every policy,
 as on a GPU with cuDNN.
 """
 
@@ -50,13 +50,12 @@ import psutil
 
 from vidjax import (
   config as config_lib,
-  errors,
-  internals,
   models,
   sharding,
   steps as steps_lib,
   tasks,
 )
+from vidjax.base import errors, internals
 from vidjax.data import batches
 from vidjax.models import attention, shapes, spec as spec_lib
 

@@ -5,7 +5,7 @@
   -> layer-wise lr decay. (Gradient accumulation lives in the train step:
   `config.accum_steps`, see `vidjax.steps`.)
 
-Config keys (`vidjax.defaults.optim_config()` has them all):
+Config keys (`vidjax.config.defaults.optim_config()` has them all):
   name: 'adamw', 'sgd' (heavy-ball momentum, torch-style coupled weight
     decay) or 'lion'.
   lr: peak learning rate, reached after warmup.
@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vidjax import defaults, keypaths
+from vidjax.base import keypaths
+from vidjax.config import defaults
 
 LayerIdFn = Callable[[str, int], int]
 

@@ -37,18 +37,17 @@ import ml_collections
 
 from vidjax import (
   config as config_lib,
-  defaults,
-  errors,
-  eval_sets,
   memory,
-  resume,
   sharding,
   steps as steps_lib,
-  stopping,
   tasks,
 )
+from vidjax.base import errors, stopping
+from vidjax.checkpoints import resume
+from vidjax.config import defaults
 from vidjax.data import checks, pipeline, synthetic, tokenizer as tokenizer_lib
-from vidjax.models import facts, init_from
+from vidjax.evaluation import eval_sets
+from vidjax.weights import facts, init_from
 
 
 @dataclasses.dataclass

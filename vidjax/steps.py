@@ -38,7 +38,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vidjax import augment, keypaths, models, optim, sharding, tasks
+from vidjax import augment, models, optim, sharding, tasks
+from vidjax.base import keypaths
 from vidjax.models import clip as clip_lib, spec as spec_lib
 from vidjax.tasks import Task
 
@@ -189,7 +190,7 @@ class Steps:
 
   `loss(params, rest, batch, key) -> (loss, metrics)` is what `train`
   differentiates, on one raw batch (augmented inside), unjitted: for memory
-  analysis (`vidjax.bench.memory`). With masked training and an unmasked
+  analysis (`benchmarks.memory`). With masked training and an unmasked
   tuning (module docstring), `unmasked_train` is the tuning's step and
   `unmask_start` its first step.
   """

@@ -8,7 +8,7 @@ can get wrong checked, the config locked, the state restored or
 initialised, already sharded, and the jitted steps), then writes what the
 run accepted. The loop: batches from the pipeline (built at its resume
 point), one step, metrics logged one step late, checkpoints, preemption,
-evaluations (`vidjax.eval_sets`); then the final evaluation and the
+evaluations (`vidjax.evaluation.eval_sets`); then the final evaluation and the
 closing report.
 """
 
@@ -23,24 +23,13 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from vidjax import (
-  checkpoint,
-  checkpoint_reader,
-  console,
-  errors,
-  eval_sets,
-  monitor,
-  resume,
-  rundir,
-  startup,
-  steps as steps_lib,
-  stopping,
-)
-from vidjax.data import (
-  batches,
-  checks,
-)
+from vidjax import startup, steps as steps_lib
+from vidjax.base import errors, rundir, stopping
+from vidjax.checkpoints import checkpoint, checkpoint_reader, resume
+from vidjax.data import batches, checks
+from vidjax.evaluation import eval_sets
 from vidjax.models import flops as flops_lib, shapes
+from vidjax.report import console, monitor
 
 # Steps after the start before the time estimate.
 ESTIMATE_AFTER_STEPS = 10
@@ -260,7 +249,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint) and evaluates.
 
   One run at a time in a workdir (`rundir.claim`). SIGTERM/Ctrl-C stop the
-  run without losing anything (`vidjax.stopping`): during start-up before
+  run without losing anything (`vidjax.base.stopping`): during start-up before
   anything more is written (`errors.Stopped`); in training after saving a
   checkpoint of the current step (`errors.Preempted`).
 
@@ -518,7 +507,7 @@ def _train(
   if jax.process_index() == 0:
     try:
       # Imported here: matplotlib (the `[plots]` extra) draws the plots only.
-      from vidjax import plot  # pylint: disable=import-outside-toplevel
+      from vidjax.report import plot  # pylint: disable=import-outside-toplevel
 
       plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
     except ModuleNotFoundError as e:  # A run is whole without the plots.

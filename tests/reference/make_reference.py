@@ -189,7 +189,7 @@ def randaugment_ops() -> dict[str, np.ndarray]:
   import torch  # pylint: disable=import-outside-toplevel
   import torchvision.transforms.functional as tvf  # pylint: disable=import-outside-toplevel
 
-  from vidjax import randaugment  # pylint: disable=import-outside-toplevel
+  from vidjax.augment import randaugment  # pylint: disable=import-outside-toplevel
 
   clip = smooth_clip()
   _, h, w, _ = clip.shape

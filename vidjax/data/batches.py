@@ -18,7 +18,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from vidjax import defaults, errors
+from vidjax.base import errors
+from vidjax.config import defaults
 from vidjax.data import loader, workers
 
 MIN_ATTEMPTS_BEFORE_STOP = 64

@@ -40,13 +40,9 @@ from absl import logging
 import jax
 import ml_collections
 
-from vidjax import errors, rundir
-from vidjax.data import (
-  annotation_files,
-  annotations,
-  tokenizer as tokenizer_lib,
-  video,
-)
+from vidjax.base import errors, rundir
+from vidjax.data import annotations, tokenizer as tokenizer_lib, video
+from vidjax.data.annotations import annotation_files
 
 # A span may end a little past the video (rounding, a shorter download): its
 # frames are clamped to the video. Past this many times its length it is not

@@ -9,14 +9,14 @@ none of it: it decodes clips with PyAV and numpy. `vidjax.data.workers`
 starts Grain's workers with this module as their main module instead, and
 this module makes `import jax` fail at once there, so Grain takes its path
 without jax; the warning Grain gives then, in every worker, is kept off the
-console. (`python -m vidjax.bench.pipeline` prints a worker's start-up time
+console. (`python -m benchmarks.pipeline` prints a worker's start-up time
 and memory both ways.)
 """
 
 import logging
 import sys
 
-from vidjax import internals  # Standard library only.
+from vidjax.base import internals  # Standard library only.
 
 if "jax" not in sys.modules:
   sys.modules["jax"] = None  # `import jax` raises ImportError.

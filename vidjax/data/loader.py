@@ -39,16 +39,10 @@ import dataclasses
 
 import numpy as np
 
-from vidjax import defaults
-from vidjax.data import (
-  annotations,
-  crop as crop_lib,
-  ek100,
-  sampling,
-  video,
-  workers,
-)
-from vidjax.errors import DataFileError
+from vidjax.base.errors import DataFileError
+from vidjax.config import defaults
+from vidjax.data import annotations, crop as crop_lib, sampling, video, workers
+from vidjax.data.annotations import ek100
 
 TARGETS = ("tokens", "label", "verb", "noun")  # What an element may carry.
 
@@ -101,7 +95,7 @@ class ClipSpec:
 
     With `train` and `data.repeats` > 1, the clips the host decodes for
     training: each its centred `data.repeat_canvas` window, unflipped; the
-    device crops, flips and resizes the views (`vidjax.views`).
+    device crops, flips and resizes the views (`vidjax.augment.views`).
     """
     size = (
       data.size if isinstance(data.size, (tuple, list)) else (data.size,) * 2

@@ -21,7 +21,7 @@ class EpochShuffle(grain.MapDataset):
   permutation costs microseconds to milliseconds once an epoch, and 4
   bytes an element (16 MB a process for Ego4D's 4 M clips). The two epochs
   last used are kept (reader threads at an epoch's boundary).
-  `python -m vidjax.bench.pipeline` prints both costs.
+  `python -m benchmarks.pipeline` prints both costs.
   """
 
   def __init__(self, parent: grain.MapDataset, *, seed: int):

@@ -16,7 +16,7 @@ a few groups per worker (`shared_memory_bytes`), whatever the global batch; a ba
 built inside each of 16 workers could hold tens of GB there and kill a
 container with a small /dev/shm (SIGBUS). `make_pipeline` checks the room at
 start-up. Groups rather than single clips: each hand-over costs both
-processes a fixed amount of work (`python -m vidjax.bench.pipeline` shows
+processes a fixed amount of work (`python -m benchmarks.pipeline` shows
 the CPU it takes).
 
 Per-element randomness comes from Grain's per-element seeds (seed + element
@@ -33,7 +33,7 @@ state: stopped, blocked on IO, ...) and the chunk files it reads. A worker
 that dies raises `errors.DataWorkerDied`, saying which and how
 (`vidjax.data.workers`).
 
-Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
+Config keys (`config.data`; defaults: `vidjax.config.defaults.data_config`):
   root            chunk store (written by `python -m vidjax.data.chunk`)
   train_annotations / eval_annotations   annotation files; several training
                   files separated by commas are concatenated (LaViLa's
@@ -42,7 +42,7 @@ Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
                   kinetics_list | egomcq | egtea | charades_ego |
                   charades_ego_trimmed (see `vidjax.data.annotations`); the
                   `kinetics` class ids are the training classes, sorted
-                  (`vidjax.data.annotation_files`)
+                  (`vidjax.data.annotations.annotation_files`)
   classes         EGTEA's action_idx.txt or Charades_v1_classes.txt ('':
                   the one beside the annotation file, as released)
   label           for ek100_cls: action | verb | noun
@@ -59,7 +59,7 @@ Config keys (`config.data`; defaults: `vidjax.defaults.data_config`):
                   `repeat_canvas` (H, W) window (default (0, 0): 8/7 of
                   `size`, aspect 5:4, `loader.canvas_size`; the centre of
                   wider frames is kept), and the train step crops,
-                  flips and augments R views of each (`vidjax.views`);
+                  flips and augments R views of each (`vidjax.augment.views`);
                   VideoMAE and classification only
   workers         Grain worker processes (0: in the main process)
   threads         reader threads per process (PyAV releases the GIL)
@@ -88,9 +88,8 @@ import grain
 import jax
 import ml_collections
 
-from vidjax import errors
+from vidjax.base import errors
 from vidjax.data import (
-  annotation_files,
   batches,
   loader,
   order,
@@ -99,6 +98,7 @@ from vidjax.data import (
   video,
   workers as workers_lib,
 )
+from vidjax.data.annotations import annotation_files
 
 SHM_DIR = workers_lib.SHM_DIR
 # The most frames a worker hands over at once (see the module docstring).
@@ -114,7 +114,7 @@ def clip_bytes(data: ml_collections.ConfigDict, train: bool = False) -> int:
 
 def clips_per_step(data: ml_collections.ConfigDict, batch_size: int) -> int:
   """Clips the host decodes for a training batch of `batch_size` views:
-  `batch_size / data.repeats` (`vidjax.views` makes the views)."""
+  `batch_size / data.repeats` (`vidjax.augment.views` makes the views)."""
   repeats = data.get("repeats", 1)
   if batch_size % repeats:
     raise ValueError(

@@ -32,7 +32,8 @@ import os
 import numpy as np
 import regex
 
-from vidjax import defaults, errors
+from vidjax.base import errors
+from vidjax.config import defaults
 
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2

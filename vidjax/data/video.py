@@ -18,7 +18,7 @@ requested frames:
 5. Chunks are opened without FFmpeg's stream probe, which would decode the
    first frame once more (an open costs a third).
 
-`python -m vidjax.bench.loader` measures all of it on real footage against
+`python -m benchmarks.loader` measures all of it on real footage against
 naive PyAV and decord (BENCHMARKS.md).
 
 Ids past the last frame are clamped to the last frame (and negative ids to 0),
@@ -41,7 +41,7 @@ import threading
 import av
 import numpy as np
 
-from vidjax import errors
+from vidjax.base import errors
 from vidjax.data import chunk as chunk_lib, reads
 
 
@@ -277,7 +277,7 @@ class _Converter:
   swscale's scaled path to packed RGB runs in plain C, while scaling planar
   YUV and the unscaled YUV -> RGB conversion both have SIMD code: two passes
   (crop scaled as yuv420p, then converted) cost less than half of one direct
-  pass and interpolate chroma at least as well (`vidjax.bench.reader_parts`).
+  pass and interpolate chroma at least as well (`benchmarks.reader_parts`).
   """
 
   def __init__(self):

@@ -25,7 +25,7 @@ per clip would cost both processes a page fault (and the worker the
 zeroing) of every 4 KiB of frames: about a millisecond per 4-frame clip.
 Decoding into the block, not into an array then stacked into one, saves
 the worker a copy of the frames and an allocation per clip (about 2 % of
-its time: `python -m vidjax.bench.pipeline`). The
+its time: `python -m benchmarks.pipeline`). The
 pipeline's `close` unlinks the blocks. Python's
 resource tracker, a process of the trainer's that outlives it, unlinks the
 blocks left once the trainer and its workers are gone; a kill of the whole
@@ -61,7 +61,7 @@ import time
 from absl import flags
 import numpy as np
 
-from vidjax import errors, internals
+from vidjax.base import errors, internals
 from vidjax.data import reads
 
 SHM_DIR = "/dev/shm"

@@ -3,7 +3,7 @@
 `build_model(config, rngs=...)` builds the model of `config` (usually
 `config.model`) through its spec (`spec.from_config`: one frozen
 description, each module given its part whole). It reads these keys
-(`vidjax.defaults.model_config(name)` has all of them, with their
+(`vidjax.config.defaults.model_config(name)` has all of them, with their
 defaults):
 
 Every model
@@ -30,7 +30,7 @@ Every model
                 statistics), 'save_dots_and_attention' (those and every
                 matmul output), 'dots_saveable' (matmul outputs only),
                 'dots_with_no_batch_dims_saveable'. Each recipe says which
-                fits what GPU memory (`python -m vidjax.bench.memory`).
+                fits what GPU memory (`python -m benchmarks.memory`).
   scan          scan over blocks (faster compiles, params stacked by depth).
   drop_path     stochastic depth at the last block.
   drop_path_schedule  'linear' (from 0 at the first block, timm/VideoMAE)
@@ -43,7 +43,7 @@ Every model
                 the backbone's.
   `act`, the eps and the classifier's pooling are what the weights were
   trained with: `config.init_from`'s source sets the ones not given on the
-  command line (`vidjax.models.facts`).
+  command line (`vidjax.weights.facts`).
 'clip'
   embed_dim     joint embedding size (512 for B/16).
   text.vocab_size 49408 and text.context_length 77 (CLIP's tokenizer
@@ -83,7 +83,7 @@ from __future__ import annotations
 from flax import nnx
 import ml_collections
 
-from vidjax import internals
+from vidjax.base import internals
 from vidjax.models import spec as spec_lib
 from vidjax.models.clip import CLIP
 from vidjax.models.spec import resolve_dtype

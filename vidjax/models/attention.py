@@ -34,7 +34,8 @@ import jax
 from jax.ad_checkpoint import checkpoint_name  # not re-exported as jax.*
 import jax.numpy as jnp
 
-from vidjax import defaults, internals
+from vidjax.base import internals
+from vidjax.config import defaults
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # Sequence lengths are padded to a multiple of this on the cuDNN path.
@@ -48,7 +49,7 @@ _assumed_capability: tuple[int, int] | None = None
 @contextlib.contextmanager
 def assume_gpu(compute_capability: tuple[int, int]):
   """Within the block, implementations are chosen as on a CUDA GPU of
-  `compute_capability` (`vidjax.bench.cuda_trace.forced_cudnn`)."""
+  `compute_capability` (`benchmarks.cuda_trace.forced_cudnn`)."""
   global _assumed_capability
   previous, _assumed_capability = _assumed_capability, tuple(compute_capability)
   try:

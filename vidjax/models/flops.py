@@ -48,7 +48,7 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
   """FLOPs to process one example with the model `config` describes.
 
   Args:
-    config: a model config (see `vidjax.defaults.model_config`).
+    config: a model config (see `vidjax.config.defaults.model_config`).
 
   Returns:
     dict with 'forward' and 'training' (forward + backward) FLOPs per

@@ -61,7 +61,7 @@ def attention_shapes(
   """The towers' attention shapes in training (module docstring), by name.
 
   Args:
-    config: a model config (`vidjax.defaults.model_config`).
+    config: a model config (`vidjax.config.defaults.model_config`).
 
   Returns:
     dict of `AttentionShape`, vision tower first.

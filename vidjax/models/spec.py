@@ -22,7 +22,7 @@ A variant is another spec (`dataclasses.replace`, `unmasked`,
 A new knob is a field here, named as its `config.model` key (`fill` copies
 each key of the config to the field of its name, in nested specs too), and
 the line of the module that reads it; its default goes in
-`vidjax.defaults.model_config`.
+`vidjax.config.defaults.model_config`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vidjax import defaults
+from vidjax.config import defaults
 from vidjax.models.transformer import drop_path_rates
 from vidjax.models.videomae import BACKBONE_STYLES
 
@@ -310,7 +310,7 @@ def _switches(backbone: str) -> tuple[dict, dict]:
 def from_config(config) -> ModelSpec:
   """The spec of the model `config` (a `config.model`) describes.
 
-  Facts the config leaves to the weights (`vidjax.models.facts`) are
+  Facts the config leaves to the weights (`vidjax.weights.facts`) are
   settled in it before; a classifier's act, ln_eps and pool left empty
   take its backbone's (`videomae.BACKBONE_STYLES`).
   """

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vidjax import defaults
+from vidjax.config import defaults
 from vidjax.models.attention import MultiHeadAttention
 
 # `defaults.ACTIVATIONS`: the functions.
@@ -46,7 +46,7 @@ _attention_saveable = _policies.save_from_both_policies(
 
 # What a remat'd block keeps for the backward pass ('none' = no remat). The
 # more it keeps, the less the backward pass recomputes and the more memory
-# it holds; each recipe says which fits what GPU (vidjax.bench.memory).
+# it holds; each recipe says which fits what GPU (benchmarks.memory).
 # The names are `defaults.REMAT_POLICIES`.
 REMAT_POLICIES = {
   "none": None,

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vidjax import defaults
+from vidjax.config import defaults
 from vidjax.models.transformer import Transformer
 
 # Folded into the call's drop-path key for the draw of the kept tokens, so

@@ -6,8 +6,8 @@ functions below (a `typing.Protocol`, checked by type checkers and by
 `isinstance`). Contrastive tasks are also `EmbeddingTask`s (their loss
 couples the batch: `vidjax.steps` accumulates it by GradCache). Retrieval
 tasks are also `RetrievalTask`s, which
-`vidjax.eval_sets` asks for the captions and the embeddings. Whether a
-task's batches carry text is `vidjax.defaults.needs_text(task)`.
+`vidjax.evaluation.eval_sets` asks for the captions and the embeddings. Whether a
+task's batches carry text is `vidjax.config.defaults.needs_text(task)`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from vidjax import defaults
+from vidjax.config import defaults
 
 Batch = Mapping[str, jax.Array]
 
 
 @runtime_checkable
 class Task(Protocol):
-  """What the train and eval steps call (`vidjax.steps`, `vidjax.eval_sets`)."""
+  """What the train and eval steps call (`vidjax.steps`, `vidjax.evaluation.eval_sets`)."""
 
   def augment_config(
     self, config: ml_collections.ConfigDict, *, train: bool

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vidjax import metrics as metrics_lib
-from vidjax.data import annotation_files
-from vidjax.tasks import common, losses
+from vidjax.data.annotations import annotation_files
+from vidjax.tasks import common, losses, metrics as metrics_lib
 
 # The labels an evaluation keeps: EK-100 actions also score verb and noun.
 LABELS = ("label", "verb", "noun")

@@ -17,7 +17,7 @@ def eval_augment(augment: dict) -> dict:
 
 
 def repeat_keys(config) -> dict:
-  """The training augment's keys for `data.repeats` (`vidjax.views`): the
+  """The training augment's keys for `data.repeats` (`vidjax.augment.views`): the
   views' count and their crop, flip and size; none without repeats."""
   data = config.data
   if data.get("repeats", 1) <= 1:

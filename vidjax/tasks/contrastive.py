@@ -19,9 +19,9 @@ from __future__ import annotations
 from absl import logging
 import numpy as np
 
-from vidjax import errors, metrics as metrics_lib
-from vidjax.data import ek100
-from vidjax.tasks import common, losses
+from vidjax.base import errors
+from vidjax.data.annotations import ek100
+from vidjax.tasks import common, losses, metrics as metrics_lib
 
 RECALL_KS = (1, 5, 10)  # `metrics.retrieval_recall`'s.
 _SAID_FEW: set[int] = set()  # Evaluation sizes whose R@K gap was said.

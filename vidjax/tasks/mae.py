@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from vidjax import defaults
+from vidjax.config import defaults
 from vidjax.tasks import common, losses
 
 

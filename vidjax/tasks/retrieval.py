@@ -4,7 +4,7 @@ Loss: max-margin ranking over the global batch's cosine similarities
 (`losses.max_margin_ranking_loss`, margin `config.loss.margin`, 0.2), over
 the valid elements, the whole batch's under `accum_steps` > 1 too (as
 contrastive: GradCache). Each training clip's caption is drawn among those of
-relevancy > 0.1 to it when `data.train_relevancy` is set (`vidjax.data.ek100`).
+relevancy > 0.1 to it when `data.train_relevancy` is set (`vidjax.data.annotations.ek100`).
 Eval: as contrastive (recall@K, and mAP / nDCG against the captions of
 `eval.sentences` with the clips x captions `eval.relevancy`).
 """

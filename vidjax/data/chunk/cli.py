@@ -20,7 +20,7 @@ side by side (a SLURM array: launch/chunk_slurm.sh), readers see the union,
 whose clips take a few frames far apart, AVION's 4-frame pretraining clips:
 such a frame decodes from its keyframe, so keyframes every 2 frames and no
 B-frames (`--gop 2 --bframes 0`) decode 1.5 frames per delivered frame
-instead of ~2.9, for about 3x the disk (`python -m vidjax.bench.pipeline`).
+instead of ~2.9, for about 3x the disk (`python -m benchmarks.pipeline`).
 
 Exit status: 0 every video chunked; 1 some failed (listed); 2 refused (bad
 arguments or input, another chunker on the same part); 75 stopped by
@@ -35,7 +35,7 @@ from pathlib import Path
 import signal
 import sys
 
-from vidjax import errors
+from vidjax.base import errors
 from vidjax.data.chunk import encode, manifest as manifest_lib, parts, store
 
 

@@ -12,7 +12,7 @@ chunk `k = floor(i / fps / chunk_seconds)`, at local index
 `i - ceil(k * chunk_seconds * fps)` (exact fractions; see `chunk_start_frames`).
 
 Encoding defaults, chosen for decoding speed per byte on real footage
-(`python -m vidjax.bench.loader --sweep`; the measured figures are in
+(`python -m benchmarks.loader --sweep`; the measured figures are in
 BENCHMARKS.md, Chunk settings):
 - `--tune fastdecode` (CAVLC instead of CABAC, no deblocking, no weighted
   prediction): decoding is most of the reader's time and CABAC its slowest
@@ -44,7 +44,7 @@ import shutil
 import av
 import numpy as np
 
-from vidjax import errors
+from vidjax.base import errors
 
 # Encoder settings per kind of clip (`--profile`), over `ChunkOptions`'.
 PROFILES = {"default": {}, "sparse": {"gop": 2, "bframes": 0}}

@@ -25,12 +25,12 @@ import re
 
 from absl import logging
 
-from vidjax import errors
+from vidjax.base import errors
 
 MANIFEST = "manifest.jsonl"
 ERRORS = "errors.jsonl"
 PROGRESS = "progress.json"
-LOCK = "vidjax.lock"  # The name vidjax.rundir gives a lock in its folder.
+LOCK = "vidjax.lock"  # The name vidjax.base.rundir gives a lock in its folder.
 SHARDS = "shards"
 # Names of the store's own files: no video may take one as its id.
 RESERVED = (MANIFEST, ERRORS, PROGRESS, LOCK, SHARDS)

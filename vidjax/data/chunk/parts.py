@@ -21,7 +21,7 @@ import shutil
 import socket
 import time
 
-from vidjax import errors, rundir, whole_files
+from vidjax.base import errors, rundir, whole_files
 from vidjax.data.chunk import manifest as manifest_lib
 
 

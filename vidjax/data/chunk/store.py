@@ -6,7 +6,7 @@ yet, appends a line per finished video to its part's manifest (DST's own,
 or DST/shards/K-of-N's: see `manifest`), and lists the videos that failed
 twice with their reason in the part's errors.jsonl; the others go on (also
 when one crashes its worker process). The part is locked while it runs
-(`vidjax.rundir.WorkdirLock`): a second chunker of the same part is refused.
+(`vidjax.base.rundir.WorkdirLock`): a second chunker of the same part is refused.
 
 What two shards side by side write is disjoint: each its own part folder
 and the chunk folders DST/<video_id> of its own videos.
@@ -30,7 +30,7 @@ import sys
 
 import tqdm
 
-from vidjax import errors, rundir, whole_files
+from vidjax.base import errors, rundir, whole_files
 from vidjax.data.chunk import encode, manifest as manifest_lib, parts
 
 VIDEO_EXTENSIONS = (

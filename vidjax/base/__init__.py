@@ -1,0 +1,1 @@
+"""Ground floor: errors, private APIs, whole files, the run directory, stopping."""

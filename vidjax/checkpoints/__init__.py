@@ -1,0 +1,1 @@
+"""Checkpoints: the writer, the reader, resuming, checksums, failed saves."""

@@ -1,0 +1,1 @@
+"""Evaluation: eval sets, the field's benchmarks, the text-prompt classifier."""

@@ -1,0 +1,1 @@
+"""What a run reports: the console, metrics files, TensorBoard events, plots."""

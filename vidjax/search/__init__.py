@@ -1,0 +1,367 @@
+"""Text search and zero-shot labels over an INDEX of `python -m vidjax.embed`.
+
+    python -m vidjax.search INDEX "someone opens the fridge" ["query" ...]
+        [--top 10] [--json] [--html PAGE.html] [--templates "{}"]
+    python -m vidjax.search INDEX --labels "cut,wash,open" [--csv OUT.csv]
+    python -m vidjax.search INDEX --labels LABELS.txt     (one label a line)
+
+A query is embedded by the text tower of the model that made the index
+(its config.json and weights), through the text-prompt classifier of
+`vidjax.evaluation.zeroshot` (each query a class of one text, put into every template,
+averaged, normalised), and scored by cosine against every window: the table
+lists the best `--top` windows with video, start, end and score; `--json`
+prints them as JSON. Several queries embed the index once.
+
+`--labels` gives every window the best of the labels (the same classifier,
+one class per label) and writes a CSV `video,start,end,label,score`
+(default INDEX/labels.csv), then prints per video the label of most of its
+windows and its share of them.
+
+`--html PAGE.html` writes a page that opens from disk in any browser: each
+query and its hits, each with the middle frame of the window (inlined as
+JPEG), the video, the times and the score.
+
+    from vidjax.search import Index
+    index = Index("INDEX")
+    hits = index.query(["a red square moves left"], top=5)[0]
+    labels = index.label(["red", "green"])       # per window
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import csv
+import dataclasses
+import html
+import json
+import os
+from pathlib import Path
+import sys
+
+import numpy as np
+
+from vidjax.base import errors
+from vidjax.evaluation import zeroshot
+from vidjax.search import embed
+
+DEFAULT_TEMPLATES = ("{}",)
+LABELS_CSV = "labels.csv"
+THUMB_HEIGHT = 144  # Pixels of a thumbnail's height on the page.
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+  """One window found: its row in the index, video, seconds and score."""
+
+  row: int
+  video: str
+  start: float
+  end: float
+  score: float
+
+
+class Index:
+  """An INDEX directory (`vidjax.search.embed`): rows, windows and the model.
+
+  Attributes:
+    path: the directory.
+    embeddings: float32[N, D], L2-normalised (stored as float16).
+    videos: str[N]; starts, ends: float64[N] seconds.
+    info: index.json (weights, recipe, windows, vidjax version, ...).
+  """
+
+  def __init__(self, path: str | os.PathLike, encoder=None):
+    """`encoder`: the model, if already loaded (`vidjax.search.embed.Encoder`);
+    None loads the index's (its config.json and weights) when needed."""
+    self.path = Path(path)
+    try:
+      self.info = json.loads((self.path / embed.INDEX_JSON).read_text())
+      matrix = np.load(self.path / embed.EMBEDDINGS)
+      with open(self.path / embed.WINDOWS, newline="") as f:
+        rows = list(csv.DictReader(f))
+    except (OSError, ValueError) as e:
+      raise errors.PathError(
+        f"{self.path}: not a complete index ({e})",
+        hint="make it with python -m vidjax.embed ... --out "
+        f"{self.path} (a rerun completes an interrupted one)",
+      ) from None
+    if len(rows) != len(matrix):
+      raise errors.DataFileError(
+        f"{self.path}: {len(rows)} windows but {len(matrix)} embeddings",
+        hint="rerun the python -m vidjax.embed command that made it",
+      )
+    self.embeddings = matrix.astype(np.float32)
+    self.videos = np.array([r["video"] for r in rows])
+    self.starts = np.array([float(r["start"]) for r in rows])
+    self.ends = np.array([float(r["end"]) for r in rows])
+    self._encoder = encoder
+
+  def __len__(self) -> int:
+    return len(self.embeddings)
+
+  @property
+  def encoder(self) -> embed.Encoder:
+    """The model that made the index (loaded on first use)."""
+    if self._encoder is None:
+      import ml_collections  # pylint: disable=import-outside-toplevel
+
+      config = ml_collections.ConfigDict(
+        json.loads((self.path / "config.json").read_text())
+      )
+      self._encoder = embed.load_encoder(config)
+    return self._encoder
+
+  def text_classes(self, classes, templates=DEFAULT_TEMPLATES) -> np.ndarray:
+    """float32[C, D]: `zeroshot.class_embeddings` of `classes` (each a text
+    or a list of texts) by the index's text tower."""
+    encoder = self.encoder
+    return zeroshot.class_embeddings(
+      encoder.encode_tokens,
+      encoder.tokenizer,
+      list(classes),
+      tuple(templates),
+      batch_size=encoder.text_batch,
+    )
+
+  def scores(self, classes, templates=DEFAULT_TEMPLATES) -> np.ndarray:
+    """float32[N, C]: every window's cosine with each class."""
+    return zeroshot.logits(
+      self.embeddings, self.text_classes(classes, templates)
+    )
+
+  def query(
+    self, queries, top: int = 10, templates=DEFAULT_TEMPLATES
+  ) -> list[list[Hit]]:
+    """The `top` windows of each query (a str or a list of them), best first."""
+    queries = [queries] if isinstance(queries, str) else list(queries)
+    scores = self.scores(queries, templates)
+    out = []
+    for q in range(len(queries)):
+      best = np.argsort(-scores[:, q], kind="stable")[:top]
+      out.append([self._hit(int(i), scores[i, q]) for i in best])
+    return out
+
+  def label(
+    self, labels, templates=DEFAULT_TEMPLATES
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """(int[N] the best label of each window, float32[N] its score)."""
+    scores = self.scores(list(labels), templates)
+    best = scores.argmax(1)
+    return best, scores[np.arange(len(best)), best]
+
+  def _hit(self, row: int, score) -> Hit:
+    return Hit(
+      row,
+      str(self.videos[row]),
+      float(self.starts[row]),
+      float(self.ends[row]),
+      float(score),
+    )
+
+  def thumbnail(self, hit: Hit, height: int = THUMB_HEIGHT) -> bytes:
+    """JPEG bytes of the middle frame of a hit's window."""
+    from vidjax.data import video  # pylint: disable=import-outside-toplevel
+
+    store = self.info["store"]
+    info = video.video_info(store, hit.video)
+    fps = float(info.frame_rate)
+    frame = min(int((hit.start + hit.end) / 2 * fps), info.num_frames - 1)
+    width = max(2, round(info.width * height / info.height / 2) * 2)
+    image = video.read_clip(store, hit.video, [frame], size=(height, width))[0]
+    return _jpeg(image)
+
+
+def _jpeg(image: np.ndarray) -> bytes:
+  """A JPEG of `image` (uint8[H, W, 3] RGB, even H and W), by the MJPEG
+  encoder of PyAV's own FFmpeg: no image library needed."""
+  import av  # pylint: disable=import-outside-toplevel
+
+  encoder = av.CodecContext.create("mjpeg", "w")
+  encoder.width, encoder.height = image.shape[1], image.shape[0]
+  encoder.pix_fmt = "yuvj420p"  # Full-range YUV 4:2:0, as JPEG files are.
+  encoder.options = {"qmin": "2", "qmax": "2"}  # Its finest quantiser.
+  frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+  packets = encoder.encode(frame.reformat(format="yuvj420p"))
+  return b"".join(bytes(p) for p in packets + encoder.encode(None))
+
+
+# ---------------------------------------------------------------------------
+# Outputs.
+# ---------------------------------------------------------------------------
+def table(query: str, hits: list[Hit]) -> str:
+  """A query's hits as a text table."""
+  width = max([len("video")] + [len(h.video) for h in hits])
+  lines = [f"query: {query}", f"  {'video':<{width}}  start    end   score"]
+  lines += [
+    f"  {h.video:<{width}} {h.start:6.1f} {h.end:6.1f}  {h.score:.4f}"
+    for h in hits
+  ]
+  return "\n".join(lines)
+
+
+def write_html(index: Index, queries, results, path) -> Path:
+  """A page of every query's hits with inlined thumbnails (no server)."""
+  parts = [
+    "<!doctype html>\n<html><head><meta charset='utf-8'>"
+    f"<title>vidjax search: {html.escape(index.path.name)}</title><style>"
+    "body{font-family:sans-serif;margin:2em}"
+    ".hits{display:flex;flex-wrap:wrap;gap:12px}"
+    ".hit{border:1px solid #ccc;padding:6px;font-size:13px}"
+    ".hit img{display:block;height:"
+    f"{THUMB_HEIGHT}px}}</style></head><body>",
+    f"<h1>{html.escape(str(index.path))}</h1>",
+    f"<p>{len(index)} windows; weights "
+    f"{html.escape(index.info['weights'] or index.info.get('description', ''))}"
+    "</p>",
+  ]
+  for query, hits in zip(queries, results):
+    parts.append(
+      f"<h2 class='query'>{html.escape(query)}</h2><div class='hits'>"
+    )
+    for rank, hit in enumerate(hits, 1):
+      image = base64.b64encode(index.thumbnail(hit)).decode("ascii")
+      parts.append(
+        "<div class='hit'>"
+        f"<img alt='{html.escape(hit.video)}' "
+        f"src='data:image/jpeg;base64,{image}'>"
+        f"<b>{rank}.</b> <span class='video'>{html.escape(hit.video)}</span>"
+        f" {hit.start:.1f}-{hit.end:.1f} s, score {hit.score:.3f}</div>"
+      )
+    parts.append("</div>")
+  parts.append("</body></html>\n")
+  path = Path(path)
+  from vidjax.base import whole_files  # pylint: disable=import-outside-toplevel
+
+  with whole_files.replaced(path) as f:
+    f.write("\n".join(parts))
+  return path
+
+
+def read_labels(spec: str) -> list[str]:
+  """`--labels`: a file of one label a line, or labels separated by commas."""
+  if os.path.isfile(spec):
+    with open(spec, encoding="utf-8-sig") as f:
+      labels = [line.strip() for line in f if line.strip()]
+    where = spec
+  else:
+    labels = [label.strip() for label in spec.split(",") if label.strip()]
+    where = "--labels"
+  if not labels:
+    raise errors.ConfigError(
+      f"{where}: no labels",
+      hint='give them as --labels "cut,wash,open" or a file of one a line',
+    )
+  return labels
+
+
+def write_labels(index: Index, labels, best, score, path) -> dict:
+  """Writes the labels CSV; returns the per-video summary
+  {video: (label of most windows, its share, windows)}."""
+  from vidjax.base import whole_files  # pylint: disable=import-outside-toplevel
+
+  with whole_files.replaced(path) as f:
+    writer = csv.writer(f, lineterminator="\n")
+    writer.writerow(("video", "start", "end", "label", "score"))
+    for i in range(len(index)):
+      writer.writerow(
+        (
+          index.videos[i],
+          f"{index.starts[i]:g}",
+          f"{index.ends[i]:g}",
+          labels[best[i]],
+          f"{score[i]:.4f}",
+        )
+      )
+  summary = {}
+  for vid in dict.fromkeys(index.videos.tolist()):
+    counts = collections.Counter(best[index.videos == vid].tolist())
+    label, n = counts.most_common(1)[0]
+    summary[vid] = (
+      labels[label],
+      n / sum(counts.values()),
+      sum(counts.values()),
+    )
+  return summary
+
+
+# ---------------------------------------------------------------------------
+# The command line.
+# ---------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.search", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("index", help="an INDEX made by python -m vidjax.embed")
+  parser.add_argument("queries", nargs="*", help="texts to search for")
+  parser.add_argument("--top", type=int, default=10, help="hits per query")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.add_argument("--html", help="write a page of the hits here")
+  parser.add_argument(
+    "--labels", help='"a,b,c" or a file of one label a line: label windows'
+  )
+  parser.add_argument(
+    "--csv", help=f"where --labels writes (default INDEX/{LABELS_CSV})"
+  )
+  parser.add_argument(
+    "--templates",
+    default=",".join(DEFAULT_TEMPLATES),
+    help="prompt templates, comma-separated, each with {} (e.g. "
+    "'#C C {}' for Ego4D-trained models)",
+  )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if not args.queries and not args.labels:
+      raise errors.ConfigError(
+        "nothing to do: give queries, or --labels",
+        hint='python -m vidjax.search INDEX "a query" [--top 10]',
+      )
+    if args.top < 1:
+      raise errors.ConfigError(f"--top {args.top}: must be 1 or more")
+    templates = [t.strip() for t in args.templates.split(",") if t.strip()]
+    if any(t.count("{}") != 1 for t in templates) or not templates:
+      raise errors.ConfigError(
+        f"--templates {args.templates!r}: each template holds {{}} once"
+      )
+    index = Index(args.index)
+    out: dict = {}
+    if args.queries:
+      results = index.query(args.queries, args.top, templates)
+      out["queries"] = {
+        q: [dataclasses.asdict(h) for h in hits]
+        for q, hits in zip(args.queries, results)
+      }
+      if args.html:
+        out["html"] = os.fspath(
+          write_html(index, args.queries, results, args.html)
+        )
+      if not args.json:
+        for q, hits in zip(args.queries, results):
+          print(table(q, hits))
+    if args.labels:
+      labels = read_labels(args.labels)
+      best, score = index.label(labels, templates)
+      path = args.csv or index.path / LABELS_CSV
+      summary = write_labels(index, labels, best, score, path)
+      out["labels_csv"] = os.fspath(path)
+      out["videos"] = {
+        v: {"label": lab, "share": share, "windows": n}
+        for v, (lab, share, n) in summary.items()
+      }
+      if not args.json:
+        print(f"labels of {len(index)} windows in {path}; per video:")
+        for v, (lab, share, n) in summary.items():
+          print(f"  {v}: {lab} ({share:.0%} of {n} windows)")
+    if args.json:
+      print(json.dumps(out, indent=1))
+    elif args.html:
+      print(f"page: {out['html']}")
+  except errors.UserError as e:
+    print(f"vidjax.search: error: {e.describe()}", file=sys.stderr)
+    return e.exit_code
+  return errors.EXIT_FINISHED

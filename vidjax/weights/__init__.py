@@ -1,0 +1,1 @@
+"""Weights in: released checkpoints read exactly and fitted to the live model."""
