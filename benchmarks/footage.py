@@ -206,7 +206,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 def source_frames(source: str, ids, width: int, height: int) -> dict:
   """Frames `ids` of the source, RGB scaled to width x height (OpenCV's
   INTER_AREA), by id."""
-  import cv2  # pylint: disable=import-outside-toplevel
+  import cv2
 
   wanted, out = set(int(i) for i in ids), {}
   with av.open(source) as container:
@@ -225,7 +225,7 @@ def source_frames(source: str, ids, width: int, height: int) -> dict:
 def reference_crop(frame: np.ndarray, window, size: int) -> np.ndarray:
   """What `read_clip` should give: `window` (snapped as it snaps it) cut
   from a source frame at the store's size, resized to size x size."""
-  import cv2  # pylint: disable=import-outside-toplevel
+  import cv2
 
   x, y, w, h = video.even_window(window, frame.shape[1], frame.shape[0])
   return cv2.resize(

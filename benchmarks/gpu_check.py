@@ -354,7 +354,6 @@ class Deadline:
   and closing gets `grace_s` more.
   """
 
-  # pylint: disable-next=redefined-builtin,protected-access
   def __init__(
     self, seconds: float, on_expiry, exit=os._exit, grace_s: float = 10.0
   ):
@@ -387,7 +386,6 @@ class Deadline:
       if close:
         close()
 
-  # pylint: disable-next=redefined-builtin
   def _expire(self, on_expiry, exit, grace_s: float):
     try:
       on_expiry()
@@ -606,7 +604,7 @@ def main(argv=None) -> dict:
       start = time.monotonic()
       try:
         result = sections[name]()
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         traceback.print_exc()  # One failing section must not lose the rest.
         result = {
           "error": gpu_measure.error_text(e),

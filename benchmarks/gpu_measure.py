@@ -193,7 +193,7 @@ def step_plan(plan: Plan, remats: list[str] | None = None) -> dict:
     config = recipe_config(plan, attention_impl="xla")
     config.model.update(attention="xla", dtype="bfloat16")
     estimates["xla", first] = memory.step_memory(config, remat=first)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     traceback.print_exc()  # The measurements still run, unfiltered.
     error = error_text(e)
 
@@ -368,7 +368,7 @@ def check_attention(plan: Plan, save=None) -> dict:
         measured["forward_backward_ms"] = breakdown.median_ms(
           with_grads, q, k, v, g, repeats=plan.repeats
         )
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         traceback.print_exc()  # Recorded; the other cases still run.
         measured["error"] = error_text(e)
     both = (
@@ -499,7 +499,7 @@ def measure_step(
       jax.block_until_ready((state, metrics))
       step_s = (time.perf_counter() - start) / plan.timed_steps
       break
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if not _is_oom(e) or per_device == 1:
         raise
       spent = time.monotonic() - began  # About what a retry costs.
@@ -607,7 +607,7 @@ def check_training(
       if fastest is None or speed > fastest.result["clips_per_s"]:
         fastest = measured
         result["fastest"] = key
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       traceback.print_exc()
       result["steps"][key] = {"error": error_text(e)}
       if run["attention"] == "cudnn" and not _is_oom(e):

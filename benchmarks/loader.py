@@ -74,7 +74,7 @@ class Runner:
 def _naive(r: Runner, ids, box, stats: video.DecodeStats):
   """Seek, decode every frame up to the last id, whole frames to RGB, then
   crop and resize (OpenCV, bilinear)."""
-  import cv2  # pylint: disable=import-outside-toplevel
+  import cv2
 
   out = {}
   with av.open(r.source) as container:
@@ -108,8 +108,8 @@ def _naive(r: Runner, ids, box, stats: video.DecodeStats):
 
 def _decord(r: Runner, ids, box, stats: video.DecodeStats):
   """decord's `get_batch` per chunk file, then crop and resize (OpenCV)."""
-  import cv2  # pylint: disable=import-outside-toplevel
-  import decord  # pylint: disable=import-outside-toplevel
+  import cv2
+  import decord
 
   info = video.video_info(r.store, Path(r.source).stem)
   starts = np.asarray(info.chunk_starts)
@@ -163,7 +163,7 @@ def _pin(core: int) -> None:
   if core >= 0:
     os.sched_setaffinity(0, {core})
   if importlib.util.find_spec("cv2"):
-    import cv2  # pylint: disable=import-outside-toplevel
+    import cv2
 
     cv2.setNumThreads(1)
 
@@ -491,7 +491,7 @@ def main(argv=None):
   if args.sweep:
     results["sweep"] = sweep(source, clips, work, args)
   if args.pipeline_workers:
-    from benchmarks import pipeline  # pylint: disable=import-outside-toplevel
+    from benchmarks import pipeline
 
     workers = [int(w) for w in args.pipeline_workers.split(",")]
     rows = results["pipeline"] = pipeline.scaling(

@@ -571,12 +571,12 @@ def test_any_failure_of_a_save_whose_workdir_is_gone_is_said_so(tmp_path):
   gone = ValueError("No ArrayMetadata found for process_index=0 in ...")
   with checkpoint.Checkpointer(ckpts, every_steps=1, keep=3) as ckpt:
     with pytest.raises(ValueError, match="a bug"):
-      ckpt._report_failure(1, ValueError("a bug"))  # pylint: disable=protected-access
+      ckpt._report_failure(1, ValueError("a bug"))
     with pytest.raises(errors.WriteError, match="were deleted while"):
-      ckpt._report_failure(1, gone)  # pylint: disable=protected-access
+      ckpt._report_failure(1, gone)
     shutil.rmtree(tmp_path / "run")
     with pytest.raises(errors.WriteError, match="were deleted while"):
-      ckpt._report_failure(1, ValueError("a bug"))  # pylint: disable=protected-access
+      ckpt._report_failure(1, ValueError("a bug"))
 
 
 _ORPHANED_WRITES = """

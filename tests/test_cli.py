@@ -112,7 +112,7 @@ def write_vocab(path):
 
 
 def vocab_size(path) -> int:
-  from vidjax.data import tokenizer  # pylint: disable=import-outside-toplevel
+  from vidjax.data import tokenizer
 
   return tokenizer.Tokenizer(path).vocab_size
 
@@ -552,7 +552,7 @@ def _in_process(command):
   """(exit code, stderr) for the mistake in a `_main` command, from
   `main.run` (what the command line runs after its flags), without
   starting Python and JAX again."""
-  from vidjax import main  # pylint: disable=import-outside-toplevel
+  from vidjax import main
 
   config, workdir, args = command[4], command[6], command[7:]
   overrides = [arg for arg in args if arg.startswith("--config.")]

@@ -274,7 +274,7 @@ def test_debug_recipes_do_not_warn_that_their_batch_exceeds_their_clips(
 ):
   """A :debug recipe's synthetic corpus (12 training clips for its batch of
   16) is small on purpose; the same on your own data is warned about."""
-  from vidjax import train  # pylint: disable=import-outside-toplevel
+  from vidjax import train
 
   warned = []
   monkeypatch.setattr(

@@ -169,10 +169,10 @@ def test_progress_bar_moves_to_step(capsys):
 
 
 def test_classification_table_has_the_chance_level_and_top5_past_5_classes():
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import ml_collections
+  import numpy as np
 
-  from vidjax.tasks import classification  # pylint: disable=import-outside-toplevel
+  from vidjax.tasks import classification
 
   config = ml_collections.ConfigDict({"data": {"format": "jsonl"}})
   for classes, labels in ((2, [0, 1, 1, 0]), (8, [0, 7, 3, 3])):
@@ -221,7 +221,7 @@ def test_a_torn_last_line_of_the_log_file_is_dropped(tmp_path, caplog):
 def test_ctrl_c_twice_leaves_its_error_as_the_last_line(capsys, monkeypatch):
   # The error goes through tqdm.write, which draws an open bar again under
   # it; `train` closes the bar first (an abort hook).
-  from vidjax.base import stopping  # pylint: disable=import-outside-toplevel
+  from vidjax.base import stopping
 
   def exit_now(code):
     raise SystemExit(code)

@@ -339,7 +339,7 @@ def test_a_thumbnail_is_a_jpeg_of_the_frame():
   rows, cols = np.mgrid[0:144, 0:256]
   image = np.stack([rows, cols, rows + cols], -1).astype(np.uint8)
   image[40:80, 50:120] = (255, 0, 0)
-  data = search._jpeg(image)  # pylint: disable=protected-access
+  data = search._jpeg(image)
   assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9"  # SOI, EOI
   with av.open(io.BytesIO(data), format="mjpeg") as f:
     decoded = next(f.decode(video=0)).to_ndarray(format="rgb24")

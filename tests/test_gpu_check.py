@@ -436,7 +436,7 @@ def test_a_close_that_hangs_cannot_keep_the_process_past_the_limit(monkeypatch):
 
 
 def test_the_scripts_help_lists_both_forms():
-  import subprocess  # pylint: disable=import-outside-toplevel
+  import subprocess
 
   script = Path(__file__).resolve().parents[1] / "launch/gpu_check.sh"
   result = subprocess.run(

@@ -357,7 +357,6 @@ def test_process_wide_hooks_only_in_main():
 def test_every_choice_is_implemented_under_its_defaults_name():
   """The tables that implement a choice are keyed by `vidjax.config.defaults`'s
   names, and every task module is a `tasks.Task`."""
-  # pylint: disable=import-outside-toplevel
   from vidjax import models, tasks
   from vidjax.config import defaults
   from vidjax.data import annotations

@@ -41,7 +41,7 @@ ARCHIVE = make_reference.HERE / "openclip_vit.pt"
 def _needs_torch():
   if importlib.util.find_spec("torch") is None:
     pytest.skip("writing and reading a torch pickle needs torch")
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   return torch
 

@@ -541,7 +541,7 @@ def test_damaged_files_are_named_without_a_traceback(tmp_path):
   np.savez(tmp_path / "whole.npz", **sd)
   suffixes = [".safetensors", ".npz"]
   if importlib.util.find_spec("torch"):  # .pt files are read with torch.
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
 
     torch.save(
       {k: torch.from_numpy(v) for k, v in sd.items()}, tmp_path / "whole.pt"

@@ -207,9 +207,9 @@ _LAUNCH_VARS = (
 
 
 def _initialize_kwargs(monkeypatch, **env) -> dict | None:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from vidjax import main  # pylint: disable=import-outside-toplevel
+  from vidjax import main
 
   for name in _LAUNCH_VARS:
     monkeypatch.delenv(name, raising=False)
@@ -219,7 +219,7 @@ def _initialize_kwargs(monkeypatch, **env) -> dict | None:
   monkeypatch.setattr(
     jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs)
   )
-  main._maybe_initialize_distributed()  # pylint: disable=protected-access
+  main._maybe_initialize_distributed()
   return calls[0] if calls else None
 
 

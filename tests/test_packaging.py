@@ -119,7 +119,7 @@ def test_the_check_finds_an_undeclared_import(tmp_path):
 def test_the_installed_package_holds_no_benchmark():
   """`pip install .` installs the packages pyproject.toml's find settings
   select: vidjax's, and never benchmarks/ (run from a checkout)."""
-  import setuptools  # pylint: disable=import-outside-toplevel
+  import setuptools
 
   find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
     "setuptools"

@@ -44,7 +44,7 @@ def test_layout_names_every_module():
 
 
 def test_readme_lists_the_exit_codes_errors_defines():
-  from vidjax.base import errors  # pylint: disable=import-outside-toplevel
+  from vidjax.base import errors
 
   readme = (REPO / "README.md").read_text()
   listed = re.search(r"\n- Exit codes .*?(?=\n- )", readme, re.S).group(0)

@@ -172,7 +172,7 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(tmp_path, caplog):
   lock = workdir / rundir.LOCK_FILE
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  here = rundir.WorkdirLock(workdir)._me  # pylint: disable=protected-access
+  here = rundir.WorkdirLock(workdir)._me
   lock.write_text(json.dumps(dict(here, pid=dead.pid, token="dead")))
   with rundir.claim(workdir):
     assert _lock(workdir)["pid"] == os.getpid()

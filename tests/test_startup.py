@@ -66,7 +66,7 @@ def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
     _counting(monkeypatch, ocp.CheckpointManager, name, counts)
   _counting(monkeypatch, ocp.Checkpointer, "__init__", counts)
   _counting(monkeypatch, models, "build_model", counts)
-  crc32 = checksums._crc32  # pylint: disable=protected-access
+  crc32 = checksums._crc32
   monkeypatch.setattr(
     checksums,
     "_crc32",

@@ -43,7 +43,7 @@ def test_train_step_compiles_once_over_three_steps(fsdp):
   for _ in range(3):
     state, metrics = steps.train(state, rest, batch, key)
     jax.block_until_ready(metrics)  # CPU collectives: never queue many steps.
-  assert steps.train._cache_size() == 1  # pylint: disable=protected-access
+  assert steps.train._cache_size() == 1
   assert int(state["step"]) == 3
   assert jax.tree.map(lambda x: x.sharding, state) == first_shardings
 

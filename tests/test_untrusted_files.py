@@ -114,10 +114,10 @@ class _Tensor:
     self.args = (storage, offset, size, stride)
 
 
-class _TorchScriptPickler(pickle._Pickler):  # pylint: disable=protected-access
+class _TorchScriptPickler(pickle._Pickler):
   """Writes data.pkl as TorchScript's pickler does, for crafted contents."""
 
-  dispatch = pickle._Pickler.dispatch.copy()  # pylint: disable=protected-access
+  dispatch = pickle._Pickler.dispatch.copy()
   dispatch[_Global] = lambda self, g: self.write(
     f"c{g.module}\n{g.name}\n".encode()
   )

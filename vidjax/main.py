@@ -80,7 +80,7 @@ def _maybe_initialize_distributed():
   Cross-process collectives on CPU use Gloo, JAX's default (0.10-0.12), so
   CPU runs need no extra setting.
   """
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
   env = os.environ
   if env.get("JAX_COORDINATOR_ADDRESS"):
@@ -154,11 +154,10 @@ def run(
 
   spec, config = config, config_lib.load_config(config, overrides)
   _maybe_initialize_distributed()
-  # pylint: disable-next=import-outside-toplevel
   from vidjax.base import internals
 
   internals.import_flax_without_ipython()  # Before anything imports flax.
-  from vidjax import memory, train  # pylint: disable=import-outside-toplevel
+  from vidjax import memory, train
 
   stopping.check()
   try:
@@ -180,7 +179,7 @@ def main(parsed) -> int:
     with stopping.handling(
       "during start-up; nothing was written: run the same command again"
     ):
-      from vidjax.report import console  # pylint: disable=import-outside-toplevel
+      from vidjax.report import console
 
       # Process-wide: sys.stdout/stderr wrapped, root log handlers swapped;
       # a failed checkpoint save's noise (Orbax's tracebacks from each
@@ -247,7 +246,7 @@ def _main_past_stuck_reads(parsed) -> int:
   if reads.in_progress():
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access
+    os._exit(code)
   return code
 
 

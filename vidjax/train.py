@@ -507,7 +507,7 @@ def _train(
   if jax.process_index() == 0:
     try:
       # Imported here: matplotlib (the `[plots]` extra) draws the plots only.
-      from vidjax.report import plot  # pylint: disable=import-outside-toplevel
+      from vidjax.report import plot
 
       plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
     except ModuleNotFoundError as e:  # A run is whole without the plots.

@@ -42,7 +42,7 @@ OPENCLIP = dict(
 def _perturbed(model, seed: int) -> None:
   """Seeded noise on every parameter: biases non-zero, LayerNorms not 1/0,
   as in trained weights (OpenCLIP initialises many of them to 0 or 1)."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   generator = torch.Generator().manual_seed(seed)
   with torch.no_grad():
@@ -61,8 +61,8 @@ def openclip(archive: Path | None = None) -> dict[str, np.ndarray]:
     the 3 entries int64); `images` float32[2, 3, 32, 32]; `tokens`
     int64[2, 77]; `image` / `text`: float32[2, 24] embeddings.
   """
-  import open_clip  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
+  import open_clip
+  import torch
 
   c = OPENCLIP
   torch.manual_seed(0)
@@ -111,7 +111,7 @@ def openclip(archive: Path | None = None) -> dict[str, np.ndarray]:
 
 def _openai_layout(clip):
   """OpenCLIP's modules under OpenAI's names, plus the archive's extras."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   class OpenAILayout(torch.nn.Module):
     def __init__(self):
@@ -159,7 +159,7 @@ WARPS = (
 def _affine(x, matrix, fill=0.5):
   """pytorchvideo's affine: grid_sample of a centred pixel map, grey fill.
   x: float [T, C, H, W]; matrix: the 2x3 map of output to input pixels."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   _, _, h, w = x.shape
   (a, b, c), (d, e, f) = matrix
@@ -186,10 +186,10 @@ def randaugment_ops() -> dict[str, np.ndarray]:
   The geometric ops' 2x3 matrices are vidjax's (`matrix/NAME`, stored:
   the test checks vidjax still makes them); the warp is the reference's.
   """
-  import torch  # pylint: disable=import-outside-toplevel
-  import torchvision.transforms.functional as tvf  # pylint: disable=import-outside-toplevel
+  import torch
+  import torchvision.transforms.functional as tvf
 
-  from vidjax.augment import randaugment  # pylint: disable=import-outside-toplevel
+  from vidjax.augment import randaugment
 
   clip = smooth_clip()
   _, h, w, _ = clip.shape
@@ -229,8 +229,8 @@ CROP_FRAMES = ((40, 400), (400, 40), (41, 333))
 def crop_fallback() -> dict[str, np.ndarray]:
   """torchvision's RandomResizedCrop.get_params (scale 0.95-1, ratio 3/4 to
   4/3) on `CROP_FRAMES`: `boxes` int64[3, 4] as (top, left, height, width)."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from torchvision import transforms  # pylint: disable=import-outside-toplevel
+  import torch
+  from torchvision import transforms
 
   boxes = [
     transforms.RandomResizedCrop.get_params(
@@ -404,7 +404,7 @@ def videomae_video(seed: int = 1, frames: int = 16) -> np.ndarray:
 
 def layer_norm(x, sd, name, eps):
   """torch's layer_norm with `sd`'s NAME.weight and NAME.bias."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   return torch.nn.functional.layer_norm(
     x, x.shape[-1:], sd[f"{name}.weight"], sd[f"{name}.bias"], eps
@@ -413,7 +413,7 @@ def layer_norm(x, sd, name, eps):
 
 def attention(x, weight, bias, out_w, out_b, heads, causal=False):
   """Multi-head self-attention of x [B, N, D] with fused q/k/v weights."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   F = torch.nn.functional
   q, k, v = (
@@ -432,7 +432,7 @@ def attention(x, weight, bias, out_w, out_b, heads, causal=False):
 def _sinusoid_table(length, dim):
   """VideoMAE's fixed position table: position / 10000^(2*(j//2)/dim),
   sine on even features, cosine on odd."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   angle = np.arange(length)[:, None] / np.power(
     10000, 2 * (np.arange(dim) // 2) / dim
@@ -446,7 +446,7 @@ def _sinusoid_table(length, dim):
 def _hf_embeddings(sd, config, video):
   """VideoMAEEmbeddings: video [B, T, C, H, W] -> tubelets [B, N, D] plus
   the sinusoid positions."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   patch = config["patch_size"]
   x = (
@@ -465,7 +465,7 @@ def _hf_embeddings(sd, config, video):
 def _hf_layers(x, sd, prefix, layers, heads, eps):
   """transformers' VideoMAELayers PREFIX.i on x [B, N, D]: pre-LN, exact
   GELU, no key bias."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   F = torch.nn.functional
   width = x.shape[-1]
@@ -517,7 +517,7 @@ def _hf_encoder(sd, config, x):
 def hf_videomae_logits(sd, config, video):
   """transformers' VideoMAEForVideoClassification.forward, written from
   `modeling_videomae.py`: sd torch tensors, video [B, T, C, H, W]."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   x = _hf_encoder(sd, config, _hf_embeddings(sd, config, video))
   if config["use_mean_pooling"]:
@@ -533,7 +533,7 @@ def hf_videomae_predictions(sd, config, video, mask):
   """transformers' VideoMAEForPreTraining.forward's logits [B, M, t*p*p*3]
   (the masked tubes' pixels) for video [B, T, C, H, W] and bool_masked_pos
   `mask` [B, N] (M masked in each clip)."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   batch, width = len(video), config["decoder_hidden_size"]
   keep = lambda x, where: x[where].reshape(batch, -1, x.shape[-1])
@@ -571,7 +571,7 @@ def hf_videomae_outputs() -> dict[str, np.ndarray]:
   VideoMAEForPreTraining's predictions, float32 [2, 6, 1536], of that clip
   under `MASK`.
   """
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   def tensors(sd):
     return {k: torch.from_numpy(v) for k, v in sd.items()}
@@ -607,7 +607,7 @@ def temporal_resize() -> dict[str, np.ndarray]:
   """AVION's inflate_positional_embeds (load_temporal_fix='bilinear'): a
   4-frame temporal table float32 [4, 6] resized by torch's bilinear
   interpolate to `resized` float32 [16, 6]."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   table = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
   resized = torch.nn.functional.interpolate(
@@ -619,7 +619,7 @@ def temporal_resize() -> dict[str, np.ndarray]:
 def bf16_safetensors(path: Path | None = None) -> dict[str, np.ndarray]:
   """bfloat16 tensors as Hugging Face's save_pretrained writes them
   (safetensors.torch) to `path`; returns torch's own float32 of each."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
 
   generator = torch.Generator().manual_seed(0)
   tensors = {
@@ -627,7 +627,7 @@ def bf16_safetensors(path: Path | None = None) -> dict[str, np.ndarray]:
     "visual.class_embedding": torch.randn(5, generator=generator).bfloat16(),
   }
   if path is not None:
-    from safetensors.torch import save_file  # pylint: disable=import-outside-toplevel
+    from safetensors.torch import save_file
 
     save_file(tensors, path, metadata={"format": "pt"})
   return {k: v.float().numpy() for k, v in tensors.items()}
@@ -661,7 +661,7 @@ def check_live(name: str, **tolerance) -> None:
   numpy's assert_allclose arguments, exact by default). Skips where the
   implementation is not installed, unless VIDJAX_PARITY=live (CI's parity
   step) makes that a failure."""
-  import pytest  # pylint: disable=import-outside-toplevel
+  import pytest
 
   if not can_run(name):
     needs = ", ".join(REFERENCES[name][1])

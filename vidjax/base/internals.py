@@ -31,7 +31,7 @@ def saved_residuals(fun, *args) -> list:
 
   `jax.ad_checkpoint.print_saved_residuals` only prints this list.
   """
-  from jax._src import ad_checkpoint  # pylint: disable=import-outside-toplevel
+  from jax._src import ad_checkpoint
 
   return ad_checkpoint.saved_residuals(fun, *args)
 
@@ -43,7 +43,6 @@ def cudnn_version() -> int | None:
   API tells the version.
   """
   try:
-    # pylint: disable-next=import-outside-toplevel
     from jax._src.cudnn import fused_attention_stablehlo
 
     return int(fused_attention_stablehlo.check_cudnn_version())
@@ -70,7 +69,7 @@ def cudnn_checks_answered(compute_capability: tuple[int, int], version: int):
   device first). Not thread-safe: the module's functions are replaced for
   the whole process while the block runs.
   """
-  from jax._src.cudnn import fused_attention_stablehlo as fused  # pylint: disable=import-outside-toplevel
+  from jax._src.cudnn import fused_attention_stablehlo as fused
 
   target = ".".join(map(str, compute_capability))
   answers = dict(
@@ -100,13 +99,13 @@ def cudnn_attention_calls(hlo_text: str) -> collections.Counter:
   of the callback's partition function (`_dot_product_attention*`), which
   JAX keeps only in a private table while the lowering is alive.
   """
-  from jax._src import custom_partitioning  # pylint: disable=import-outside-toplevel
+  from jax._src import custom_partitioning
 
   counts = collections.Counter(re.findall(r"__cudnn\$fmha\w*", hlo_text))
   for key in re.findall(
     r'@CustomSPMDPartitioning\(.*backend_config = "(\w+)"', hlo_text
   ):
-    info = custom_partitioning._sharding_callbacks.get(key.encode())  # pylint: disable=protected-access
+    info = custom_partitioning._sharding_callbacks.get(key.encode())
     name = getattr(getattr(info, "partition", None), "__name__", "")
     if name.startswith("_dot_product_attention"):
       counts[name] += 1
@@ -133,7 +132,7 @@ def tracer_sharding_without_explanation():
   is done.
   """
   global _tracer_users, _tracer_saved
-  from jax._src import core  # pylint: disable=import-outside-toplevel
+  from jax._src import core
 
   with _tracer_lock:
     _tracer_users += 1
@@ -170,7 +169,6 @@ def import_flax_without_ipython() -> None:
   already imported, and flax loads as usual. Meant for a command's start,
   before anything else imports flax; afterwards IPython imports as usual.
   """
-  # pylint: disable=import-outside-toplevel
   if "flax.nnx" in sys.modules or "IPython" in sys.modules:
     import flax.nnx  # noqa: F401
 
@@ -202,9 +200,9 @@ def is_basic_config_handler(handler) -> bool:
   at import). Only its format tells it (a private attribute) from a
   handler someone else added."""
   return (
-    type(handler) is logging.StreamHandler  # pylint: disable=unidiomatic-typecheck
+    type(handler) is logging.StreamHandler
     and handler.formatter is not None
-    and handler.formatter._fmt == logging.BASIC_FORMAT  # pylint: disable=protected-access
+    and handler.formatter._fmt == logging.BASIC_FORMAT
   )
 
 

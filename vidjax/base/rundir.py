@@ -122,7 +122,7 @@ def write_json(file: str | os.PathLike, blob, **json_kwargs) -> Path | None:
   Raises:
     TypeError, ValueError: `blob` is not JSON, before anything is written.
   """
-  import jax  # pylint: disable=import-outside-toplevel  # The lock alone needs none.
+  import jax  # The lock alone needs none.
 
   if jax.process_index() != 0:
     return None
@@ -161,7 +161,7 @@ def claim(workdir: str | os.PathLike) -> Iterator[Path]:
       written, or another run holds its lock (with several processes: on
       any of them).
   """
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
   workdir = absolute(workdir)
   created = not os.path.lexists(workdir)
@@ -174,7 +174,7 @@ def claim(workdir: str | os.PathLike) -> Iterator[Path]:
   except errors.WorkdirError as e:
     error = e
   if jax.process_count() > 1:  # All go on, or none.
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
 
     failed = multihost_utils.process_allgather(np.int32(error is not None))
     if np.any(failed) and error is None:

@@ -120,7 +120,7 @@ class Signals:
     for stream in (sys.stdout, sys.stderr):
       with contextlib.suppress(Exception):
         stream.flush()
-    os._exit(errors.EXIT_INTERRUPTED)  # pylint: disable=protected-access
+    os._exit(errors.EXIT_INTERRUPTED)
 
   @property
   def requested(self) -> bool:
@@ -134,12 +134,12 @@ class Signals:
 
   def _agreed(self) -> bool:
     """Whether a signal arrived on any process (a collective with several)."""
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
 
     if jax.process_count() == 1:
       return self.requested
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
+    import numpy as np
 
     return bool(
       np.any(multihost_utils.process_allgather(np.int32(self.requested)))
@@ -169,11 +169,11 @@ class Signals:
     step JAX's preemption sync names, as Orbax's `reached_preemption`; a
     Ctrl-C (this handler's) is agreed every `sync_every` steps.
     """
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
 
     if jax.process_count() == 1:
       return self.requested
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
 
     try:
       preempted = multihost_utils.reached_preemption_sync_point(step)

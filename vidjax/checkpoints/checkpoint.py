@@ -201,7 +201,7 @@ class Checkpointer:
     if jax.process_count() > 1:
       # Other processes may still be checking whether this directory exists
       # (resolve_start); creating it first would desync Orbax's barriers.
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      from jax.experimental import multihost_utils
 
       multihost_utils.sync_global_devices("vidjax:Checkpointer")
     # The save policy is ours (`should_save`); Orbax only keeps the last K
@@ -305,7 +305,7 @@ class Checkpointer:
       saved = self._mngr.save(
         step, args=ocp.args.Composite(**items), force=True
       )
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       self._report_failure(step, e)
     if saved:
       logging.info("checkpoint: saving step %d to %s", step, self.directory)
@@ -331,7 +331,7 @@ class Checkpointer:
       return
     try:
       self._mngr.wait_until_finished()  # (`_before_commit` reads the step.)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       self._report_failure(step, e)
     self._in_flight = None
 
@@ -458,7 +458,7 @@ class Checkpointer:
     finally:
       try:
         self._mngr.close()
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         pass  # A failed save, raised above or before.
 
   def __enter__(self):

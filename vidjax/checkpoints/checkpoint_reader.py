@@ -180,7 +180,7 @@ class RunCheckpoints:
           self._mngr.restore(step, args=ocp.args.Composite(**items)),
           None,
         )
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         out, failure = None, e
       problem = checking.result() if checking else None
     if problem:

@@ -389,7 +389,7 @@ def restore(
         changed = check_fits(at, target, config, training=training)
       except errors.UserError:
         raise
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         # Orbax's index of the arrays (read for their shapes) lives in the
         # arrays' files: damaged ones may fail it before the restore.
         problem = ckpts.verify(step, "arrays")

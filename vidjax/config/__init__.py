@@ -188,7 +188,7 @@ def _user_code(path: str, spec: str):
     ) from e
   except SyntaxError as e:
     raise errors.ConfigError(f"{e.filename}:{e.lineno}: {e.msg}") from e
-  except Exception as e:  # pylint: disable=broad-except  # Any, in user code.
+  except Exception as e:  # Any, in user code.
     lines = [
       f.lineno
       for f in traceback.extract_tb(e.__traceback__)
@@ -228,7 +228,7 @@ def cpu_variant(spec: str) -> str | None:
     candidate = ",".join(named + [extra])
     try:
       module.get_config(candidate)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       continue  # Not one of its variants.
     return f"{path}:{candidate}"
   return None

@@ -82,7 +82,7 @@ class DevicePrefetcher:
         item = self._next_item()
       except StopIteration:
         item = _END
-      except BaseException as e:  # surfaced to the consumer  # pylint: disable=broad-except
+      except BaseException as e:  # surfaced to the consumer
         item = e
       while not self._stop.is_set():
         try:

@@ -321,8 +321,8 @@ def start_janitor() -> None:
   """Starts this process's /dev/shm janitor (once; Linux only)."""
   if _janitor or not os.path.isdir(f"/proc/{os.getpid()}"):
     return
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
+  import subprocess
+  import sys
 
   _janitor.append(
     subprocess.Popen(
@@ -448,7 +448,7 @@ def _watch(
   while os.getppid() == trainer and not os.path.exists(stop_mark):
     publish(status, os.getpid(), reads.in_progress())
     time.sleep(WATCH_S)
-  os._exit(1)  # pylint: disable=protected-access
+  os._exit(1)
 
 
 def publish(

@@ -114,7 +114,7 @@ class _ConsoleHandler(logging.Handler):
   def emit(self, record: logging.LogRecord) -> None:
     try:
       tqdm.tqdm.write(self.format(record), file=self.stream)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       self.handleError(record)
 
 
@@ -169,7 +169,7 @@ class _LogFile(logging.Handler):
           self._pending.append(line)
       else:
         self._write(line)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       self.handleError(record)
 
 

@@ -105,7 +105,7 @@ class Index:
   def encoder(self) -> embed.Encoder:
     """The model that made the index (loaded on first use)."""
     if self._encoder is None:
-      import ml_collections  # pylint: disable=import-outside-toplevel
+      import ml_collections
 
       config = ml_collections.ConfigDict(
         json.loads((self.path / "config.json").read_text())
@@ -162,7 +162,7 @@ class Index:
 
   def thumbnail(self, hit: Hit, height: int = THUMB_HEIGHT) -> bytes:
     """JPEG bytes of the middle frame of a hit's window."""
-    from vidjax.data import video  # pylint: disable=import-outside-toplevel
+    from vidjax.data import video
 
     store = self.info["store"]
     info = video.video_info(store, hit.video)
@@ -176,7 +176,7 @@ class Index:
 def _jpeg(image: np.ndarray) -> bytes:
   """A JPEG of `image` (uint8[H, W, 3] RGB, even H and W), by the MJPEG
   encoder of PyAV's own FFmpeg: no image library needed."""
-  import av  # pylint: disable=import-outside-toplevel
+  import av
 
   encoder = av.CodecContext.create("mjpeg", "w")
   encoder.width, encoder.height = image.shape[1], image.shape[0]
@@ -232,7 +232,7 @@ def write_html(index: Index, queries, results, path) -> Path:
     parts.append("</div>")
   parts.append("</body></html>\n")
   path = Path(path)
-  from vidjax.base import whole_files  # pylint: disable=import-outside-toplevel
+  from vidjax.base import whole_files
 
   with whole_files.replaced(path) as f:
     f.write("\n".join(parts))
@@ -259,7 +259,7 @@ def read_labels(spec: str) -> list[str]:
 def write_labels(index: Index, labels, best, score, path) -> dict:
   """Writes the labels CSV; returns the per-video summary
   {video: (label of most windows, its share, windows)}."""
-  from vidjax.base import whole_files  # pylint: disable=import-outside-toplevel
+  from vidjax.base import whole_files
 
   with whole_files.replaced(path) as f:
     writer = csv.writer(f, lineterminator="\n")

@@ -134,7 +134,7 @@ class Encoder:
   def encode_tokens(self, tokens: np.ndarray) -> np.ndarray:
     """int32[B, L] tokens (B a multiple of the local devices) ->
     float32[B, D], L2-normalised."""
-    from vidjax import sharding  # pylint: disable=import-outside-toplevel
+    from vidjax import sharding
 
     glob = sharding.host_to_global_batch({"tokens": tokens}, self.mesh)
     return np.asarray(self.text_fn(self.params, self.rest, glob["tokens"]))
@@ -159,7 +159,6 @@ def load_encoder(config) -> Encoder:
   `data.vocab` unset with a vidjax run as weights: the run's vocabulary.
   The config is completed in place (absolute paths, the weights' facts).
   """
-  # pylint: disable=import-outside-toplevel
   from flax import nnx
   import jax
 
@@ -226,7 +225,6 @@ def make_encoder(
 ) -> Encoder:
   """An `Encoder` of `config.model` with these parameters and buffers (as
   a run's state holds them, on their shardings): the towers jitted."""
-  # pylint: disable=import-outside-toplevel
   from flax import nnx
   import jax
   import jax.numpy as jnp
@@ -480,7 +478,6 @@ def embed_windows(
   Returns:
     (videos embedded, their seconds of video, [(video, reason)] failed).
   """
-  # pylint: disable=import-outside-toplevel
   from vidjax.data import pipeline, video
   from vidjax.data.annotations import records as records_lib
   from vidjax.report import console

@@ -67,7 +67,7 @@ def _read_torchscript(path: str, allow_pickle: bool) -> dict:
         "--config.init_allow_pickle=True (load_state_dict(..., "
         "allow_pickle=True))"
       ) from None
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch
 
   return torch.jit.load(path, map_location="cpu").state_dict()
 
@@ -76,7 +76,7 @@ def _read_torch(path: str, allow_pickle: bool):
   if is_torchscript(path):
     return _read_torchscript(path, allow_pickle)
   try:
-    import torch  # pylint: disable=g-import-not-at-top
+    import torch
   except ImportError as e:
     raise errors.InitFromError(
       f"reading {path} needs PyTorch (pip install torch); "

@@ -130,7 +130,7 @@ def _chunk_or_error(
   except encode.ChunkError as e:
     shutil.rmtree(Path(dst) / video_id, ignore_errors=True)
     return None, str(e)
-  except Exception as e:  # pylint: disable=broad-except  # One bad file never stops the rest.
+  except Exception as e:  # One bad file never stops the rest.
     shutil.rmtree(Path(dst) / video_id, ignore_errors=True)
     return None, f"{src}: {type(e).__name__}: {e}"
 

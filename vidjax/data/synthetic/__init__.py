@@ -251,7 +251,7 @@ def write_vocab(path: str | os.PathLike) -> Path:
   tokenizes to one id; anything else falls back to byte tokens. Written as
   gzip text in the format of CLIP's `bpe_simple_vocab_16e6.txt.gz`.
   """
-  import gzip  # pylint: disable=import-outside-toplevel
+  import gzip
 
   words = sorted({w for name in class_names() for w in name.split()})
   merges, seen = [], set()
