@@ -10,7 +10,7 @@
 # process started here still writes the verdict from the saved results
 # (exit code 4). Without --dry, JAX must find the GPU: a fallback to the
 # CPU measures nothing and says so (exit code 2). Every field:
-# vidjax/bench/gpu_check.py.
+# benchmarks/gpu_check.py.
 #
 #   launch/gpu_check.sh [--dry] [--plan] [--out FILE] [--time-limit-s S]
 #                       [--remat LIST] [--sections LIST] [--smoke]

@@ -8,7 +8,7 @@
 
 Mistakes in the command, the config or the data are printed as one message
 and a hint, without a traceback. The exit codes are `vidjax.base.errors`'s
-(`EXIT_*`, listed in its docstring and the README).
+(`EXIT_*`, listed in its docstring and in docs/training.md).
 
 Multi-process runs (several hosts) call `jax.distributed.initialize()` when
 the environment describes one (SLURM, or JAX_COORDINATOR_ADDRESS /

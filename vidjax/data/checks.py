@@ -389,7 +389,7 @@ def check_annotations(
         str(e) if named else f"{path}: {e}",
         hint=annotations.format_hint(data.format)
         if data.format in annotations.FORMATS
-        else "see the README for the formats",
+        else "see docs/data.md for the formats",
       ) from None
   for split in splits:  # Unset: no such set (named evaluation sets only).
     if paths[split] and not records[paths[split]]:
@@ -502,7 +502,7 @@ def stop_if_unusable(
   if not over:
     return
   if "fix" in stops.values():  # No fraction would help.
-    hint = "fix these rows in the file (see the README for the format)"
+    hint = "fix these rows in the file (see docs/own_videos.md for the format)"
   else:
     needed = max(r.fraction for r in reports.values())
     hint = (

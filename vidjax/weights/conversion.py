@@ -395,7 +395,7 @@ def clip_from_state_dict(
       tubelet, dtype ('bfloat16'), attention, remat, scan.
 
   Returns:
-    The CLIP model; `encode_video`/`encode_text` as in the README.
+    The CLIP model; `encode_video`/`encode_text` as in `vidjax.models.clip`.
   """
   source = convert(state_dict)
   spec = _spec(
