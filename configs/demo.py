@@ -12,13 +12,14 @@ the fused crop, Grain, on-device augmentation, sharded jitted steps,
 checkpoints, metrics.jsonl.
 
 Expected on a 2-core CPU machine: about 3 minutes; the final eval has
-eval/t2v_r1 several times eval/chance_r1 (1/48 = 0.021).
+eval/t2v_r1 several times eval/chance_r1 (1/48 = 0.021): 0.23-0.25, measured
+here (BENCHMARKS.md).
 
 `configs/demo.py:debug` runs 2 steps on a smaller corpus (tests).
 
 The synthetic corpus is only used when no data path is set: with
 `--config.data.root=...` and the annotation paths the demo trains on your own
-videos (`configs/own_videos.py` is made for that; see the README).
+videos (`configs/own_videos.py` is made for that; see docs/own_videos.md).
 """
 
 import ml_collections

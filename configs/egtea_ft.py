@@ -1,29 +1,14 @@
 r"""EGTEA Gaze+ action recognition: fine-tune the CLIP video tower (LaViLa's).
 
-What it trains: the video ViT-B/16 of the contrastive dual encoder
-(`clip_vitb16_ego4d.py`, or AVION's / LaViLa's released checkpoint) with a
-new linear head over EGTEA's 106 actions, on 16-frame clips of frames 2
-apart (`--clip-length 16 --clip-stride 2`), random-resized crops (scale 0.5-1)
-and flips, label smoothing 0.1, head dropout 0.5, drop path 0.1, SGD with
-momentum 0.9 and weight decay 4e-5 (`--use-sgd --wd 4e-5`) for 100 epochs of
-the 8,299 clips of train_split1.txt (1 of warmup, cosine to 1e-5; global
-batch 128). Evaluation every 5 epochs on the 2,022 clips of test_split1.txt,
-10 clips x 3 crops per clip (`--num-clips 10 --num-crops 3`): `eval/top1`
-and `eval/mean_class_acc` (the mean of the confusion matrix's per-class
-recall, EGTEA's "mean Acc."); the best checkpoint by mean class accuracy.
+The video ViT-B/16 of `clip_vitb16_ego4d.py` (or AVION's / LaViLa's released
+dual encoder) with a new linear head over EGTEA's 106 actions, on 16-frame
+clips of frames 2 apart, SGD for 100 epochs of the 8,299 clips of
+train_split1.txt (global batch 128). Evaluated every 5 epochs on the 2,022
+clips of test_split1.txt, 10 clips x 3 crops each: `eval/top1` and
+`eval/mean_class_acc` (EGTEA's "mean Acc."), the best checkpoint by the
+latter. `:debug`: tiny, 2 steps on the synthetic corpus's EGTEA files (CPU).
 
-Files, as EGTEA Gaze+ ships them: `cropped_clips/<video_id>/<clip_name>.mp4`
-(e.g. OP01-R01-PastaSalad/OP01-R01-PastaSalad-1002316-1004005-F024051-F024101.mp4),
-and beside each other `train_split1.txt`, `test_split1.txt` (`clip_name
-action verb noun`, 1-based) and `action_idx.txt` (`Action_Name idx`; read
-from beside the split file, or `data.classes`).
-
-Data, once (each clip becomes a video named by its clip name):
-
-    python -m vidjax.data.chunk /data/EGTEA/cropped_clips /data/egtea_chunks \
-        --chunk-seconds 15 --short-side 320 --workers 16
-
-One 8-GPU machine:
+One 8-GPU machine (the files and the chunks: docs/recipes.md):
 
     E=/data/EGTEA
     python -m vidjax.main --config configs/egtea_ft.py --workdir /runs/egtea_ft \
@@ -32,22 +17,13 @@ One 8-GPU machine:
         --config.data.train_annotations=$E/train_split1.txt \
         --config.data.eval_annotations=$E/test_split1.txt
 
-`init_from`: a vidjax pretraining (its best checkpoint, else the latest), a
-step directory, or AVION's / LaViLa's released dual encoder (`checkpoint_best
-.pt` layout: 'module.'-prefixed state dict); its vision tower becomes the
-backbone, its temporal table is resized to 16 frames, the head starts fresh.
-Zero-shot EGTEA, no training: `configs/clip_vitb16_ego4d.py --mode eval`
-(README, "Benchmarks").
+Zero-shot EGTEA, no training: docs/scoreboard.md.
 
 LaViLa's reported numbers (not ours), EGTEA mean class accuracy: 70.1
 (TSF-B) / 76.0 (TSF-L), fine-tuned from its epoch-5 / epoch-3 Ego4D
-pretraining (docs/MODEL_ZOO.md). Not reproduced here: LaViLa trains the
-backbone at 0.1x the head's learning rate (`--lr-multiplier-on-backbone`),
-and averages the views' logits before the softmax (vidjax averages the
-views' softmax scores, as AVION).
-
-`configs/egtea_ft.py:debug`: the same task, layout and multi-view
-evaluation, tiny, 2 steps on the synthetic corpus's EGTEA files (CPU).
+pretraining (its MODEL_ZOO.md). Not reproduced here: LaViLa's backbone at
+0.1x the head's learning rate, and its views' logits averaged before the
+softmax (vidjax averages the softmax scores, as AVION).
 """
 
 import ml_collections

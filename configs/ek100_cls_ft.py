@@ -1,26 +1,16 @@
 r"""EPIC-Kitchens-100 action recognition: fine-tune the CLIP video tower.
 
-What it trains: the video ViT-B/16 of the contrastive dual encoder
-(`clip_vitb16_ego4d.py`) with a new linear head over the 3,806 EK-100
-actions (verb:noun pairs of the train + validation CSVs), on 16-frame clips,
-with mixup 0.8 / cutmix 1.0, label smoothing 0.1, head dropout 0.5 and drop
-path 0.1, SGD with momentum 0.9 for 100 epochs of the 67,217 training clips
-(global batch 512). Evaluation on the 9,668
-validation clips: action top-1/top-5 and mean class accuracy (`eval/top1`,
-`eval/top5`, `eval/mean_class_acc`) and the verb and noun accuracies
-marginalised from the action scores (`eval/verb_top1`, `eval/noun_top1`,
-`eval/verb_mean_class_acc`, `eval/noun_mean_class_acc`); see below.
+The video ViT-B/16 of `clip_vitb16_ego4d.py` with a new linear head over the
+3,806 EK-100 actions (verb:noun pairs of the train + validation CSVs), on
+16-frame clips, mixup/cutmix, label smoothing, SGD for 100 epochs of the
+67,217 training clips (global batch 512). Evaluated on the 9,668 validation
+clips: `eval/top1`, `eval/top5`, `eval/mean_class_acc`, and the verb and noun
+accuracies marginalised from the action scores (`eval/verb_top1`,
+`eval/noun_top1`, ...), as AVION computes them (docs/avion.md); the best
+checkpoint by top-1. `:debug`: tiny, 2 steps on the synthetic corpus (CPU).
 
-Files, in the names the datasets ship them: the EK-100 videos (P01_01.MP4,
-...) and epic-kitchens-100-annotations' EPIC_100_train.csv and
-EPIC_100_validation.csv (both: action ids come from their union).
-
-Data, once (the same chunks as `ek100_mir_ft.py`):
-
-    python -m vidjax.data.chunk /data/EPIC-KITCHENS /data/ek100_chunks \
-        --chunk-seconds 15 --short-side 320 --fps 30 --workers 16
-
-One 8-GPU machine (batch 64 per GPU, as AVION):
+One 8-GPU machine (batch 64 per GPU, as AVION; the EK-100 chunks of
+`ek100_mir_ft.py`, both CSVs: docs/recipes.md):
 
     A=/data/epic-kitchens-100-annotations
     python -m vidjax.main --config configs/ek100_cls_ft.py \
@@ -30,45 +20,16 @@ One 8-GPU machine (batch 64 per GPU, as AVION):
         --config.data.train_annotations=$A/EPIC_100_train.csv \
         --config.data.eval_annotations=$A/EPIC_100_validation.csv
 
-All paths are the user's to give (they default to ''). `init_from` is the
-contrastive checkpoint (AVION: --pretrain-model): a vidjax workdir (its best
-checkpoint, else the latest), a step directory, or AVION's released
-`checkpoint_best.pt`. Its vision tower becomes the backbone (the text tower,
-the projection and the temperature are dropped), its 4-frame temporal
-embedding is interpolated to 16 frames, and the head starts fresh (std
-0.01); WORKDIR/init_from.json lists all of it. Both CSVs are needed: action
-ids come from their union, sorted as LaViLa/AVION number them. The run
-keeps its best checkpoint by action top-1, as AVION does; `--mode eval
---config.init_from=avion_finetune_cls_lavila_vitb_best.pt` evaluates
-AVION's released classifier.
+AVION's released classifier, no training: `--mode eval
+--config.init_from=avion_finetune_cls_lavila_vitb_best.pt`. Matching AVION's
+code exactly (`--config.model.drop_path_schedule=uniform`): docs/avion.md.
 
-The backbone computes what the checkpoint was trained with (its
-activation and LayerNorm eps, read from it: an AVION checkpoint's exact
-GELU and eps 1e-6). Matching AVION's code exactly: its classifier gives
-every block the same drop-path rate
-(`--config.model.drop_path_schedule=uniform`; the default ramps linearly
-from 0, as the ViT recipe it cites) and, on a vidjax pretraining of
-OpenAI's weights, runs exact GELU and eps 1e-6 on the QuickGELU weights
-(`--config.model.act=gelu --config.model.ln_eps=1e-6
---config.init_allow_mismatch=True`).
-
-Evaluation, as AVION's: action `eval/top1` (its Acc@1), `eval/top5`,
-`eval/mean_class_acc` (its Mean Acc.), and from the action probabilities
-summed per verb and per noun (a verb or noun in no action takes action 0's,
-as AVION's `marginalize`) `eval/verb_top1` and `eval/noun_top1` (its Verb
-and Noun Acc@1) and `eval/verb_mean_class_acc`, `eval/noun_mean_class_acc`
-(its mean class accuracy, which it computes but does not print).
-
-AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1
-verb / noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D
-pretraining, 70.0 / 59.4 / 49.5 from the LLM-augmented (LaViLa) one
-(docs/MODEL_ZOO.md). 8x NVIDIA A5000 (24 GB).
-
-Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
-scripts/main_lavila_finetune_cls.py (argparse defaults and the lr scaling
-by batch / 128); see `get_config`.
-`configs/ek100_cls_ft.py:debug`: the same task, model and annotation format,
-tiny, 2 steps on the synthetic corpus (CPU).
+AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1 verb /
+noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D pretraining, 70.0
+/ 59.4 / 49.5 from the LLM-augmented (LaViLa) one (its MODEL_ZOO.md), on 8x
+NVIDIA A5000 (24 GB). Hyper-parameters: AVION's MODEL_ZOO.md and
+scripts/main_lavila_finetune_cls.py (lr scaled by batch / 128); see
+`get_config`.
 """
 
 import ml_collections

@@ -1,42 +1,16 @@
 r"""EPIC-Kitchens-100 multi-instance retrieval: fine-tune the video-text CLIP.
 
-What it trains: the ViT-B/16 dual encoder from `clip_vitb16_ego4d.py`, now
-on 16-frame clips, with the max-margin ranking loss (margin 0.2) over the
-global batch of 512 clip-caption pairs, for 100 epochs of the 67,217 EK-100
-retrieval training clips, AdamW with cosine decay. Each clip is paired with a
-caption drawn among those of relevancy > 0.1 to it (AVION), from the train
-sentence file and relevancy matrix. The temperature stays frozen (the ranking
-loss does not use it). Evaluation: mAP and nDCG of the 9,668 test clips
-against the 3,842 test captions (`eval/mAP_avg`, `eval/nDCG_avg`,
-`eval/mAP_v2t`, ...), plus clip-to-own-narration recall@K (`eval/t2v_r1`).
+The ViT-B/16 dual encoder of `clip_vitb16_ego4d.py` on 16-frame clips, with
+the max-margin ranking loss (margin 0.2) over the global batch of 512
+clip-caption pairs (captions of relevancy > 0.1), 100 epochs of the 67,217
+training clips; evaluated on the 9,668 test clips x 3,842 captions
+(`eval/mAP_avg`, `eval/nDCG_avg`), the best checkpoint by `eval/mAP_avg`.
+`:debug`: tiny, 2 steps on the synthetic corpus's released layouts (CPU).
 
-Files, in the names the datasets ship them:
-  EK-100 videos (P01_01.MP4, ...; or AVION's EK100_320p_15sec_30fps_libx264)
-  epic-kitchens-100-annotations/retrieval_annotations/
-    EPIC_100_retrieval_train.csv, EPIC_100_retrieval_test.csv
-    EPIC_100_retrieval_train_sentence.csv, EPIC_100_retrieval_test_sentence.csv
-  caption_relevancy_EPIC_100_retrieval_train.pkl (67217 x 15989) and
-  caption_relevancy_EPIC_100_retrieval_test.pkl (9668 x 3842), from
-  LaViLa/AVION (dl.fbaipublicfiles.com/lavila/metadata/EK100/)
-  bpe_simple_vocab_16e6.txt.gz (CLIP's BPE vocabulary)
+One 8-GPU machine (batch 64 per GPU, as AVION; the relevancy pickles
+converted to .npy once, and the other files: docs/recipes.md):
 
-Data, once:
-
-    # EK-100 videos -> 15 s chunks, short side 320, 30 fps (AVION's
-    # EK100_320p_15sec_30fps_libx264); video ids are the file stems (P01_01).
-    python -m vidjax.data.chunk /data/EPIC-KITCHENS /data/ek100_chunks \
-        --chunk-seconds 15 --short-side 320 --fps 30 --workers 16
-    # The relevancy pickles -> .npy (unpickling runs code; the training
-    # matrix, several GB, is then memory-mapped instead of read whole).
     A=/data/epic-kitchens-100-annotations/retrieval_annotations
-    for split in train test; do
-      python -m vidjax.data.annotations convert-relevancy \
-          /data/caption_relevancy_EPIC_100_retrieval_$split.pkl \
-          /data/ek100_relevancy_$split.npy --allow-pickle
-    done
-
-One 8-GPU machine (batch 64 per GPU, as AVION):
-
     python -m vidjax.main --config configs/ek100_mir_ft.py \
         --workdir /runs/ek100_mir_ft \
         --config.init_from=/runs/clip_vitb16_ego4d \
@@ -49,47 +23,14 @@ One 8-GPU machine (batch 64 per GPU, as AVION):
         --config.eval.relevancy=/data/ek100_relevancy_test.npy \
         --config.data.vocab=/weights/bpe_simple_vocab_16e6.txt.gz
 
-All paths are the user's to give (they default to ''). `init_from` is the
-contrastive model to start from (AVION: --pretrain-model): a vidjax workdir
-(its best checkpoint, else the latest), one checkpoint step directory, or
-AVION's released `checkpoint_best.pt`; its 4-frame temporal embedding is
-interpolated to 16 frames as AVION does. What was loaded, resized, dropped
-or started fresh is logged and written to WORKDIR/init_from.json. Without
-`data.train_relevancy` each clip trains against its own narration. The
-relevancy pickles also load as they are with `data.allow_pickle=True`.
-Under `accum_steps` > 1 (less GPU memory, or one GPU for the 512 clips) the
-loss stays the max-margin ranking over all 512 pairs, its gradients those of
-the unsplit batch, for one more forward pass (GradCache, `vidjax.steps`):
-in AVION's issue #14 MIR fine-tuning lost 4 mAP at a smaller total batch.
-`--config.eval.save_embeddings=True` writes the normalised clip and caption
-embeddings of each evaluation to `WORKDIR/embeddings/step_<N>.npz` (with
-their narration ids).
-
-Zero-shot evaluation of a pretraining (AVION's 27.4 mAP row), no training:
-the same command with `--mode eval --config.data.num_frames=4` (AVION
-evaluates its pretraining on 4 frames) and `--workdir` a new directory.
-The same at 16 frames with `init_from` one of AVION's downloaded MIR
-checkpoints (the `.pt` of its model zoo) evaluates AVION's released
-fine-tuned model. The run keeps its best checkpoint by `eval/mAP_avg`, as
-AVION does. The activation, LayerNorm eps and temperature are the
-pretraining's (read from it: a vidjax pretraining's from its config, an
-AVION checkpoint's exact GELU and vision eps 1e-6); to run AVION's code's
-function on a vidjax pretraining of OpenAI's weights, see
-`clip_vitb16_ego4d.py`.
+Zero-shot, no training: add `--mode eval --config.data.num_frames=4`.
 
 AVION's reported numbers (not ours), fine-tuned from its LLM-augmented
-(LaViLa) ViT-B pretraining (`clip_vitb16_ego4d.py:lavila`): V->T / T->V /
-avg mAP 55.7 / 48.2 / 52.0 and nDCG 67.8 / 65.3 / 66.5 (docs/MODEL_ZOO.md);
-README: 51.7 mAP, 66.8 nDCG. 8x NVIDIA A5000 (24 GB). Starting from the
-baseline (not LLM-augmented) pretraining of `clip_vitb16_ego4d.py`, expect
-less.
-
-Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
-scripts/main_lavila_finetune_mir.py (argparse defaults); see `get_config`.
-`configs/ek100_mir_ft.py:debug`: the same task, model and files in the
-released layouts (retrieval CSVs, sentence CSVs with fewer captions than
-clips, clips x captions relevancy pickles), tiny, 2 steps on the synthetic
-corpus (CPU).
+(`clip_vitb16_ego4d.py:lavila`) pretraining: V->T / T->V / avg mAP 55.7 /
+48.2 / 52.0 and nDCG 67.8 / 65.3 / 66.5 (its MODEL_ZOO.md; its README: 51.7
+mAP, 66.8 nDCG), on 8x NVIDIA A5000 (24 GB); from the baseline pretraining
+expect less. Hyper-parameters: AVION's MODEL_ZOO.md and
+scripts/main_lavila_finetune_mir.py; see `get_config`.
 """
 
 import ml_collections

@@ -1,25 +1,15 @@
 r"""Kinetics-400 classification: fine-tune the VideoMAE ViT-B/16 encoder.
 
-What it trains: the encoder of `videomae_vitb_k400_pretrain.py` with a mean
-pool, a LayerNorm and a new 400-way linear head (init x 0.001), on 16-frame
-stride-4 clips, with RandAugment (magnitude 7, 4 ops, one op sequence per
-clip), random erasing (p 0.25, per-pixel noise, one box for all frames),
-mixup 0.8 / cutmix 1.0, label smoothing 0.1, drop path 0.1 and layer-wise lr
-decay 0.75, AdamW for 100 epochs of the ~240k training clips (global batch
-256, cosine after 5 warmup epochs). Evaluation: 5 clips x 3 crops per
-validation video, softmax scores averaged (`eval/top1`, `eval/top5`).
+The encoder of `videomae_vitb_k400_pretrain.py` with a mean pool, a
+LayerNorm and a new 400-way head, on 16-frame stride-4 clips, with
+RandAugment, random erasing, mixup/cutmix, label smoothing, drop path and
+layer-wise lr decay 0.75, AdamW for 100 epochs of the ~240k training clips
+(global batch 256). Evaluated on 5 clips x 3 crops per validation video
+(`eval/top1`, `eval/top5`); the best checkpoint by top-1. `:debug`: tiny, 2
+steps on the synthetic corpus (JSONL, 48 classes, CPU).
 
-Files, in the names the datasets ship them: the Kinetics-400 videos
-(train/ and val/ of the cvdfoundation release, `<youtube_id>_<start>_<end>.mp4`,
-or AVION's train_320px/ and val_320px/) and either AVION's video lists
-k400_320p_train_list.txt / k400_val_list.txt (`path num_frames label` lines;
-`--config.data.format=kinetics_list`) or the release's annotations
-train.csv / val.csv (`label,youtube_id,time_start,time_end,split`; the
-default format `kinetics`).
-
-Data: the chunks of `videomae_vitb_k400_pretrain.py` (train and val).
-
-One 8-GPU machine (batch 32 per GPU, as AVION):
+One 8-GPU machine (batch 32 per GPU, as AVION; the pretraining's chunks and
+annotations, or AVION's video lists: docs/recipes.md):
 
     python -m vidjax.main --config configs/k400_ft.py \
         --workdir /runs/k400_ft \
@@ -28,28 +18,15 @@ One 8-GPU machine (batch 32 per GPU, as AVION):
         --config.data.train_annotations=/data/k400/annotations/train.csv \
         --config.data.eval_annotations=/data/k400/annotations/val.csv
 
-Paths are the user's to give (they default to ''). `init_from` is the
-pretrained VideoMAE (AVION: --finetune checkpoint_00800.pt): a vidjax
-workdir (its latest checkpoint), a step directory, or a released VideoMAE
-checkpoint (original, Hugging Face or AVION's). The decoder is dropped, and
-the head and the pooled norm (fc_norm) start fresh, as in VideoMAE;
-WORKDIR/init_from.json lists all of it. The run keeps its best checkpoint
-by top-1, as AVION does; `--mode eval --config.init_from=...` evaluates
-released fine-tuned weights. Class ids: the training CSV's class names,
-sorted, for both splits (a validation class not in training stops the run
-at start-up); AVION's lists carry the ids.
 `total_steps` assumes 240,000 training clips: `--config.total_epochs=100`
-counts 100 epochs of yours instead (the warmup stays 5 x 937 steps).
+counts 100 epochs of yours instead.
 
 AVION's reported numbers (not ours): Kinetics-400 top-1 / top-5 80.1 / 94.5
-(README; docs/MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its 800-epoch
-Lion pretraining; 8x NVIDIA A5000 for fine-tuning (MODEL_ZOO command).
-
-Hyper-parameters: AVION docs/MODEL_ZOO.md (launch command) and
-scripts/main_videomae_finetune.py (argparse defaults, lr scaled by
-batch / 256, test_num_segment=5, test_num_crop=3); see `get_config`.
-`configs/k400_ft.py:debug`: the same task, model and multi-view evaluation,
-tiny, 2 steps on the synthetic corpus (JSONL, 48 classes, CPU).
+(its README; its MODEL_ZOO.md: 80.0 / 94.5) with 5 x 3 views, from its
+800-epoch Lion pretraining; 8x NVIDIA A5000 for fine-tuning.
+Hyper-parameters: AVION's MODEL_ZOO.md and scripts/main_videomae_finetune.py
+(lr scaled by batch / 256, test_num_segment=5, test_num_crop=3); see
+`get_config`.
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 r"""Your own videos: a video-text CLIP from captions, or a classifier from labels.
 
-The README's "Train on your own videos" walks through it. In short:
+docs/own_videos.md walks through it. In short:
 
     python -m vidjax.data.chunk ~/my_videos /data/mine/chunks --short-side 256
     # /data/mine/train.jsonl and val.jsonl, one clip per line:
@@ -22,15 +22,10 @@ Variants, joined by commas (`configs/own_videos.py:labels,cpu`):
   cpu        a tiny model (64 px, 4 frames) that trains on a CPU in minutes:
              to check your data and the whole path before renting GPUs
 
-Without `cpu`: ViT-B/16 at 224 px, 8 frames, for one GPU machine. Starting
-from released weights helps a lot on a small data set:
-`--config.init_from=ViT-B-16.pt` (OpenAI's CLIP; for `labels` too, the
-classifier then has a CLIP backbone). Before the first step the annotations
-are checked against the chunk store; rows naming unknown videos, spans
-outside their video, missing captions or labels are listed in
-WORKDIR/bad_rows_*.jsonl and left out of training, and more than
-`data.max_bad_row_fraction` of them stops the run. Set `total_steps` for your
-data (the start-up summary prints the steps per epoch), or `total_epochs`.
+Without `cpu`: ViT-B/16 at 224 px, 8 frames, for one GPU machine; start from
+released weights (`--config.init_from=ViT-B-16.pt`, OpenAI's CLIP). Set
+`total_steps` for your data (the start-up summary prints the steps per
+epoch), or `total_epochs`.
 """
 
 import ml_collections
