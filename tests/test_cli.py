@@ -469,7 +469,7 @@ def _mistakes(own, tmp):
         r"but 'bikes' has 4.0 s \(milliseconds\?\); row 2: "
         r"2000-4000 s but 'bikes' has 4.0 s \(milliseconds"
         r"\?\); row 3",
-        r"hint: fix these rows in the file \(see the README "
+        r"hint: fix these rows in the file \(see docs/own_videos\.md "
         r"for the format\)\n$",
       ],
     ),

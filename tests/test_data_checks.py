@@ -213,7 +213,7 @@ def test_small_files_allow_two_bad_rows_and_unusable_files_say_why(
     "(milliseconds?)"
   )
   assert lines[2:] == [
-    "  hint: fix these rows in the file (see the README for the format)"
+    "  hint: fix these rows in the file (see docs/own_videos.md for the format)"
   ]
 
 
@@ -232,7 +232,7 @@ def test_rows_without_what_the_task_needs(tmp_path):
     "data check: eval val.jsonl: 2 of 42 rows cannot be scored, listed in "
     f"{tmp_path / 'run' / 'bad_rows_eval.jsonl'}",
     "  2 rows without a label, e.g. row 41: no 'label'; row 42: no 'label'",
-    "  hint: fix these rows in the file (see the README for the format)",
+    "  hint: fix these rows in the file (see docs/own_videos.md for the format)",
   ]
 
 
