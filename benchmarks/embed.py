@@ -42,7 +42,7 @@ from vidjax.data.annotations import annotation_files
 from vidjax.evaluation import zeroshot
 from vidjax.search import embed
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def eval_rate(config, mesh, steps, state, rest, tokenizer, records) -> float:

@@ -32,7 +32,7 @@ from vidjax.models import attention, flops as flops_lib, shapes
 from vidjax.report import monitor
 
 GiB = 2**30
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILE = CONFIGS / "clip_vitb16_ego4d.py"  # The step measured.
 REL_TOLERANCE = 2e-2  # bf16 attention against float32: 1e-3 to 1e-2.
 # Attention measured: name -> (recipe, tower). The CLIP step's two towers,

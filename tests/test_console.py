@@ -2,12 +2,14 @@
 
 import logging
 import os
+from pathlib import Path
 import subprocess
 import sys
 import types
 
 import pytest
 
+import vidjax
 from vidjax.base import internals, rundir
 from vidjax.report import console
 
@@ -240,3 +242,17 @@ def test_ctrl_c_twice_leaves_its_error_as_the_last_line(capsys, monkeypatch):
   err = capsys.readouterr().err
   assert "3/10" in err  # The bar was drawn, and left above the error.
   assert err.endswith("error: stopped at once by Ctrl-C (pressed again)\n")
+
+
+def test_vidjax_info_lines_are_kept_from_every_folder_others_from_warning():
+  keep = console._OnlyOurInfo()
+
+  def record(path, level=logging.INFO):
+    return logging.LogRecord("absl", level, path, 1, "a line", None, None)
+
+  package = Path(vidjax.__file__).parent
+  for module in ("train.py", "data/pipeline.py", "report/console.py"):
+    assert keep.filter(record(str(package / module))), module
+  library = "/site-packages/grain/_src/python/data_loader.py"
+  assert not keep.filter(record(library))
+  assert keep.filter(record(library, logging.WARNING))

@@ -28,6 +28,7 @@ from absl import logging as absl_logging
 import jax
 import tqdm
 
+import vidjax
 from vidjax.base import internals, rundir, whole_files
 
 _MAX_BUFFERED_LINES = 10_000
@@ -82,8 +83,8 @@ class _Formatter(logging.Formatter):
 
 
 # absl logs every library's lines under one logger: the file that logged
-# says whose a line is.
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# says whose a line is (any of vidjax's folders).
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(vidjax.__file__)) + os.sep
 
 
 class _OnlyOurInfo(logging.Filter):
