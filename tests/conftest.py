@@ -45,6 +45,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pytest  # noqa: E402
 
+from vidjax.main import GC_THRESHOLDS  # noqa: E402  (no jax: light)
+
+# The command line's collection thresholds, for the runs and traces made in
+# the test processes too: at Python's defaults the collector took ~20% of
+# their CPU.
+gc.set_threshold(*GC_THRESHOLDS)
+
 
 def _has_gpu() -> bool:
   import jax

@@ -286,3 +286,50 @@ def test_out_of_memory_during_a_run_ends_in_two_lines():
     "recipe's CPU variant (configs/own_videos.py:...,cpu, or :debug)",
   ]
   assert main.out_of_memory(RuntimeError("something else")) is None
+
+
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "demo.py:debug",  # Contrastive: a [B, B] similarity.
+    "clip_vitb16_ego4d.py:debug,flip",  # Masked video tokens.
+    "videomae_vitb_k400_pretrain.py:debug",  # Tube masks, 2 views a clip.
+    "k400_ft.py:debug",  # Classification, mixup.
+  ],
+)
+def test_one_trace_keeps_what_a_trace_at_each_batch_keeps(spec):
+  """The loss traced once (`memory._kept_for_backward`) gives the bytes
+  kept for backward at any batch that a trace at that batch gives."""
+  import numpy as np
+
+  from vidjax import sharding, steps, tasks
+  from vidjax.base import internals
+  from vidjax.data import batches
+
+  config = config_lib.load_config(str(CONFIGS / spec))
+  if config.model.get("text"):
+    config.model.text.vocab_size = 100
+  if config.model.get("num_classes") == 0:  # From the files, at start-up.
+    config.model.num_classes = 5
+  state, rest, built = steps.build_state_and_steps(
+    config,
+    tasks.get_task(config.task),
+    sharding.make_mesh(),
+    abstract=True,
+  )
+  kept = memory._kept_for_backward(config, built, state, rest)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  per_view = jax.device_count() * config.data.get("repeats", 1)
+  for size in (per_view, 3 * per_view):
+    residuals = internals.saved_residuals(
+      lambda *a: built.loss(*a)[0],
+      state["params"],
+      rest,
+      batches.batch_spec(config, size),
+      key,
+    )
+    assert kept(size) == sum(
+      int(np.prod(aval.shape)) * aval.dtype.itemsize
+      for aval, where in residuals
+      if not where.startswith("from the argument")
+    ), size

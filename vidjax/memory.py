@@ -121,21 +121,44 @@ def _per_device_bytes(tree) -> int:
   )
 
 
-def _kept_for_backward(config, steps, state, rest, batch_size: int) -> int:
-  """Bytes of the residuals the training loss keeps for its backward pass
-  at global batch `batch_size` (residuals that are its inputs not counted)."""
-  batch = batches.batch_spec(config, batch_size)
+# The loss is traced once, at `_TRACED_CLIPS` clips per device: a prime no
+# size of a model is a multiple of, so a residual's dimension that is a
+# multiple of it grows with the batch and the others do not (a [B, B]
+# similarity grows with its square). What the backward pass keeps at any
+# batch follows from that one trace.
+_TRACED_CLIPS = 1009
+
+
+def _kept_for_backward(config, steps, state, rest):
+  """Bytes of the residuals the training loss keeps for its backward pass,
+  as a function of the global batch size (residuals that are its inputs
+  not counted)."""
+  traced = jax.device_count() * config.data.get("repeats", 1) * _TRACED_CLIPS
+  batch = batches.batch_spec(config, traced)
   key = jax.eval_shape(lambda: jax.random.key(0))
 
   def loss(params, rest, batch, key):
     return steps.loss(params, rest, batch, key)[0]
 
-  residuals = internals.saved_residuals(loss, state["params"], rest, batch, key)
-  return sum(
-    int(np.prod(aval.shape)) * aval.dtype.itemsize
-    for aval, where in residuals
+  residuals = [
+    (aval.shape, aval.dtype.itemsize)
+    for aval, where in internals.saved_residuals(
+      loss, state["params"], rest, batch, key
+    )
     if not where.startswith("from the argument")
-  )
+  ]
+
+  def kept(batch_size: int) -> int:
+    scale = batch_size / traced
+    return round(
+      sum(
+        itemsize
+        * np.prod([d * scale if d % _TRACED_CLIPS == 0 else d for d in shape])
+        for shape, itemsize in residuals
+      )
+    )
+
+  return kept
 
 
 def vision_attention(model: ml_collections.ConfigDict) -> str:
@@ -192,9 +215,8 @@ def step_memories(
     # (per view with `data.repeats`: the batches hold a clip per device).
     small = jax.device_count() * config.data.get("repeats", 1)
     large = 2 * small
-    kept_small, kept_large = (
-      _kept_for_backward(config, steps, state, rest, b) for b in (small, large)
-    )
+    kept = _kept_for_backward(config, steps, state, rest)
+    kept_small, kept_large = kept(small), kept(large)
     per_clip = (kept_large - kept_small) / (large - small)
     gradients = _per_device_bytes(state["params"])
     fixed = (
