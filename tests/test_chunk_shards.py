@@ -7,11 +7,11 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
-import time
 
 import av
 import pytest
 
+import limits
 import video_fixtures as vf
 from vidjax.data import chunk, video
 from vidjax.data.chunk import cli, manifest, parts, store
@@ -79,7 +79,7 @@ def test_three_shards_side_by_side_make_the_one_store(tmp_path, capsys):
   assert cli.main([str(src), str(one), *OPTS]) == 1  # bad.mp4 failed.
   capsys.readouterr()
   runs = [_chunker(src, three, *OPTS, "--shard", f"{k}/3") for k in (1, 2, 3)]
-  outputs = [run.communicate(timeout=120) for run in runs]
+  outputs = [limits.communicate(run, "a shard's end") for run in runs]
   codes = [run.returncode for run in runs]
   assert sorted(codes) == [0, 0, 1], outputs  # One shard has bad.mp4.
   sizes = {v: store.source_bytes(p) for v, p in store.sources(src).items()}
@@ -138,16 +138,18 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
   part = manifest.part_dir(dst, (k, 2))
   args = ["--chunk-seconds", "0.4", "--short-side", "0", "--shard", f"{k}/2"]
   first = _chunker(src, dst, *args)
-  deadline = time.monotonic() + 60
-  while not (dst / long / "0.mp4").exists():  # Mid-video: a chunk written.
-    assert first.poll() is None and time.monotonic() < deadline
-    time.sleep(0.005)
+  limits.wait_for(  # Mid-video: a chunk written.
+    lambda: (dst / long / "0.mp4").exists() or first.poll() is not None,
+    "the first chunk of the long video",
+    poll_s=0.005,
+  )
+  assert first.poll() is None
   os.kill(first.pid, signal.SIGSTOP)
   try:
     listed = (part / "manifest.jsonl").read_text()
     assert '"a"' in listed and long not in listed  # Truly mid-video.
     second = _chunker(src, dst, *args)
-    out, err = second.communicate(timeout=60)
+    out, err = limits.communicate(second, "the refusal")
     assert second.returncode == 2
     assert err.count("\n") == 1, err  # One line, naming the holder.
     assert f"shard {k}/2 of {dst} is being chunked by another process" in err
@@ -162,7 +164,7 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
   assert first.returncode == -signal.SIGKILL
   assert (part / "vidjax.lock").exists()  # Left by the kill: taken over.
   rerun = _chunker(src, dst, *args)
-  out, err = rerun.communicate(timeout=120)
+  out, err = limits.communicate(rerun, "the rerun's end")
   assert rerun.returncode == 0, err
   assert "chunked 1, already done 1, failed 0" in out
   entries = _check_whole(dst)
@@ -173,6 +175,6 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
   # A video added meanwhile would change the split: the other shard refuses.
   vf.write_numbered_video(src / "new.mp4", 5, fps=10)
   other = _chunker(src, dst, *args[:-1], f"{3 - k}/2")
-  out, err = other.communicate(timeout=60)
+  out, err = limits.communicate(other, "the refusal")
   assert other.returncode == 2
   assert f"the sources are not those shard {k}/2 of {dst} started from" in err

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+import limits
 from video_fixtures import write_video
 from vidjax.base import errors, rundir
 from vidjax.data import synthetic
@@ -184,7 +185,7 @@ def trained(own, tmp_path_factory):
     env=env,
     capture_output=True,
     text=True,
-    timeout=400,
+    timeout=limits.HANG_S,
   )
   return root, root / "runs/mine", bad_chunk, result
 
@@ -583,7 +584,7 @@ def mistakes(own, tmp_path_factory):
     n: _in_process(cases[n][0]) for n in cases if n not in ON_THE_COMMAND_LINE
   }
   for name, proc in procs.items():
-    _, err = proc.communicate(timeout=300)
+    _, err = limits.communicate(proc, f"the {name} run's end")
     results[name] = (proc.returncode, err)
   return cases, results, tmp
 
@@ -689,7 +690,7 @@ def test_help_exits_0():
     cwd=REPO,
     capture_output=True,
     text=True,
-    timeout=120,
+    timeout=limits.HANG_S,
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "--workdir" in result.stdout + result.stderr

@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+import limits
 import vidjax
 from vidjax.base import internals, rundir
 from vidjax.report import console
@@ -133,7 +134,7 @@ def test_a_library_that_logged_before_the_set_up_is_not_printed_twice():
     [sys.executable, "-c", code],
     capture_output=True,
     text=True,
-    timeout=60,
+    timeout=limits.HANG_S,
     check=True,
   ).stderr.splitlines()
   assert out[0] == "WARNING:absl:before"
@@ -159,7 +160,7 @@ def test_console_that_went_away_is_harmless(tmp_path):
     stderr=subprocess.STDOUT,
   )
   proc.stdout.close()
-  assert proc.wait(timeout=60) == 0
+  assert limits.wait(proc) == 0
   assert done.read_text() == "finished"
 
 

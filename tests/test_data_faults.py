@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import debug_runs
+import limits
 from test_train import losses
 from vidjax import train
 from vidjax.base import errors
@@ -33,15 +34,7 @@ OVERRIDES = (
   f"--config.total_steps={STEPS}",
   "--config.eval.every_steps=1000",
 )
-TIMEOUT_S = 240
-
-
-def wait_for(condition, what: str, timeout: float = TIMEOUT_S):
-  deadline = time.time() + timeout
-  while not (value := condition()):
-    assert time.time() < deadline, f"timed out waiting for {what}"
-    time.sleep(0.05)
-  return value
+wait_for = limits.wait_for
 
 
 def _stat(pid) -> list[str]:
@@ -144,7 +137,7 @@ def test_a_stuck_read_and_a_killed_worker_each_stop_after_saving_the_last_step(
     assert isinstance(stall, re.Match), log()[-3000:]
     assert Path(stall.group(1)) in chunks
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=TIMEOUT_S) == errors.EXIT_PREEMPTED, log()[-3000:]
+    assert limits.wait(proc) == errors.EXIT_PREEMPTED, log()[-3000:]
   finally:
     proc.kill()
     for chunk in chunks:
@@ -251,7 +244,6 @@ def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
     wait_for(
       lambda: not any(map(alive, pids)) and not blocks_of(proc.pid),
       "the workers and blocks to go",
-      timeout=10,
     )
   finally:
     proc.kill()
@@ -283,7 +275,7 @@ def test_a_process_group_killed_at_once_leaves_nothing_in_dev_shm(
       {n for n in _mapped(proc.pid) if n.startswith("sem.")}
       | set(blocks_of(proc.pid))
     )
-    names = wait_for(left, "its semaphores and blocks", timeout=10)
+    names = wait_for(left, "its semaphores and blocks")
     assert any(n.startswith("sem.") for n in names) and blocks_of(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -293,7 +285,6 @@ def test_a_process_group_killed_at_once_leaves_nothing_in_dev_shm(
         and not blocks_of(proc.pid)
       ),
       "the janitor to unlink them",
-      timeout=10,
     )
   finally:
     proc.kill()
@@ -315,7 +306,7 @@ def test_a_stopped_worker_and_its_read_are_named():
   os.kill(stopped.pid, signal.SIGSTOP)
   pool = workers.Workers(1)
   try:
-    wait_for(lambda: _stat(stopped.pid)[0] == "T", "SIGSTOP", timeout=10)
+    wait_for(lambda: _stat(stopped.pid)[0] == "T", "SIGSTOP")
     status = workers.shared_memory.SharedMemory(  # As worker 0 makes it.
       f"{pool.prefix}w0", create=True, size=workers.STATUS_BYTES
     )

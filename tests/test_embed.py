@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import debug_runs
+import limits
 from video_fixtures import write_video
 from vidjax import search, train
 from vidjax.base import errors, rundir
@@ -385,7 +386,7 @@ def _check_thumbnails_render(page: Path, tmp_path: Path, count: int) -> None:
     ],
     capture_output=True,
     text=True,
-    timeout=120,
+    timeout=limits.HANG_S,
   ).stdout
   found = dom.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]
   images = json.loads(found)

@@ -21,6 +21,7 @@ import jax
 import pytest
 
 from benchmarks import cuda_trace, gpu_check, gpu_measure
+import limits
 from vidjax import config as config_lib
 from vidjax.models import attention
 
@@ -234,7 +235,13 @@ def test_dry_run_writes_every_field_the_gpu_run_writes(dry_run):
     for field in fields:
       value = _get(result[section], field)  # KeyError: a missing field.
       path = f"{section}.{field}"
-      assert (value is None) == (path in NULL_HERE), (path, value)
+      null = path in NULL_HERE or (
+        # The rest's rate needs the rest's time: on a loaded machine the
+        # parts, timed apart, can take longer than the whole step.
+        path == "breakdown.other_gb_per_s"
+        and result["breakdown"]["other_ms"] <= 0
+      )
+      assert (value is None) == null, (path, value)
       if isinstance(value, float):
         assert math.isfinite(value), path
   assert result["verdict"]["errors"] == {}
@@ -440,7 +447,10 @@ def test_the_scripts_help_lists_both_forms():
 
   script = Path(__file__).resolve().parents[1] / "launch/gpu_check.sh"
   result = subprocess.run(
-    [str(script), "--help"], capture_output=True, text=True, timeout=60
+    [str(script), "--help"],
+    capture_output=True,
+    text=True,
+    timeout=limits.HANG_S,
   )
   assert result.returncode == 0, result.stderr
   assert "launch/gpu_check.sh --wheels [DIR]" in result.stdout

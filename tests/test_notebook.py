@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+import limits
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
@@ -43,7 +45,7 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   nb = nbformat.read(NOTEBOOK, as_version=4)
   client = nbclient.NotebookClient(
     nb,
-    timeout=300,
+    timeout=limits.HANG_S,  # A cell's.
     kernel_name="python3",
     resources={"metadata": {"path": str(NOTEBOOK.parent)}},
   )  # cwd: notebooks/

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import debug_runs
+import limits
 from vidjax import config as config_lib, main
 from vidjax.base import errors, rundir
 
@@ -93,7 +94,7 @@ def test_a_full_disk_at_start_up_says_so_and_leaves_no_lock(
     cwd=REPO,
     capture_output=True,
     text=True,
-    timeout=240,
+    timeout=limits.HANG_S,
   )
   assert proc.returncode == errors.EXIT_WRITE_FAILED, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr

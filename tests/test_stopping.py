@@ -19,6 +19,7 @@ import sys
 import pytest
 
 import debug_runs
+import limits
 from vidjax import train
 from vidjax.base import errors, rundir, stopping
 from vidjax.checkpoints import checkpoint_reader
@@ -203,7 +204,7 @@ def test_ctrl_c_twice_stops_at_once_naming_the_checkpoint(
         lines.append(line)
       proc.send_signal(then)
     lines += proc.stderr.readlines()
-    assert proc.wait(timeout=60) == errors.EXIT_INTERRUPTED, "".join(lines)
+    assert limits.wait(proc) == errors.EXIT_INTERRUPTED, "".join(lines)
   finally:
     if proc.poll() is None:  # Only ours, by handle.
       proc.kill()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import debug_runs
+import limits
 from vidjax import config as config_lib, main, steps, train
 from vidjax.base import errors
 from vidjax.checkpoints import checkpoint, checkpoint_reader, checksums
@@ -86,8 +87,8 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
     stderr=subprocess.STDOUT,
   )
   proc.stdout.close()  # Nobody reads: every console write fails with EPIPE.
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
+  deadline = time.monotonic() + limits.HANG_S
+  while time.monotonic() < deadline and proc.poll() is None:
     # Metrics are written a step late: step 1 is logged once step 2 runs.
     if losses(workdir):
       # The same command again meanwhile: refused, and changes nothing.
@@ -108,7 +109,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
     time.sleep(0.05)
   log_txt = workdir / "log.txt"
   log = lambda: log_txt.read_text() if log_txt.exists() else ""
-  assert proc.wait(timeout=240) == errors.EXIT_PREEMPTED, log()[-3000:]
+  assert limits.wait(proc) == errors.EXIT_PREEMPTED, log()[-3000:]
   stopped_at = max(losses(workdir))
   assert 2 <= stopped_at <= STEPS - 10, f"SIGINT came too late ({stopped_at})"
   ckpts = workdir / "checkpoints"
@@ -132,7 +133,7 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
   while proc.poll() is None and STEPS not in losses(workdir):
     time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
-  assert proc.wait(timeout=240) == errors.EXIT_FINISHED, log()[-3000:]
+  assert limits.wait(proc) == errors.EXIT_FINISHED, log()[-3000:]
   assert (
     "received SIGTERM: the final evaluation and the checkpoint of step "
     f"{STEPS} finish first, then the run ends"
@@ -382,7 +383,7 @@ def test_a_full_disk_stops_at_the_failing_save_then_the_rerun_matches(
     text=True,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
-    timeout=240,
+    timeout=limits.HANG_S,
   )
   out = proc.stdout.replace("\r", "\n")
   assert proc.returncode == errors.EXIT_WRITE_FAILED, out[-3000:]
