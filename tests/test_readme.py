@@ -175,3 +175,29 @@ def test_anchors_are_githubs():
   page = REPO / "BENCHMARKS.md"
   assert "masked-training-python--m-benchmarksmasking" in _anchors(page)
   assert "gpu-check-launchgpu_checksh" in _anchors(page)
+
+
+def test_every_command_the_docs_name_runs_as_a_module():
+  """Each `python -m vidjax.X` (and `benchmarks.X`) the docs and the launch
+  scripts name is a module with a main block, or a package with a
+  `__main__.py`: the command line a reader copies exists."""
+  texts = [p.read_text() for p in _docs()]
+  texts += [p.read_text() for p in sorted((REPO / "launch").iterdir())]
+  texts += [(REPO / "notebooks/quickstart.ipynb").read_text()]
+  named = set(
+    re.findall(
+      r"python3? +-m +((?:vidjax|benchmarks)(?:\.[a-z_]+)+)", " ".join(texts)
+    )
+  )
+  assert {"vidjax.main", "vidjax.embed", "vidjax.search"} <= named, named
+  missing = []
+  for module in sorted(named):
+    path = REPO.joinpath(*module.split("."))
+    if (path / "__main__.py").is_file():
+      continue
+    source = path.with_suffix(".py")
+    if not (
+      source.is_file() and 'if __name__ == "__main__":' in source.read_text()
+    ):
+      missing.append(module)
+  assert not missing, f"commands the docs name that do not run: {missing}"
