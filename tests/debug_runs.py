@@ -46,9 +46,18 @@ _runs: dict[tuple, tuple[Path, dict]] = {}
 _compiles: dict[tuple, collections.Counter] = {}
 
 
+# The runs made in the test processes draw no plots at their end: the
+# command-line runs do (tests/test_train.py, tests/test_cli.py), and
+# tests/test_plot.py checks what they hold.
+NO_PLOTS = "--config.log.plots=false"
+
+
 def load(name: str, *overrides: str):
-  """`configs/NAME.py:debug` with `--config.KEY=VALUE` overrides."""
-  return config_lib.load_config(f"{CONFIGS / name}.py:debug", overrides)
+  """`configs/NAME.py:debug` with `--config.KEY=VALUE` overrides (and
+  `NO_PLOTS`)."""
+  return config_lib.load_config(
+    f"{CONFIGS / name}.py:debug", (NO_PLOTS, *overrides)
+  )
 
 
 def prepare(config, workdir: Path, tmp_path_factory) -> Path:

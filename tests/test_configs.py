@@ -254,6 +254,7 @@ def test_debug_variant_trains_two_steps_and_evaluates(name, tmp_path_factory):
   for key in ("eval/mAP_avg", "eval/ek100_mir/mAP_avg"):
     if key in final:
       assert 0 < final[key] <= 1
+  assert not (workdir / "plots").exists()  # log.plots=false: none drawn.
   config = debug_runs.load(name, *OVERRIDES.get(name, ()))
   if name in OVERRIDES:  # 8 frames, (32 / 16)^2 patches and the class token.
     params, saved = checkpoint_reader.read_params(workdir / "checkpoints", 2)

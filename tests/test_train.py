@@ -155,6 +155,13 @@ def test_ctrl_c_with_a_dead_pipe_saves_then_resume_matches(
   )
   final = [r for r in monitor.read_metrics(workdir) if "eval/t2v_r1" in r]
   assert final and final[-1]["step"] == STEPS
+  # The finished run drew its curves (`log.plots`, on by default).
+  assert sorted(p.name for p in (workdir / "plots").iterdir()) == [
+    "eval.png",
+    "loss.png",
+    "lr.png",
+    "throughput.png",
+  ]
   config = json.loads((workdir / "config.json").read_text())
   assert config["total_steps"] == STEPS
 

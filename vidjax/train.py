@@ -505,28 +505,7 @@ def _train(
     ckpt.wait_until_finished()
     saved_steps = ckpt.all_steps()
   if jax.process_index() == 0:
-    try:
-      # Imported here: matplotlib (the `[plots]` extra) draws the plots only.
-      from vidjax.report import plot
-
-      plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
-    except ModuleNotFoundError as e:  # A run is whole without the plots.
-      if not (e.name or "").startswith("matplotlib"):
-        raise
-      plots = []
-      logging.warning(
-        "no plots: matplotlib is not installed. pip install "
-        "'vidjax[plots]', then `python -m vidjax.plot %s` draws them",
-        workdir,
-      )
-    except OSError as e:  # The run is whole without them: said, not fatal.
-      plots = []
-      logging.warning(
-        "the plots could not be written (%s): `python -m vidjax.plot %s` "
-        "draws them later",
-        e.strerror or e,
-        workdir,
-      )
+    plots = _draw_plots(workdir) if config.log.plots else []
     logging.info(
       "%s",
       console.end_message(
@@ -556,3 +535,31 @@ def _say_read_failures(failures) -> None:
       "s" if len(failures) > 1 else "",
       "\n  ".join(batches.failure_lines(failures)),
     )
+
+
+def _draw_plots(workdir: Path) -> list[Path]:
+  """WORKDIR/plots/*.png, or none (said) without matplotlib or a place to
+  write them: the run is whole without them."""
+  try:
+    # Imported here: matplotlib (the `[plots]` extra) draws the plots only.
+    from vidjax.report import plot
+
+    plots = plot.plot_run(workdir)  # WORKDIR/plots/*.png
+  except ModuleNotFoundError as e:  # A run is whole without the plots.
+    if not (e.name or "").startswith("matplotlib"):
+      raise
+    plots = []
+    logging.warning(
+      "no plots: matplotlib is not installed. pip install "
+      "'vidjax[plots]', then `python -m vidjax.plot %s` draws them",
+      workdir,
+    )
+  except OSError as e:  # The run is whole without them: said, not fatal.
+    plots = []
+    logging.warning(
+      "the plots could not be written (%s): `python -m vidjax.plot %s` "
+      "draws them later",
+      e.strerror or e,
+      workdir,
+    )
+  return plots

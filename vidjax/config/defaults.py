@@ -406,7 +406,9 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       best_mode="max",
     )
   )
-  c.log = ml_collections.ConfigDict(dict(every_steps=10))
+  # plots: WORKDIR/plots/*.png drawn at the end of a run (False: none;
+  # `python -m vidjax.plot WORKDIR` draws them at any time).
+  c.log = ml_collections.ConfigDict(dict(every_steps=10, plots=True))
   return c
 
 
