@@ -219,3 +219,66 @@ def test_invalid_elements_change_neither_loss_nor_gradient():
   # The contrastive accuracies count the valid pairs only.
   _, metrics = contrastive(video, video, INIT_LOGIT_SCALE, valid=valid)
   assert float(metrics["v2t_acc"]) == 1.0
+
+
+def _reference_sms(s, r, valid, margin=0.6, threshold=0.1, adaptive=False):
+  """SMS-Loss's SymmetricMultiSimiliarityLoss (fix_norm) and, with
+  `adaptive`, its AdaptiveMaxMarginRankingLoss, term by term: for the
+  positive pair i and each other valid j, caption i's video against video
+  j, then video i's caption against caption j."""
+  eps = 1.1 / 240
+  terms = []
+  for i in np.flatnonzero(valid):
+    for j in np.flatnonzero(valid):
+      if i == j:
+        continue
+      for other_s, other_r in ((s[j, i], r[j, i]), (s[i, j], r[i, j])):
+        d = s[i, i] - other_s
+        if adaptive:
+          terms.append(max(0.0, r[i, i] * margin - d))
+          continue
+        w = r[i, i] - other_r
+        gap = w * margin - d
+        if w > eps:
+          terms.append(max(0.0, gap))
+        elif abs(w) < eps:
+          terms.append(max(0.0, abs(gap) - threshold))
+        else:
+          terms.append(max(0.0, -gap))
+  return np.mean(terms)
+
+
+def test_sms_and_relevancy_margin_losses_match_loops():
+  """Ties in the similarities, relevancies equal to the positive's, above
+  and below it, and invalid elements: the losses are the reference's, and
+  their gradients are finite."""
+  rng = np.random.default_rng(5)
+  b = 9
+  s = rng.uniform(-1, 1, (b, b)).astype(np.float32)
+  s[2, 5] = s[5, 2] = s[2, 2]  # Ties with a positive.
+  s[7] = s[7, 7]
+  # Relevancies in 1/240 steps as the reference's uint8 matrix: some equal
+  # to the positive's, some above it, half of them 0.
+  r = (rng.integers(0, 241, (b, b)) * (rng.random((b, b)) < 0.5)) / 240
+  r[np.arange(b), np.arange(b)] = rng.choice([120, 240], b) / 240
+  r[1, 4] = r[4, 1] = r[1, 1]
+  r[3, 6] = r[3, 3] + 1 / 240  # Within the reference's eps: as relevant.
+  r[6, 0] = min(r[6, 6] + 0.25, 1.0)  # More relevant than the positive.
+  r = r.astype(np.float32)
+  for valid in (np.ones(b, bool), np.array([1, 1, 0, 1, 1, 1, 0, 1, 1], bool)):
+    for margin, threshold in ((0.6, 0.1), (0.2, 0.0)):
+      got = losses.sms_loss(
+        s, r, margin=margin, threshold=threshold, valid=valid
+      )
+      np.testing.assert_allclose(
+        got, _reference_sms(s, r, valid, margin, threshold), rtol=1e-5
+      )
+    np.testing.assert_allclose(
+      losses.relevancy_max_margin_loss(s, r, margin=0.4, valid=valid),
+      _reference_sms(s, r, valid, 0.4, adaptive=True),
+      rtol=1e-5,
+    )
+  grads = jax.grad(
+    lambda s: losses.sms_loss(s, r) + losses.relevancy_max_margin_loss(s, r)
+  )(s)
+  assert np.isfinite(grads).all() and np.abs(grads).sum() > 0

@@ -142,6 +142,28 @@ def softmax_cross_entropy(
   )
 
 
+# SMS's reference holds the relevancy matrix in uint8 multiples of 1/240: two
+# relevancies closer than this are the same.
+SMS_EPS = 1.1 / 240
+
+
+def _both_ways(x: jax.Array) -> jax.Array:
+  """float[2, B, B]: x_ii - x_ij ([0]: row i's diagonal against its column j)
+  and x_ii - x_ji ([1]: column i's against its row j), for x float[B, B]."""
+  x = x.astype(jnp.float32)
+  return jnp.diag(x)[:, None] - jnp.stack([x, x.T])
+
+
+def _mean_off_diagonal(terms: jax.Array, valid: jax.Array | None) -> jax.Array:
+  """Mean of float[2, B, B] over the pairs of distinct valid elements."""
+  n = terms.shape[-1]
+  valid = _valid(valid, n)
+  keep = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
+  return jnp.sum(jnp.where(keep, terms, 0.0)) / jnp.maximum(
+    2 * jnp.sum(keep), 1
+  )
+
+
 def max_margin_ranking_loss(
   similarity: jax.Array, margin: float = 0.2, valid: jax.Array | None = None
 ) -> jax.Array:
@@ -164,13 +186,75 @@ def max_margin_ranking_loss(
   Returns:
     float32[].
   """
-  s = similarity.astype(jnp.float32)
-  n = s.shape[0]
-  positive = jnp.diag(s)[:, None]  # s_ii, broadcast along each row
-  rows = jax.nn.relu(margin - (positive - s))  # video i: its text vs text j
-  cols = jax.nn.relu(margin - (positive - s.T))  # text i: its video vs video j
-  valid = _valid(valid, n)
-  terms = valid[:, None] & valid[None, :] & ~jnp.eye(n, dtype=bool)
-  return jnp.sum(jnp.where(terms, rows + cols, 0.0)) / jnp.maximum(
-    2 * jnp.sum(terms), 1
+  return _mean_off_diagonal(jax.nn.relu(margin - _both_ways(similarity)), valid)
+
+
+def relevancy_max_margin_loss(
+  similarity: jax.Array,
+  relevancy: jax.Array,
+  margin: float = 0.4,
+  valid: jax.Array | None = None,
+) -> jax.Array:
+  """The max-margin ranking loss with each pair's margin scaled by its
+  positive's relevancy: relu(r_ii m - (s_ii - s_ij)), both ways (SMS-Loss's
+  `AdaptiveMaxMarginRankingLoss`).
+
+  Args:
+    similarity: float[B, B], video i vs text j (as `max_margin_ranking_loss`).
+    relevancy: float[B, B], the relevancy of video i to the caption of item j
+      (its diagonal: each positive's; only the diagonal is read).
+    margin: the margin at relevancy 1 (the reference: 0.4).
+    valid: optional bool[B], as `max_margin_ranking_loss`.
+
+  Returns:
+    float32[].
+  """
+  scaled = jnp.diag(relevancy.astype(jnp.float32))[:, None] * margin
+  return _mean_off_diagonal(jax.nn.relu(scaled - _both_ways(similarity)), valid)
+
+
+def sms_loss(
+  similarity: jax.Array,
+  relevancy: jax.Array,
+  *,
+  margin: float = 0.6,
+  threshold: float = 0.1,
+  valid: jax.Array | None = None,
+) -> jax.Array:
+  """Symmetric Multi-Similarity loss (SMS; Wang et al., arXiv 2406.12256).
+
+  Each pair (i, j), i != j, is ranked both ways against the positive pair i:
+  video i's caption against caption j (d = s_ii - s_ij, w = r_ii - r_ij) and
+  caption i's video against video j (d = s_ii - s_ji, w = r_ii - r_ji). A pair
+  less relevant than the positive (w > `SMS_EPS`) is pushed below it by
+  w x margin, relu(w m - d); one as relevant (|w| < `SMS_EPS`) is kept within
+  `threshold` of it, relu(|w m - d| - threshold); one more relevant is pulled
+  above it, relu(d - w m). The loss is the mean of the 2 B (B - 1) terms, as
+  the reference's `SymmetricMultiSimiliarityLoss` (fix_norm). It takes the
+  relevancies as given: the reference's uint8 matrix is the caller's (see
+  the EK-100 MIR task).
+
+  Args:
+    similarity: float[B, B] cosine similarities, video i (rows) vs text j.
+    relevancy: float[B, B] the training matrix's relevancy of video i to
+      the caption of item j; the diagonal is each positive's.
+    margin: the margin at a relevancy gap of 1 (the reference: 0.6).
+    threshold: how far a pair as relevant as the positive may be from it
+      (the reference: 0.1).
+    valid: optional bool[B]; only pairs of valid elements are terms.
+
+  Returns:
+    float32[].
+  """
+  w = _both_ways(relevancy)
+  gap = w * margin - _both_ways(similarity)
+  terms = jnp.where(
+    w > SMS_EPS,
+    jax.nn.relu(gap),
+    jnp.where(
+      jnp.abs(w) < SMS_EPS,
+      jax.nn.relu(jnp.abs(gap) - threshold),
+      jax.nn.relu(-gap),
+    ),
   )
+  return _mean_off_diagonal(terms, valid)
