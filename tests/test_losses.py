@@ -262,7 +262,7 @@ def test_sms_and_relevancy_margin_losses_match_loops():
   r = (rng.integers(0, 241, (b, b)) * (rng.random((b, b)) < 0.5)) / 240
   r[np.arange(b), np.arange(b)] = rng.choice([120, 240], b) / 240
   r[1, 4] = r[4, 1] = r[1, 1]
-  r[3, 6] = r[3, 3] + 1 / 240  # Within the reference's eps: as relevant.
+  r[3, 6] = r[3, 3] - 1 / 240  # Within the reference's eps: as relevant.
   r[6, 0] = min(r[6, 6] + 0.25, 1.0)  # More relevant than the positive.
   r = r.astype(np.float32)
   for valid in (np.ones(b, bool), np.array([1, 1, 0, 1, 1, 1, 0, 1, 1], bool)):
