@@ -437,6 +437,14 @@ def test_a_damaged_checkpoint_is_named_and_the_newest_intact_one_restored(
   ):
     resume.find_checkpoint(saved / "checkpoints" / "1")
   assert checksums.main(["checksums", str(saved / "checkpoints" / "1")]) == 1
+  # The folder above the steps, or the run: each step checked.
+  for above in (saved, saved / "checkpoints"):
+    assert checksums.main(["checksums", str(above)]) == 1
+  assert checksums.main(["checksums", str(saved / "checkpoints" / "2")]) == 0
+  for wrong in (tmp_path, tmp_path / "nowhere", "--help"):
+    with pytest.raises(SystemExit) as refused:
+      checksums.main(["checksums", str(wrong)])
+    assert refused.value.code == (0 if wrong == "--help" else 2)
   # None intact: refused (exit 2), saying what to do.
   _flip_a_byte(saved / "checkpoints" / "2")
   with pytest.raises(

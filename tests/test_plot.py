@@ -1,6 +1,7 @@
 """Training curves from metrics.jsonl: last line per step wins, PNGs written."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -141,3 +142,17 @@ def test_fractions_on_a_0_to_1_axis(tmp_path):
     assert limits[name] == (0, 1.02), name
   low, high = limits["eval/loss"]  # Not a fraction: fitted to the values.
   assert 0.6 < low and high < 0.9
+
+
+def test_cli_refusals_in_a_line(tmp_path, capsys, monkeypatch):
+  # Not a run: exit 2, a line and a hint.
+  assert plot.main([str(tmp_path)]) == 2
+  assert "has no metrics.jsonl" in capsys.readouterr().err
+  # Without matplotlib (the [plots] extra): --help works, a run is refused.
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  with pytest.raises(SystemExit) as helped:
+    plot.main(["--help"])
+  assert helped.value.code == 0
+  _resumed_run(tmp_path)
+  assert plot.main([str(tmp_path)]) == 2
+  assert "pip install 'vidjax[plots]'" in capsys.readouterr().err

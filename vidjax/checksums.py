@@ -1,4 +1,4 @@
-"""`python -m vidjax.checksums STEP_DIR ...`: a checkpoint's files checked
+"""`python -m vidjax.checksums PATH ...`: a checkpoint's files checked
 against their checksums. The command's code is `vidjax.checkpoints.checksums`."""
 
 import sys

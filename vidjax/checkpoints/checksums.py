@@ -14,14 +14,15 @@ commit time): it is only required to exist. Files added after the list was
 written (Orbax's `commit_success.txt`) are not checked.
 
     python -m vidjax.checksums WORKDIR/checkpoints/STEP   # checks one step
+    python -m vidjax.checksums WORKDIR   # each of its steps
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
-import sys
 import zlib
 
 from absl import logging
@@ -165,20 +166,71 @@ def verify(step_dir, part: str | None = None) -> str | None:
   )
 
 
+def step_dirs(path: str) -> list[str] | None:
+  """The checkpoint steps a path names, oldest first, or None if none.
+
+  A step (it has `checksums.json` or Orbax's `_CHECKPOINT_METADATA`) names
+  itself; a checkpoints folder its finished steps (directories named by
+  their step number); a run directory those of its `checkpoints/`.
+  """
+  if not os.path.isdir(path):
+    return None
+  if any(
+    os.path.exists(os.path.join(path, n)) for n in (MANIFEST, *PRESENCE_ONLY)
+  ):
+    return [path]
+  folder = path
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    folder = os.path.join(path, "checkpoints")
+  steps = sorted(
+    (n for n in os.listdir(folder) if n.isdigit()), key=int
+  )  # Orbax's unfinished steps have longer names.
+  steps = [os.path.join(folder, n) for n in steps]
+  return [s for s in steps if os.path.isdir(s)] or None
+
+
 def main(argv: list[str]) -> int:
-  """`python -m vidjax.checksums STEP_DIR...`: 0 if every step is intact."""
-  if len(argv) < 2:
-    print("usage: python -m vidjax.checksums STEP_DIR...", file=sys.stderr)
-    return 2
+  """`python -m vidjax.checksums PATH...`: 0 if every step is intact, 1 if
+  one is damaged, 2 if a path names no checkpoint step."""
+  parser = argparse.ArgumentParser(
+    prog="python -m vidjax.checksums",
+    description="Checks checkpoint steps' files against the checksums "
+    "recorded when each step was saved. Exit status: 0 every step intact "
+    "(or saved without checksums, said), 1 a step damaged, 2 a path that "
+    "names no checkpoint step.",
+  )
+  parser.add_argument(
+    "paths",
+    nargs="+",
+    metavar="PATH",
+    help="a checkpoint step (WORKDIR/checkpoints/STEP), a checkpoints "
+    "folder or a run directory (each of its steps)",
+  )
+  args = parser.parse_args(argv[1:])
   damaged = 0
-  for step_dir in argv[1:]:
-    if not os.path.isdir(step_dir):
-      problem = "not a directory"
-    elif not os.path.exists(os.path.join(step_dir, MANIFEST)):
-      print(f"{step_dir}: no {MANIFEST}, not verified")
-      continue
-    else:
+  for path in args.paths:
+    steps = step_dirs(path)
+    if steps is None:
+      what = (
+        "does not exist"
+        if not os.path.exists(path)
+        else (
+          "is not a checkpoint step, a checkpoints folder or a run directory"
+        )
+      )
+      parser.exit(
+        2,
+        f"{parser.prog}: error: {path} {what}\n  hint: give "
+        "WORKDIR/checkpoints/STEP, WORKDIR/checkpoints or WORKDIR\n",
+      )
+    for step_dir in steps:
+      if not os.path.exists(os.path.join(step_dir, MANIFEST)):
+        print(
+          f"{step_dir}: no {MANIFEST} (saved before vidjax kept "
+          "checksums), not verified"
+        )
+        continue
       problem = verify(step_dir)
-    print(f"{step_dir}: {problem or 'intact'}")
-    damaged += problem is not None
+      print(f"{step_dir}: {problem or 'intact'}")
+      damaged += problem is not None
   return int(damaged > 0)

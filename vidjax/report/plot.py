@@ -27,13 +27,16 @@ import math
 import os
 from pathlib import Path
 import re
+import sys
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from vidjax.base import rundir
+from vidjax.base import errors, rundir
 from vidjax.report import console, monitor
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 # Noisy curves (loss, throughput) with at least this many points also get
 # a trailing mean.
@@ -92,6 +95,10 @@ def _new_figure(panels: int = 1):
   cols = min(panels, 3)
   rows = math.ceil(panels / cols)
   width, height = 4.5 * cols, 3.2 * rows
+  # matplotlib (the `[plots]` extra) is imported when a figure is drawn:
+  # `--help` and the module's import need none.
+  from matplotlib.figure import Figure
+
   fig = Figure(figsize=(width, height))
   # Fixed margins, in inches (room for 7-character tick labels and a title),
   # rather than a layout engine, which measures every label at each save.
@@ -133,6 +140,8 @@ def _curve(ax, series: Series, name: str, *, smooth: bool = False):
     )
     ax.legend(fontsize="small")
   ax.ticklabel_format(axis="y", useOffset=False)  # no "1e-13+0.1" axes
+  from matplotlib.ticker import MaxNLocator
+
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   if FRACTION_METRIC.search(name.split("/")[-1]):
     ax.set_ylim(0, 1.02)  # Room for the markers of a perfect score.
@@ -217,14 +226,44 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """The command line; exit status 0 drawn, 2 refused (no matplotlib, a
+  directory without metrics.jsonl), 74 the plots could not be written."""
   parser = argparse.ArgumentParser(
     prog="python -m vidjax.plot",
     description="Training curves of a run: WORKDIR/metrics.jsonl -> "
-    "WORKDIR/plots/*.png",
+    "WORKDIR/plots/*.png (needs matplotlib: pip install 'vidjax[plots]')",
   )
   parser.add_argument("workdir", nargs="+", help="run directory (or several)")
   args = parser.parse_args(argv)
+  try:
+    import matplotlib  # noqa: F401  (said before any run is read)
+  except ModuleNotFoundError:
+    return _refuse(
+      errors.ConfigError(
+        "matplotlib is not installed", "pip install 'vidjax[plots]'"
+      )
+    )
   for workdir in args.workdir:
-    for path in plot_run(workdir):
-      print(path)
+    if not rundir.path(workdir, rundir.METRICS_FILE).is_file():
+      return _refuse(
+        errors.PathError(
+          f"{workdir} has no {rundir.METRICS_FILE}",
+          "give a run directory (the --workdir of python -m vidjax.main)",
+        )
+      )
+    try:
+      for path in plot_run(workdir):
+        print(path)
+    except OSError as e:
+      return _refuse(
+        errors.WriteError(
+          f"the plots of {workdir} could not be written: {e.strerror or e}",
+          "free space or make WORKDIR/plots writable",
+        )
+      )
   return 0
+
+
+def _refuse(e: errors.UserError) -> int:
+  print(f"python -m vidjax.plot: error: {e.describe()}", file=sys.stderr)
+  return e.exit_code
