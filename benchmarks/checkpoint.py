@@ -34,7 +34,7 @@ import time
 import jax
 import numpy as np
 
-from benchmarks import SMOKE_HELP
+from benchmarks import SMOKE_HELP, SMOKE_NOTE
 from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
 from vidjax.checkpoints import checkpoint, checkpoint_reader, checksums
 from vidjax.report import console
@@ -72,6 +72,7 @@ def main(argv=None):
   console.setup_console()  # Process-wide: not for library use.
   if args.smoke:
     args.config, args.rounds = "configs/demo.py:debug", 1
+    print(f"--smoke ({SMOKE_NOTE})", flush=True)
   config = config_lib.load_config(args.config, [])
   mesh = sharding.make_mesh()
   target = steps_lib.build_state_and_steps(

@@ -54,7 +54,7 @@ import time
 import av
 import numpy as np
 
-from benchmarks import SMOKE_HELP, footage, reader_parts
+from benchmarks import SMOKE_HELP, SMOKE_NOTE, footage, reader_parts
 from vidjax.data import chunk, video
 
 # ------------------------------------------------------ the methods ----
@@ -455,6 +455,7 @@ def main(argv=None):
   if args.smoke:  # Every method and table once, on a few clips (CI).
     vars(args).update(clips=4, rounds=1, seconds=8, size=64)
     vars(args).update(pipeline_workers="1")
+    print(f"--smoke ({SMOKE_NOTE})", flush=True)
 
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,13 @@ try:  # Not a dependency of vidjax: the `[bench]` extra brings it.
 except ModuleNotFoundError:
   psutil = None
 
-from benchmarks import SMOKE_HELP, footage, timed_reads
+from benchmarks import (
+  SMOKE_HELP,
+  SMOKE_NOTE,
+  device_batch,
+  footage,
+  timed_reads,
+)
 from vidjax import sharding
 from vidjax.config import defaults
 from vidjax.data import (
@@ -138,6 +144,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
 def run(config, mesh, batch: int, batches: int, consumer_rate: float) -> dict:
   """clips/s after warm-up, and the CPU cores busy meanwhile (main process
   and workers); with a consumer rate, the share of time waiting."""
+  batch = device_batch(batch)
   proc = psutil.Process()
   pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
   for _ in range(3):  # Worker start-up and first compilations.
@@ -191,6 +198,7 @@ def scaling(
   records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, frames, stride, size)
   mesh = sharding.make_mesh()
+  batch = device_batch(batch)
   print(
     f"\nwhole pipeline: {batch} x {frames} frames (stride {stride}) -> "
     f"{size}x{size} per batch, {batches} batches, {os.cpu_count()} CPUs\n"
@@ -208,6 +216,7 @@ def scaling(
 
 
 def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
+  batch = device_batch(batch)
   proc = psutil.Process()
   pipe = pipeline.make_pipeline(config, mesh, train=True, batch_size=batch)
   for _ in range(5):
@@ -258,6 +267,7 @@ def pipeline_rate(config, batch: int, clips: int, repeats: int = 1) -> dict:
   per delivered frame, timed in the worker (`benchmarks.timed_reads`)."""
   config = config.copy_and_resolve_references()
   config.data.update(workers=1, threads=0, repeats=repeats)
+  batch = device_batch(batch)
   proc = psutil.Process()
   with tempfile.TemporaryDirectory() as folder:
     pipe = pipeline.make_pipeline(
@@ -304,7 +314,7 @@ def worker_start(config, lean: bool) -> dict:
   try:
     t0 = time.perf_counter()
     pipe = pipeline.make_pipeline(
-      config, sharding.make_mesh(), train=True, batch_size=4
+      config, sharding.make_mesh(), train=True, batch_size=device_batch(4)
     )
     jax.block_until_ready(next(pipe)["video"])
     seconds = time.perf_counter() - t0
@@ -531,6 +541,7 @@ def main(argv=None):
     )
   if args.smoke:
     args.seconds, args.clips, args.batches, args.rounds = 10, 8, 2, 1
+    print(f"--smoke ({SMOKE_NOTE})", flush=True)
   work = Path(args.workdir)
   work.mkdir(parents=True, exist_ok=True)
   source = footage.prepare_source(work, args.seconds, 568, 320)
@@ -552,6 +563,7 @@ def scaling_table(store: Path, video_id: str, work: Path, args) -> None:
   records = write_records(store, video_id, work / "pipeline_clips.jsonl")
   config = data_config(store, records, args.frames, args.stride, args.size)
   mesh = sharding.make_mesh()
+  args.batch = device_batch(args.batch)
   settings = [(int(w), 0) for w in args.workers.split(",")]
   if args.threads:
     settings.append((0, args.threads))

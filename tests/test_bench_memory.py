@@ -1,10 +1,12 @@
-"""The memory benchmark: what the real step keeps, per remat policy."""
+"""The memory benchmark: what the real step keeps, per remat policy; the
+benchmarks' batches on any device count."""
 
 from pathlib import Path
 
+import jax
 import pytest
 
-from benchmarks import memory
+from benchmarks import device_batch, memory
 
 
 def test_kept_memory_falls_as_the_policy_keeps_less(capsys):
@@ -37,3 +39,11 @@ def test_kept_memory_falls_as_the_policy_keeps_less(capsys):
   assert "4 clips per device in 2 microbatches of 2" in out
   # The extra forward pass that keeps the loss the whole batch's: 1/3 more.
   assert "TFLOP for the embedding cache's extra forward pass (+33%)" in out
+
+
+def test_benchmark_batches_split_over_the_devices():
+  # The suite's 8 host devices, as an 8-GPU machine: a batch of 4 (a
+  # worker's start in benchmarks.pipeline) becomes 8. CI runs every
+  # benchmark's --smoke on 1 and 8 devices (.ci/run).
+  assert jax.local_device_count() == 8
+  assert [device_batch(b) for b in (1, 4, 8, 12, 32)] == [8, 8, 8, 16, 32]
