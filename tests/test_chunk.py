@@ -282,10 +282,12 @@ def test_cli_bad_input_exits_2_naming_the_file(tmp_path, capsys):
   (tmp_path / "src").mkdir()
   (tmp_path / "out").mkdir()  # A line that is no manifest line.
   (tmp_path / "out" / "manifest.jsonl").write_text('{"video_id": "a"}\n{"vi\n')
+  (tmp_path / "one.txt").write_text("a.mp4\n")
   for src, dst, message in (
     ("nope", "o", "nope: no such file or folder"),
     ("list.txt", "o", "list.txt: no such file or folder"),
-    ("src", "out", "manifest.jsonl:2: not JSON"),
+    ("src", "o", "src: no videos there"),  # An empty folder.
+    ("one.txt", "out", "manifest.jsonl:2: not JSON"),
   ):
     with pytest.raises(SystemExit) as exit_info:
       cli.main([str(tmp_path / src), str(tmp_path / dst)])

@@ -290,6 +290,43 @@ def test_a_second_run_into_an_index_in_use_is_refused(own, tmp_path, capsys):
   assert "Traceback" not in err and sorted(os.listdir(out)) == []
 
 
+def test_no_videos_or_a_full_disk_said_in_two_lines(
+  tmp_path, capsys, monkeypatch
+):
+  # Said before the weights load (none here) and nothing written.
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "store").mkdir()  # A chunk store with no videos yet.
+  (tmp_path / "store" / "manifest.jsonl").write_text("")
+  for src, said in (
+    ("empty", "empty: no videos there"),
+    ("nowhere", "nowhere: no such file or folder"),
+    ("store", "a chunk store with no videos"),
+  ):
+    code = embed.main(
+      ["--config", CONFIG, "--config.init_from=/no/weights"]
+      + ["--videos", str(tmp_path / src), "--out", str(tmp_path / "index")]
+    )
+    err = capsys.readouterr().err
+    assert code == errors.EXIT_USAGE and said in err, err
+    assert "Traceback" not in err and not (tmp_path / "index").exists()
+
+  def full(*args, **kwargs):
+    raise OSError(28, "No space left on device", "INDEX/embeddings.npy")
+
+  monkeypatch.setattr(embed, "embed_videos", full)
+  code = embed.main(
+    ["--config", CONFIG, "--videos", "SRC", "--out", str(tmp_path / "i")]
+  )
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_WRITE_FAILED, err
+  assert err.splitlines() == [
+    "vidjax.embed: error: could not write INDEX/embeddings.npy: No space "
+    "left on device",
+    "  hint: free space (or give a writable --out), then run the same "
+    "command: the videos embedded so far are kept",
+  ]
+
+
 def test_search_command_json_labels_and_page_in_chromium(
   own, clean, tmp_path, capsys
 ):

@@ -17,7 +17,6 @@ JAX_NUM_PROCESSES / JAX_PROCESS_ID).
 
 from __future__ import annotations
 
-import errno
 import gc
 import os
 import re
@@ -202,9 +201,9 @@ def main(parsed) -> int:
     logging.warning("%s", e)
     return e.exit_code
   except OSError as e:
-    if e.errno not in _REFUSED_WRITES:
+    error = errors.refused_write(e, _WORKDIR.value)
+    if error is None:
       raise  # A bug: its traceback.
-    error = _refused_write(e, _WORKDIR.value)
     logging.error("%s", error.describe())
     return error.exit_code
   except RuntimeError as e:  # JAX's runtime errors are RuntimeErrors.
@@ -230,20 +229,6 @@ def out_of_memory(error: BaseException) -> errors.UserError | None:
     hint="raise --config.accum_steps (the same batch in smaller parts), "
     "lower --config.batch_size, or --config.model.remat=full; on a CPU, "
     "the recipe's CPU variant (configs/own_videos.py:...,cpu, or :debug)",
-  )
-
-
-# The system refusing a write (a full disk or quota, a read-only mount) at
-# any point outside a checkpoint save (which says it itself): what was
-# written before is whole (checkpoints, `vidjax.base.whole_files`).
-_REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
-
-
-def _refused_write(error: OSError, workdir: str) -> errors.WriteError:
-  """The one-line error for a write the system refused."""
-  where = error.filename or f"in {workdir}"
-  return errors.WriteError(
-    f"could not write {where}: {error.strerror}", hint=errors.WRITE_HINT
   )
 
 

@@ -40,6 +40,8 @@ it is found):
 
 from __future__ import annotations
 
+import errno
+
 EXIT_FINISHED, EXIT_FAILED, EXIT_USAGE, EXIT_PREEMPTED = 0, 1, 2, 75
 EXIT_WRITE_FAILED = 74  # EX_IOERR
 EXIT_INTERRUPTED = 130  # The shell's code for SIGINT.
@@ -114,6 +116,23 @@ class WriteError(UserError):
   """A file of the run could not be written: a full disk, no permission."""
 
   exit_code = EXIT_WRITE_FAILED
+
+
+# The system refusing a write (a full disk or quota, a read-only mount).
+REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def refused_write(
+  error: OSError, where: str, hint: str = WRITE_HINT
+) -> WriteError | None:
+  """The two-line error for a write the system refused (`REFUSED_WRITES`),
+  naming the file (else `where`); None for any other OSError (a bug)."""
+  if error.errno not in REFUSED_WRITES:
+    return None
+  return WriteError(
+    f"could not write {error.filename or f'in {where}'}: {error.strerror}",
+    hint=hint,
+  )
 
 
 class Stopped(Exception):

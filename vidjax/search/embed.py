@@ -30,7 +30,9 @@ A rerun with the same command skips the videos already embedded (a kill,
 even `kill -9`, loses at most the video under way) and rewrites the two
 index files from every video's rows; a rerun with other weights or windows
 is refused. A second run into an INDEX in use is refused (exit 2,
-`vidjax.base.rundir`'s lock). Videos that cannot be read (chunking fails, or a
+`vidjax.base.rundir`'s lock), and so is a SRC without videos, before the
+weights load. A full disk or a read-only INDEX is said in two lines (exit
+74; the rerun keeps what was embedded). Videos that cannot be read (chunking fails, or a
 window does not decode) are skipped and named at the end (exit 1). An hour
 of video at 1 s stride is 3600 rows: 3600 x D x 2 bytes (1.8 MB at D=256).
 """
@@ -312,6 +314,22 @@ def _check_settings(index: Path, settings: dict) -> None:
     )
 
 
+def _check_videos(videos: str | os.PathLike) -> None:
+  """Refuses a SRC without videos (a missing path, an empty folder or
+  store, two videos with one id) before anything else is done."""
+  src = Path(videos)
+  if (src / chunk_lib.MANIFEST).is_file():
+    if not chunk_lib.read_manifest(src):
+      raise errors.PathError(
+        f"--videos {videos}: a chunk store with no videos in its "
+        f"{chunk_lib.MANIFEST}",
+        hint="chunk videos into it first (python -m vidjax.data.chunk), or "
+        "give the videos themselves",
+      )
+    return
+  chunk_lib.sources(src)
+
+
 def _store(videos: str, index: Path, progress: bool) -> tuple[Path, list, list]:
   """(chunk store, its video ids of SRC, failures) for SRC; chunks SRC into
   INDEX/chunks unless it is a store already."""
@@ -414,6 +432,7 @@ def embed_videos(
   if encoder is not None:
     config = encoder.config
   settings = _settings(config, spec, overrides, window_s, stride_s)
+  _check_videos(videos)  # Before the weights load and the index is made.
   with rundir.claim(out) as index:
     _check_settings(index, settings)
     if encoder is None:
@@ -598,6 +617,17 @@ def main(argv: list[str] | None = None) -> int:
   except errors.UserError as e:
     print(f"vidjax.embed: error: {e.describe()}", file=sys.stderr)
     return e.exit_code
+  except OSError as e:  # A full disk, a read-only INDEX: two lines.
+    error = errors.refused_write(
+      e,
+      args.out,
+      hint="free space (or give a writable --out), then run the same "
+      "command: the videos embedded so far are kept",
+    )
+    if error is None:
+      raise  # A bug: its traceback.
+    print(f"vidjax.embed: error: {error.describe()}", file=sys.stderr)
+    return error.exit_code
   except KeyboardInterrupt:
     print(
       "vidjax.embed: stopped; the videos embedded so far are kept: run the "

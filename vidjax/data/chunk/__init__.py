@@ -36,7 +36,7 @@ from vidjax.data.chunk.manifest import (
   manifest_lines,
   read_manifest,
 )
-from vidjax.data.chunk.store import chunk_videos, find_videos
+from vidjax.data.chunk.store import chunk_videos, find_videos, sources
 
 __all__ = [
   "ERRORS",
@@ -54,6 +54,7 @@ __all__ = [
   "manifest_lines",
   "output_size",
   "read_manifest",
+  "sources",
   "yuv_frame",
   "yuv_planes",
 ]

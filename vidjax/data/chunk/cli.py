@@ -23,7 +23,8 @@ B-frames (`--gop 2 --bframes 0`) decode 1.5 frames per delivered frame
 instead of ~2.9, for about 3x the disk (`python -m benchmarks.pipeline`).
 
 Exit status: 0 every video chunked; 1 some failed (listed); 2 refused (bad
-arguments or input, another chunker on the same part); 75 stopped by
+arguments or input, a source without videos, another chunker on the same
+part); 75 stopped by
 SIGTERM or Ctrl-C (the same command resumes).
 """
 

@@ -91,6 +91,13 @@ def sources(src: str | os.PathLike) -> dict[str, Path]:
         hint="rename it",
       )
     by_id[path.stem] = path
+  if not by_id:
+    raise errors.PathError(
+      f"{src}: no videos there",
+      hint="give a video, a folder or a .txt list of videos ("
+      + ", ".join(VIDEO_EXTENSIONS[:4])
+      + ", ...)",
+    )
   return by_id
 
 
@@ -230,9 +237,9 @@ def chunk_videos(
     `failed` (list of {"source", "video_id", "error"}).
 
   Raises:
-    errors.UserError: `src` missing, two sources with the same video id, a
-      bad manifest in `dst`, a store split another way, or another chunker
-      on the same part (all before anything is chunked).
+    errors.UserError: `src` missing or without videos, two sources with the
+      same video id, a bad manifest in `dst`, a store split another way, or
+      another chunker on the same part (all before anything is chunked).
   """
   opts = opts or encode.ChunkOptions()
   by_id = sources(src)
