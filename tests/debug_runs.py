@@ -57,11 +57,14 @@ UNCHECKED_MEMORY = "--config.device_memory_gib=-1"
 
 
 def load(name: str, *overrides: str, check_memory: bool = False):
-  """`configs/NAME.py:debug` with `--config.KEY=VALUE` overrides (after
-  `NO_PLOTS`, and `UNCHECKED_MEMORY` unless `check_memory`)."""
+  """`configs/NAME.py:debug` (NAME:VARIANT: `configs/NAME.py:VARIANT,debug`)
+  with `--config.KEY=VALUE` overrides (after `NO_PLOTS`, and
+  `UNCHECKED_MEMORY` unless `check_memory`)."""
   quick = (NO_PLOTS,) if check_memory else (NO_PLOTS, UNCHECKED_MEMORY)
+  recipe, _, variant = name.partition(":")
   return config_lib.load_config(
-    f"{CONFIGS / name}.py:debug", (*quick, *overrides)
+    f"{CONFIGS / recipe}.py:{variant + ',' if variant else ''}debug",
+    (*quick, *overrides),
   )
 
 
@@ -119,7 +122,9 @@ def run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, dict]:
   key = (name, overrides)
   if key not in _runs:
     config = load(name, *overrides, check_memory=True)
-    workdir = prepare(config, tmp_path_factory.mktemp(name), tmp_path_factory)
+    workdir = prepare(
+      config, tmp_path_factory.mktemp(name.replace(":", "_")), tmp_path_factory
+    )
     with counting_compiles() as _compiles[key]:
       _runs[key] = workdir, train.train_and_evaluate(config, workdir)
   return _runs[key]

@@ -361,12 +361,14 @@ def test_every_choice_is_implemented_under_its_defaults_name():
   from vidjax.config import defaults
   from vidjax.data import annotations
   from vidjax.models import transformer, videomae
+  from vidjax.tasks import retrieval
 
   assert tuple(models.MODELS) == defaults.MODELS
   assert set(defaults.TASK_MODELS.values()) == set(defaults.MODELS)
   assert tuple(transformer.REMAT_POLICIES) == defaults.REMAT_POLICIES
   assert tuple(transformer.ACTIVATIONS) == defaults.ACTIVATIONS
   assert tuple(videomae.BACKBONE_STYLES) == defaults.BACKBONES
+  assert tuple(retrieval.LOSSES) == defaults.LOSSES
   assert (
     set(annotations.LOADERS)
     == set(annotations.FORMATS)

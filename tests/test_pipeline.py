@@ -520,6 +520,50 @@ def test_mir_positives_are_relevant_and_the_same_for_any_worker_count(
   assert all(relevancy[i, c] > 0.1 for (i, _), c in zip(elements, chosen))
 
 
+def test_sms_batches_carry_the_train_matrix_relevancy_of_every_pair(
+  corpus, mesh, tok, monkeypatch
+):
+  """With a relevancy-aware loss each item carries its clip's row and its
+  caption's column of the training matrix, and the relevancy the loss gets
+  for every in-batch pair (video i, caption of item j) is the matrix's."""
+  from vidjax.tasks import losses, retrieval
+
+  config = corpus_config(corpus, "ek100_mir")
+  config.task, config.loss.name = "retrieval", "sms"
+  data = config.data
+  matrix = ek100.load_relevancy(data.train_relevancy, allow_pickle=True)
+  captions = [
+    t for _, t in ek100.load_ek100_mir_sentences(data.train_sentences)
+  ]
+  pipe = pipeline.make_pipeline(
+    config, mesh, train=True, batch_size=8, tokenizer=tok
+  )
+  batch = jax.tree.map(np.asarray, take(pipe, 1)[0])
+  pipe.close()
+  rows, columns = batch["relevancy_row"], batch["relevancy_column"]
+  np.testing.assert_array_equal(rows, batch["index"])  # Every row checked.
+  assert (columns >= 0).all()  # Every clip has positives here.
+  assert [caption_of(t, tok, captions) for t in batch["tokens"]] == list(
+    columns
+  )
+  expected = matrix[np.ix_(rows, columns)]
+  assert len(np.unique(expected)) > 1  # Pairs of several relevancies.
+  seen, sms_loss = {}, losses.sms_loss
+
+  def spy(similarity, relevancy, **kwargs):
+    seen["relevancy"] = np.asarray(relevancy)
+    return sms_loss(similarity, relevancy, **kwargs)
+
+  monkeypatch.setattr(losses, "sms_loss", spy)
+  embeddings = dict(
+    video=np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32),
+    text=np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32),
+  )
+  value, _ = retrieval.embedded_loss(None, embeddings, batch, config)
+  assert np.isfinite(value)
+  np.testing.assert_allclose(seen["relevancy"], expected, atol=1e-6)
+
+
 def test_llm_augmented_files_concatenated_and_lists_drawn_reproducibly(
   corpus, mesh, tok
 ):

@@ -10,7 +10,8 @@ Config keys (`vidjax.config.defaults.optim_config()` has them all):
     decay) or 'lion'.
   lr: peak learning rate, reached after warmup.
   min_lr: final learning rate of the cosine schedule.
-  warmup_steps: linear warmup from 0 over this many optimizer steps.
+  warmup_steps: linear warmup from `warmup_lr` over this many optimizer steps.
+  warmup_lr: where the warmup starts (0; AVION's and SMS's --lr-start 1e-6).
   schedule: 'cosine' (to min_lr at total_steps) or 'constant' (after warmup).
   weight_decay: decoupled for AdamW and Lion, added to the gradient for SGD.
     Never applied to params whose path matches `no_decay_names` or that have
@@ -156,7 +157,7 @@ def make_schedule(
   total_steps: int,
   tuning: Tuning | None = None,
 ) -> optax.Schedule:
-  """Learning rate per optimizer step: linear warmup from 0 to `lr` over
+  """Learning rate per optimizer step: linear warmup from `warmup_lr` to `lr` over
   `warmup_steps`, then cosine to `min_lr` at `total_steps` (optax's
   `warmup_cosine_decay_schedule`) or constant. A warmup as long as the run
   ends at `lr`. With `tuning`, its steps follow their own (`Tuning`): a
@@ -172,6 +173,7 @@ def make_schedule(
     float(config.min_lr),
     int(config.warmup_steps),
     total_steps,
+    float(config.get("warmup_lr", 0.0)),
   )
   if tuning is None:
     return base
@@ -186,14 +188,14 @@ def make_schedule(
   return optax.join_schedules([base, tune], [tuning.start])
 
 
-def _schedule(kind, lr, min_lr, warmup, total_steps) -> optax.Schedule:
+def _schedule(kind, lr, min_lr, warmup, total_steps, init=0.0):
   if kind == "cosine" and warmup < total_steps:
     return optax.warmup_cosine_decay_schedule(
-      0.0, lr, warmup, total_steps, min_lr
+      init, lr, warmup, total_steps, min_lr
     )
   # Constant after the warmup: the step program does not depend on total_steps.
   return (
-    optax.linear_schedule(0.0, lr, warmup)
+    optax.linear_schedule(init, lr, warmup)
     if warmup
     else optax.constant_schedule(lr)
   )

@@ -583,6 +583,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
   problems += _choice_problems(config)
   problems += _disagreements(config)
   problems += _missing_keys(config)
+  if defaults.needs_relevancy(config) and _get(config, "data.format", "") != (
+    "ek100_mir"
+  ):
+    problems.append(
+      f"'loss.name' = {config.loss.name!r} reads the EK-100 MIR training "
+      "relevancy of every in-batch pair: it needs 'data.format' = "
+      "'ek100_mir' (or 'loss.name' = 'max_margin')"
+    )
   if problems:
     raise errors.ConfigError(
       "invalid config:\n  - " + "\n  - ".join(problems),

@@ -101,6 +101,11 @@ SCHEDULES = ("cosine", "constant")
 ERASE_MODES = ("pixel", "rand", "const")
 BEST_MODES = ("max", "min")
 MODES = ("train", "eval")  # `python -m vidjax.main --mode`.
+# `loss.name` of the retrieval task (`vidjax.tasks.retrieval.LOSSES`):
+# AVION's max-margin ranking, the same with each margin scaled by the
+# positive's relevancy, and SMS; the last two read every in-batch pair's
+# relevancy from the training matrix's classes.
+LOSSES = ("max_margin", "relevancy_max_margin", "sms")
 
 
 def choices(config) -> dict[str, tuple]:
@@ -130,12 +135,20 @@ def choices(config) -> dict[str, tuple]:
     "checkpoint.best_mode": BEST_MODES,
     "eval.kind": EVAL_KINDS,
     "eval.views": VIEW_REDUCTIONS,
+    "loss.name": LOSSES,
   }
 
 
 def needs_text(task: str) -> bool:
   """Whether `task`'s batches carry text tokens (its model is a CLIP)."""
   return TASK_MODELS.get(task) == "clip"
+
+
+def needs_relevancy(config) -> bool:
+  """Whether the training batches carry the classes of every in-batch
+  pair's relevancy (EK-100 MIR with a relevancy-aware `loss.name`)."""
+  loss = config.get("loss", {}).get("name", "max_margin")
+  return config.get("task") == "retrieval" and loss != "max_margin"
 
 
 def parse_variant(variant: str) -> dict:
@@ -176,6 +189,10 @@ def data_config() -> ml_collections.ConfigDict:
       train_sentences="",
       train_relevancy="",
       positive_threshold=0.1,
+      # Noun classes per clip or caption a batch carries for the in-batch
+      # relevancy of the relevancy-aware losses (`loss.name`; EK-100 MIR):
+      # a longer set stops the start-up, naming this key.
+      max_nouns=16,
       num_frames=16,
       sampling="segment",
       stride=4,
@@ -283,6 +300,7 @@ def optim_config() -> ml_collections.ConfigDict:
       lr=1e-4,
       min_lr=1e-6,
       warmup_steps=0,
+      warmup_lr=0.0,  # Where the warmup starts (AVION's --lr-start).
       schedule="cosine",
       weight_decay=0.05,
       no_decay_names=(
@@ -380,7 +398,12 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     c[section][name] = c[ref_section].get_ref(ref_name)
   c.optim = optim_config()
   c.augment = augment_config()
-  c.loss = ml_collections.ConfigDict(dict(margin=0.2))
+  # The retrieval task's loss (`LOSSES`), its margin (at a relevancy gap
+  # of 1 for the relevancy-aware ones) and SMS's threshold for pairs as
+  # relevant as the positive.
+  c.loss = ml_collections.ConfigDict(
+    dict(name="max_margin", margin=0.2, threshold=0.1)
+  )
   c.eval = ml_collections.ConfigDict(
     dict(
       every_steps=0,

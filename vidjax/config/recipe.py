@@ -65,7 +65,9 @@ read):
                   and `data.size`: set the data's
   optim           `vidjax.optim`
   augment         `vidjax.augment`
-  loss.margin     the retrieval task's max-margin ranking loss
+  loss            the retrieval task's: name ('max_margin', AVION's;
+                  'relevancy_max_margin'; 'sms'), margin, threshold (SMS);
+                  `vidjax.tasks.retrieval`
   eval            every_steps (0: only at the end), every_epochs,
                   batch_size, relevancy, sentences, save_embeddings,
                   kind, templates, views, egomcq_cosine (the field's

@@ -21,6 +21,7 @@ import numpy as np
 from vidjax.base import errors
 from vidjax.config import defaults
 from vidjax.data import loader, workers
+from vidjax.data.annotations import ek100_classes
 
 MIN_ATTEMPTS_BEFORE_STOP = 64
 # XLA's CPU client uses host arrays in place, without a copy, when they are
@@ -266,14 +267,20 @@ def resume_group(state: dict, group: int) -> int:
   return clips // group
 
 
-def target_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+def target_keys(
+  config: ml_collections.ConfigDict, *, train: bool = True
+) -> tuple[str, ...]:
   """The per-clip targets the config's task reads, beside the video.
 
   tokens for video-text tasks; label for classification (and verb, noun
-  for data.format 'ek100_cls'). The pipeline's batches carry these only,
-  whatever else the annotation rows have.
+  for data.format 'ek100_cls'); in training with a relevancy-aware loss
+  (`defaults.needs_relevancy`), verb and `ek100_classes.KEYS`. The
+  pipeline's batches carry these only, whatever else the annotation rows
+  have.
   """
   keys = ("tokens",) if defaults.needs_text(config.task) else ()
+  if train and defaults.needs_relevancy(config):
+    keys += ("verb",) + ek100_classes.KEYS
   if config.task == "classification":
     keys += ("label",) + (
       ("verb", "noun") if config.data.format == "ek100_cls" else ()
@@ -300,15 +307,19 @@ def batch_spec(
     dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
     int32[B, L] for video-text tasks (L: `model.text.context_length`);
     label int32[B] for classification (and verb, noun for data.format
-    'ek100_cls'); index, view, skipped int32[B]; valid bool[B].
+    'ek100_cls'); with a relevancy-aware loss in training, verb,
+    relevancy_row, relevancy_column, caption_verb int32[B] and nouns,
+    caption_nouns int32[B, data.max_nouns]; index, view, skipped int32[B];
+    valid bool[B].
   """
   text = config.model.get("text")
   repeats = config.data.get("repeats", 1) if train else 1
   batch_size //= repeats
   spec = loader.element_spec(
     loader.ClipSpec.from_config(config.data, train=train),
-    target_keys(config),
+    target_keys(config, train=train),
     text.context_length if text else defaults.CONTEXT_LENGTH,
+    max_nouns=config.data.get("max_nouns", 0),
   )
   return {
     k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)

@@ -12,6 +12,11 @@ Every element is a dict of numpy arrays (`element_spec`):
                                (L: its context length, CLIP's 77)
   label    int32[]             if the records have labels (also verb / noun for
                                EPIC-Kitchens-100)
+  relevancy_row, relevancy_column, caption_verb  int32[]; nouns, caption_nouns
+           int32[K]            with `pairs`: the clip's row of the training
+                               relevancy, its caption's column (-1: its own
+                               narration), their classes
+                               (`vidjax.data.annotations.ek100_classes`)
   (of these targets, only those named by `targets` when given: the task's)
   index    int32[]             the record actually loaded
   view     int32[]             evaluation view (clip * num_crops + crop); 0 in training
@@ -42,9 +47,11 @@ import numpy as np
 from vidjax.base.errors import DataFileError
 from vidjax.config import defaults
 from vidjax.data import annotations, crop as crop_lib, sampling, video, workers
-from vidjax.data.annotations import ek100
+from vidjax.data.annotations import ek100, ek100_classes
 
-TARGETS = ("tokens", "label", "verb", "noun")  # What an element may carry.
+# What an element may carry: the tokens, labels, and the classes behind the
+# in-batch relevancy (EK-100 MIR's relevancy-aware losses, `pairs`).
+TARGETS = ("tokens", "label", "verb", "noun") + ek100_classes.KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,14 +143,18 @@ def element_spec(
   spec: ClipSpec,
   targets: Sequence[str],
   context_length: int = defaults.CONTEXT_LENGTH,
+  max_nouns: int = 0,
 ) -> dict[str, tuple[tuple[int, ...], type]]:
   """(shape, dtype) of each array of an element carrying `targets` (of
-  `TARGETS`), as in the module docstring; the `errors` string aside."""
+  `TARGETS`), as in the module docstring; the `errors` string aside.
+  `max_nouns`: K, the noun classes of the relevancy pairs' keys."""
   height, width = spec.size
   out = {"video": ((spec.num_frames, height, width, 3), np.uint8)}
+  lengths = {"tokens": context_length, "nouns": max_nouns}
+  lengths["caption_nouns"] = max_nouns
   for key in TARGETS:
     if key in targets:
-      out[key] = ((context_length,) if key == "tokens" else (), np.int32)
+      out[key] = ((lengths[key],) if key in lengths else (), np.int32)
   out.update(
     index=((), np.int32),
     view=((), np.int32),
@@ -168,6 +179,7 @@ class ClipLoader:
     max_attempts: int = 10,
     positives: ek100.CaptionPositives | None = None,
     targets: Sequence[str] | None = None,
+    pairs: ek100_classes.PairClasses | None = None,
     read_clip=video.read_clip,
   ):
     if not records:
@@ -175,6 +187,7 @@ class ClipLoader:
     self.records, self.root, self.spec = list(records), str(root), spec
     self.tokenizer, self.max_attempts = tokenizer, max_attempts
     self.positives, self.read_clip = positives, read_clip
+    self.pairs = pairs
     first = self.records[0]
     # Only the targets the task reads (`batches.target_keys`): two sets of
     # one shape then make batches of one structure, and one compiled step.
@@ -184,12 +197,14 @@ class ClipLoader:
       "label": first.label is not None,
       "verb": "verb_class" in first.extra,
       "noun": "noun_class" in first.extra,
+      **{key: pairs is not None for key in ek100_classes.KEYS},
     }
     self.targets = tuple(k for k in TARGETS if k in wanted and carried[k])
     self._spec = element_spec(
       spec,
       self.targets,
       getattr(tokenizer, "context_length", defaults.CONTEXT_LENGTH),
+      max_nouns=0 if pairs is None else pairs.nouns.shape[1],
     )
 
   # Grain calls this with (element, rng) in training (`random_map`).
@@ -290,28 +305,34 @@ class ClipLoader:
       )
     return crop_lib.center_crop(rng, height, width, s.size, flip_prob=s.hflip)
 
-  def _text(self, index: int, rng) -> str:
-    """The element's caption (see the module docstring); rng None: eval."""
+  def _caption(self, index: int, rng) -> tuple[str, int]:
+    """The element's caption (see the module docstring), and its column of
+    the sentence file (-1: another text); rng None: eval."""
     record = self.records[index]
     if rng is not None:
       if self.positives is not None:
-        caption = self.positives.draw(index, rng)
-        if caption is not None:
-          return caption
+        column = self.positives.draw_column(index, rng)
+        if column is not None:
+          return self.positives.captions[column], column
       texts = record.extra.get("texts")
       if texts:
-        return texts[int(rng.integers(len(texts)))]
-    return record.text or ""
+        return texts[int(rng.integers(len(texts)))], -1
+    return record.text or "", -1
 
   def _targets(self, index: int, rng) -> dict:
     record, out = self.records[index], {}
+    text, column = (
+      self._caption(index, rng) if "tokens" in self.targets else ("", -1)
+    )
     for key in self.targets:
       if key == "tokens":
-        out[key] = self.tokenizer(self._text(index, rng))[0].astype(np.int32)
+        out[key] = self.tokenizer(text)[0].astype(np.int32)
       elif key == "label":
         out[key] = np.int32(record.label)
-      else:  # EPIC-Kitchens-100's verb and noun.
+      elif key in ("verb", "noun"):  # EPIC-Kitchens-100's verb and noun.
         out[key] = np.int32(record.extra[f"{key}_class"])
+    if self.pairs is not None:
+      out.update(self.pairs.element(index, column))
     return out
 
   def _invalid(self, index: int, view: int, errors: list[str]) -> dict:

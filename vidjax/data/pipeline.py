@@ -51,6 +51,9 @@ Config keys (`config.data`; defaults: `vidjax.config.defaults.data_config`):
                   clip is paired with a caption of the sentence CSV drawn
                   among those of relevancy > positive_threshold to it (AVION)
   positive_threshold  0.1
+  max_nouns       noun classes per clip or caption in the batches of a
+                  relevancy-aware loss (`loss.name`; the in-batch relevancy
+                  from the classes: `vidjax.data.annotations.ek100_classes`)
   vocab           CLIP BPE vocabulary (bpe_simple_vocab_16e6.txt.gz) for text
   num_frames, sampling, stride, size, crop, crop_scale, hflip,
   eval_clips, eval_crops                 see `loader.ClipSpec`
@@ -98,7 +101,7 @@ from vidjax.data import (
   video,
   workers as workers_lib,
 )
-from vidjax.data.annotations import annotation_files
+from vidjax.data.annotations import annotation_files, ek100_classes
 
 SHM_DIR = workers_lib.SHM_DIR
 # The most frames a worker hands over at once (see the module docstring).
@@ -331,16 +334,22 @@ def make_pipeline(
   local_batch = batch_size // jax.process_count()
   check_shared_memory(data, local_batch, train=train)
   group = clips_per_transfer(data, local_batch, train)
+  targets = batches.target_keys(config, train=train)
+  pairs = ek100_classes.KEYS[0] in targets
+  positives = (
+    annotation_files.caption_positives(data, records, pairs=pairs)
+    if train
+    else None
+  )
   clip_loader = loader.ClipLoader(
     records,
     data.root,
     loader.ClipSpec.from_config(data, train=train),
     tokenizer,
     max_attempts=data.max_attempts,
-    positives=(
-      annotation_files.caption_positives(data, records) if train else None
-    ),
-    targets=batches.target_keys(config),
+    positives=positives[0] if pairs else positives,
+    pairs=positives[1] if pairs else None,
+    targets=targets,
     read_clip=read_clip,
   )
   start = batches.resume_group(state, group) if state else 0

@@ -6,7 +6,9 @@ the class ids the run trains with: for 'kinetics' the training files' class
 names, sorted (`kinetics_label_map`); for 'ek100_cls' actions numbered over
 the training and validation CSVs together (`ek100_actions`), as AVION's
 action heads are. `caption_positives` gives EK-100 MIR training clips the
-captions they are relevant to (`data.train_relevancy`).
+captions they are relevant to (`data.train_relevancy`), and with
+`pairs=True` the classes behind every in-batch pair's relevancy
+(`ek100_classes`), checked against the matrix.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from vidjax.data import annotations
 from vidjax.data.annotations import (
   benchmark_files,
   ek100,
+  ek100_classes,
   records as records_lib,
 )
 
@@ -97,9 +100,23 @@ def kinetics_label_map(
   return {name: i for i, name in enumerate(sorted(names))}
 
 
-def caption_positives(data: ml_collections.ConfigDict, records):
-  """EK-100 MIR training positives (`data.train_relevancy`), or None."""
+def caption_positives(
+  data: ml_collections.ConfigDict, records, *, pairs: bool = False
+):
+  """EK-100 MIR training positives (`data.train_relevancy`), or None.
+
+  With `pairs`: (positives, `ek100_classes.PairClasses` of `records`), the
+  training matrix read once for both and checked against the classes
+  (`ek100_classes.check_matrix`).
+  """
   if not data.train_relevancy:
+    if pairs:
+      raise errors.ConfigError(
+        "the relevancy-aware losses (loss.name) need the training "
+        "relevancy: data.train_relevancy is unset",
+        hint="set --config.data.train_relevancy to "
+        "caption_relevancy_EPIC_100_retrieval_train.pkl (or its .npy)",
+      )
     return None
   files = split_paths(data.train_annotations)
   if data.format != "ek100_mir" or len(files) != 1 or not data.train_sentences:
@@ -108,11 +125,23 @@ def caption_positives(data: ml_collections.ConfigDict, records):
       "data.train_annotations file (EPIC_100_retrieval_train.csv) and "
       "data.train_sentences (EPIC_100_retrieval_train_sentence.csv)"
     )
-  return ek100.mir_positives(
+  matrix = ek100.load_relevancy(
+    data.train_relevancy, allow_pickle=data.allow_pickle, mmap=True
+  )
+  positives = ek100.mir_positives(
     records,
     files[0],
     data.train_sentences,
     data.train_relevancy,
     threshold=data.positive_threshold,
-    allow_pickle=data.allow_pickle,
+    matrix=matrix,
   )
+  if not pairs:
+    return positives
+  ek100_classes.check_matrix(
+    matrix, data.train_relevancy, files[0], data.train_sentences, data.max_nouns
+  )
+  classes = ek100_classes.PairClasses.load(
+    records, files[0], data.train_sentences, data.max_nouns
+  )
+  return positives, classes

@@ -283,13 +283,19 @@ class CaptionPositives:
       np.concatenate(columns) if columns else np.zeros(0, dtype),
     )
 
-  def draw(self, index: int, rng: np.random.Generator) -> str | None:
-    """A caption for clip `index`, uniform among its positives (None: none)."""
+  def draw_column(self, index: int, rng: np.random.Generator) -> int | None:
+    """The caption (its column) for clip `index`, uniform among its
+    positives (None: it has none)."""
     k = self.row_of[index]
     lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
     if hi == lo:
       return None
-    return self.captions[int(self.columns[lo + int(rng.integers(hi - lo))])]
+    return int(self.columns[lo + int(rng.integers(hi - lo))])
+
+  def draw(self, index: int, rng: np.random.Generator) -> str | None:
+    """`draw_column`'s caption text (None: none)."""
+    column = self.draw_column(index, rng)
+    return None if column is None else self.captions[column]
 
 
 def mir_positives(
@@ -300,6 +306,7 @@ def mir_positives(
   *,
   threshold: float = POSITIVE_THRESHOLD,
   allow_pickle: bool = False,
+  matrix: np.ndarray | None = None,
 ) -> CaptionPositives:
   """The training positives of EK-100 MIR clips, checked against the files.
 
@@ -313,9 +320,11 @@ def mir_positives(
       which is memory-mapped rather than read whole).
     threshold: captions with relevancy above it are positives.
     allow_pickle: opt in to unpickling a `.pkl` relevancy.
+    matrix: `relevancy` already read (`load_relevancy(..., mmap=True)`).
   """
   captions = [text for _, text in load_ek100_mir_sentences(sentences)]
-  matrix = load_relevancy(relevancy, allow_pickle=allow_pickle, mmap=True)
+  if matrix is None:
+    matrix = load_relevancy(relevancy, allow_pickle=allow_pickle, mmap=True)
   rows = {
     r.extra["narration_id"]: i for i, r in enumerate(load_ek100_mir(clips_file))
   }
