@@ -102,6 +102,13 @@ def test_charades_videos_and_trimmed_spans(tmp_path):
   ]
 
 
+def test_charades_row_cut_short_is_refused_naming_its_line(tmp_path):
+  path = _charades(tmp_path, ROWS + "X1EGO,S,K,7,7,Yes,script,o,d,c001 0 1\n")
+  with pytest.raises(errors.DataFileError) as e:
+    annotations.load_records("charades_ego", path)
+  assert f"{path}:4: 10 fields where the header has 13" in str(e.value)
+
+
 @pytest.mark.parametrize(
   "cell, problem",
   [

@@ -21,6 +21,11 @@ windows and its share of them.
 query and its hits, each with the middle frame of the window (inlined as
 JPEG), the video, the times and the score.
 
+Exit status: 0 done; 1 a damaged INDEX (its file and line named); 2 refused:
+the arguments (an empty query, labels that are not UTF-8, an output path in
+a missing folder: before the index and the model load), a missing INDEX or
+one whose chunk store is gone (with `--html`); 74 an output not written.
+
     from vidjax.search import Index
     index = Index("INDEX")
     hits = index.query(["a red square moves left"], top=5)[0]
@@ -43,10 +48,16 @@ import sys
 import numpy as np
 
 from vidjax.base import errors
+from vidjax.data import chunk as chunk_lib
 from vidjax.evaluation import zeroshot
 from vidjax.search import embed
 
 DEFAULT_TEMPLATES = ("{}",)
+CONFIG_JSON = "config.json"  # The model's config, as vidjax.embed wrote it.
+REMAKE = (
+  "rerun the python -m vidjax.embed command that made it (it rewrites the "
+  "index files from INDEX/videos/)"
+)
 LABELS_CSV = "labels.csv"
 THUMB_HEIGHT = 144  # Pixels of a thumbnail's height on the page.
 
@@ -78,25 +89,56 @@ class Index:
     self.path = Path(path)
     try:
       self.info = json.loads((self.path / embed.INDEX_JSON).read_text())
-      matrix = np.load(self.path / embed.EMBEDDINGS)
-      with open(self.path / embed.WINDOWS, newline="") as f:
+      with open(self.path / embed.WINDOWS, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    except (OSError, ValueError) as e:
+      matrix = np.load(self.path / embed.EMBEDDINGS)
+      if encoder is None and not (self.path / CONFIG_JSON).is_file():
+        raise FileNotFoundError(f"no {CONFIG_JSON} (the model's config)")
+    except FileNotFoundError as e:
       raise errors.PathError(
         f"{self.path}: not a complete index ({e})",
         hint="make it with python -m vidjax.embed ... --out "
         f"{self.path} (a rerun completes an interrupted one)",
       ) from None
+    except (OSError, ValueError, EOFError) as e:  # Damaged: say which file.
+      raise errors.DataFileError(
+        f"{self.path}: a file of the index does not read ({e})", hint=REMAKE
+      ) from None
+    if matrix.ndim != 2 or not np.issubdtype(matrix.dtype, np.floating):
+      raise errors.DataFileError(
+        f"{self.path / embed.EMBEDDINGS}: {matrix.dtype}{list(matrix.shape)}, "
+        "not one float row per window",
+        hint=REMAKE,
+      )
     if len(rows) != len(matrix):
       raise errors.DataFileError(
         f"{self.path}: {len(rows)} windows but {len(matrix)} embeddings",
-        hint="rerun the python -m vidjax.embed command that made it",
+        hint=REMAKE,
       )
     self.embeddings = matrix.astype(np.float32)
-    self.videos = np.array([r["video"] for r in rows])
-    self.starts = np.array([float(r["start"]) for r in rows])
-    self.ends = np.array([float(r["end"]) for r in rows])
+    self.videos, self.starts, self.ends = _windows(
+      self.path / embed.WINDOWS, rows
+    )
     self._encoder = encoder
+
+  @property
+  def store(self) -> str:
+    """The chunk store the windows were read from: index.json's, else the
+    index's own `chunks/` (an index moved with its chunks).
+
+    Raises:
+      errors.PathError: neither holds a manifest.
+    """
+    made = self.info.get("store") or ""
+    for store in (made, self.path / embed.CHUNKS):
+      if store and (Path(store) / chunk_lib.MANIFEST).is_file():
+        return os.fspath(store)
+    raise errors.PathError(
+      f"{self.path}: its chunk store {made or '(not named)'} is gone (the "
+      "thumbnails are read from it)",
+      hint="move the store back, or make the index again with python -m "
+      "vidjax.embed (search without --html needs no store)",
+    )
 
   def __len__(self) -> int:
     return len(self.embeddings)
@@ -108,7 +150,7 @@ class Index:
       import ml_collections
 
       config = ml_collections.ConfigDict(
-        json.loads((self.path / "config.json").read_text())
+        json.loads((self.path / CONFIG_JSON).read_text())
       )
       self._encoder = embed.load_encoder(config)
     return self._encoder
@@ -164,13 +206,40 @@ class Index:
     """JPEG bytes of the middle frame of a hit's window."""
     from vidjax.data import video
 
-    store = self.info["store"]
+    store = self.store
     info = video.video_info(store, hit.video)
     fps = float(info.frame_rate)
     frame = min(int((hit.start + hit.end) / 2 * fps), info.num_frames - 1)
     width = max(2, round(info.width * height / info.height / 2) * 2)
     image = video.read_clip(store, hit.video, [frame], size=(height, width))[0]
     return _jpeg(image)
+
+
+def _windows(path: Path, rows: list[dict]) -> tuple[np.ndarray, ...]:
+  """(str[N] videos, float64[N] starts, float64[N] ends) of windows.csv's
+  rows, each checked: a video id that is a plain name, numbers for times."""
+  videos, starts, ends = [], [], []
+  for line, row in enumerate(rows, 2):
+    try:
+      vid = row["video"]
+      start, end = float(row["start"]), float(row["end"])
+    except (KeyError, TypeError, ValueError) as e:
+      missing = isinstance(e, KeyError)
+      raise errors.DataFileError(
+        f"{path}:{line}: "
+        + (f"no column {e}" if missing else f"not a window: {row}"),
+        hint=REMAKE,
+      ) from None
+    if not vid or vid in (".", "..") or "/" in vid or "\\" in vid:
+      raise errors.DataFileError(
+        f"{path}:{line}: video {vid!r} is not a video id (a file name in "
+        "the chunk store): nothing was read",
+        hint=REMAKE,
+      )
+    videos.append(vid)
+    starts.append(start)
+    ends.append(end)
+  return np.array(videos, dtype=str), np.array(starts), np.array(ends)
 
 
 def _jpeg(image: np.ndarray) -> bytes:
@@ -242,8 +311,18 @@ def write_html(index: Index, queries, results, path) -> Path:
 def read_labels(spec: str) -> list[str]:
   """`--labels`: a file of one label a line, or labels separated by commas."""
   if os.path.isfile(spec):
-    with open(spec, encoding="utf-8-sig") as f:
-      labels = [line.strip() for line in f if line.strip()]
+    try:
+      with open(spec, encoding="utf-8-sig") as f:
+        labels = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+      raise errors.ConfigError(
+        f"--labels {spec}: not UTF-8 text (byte {e.start}: {e.reason})",
+        hint="save it as UTF-8, one label a line",
+      ) from None
+    except OSError as e:
+      raise errors.ConfigError(
+        f"--labels {spec}: {e.strerror or e}", hint="give a readable file"
+      ) from None
     where = spec
   else:
     labels = [label.strip() for label in spec.split(",") if label.strip()]
@@ -313,22 +392,83 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _writable(flag: str, path) -> None:
+  """Refuses an output path whose folder is missing or not writable, or
+  that is a folder: said before the model loads."""
+  path = Path(path)
+  folder = path.parent
+  if path.is_dir():
+    problem = "is a folder"
+  elif not folder.is_dir():
+    problem = f"has no folder {folder}"
+  elif not os.access(folder, os.W_OK):
+    problem = f"cannot be written (the folder {folder} is not writable)"
+  else:
+    return
+  raise errors.ConfigError(
+    f"{flag} {path}: {problem}", hint="give a file in a writable folder"
+  )
+
+
+def _written(flag: str, write, *args):
+  """`write(*args)`; a refused write (a full disk, no permission) as a
+  `WriteError` naming the flag."""
+  try:
+    return write(*args)
+  except OSError as e:
+    raise errors.WriteError(
+      f"{flag}: could not write {e.filename or args[-1]}: {e.strerror or e}",
+      hint="free space or give a writable path",
+    ) from None
+
+
+def check_args(args) -> list[str] | None:
+  """Everything the command line alone decides, before the index and the
+  model load: the queries, --top, --templates, the labels (read) and the
+  output paths. Returns the labels (None without --labels).
+
+  Raises:
+    errors.ConfigError: the first problem, in the user's words.
+  """
+  if not args.queries and not args.labels:
+    raise errors.ConfigError(
+      "nothing to do: give queries, or --labels",
+      hint='python -m vidjax.search INDEX "a query" [--top 10]',
+    )
+  blank = [i for i, q in enumerate(args.queries, 1) if not q.strip()]
+  if blank:
+    raise errors.ConfigError(
+      f"query {blank[0]} is empty: a query is a text to search for",
+      hint='python -m vidjax.search INDEX "someone opens the fridge"',
+    )
+  if args.top < 1:
+    raise errors.ConfigError(f"--top {args.top}: must be 1 or more")
+  templates = [t.strip() for t in args.templates.split(",") if t.strip()]
+  if any(t.count("{}") != 1 for t in templates) or not templates:
+    raise errors.ConfigError(
+      f"--templates {args.templates!r}: each template holds {{}} once"
+    )
+  args.templates = templates
+  if args.html:
+    _writable("--html", args.html)
+  if args.csv:
+    _writable("--csv", args.csv)
+  return read_labels(args.labels) if args.labels else None
+
+
 def main(argv: list[str] | None = None) -> int:
+  """The command line; exit status 0 done, 1 a damaged index, 2 refused (the
+  arguments, a missing index), 74 an output that could not be written."""
   args = _parser().parse_args(argv)
   try:
-    if not args.queries and not args.labels:
-      raise errors.ConfigError(
-        "nothing to do: give queries, or --labels",
-        hint='python -m vidjax.search INDEX "a query" [--top 10]',
-      )
-    if args.top < 1:
-      raise errors.ConfigError(f"--top {args.top}: must be 1 or more")
-    templates = [t.strip() for t in args.templates.split(",") if t.strip()]
-    if any(t.count("{}") != 1 for t in templates) or not templates:
-      raise errors.ConfigError(
-        f"--templates {args.templates!r}: each template holds {{}} once"
-      )
+    labels = check_args(args)
+    templates = args.templates
     index = Index(args.index)
+    if args.html:
+      _ = index.store  # The thumbnails' store, said before the model loads.
+    csv_path = args.csv or index.path / LABELS_CSV
+    if labels and not args.csv:
+      _writable("--labels' CSV", csv_path)
     out: dict = {}
     if args.queries:
       results = index.query(args.queries, args.top, templates)
@@ -338,23 +478,25 @@ def main(argv: list[str] | None = None) -> int:
       }
       if args.html:
         out["html"] = os.fspath(
-          write_html(index, args.queries, results, args.html)
+          _written(
+            "--html", write_html, index, args.queries, results, args.html
+          )
         )
       if not args.json:
         for q, hits in zip(args.queries, results):
           print(table(q, hits))
-    if args.labels:
-      labels = read_labels(args.labels)
+    if labels:
       best, score = index.label(labels, templates)
-      path = args.csv or index.path / LABELS_CSV
-      summary = write_labels(index, labels, best, score, path)
-      out["labels_csv"] = os.fspath(path)
+      summary = _written(
+        "--csv", write_labels, index, labels, best, score, csv_path
+      )
+      out["labels_csv"] = os.fspath(csv_path)
       out["videos"] = {
         v: {"label": lab, "share": share, "windows": n}
         for v, (lab, share, n) in summary.items()
       }
       if not args.json:
-        print(f"labels of {len(index)} windows in {path}; per video:")
+        print(f"labels of {len(index)} windows in {csv_path}; per video:")
         for v, (lab, share, n) in summary.items():
           print(f"  {v}: {lab} ({share:.0%} of {n} windows)")
     if args.json:

@@ -92,7 +92,8 @@ def span(start: Any, end: Any, where: str) -> tuple[float, float]:
 def read_csv(
   path: PathLike, required: Sequence[str]
 ) -> Iterator[tuple[str, dict]]:
-  """Yields `('FILE:LINE', row)`, after checking the header for `required`."""
+  """Yields `('FILE:LINE', row)`, after checking the header for `required`
+  (a row without one of them, cut short, is refused naming its line)."""
   with open(path, newline="", encoding="utf-8-sig") as f:
     reader = csv.DictReader(f)
     missing = [c for c in required if c not in (reader.fieldnames or [])]
@@ -102,7 +103,15 @@ def read_csv(
         f"missing column(s) {missing}; the header is {reader.fieldnames}",
       )
     for row in reader:
-      yield f"{os.fspath(path)}:{reader.line_num}", row
+      where = f"{os.fspath(path)}:{reader.line_num}"
+      if any(row.get(c) is None for c in required):  # A row cut short.
+        fields = sum(v is not None for k, v in row.items() if k is not None)
+        raise error(
+          where,
+          f"{fields} fields where the header has {len(reader.fieldnames)}: "
+          "the row is cut short",
+        )
+      yield where, row
 
 
 def read_lines(path: PathLike) -> Iterator[tuple[str, str]]:
