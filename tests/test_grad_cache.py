@@ -1,5 +1,6 @@
 """Accumulation that keeps a batch loss: the contrastive and MIR losses over
-the whole global batch under `accum_steps` > 1 (GradCache, `vidjax.steps`)."""
+the whole global batch under `accum_steps` > 1 (GradCache, `vidjax.steps`),
+SMS on every in-batch pair's relevancy too."""
 
 import jax
 import numpy as np
@@ -11,7 +12,7 @@ from vidjax import sharding, steps as steps_lib, tasks
 
 def test_accumulated_gradients_of_a_batch_loss_equal_the_whole_batchs():
   """The contrastive and MIR losses' gradients in 4 microbatches equal the
-  unsplit batch's, on the 8 devices (one tiny CLIP for both tasks)."""
+  unsplit batch's, on the 8 devices (one tiny CLIP for every loss)."""
   assert jax.device_count() == 8
   config = load(
     "demo",
@@ -30,9 +31,29 @@ def test_accumulated_gradients_of_a_batch_loss_equal_the_whole_batchs():
     np.arange(32) % 7 != 3
   )  # Unreadable clips: neither anchor nor negative.
   batch["valid"] = jax.device_put(valid, batch["valid"].sharding)
+  # The pairs' classes: verbs and noun sets of 0, 0.5 and 1 relevancy.
+  rng = np.random.default_rng(3)
+  nouns = np.full((2, 32, 16), -1, np.int32)
+  nouns[:, :, :2] = rng.integers(0, 3, (2, 32, 2))
+  nouns[:, :, 1] = np.where(
+    nouns[:, :, 1] == nouns[:, :, 0], -1, nouns[:, :, 1]
+  )
+  classes = dict(
+    verb=rng.integers(0, 3, 32),
+    caption_verb=rng.integers(0, 3, 32),
+    nouns=nouns[0],
+    caption_nouns=nouns[1],
+  )
+  for key, value in classes.items():
+    batch[key] = jax.device_put(value.astype(np.int32), batch["valid"].sharding)
   mir = load("ek100_mir_ft")  # The same backbone, the max-margin loss.
-  for task in ("contrastive", "retrieval"):
-    config.task, config.loss = task, mir.loss
+  sms = load("ek100_mir_ft:sms")
+  for task, loss_config in (
+    ("contrastive", mir.loss),
+    ("retrieval", mir.loss),
+    ("retrieval", sms.loss),
+  ):
+    config.task, config.loss = task, loss_config
     out = {}
     for accum in (1, 4):
       config.accum_steps = accum
