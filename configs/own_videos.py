@@ -14,7 +14,7 @@ docs/own_videos.md walks through it. In short:
 
 Variants, joined by commas (`configs/own_videos.py:labels,cpu`):
   captions   (default) contrastive video-text CLIP, evaluated by text<->video
-             retrieval recall; the CLIP vocabulary is found in open_clip when
+             retrieval recall; CLIP's vocabulary (vidjax ships it) when
              `data.vocab` is unset, and `model.text.vocab_size` 0 takes its size
   labels     classification, evaluated by top-1 accuracy (top-5 past 5
              classes) against its chance level;

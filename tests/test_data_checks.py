@@ -4,15 +4,20 @@ the vocabulary, the paths. Reads only a manifest: no video is decoded."""
 import gzip
 import importlib.util
 import json
+from pathlib import Path
+import sys
 
 import ml_collections
 import numpy as np
 import pytest
 
 from video_fixtures import write_video
+from vidjax import config as config_lib
 from vidjax.base import errors
 from vidjax.config import defaults
 from vidjax.data import checks, loader, synthetic, tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Two videos as the chunker's manifest.jsonl lists them: 10 s and 4.004 s.
 MANIFEST = [
@@ -442,7 +447,7 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
   path = synthetic.write_vocab(tmp_path / "vocab.txt.gz")
   monkeypatch.setattr(tokenizer, "find_clip_vocab", lambda: str(path))
   tok = checks.load_tokenizer(config)
-  assert config.data.vocab == str(path)
+  assert config.data.vocab == ""  # Unset stays unset: config.json can move.
   assert config.model.text.vocab_size == tok.vocab_size == 560
   assert tok("two bikes").shape == (1, 77)
   config.model.text.context_length = 16  # The text tower's: any length.
@@ -456,10 +461,10 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
   monkeypatch.setattr(tokenizer, "find_clip_vocab", lambda: None)
   config.data.vocab = ""
   with pytest.raises(
-    errors.PathError, match="no CLIP vocabulary was found"
+    errors.PathError, match="CLIP's vocabulary is not in this install"
   ) as e:
     checks.load_tokenizer(config)
-  assert "open_clip_torch" in e.value.hint
+  assert "reinstall vidjax" in e.value.hint
   (tmp_path / "bad.gz").write_bytes(b"not gzip")
   config.data.vocab = str(tmp_path / "bad.gz")
   with pytest.raises(errors.ConfigError, match="cannot read a gzip BPE"):
@@ -482,13 +487,30 @@ def test_vocabulary_found_and_its_size_taken(tmp_path, monkeypatch):
     assert len(e.value.describe().splitlines()) == 2
 
 
+def test_own_videos_captions_need_no_vocabulary_flag(monkeypatch):
+  # `pip install -e .` alone (no OpenCLIP, no torch): CLIP's vocabulary is
+  # vidjax's own, and the run's config keeps naming no path for it.
+  for name in ("open_clip", "clip", "torch"):
+    monkeypatch.setitem(sys.modules, name, None)
+  config = config_lib.load_config(
+    str(REPO / "configs/own_videos.py:captions,cpu")
+  )
+  assert config.data.vocab == "" and config.model.text.vocab_size == 0
+  tok = checks.load_tokenizer(config)
+  assert config.data.vocab == "" and config.model.text.vocab_size == 49408
+  assert tok(["a diagram"])[0, :4].tolist() == [49406, 320, 22697, 49407]
+
+
 @pytest.mark.parity
-def test_find_clip_vocab_in_open_clip():
+def test_shipped_clip_vocab_is_open_clips_and_found_there_without_it(
+  monkeypatch,
+):
   spec = importlib.util.find_spec("open_clip")  # Not imported: no torch.
   if spec is None:
     pytest.skip("open_clip_torch is not installed")
-  path = tokenizer.find_clip_vocab()
-  assert (
-    path == f"{spec.submodule_search_locations[0]}/{tokenizer.CLIP_VOCAB_FILE}"
-  )
-  assert tokenizer.Tokenizer(path).vocab_size == 49408
+  theirs = f"{spec.submodule_search_locations[0]}/{tokenizer.CLIP_VOCAB_FILE}"
+  shipped = Path(tokenizer.find_clip_vocab())
+  assert shipped.read_bytes() == Path(theirs).read_bytes()
+  # A trimmed install without vidjax's copy: OpenCLIP's is found.
+  monkeypatch.setattr(tokenizer, "SHIPPED_VOCAB", "/nowhere")
+  assert tokenizer.find_clip_vocab() == theirs

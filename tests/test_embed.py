@@ -327,6 +327,24 @@ def test_no_videos_or_a_full_disk_said_in_two_lines(
   ]
 
 
+def test_a_moved_run_serves_its_vocabulary(tmp_path):
+  # A run's config.json names its vocabulary by the path it had when it
+  # trained: moved, the run's own file is found where the run is now, and
+  # CLIP's file by its name is vidjax's copy.
+  run = tmp_path / "moved" / "run"
+  (run / "synthetic").mkdir(parents=True)
+  synthetic.write_vocab(run / "synthetic" / "vocab.txt.gz")
+  clip = "/gone/site-packages/open_clip/bpe_simple_vocab_16e6.txt.gz"
+  for saved, found in (
+    ("/old/place/run/synthetic/vocab.txt.gz", run / "synthetic/vocab.txt.gz"),
+    (clip, ""),
+    ("", ""),
+    ("/gone/words.txt.gz", "/gone/words.txt.gz"),  # Said as not found.
+  ):
+    rundir.write_json(run / rundir.CONFIG_JSON, {"data": {"vocab": saved}})
+    assert embed._run_vocab(str(run / "checkpoints" / "32")) == str(found)
+
+
 def test_search_command_json_labels_and_page_in_chromium(
   own, clean, tmp_path, capsys
 ):

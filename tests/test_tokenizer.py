@@ -1,12 +1,16 @@
-"""Tests for vidjax.data.tokenizer on a tiny BPE vocabulary (and CLIP's, if present)."""
+"""Tests for vidjax.data.tokenizer on a tiny BPE vocabulary and on CLIP's,
+which vidjax ships."""
 
 import gzip
+import hashlib
 import pathlib
 import pickle
+import sys
 
 import numpy as np
 import pytest
 
+from vidjax.data import tokenizer
 from vidjax.data.tokenizer import Tokenizer
 
 MERGES = [
@@ -165,3 +169,22 @@ def test_parity_with_open_clip():
   lowers = (open_clip.tokenize(["CAT"]) == open_clip.tokenize(["cat"])).all()
   rows = [i for i, t in enumerate(PARITY_TEXTS) if lowers or t == t.lower()]
   np.testing.assert_array_equal(ours[rows], theirs[rows])
+
+
+def test_clip_vocabulary_ships_with_vidjax_without_torch(monkeypatch):
+  # `pip install -e .` alone: OpenCLIP, OpenAI's clip and torch blocked.
+  for name in ("open_clip", "clip", "torch"):
+    monkeypatch.setitem(sys.modules, name, None)
+  path = tokenizer.find_clip_vocab()
+  assert path == tokenizer.SHIPPED_VOCAB
+  blob = pathlib.Path(path).read_bytes()
+  assert len(blob) == 1_356_917  # OpenAI's file, as OpenCLIP's wheel has it.
+  assert hashlib.sha256(blob).hexdigest().startswith("924691ac288e5440")
+  assert (
+    "Copyright (c) 2021 OpenAI"
+    in (pathlib.Path(path).parent / "LICENSE").read_text()
+  )
+  tok = Tokenizer(path)
+  assert (tok.vocab_size, tok.start_id, tok.end_id) == (49408, 49406, 49407)
+  # CLIP's README: clip.tokenize("a diagram") -> 49406, 320, 22697, 49407.
+  assert tok(["a diagram"])[0, :5].tolist() == [49406, 320, 22697, 49407, 0]

@@ -92,27 +92,29 @@ def check_paths(config: ml_collections.ConfigDict, keys: list[str]) -> None:
 def load_tokenizer(
   config: ml_collections.ConfigDict,
 ) -> tokenizer_lib.Tokenizer:
-  """The CLIP tokenizer of `data.vocab`, found in open_clip when unset,
-  making texts of `model.text.context_length` tokens.
+  """The CLIP tokenizer of `data.vocab` (unset: CLIP's vocabulary, which
+  vidjax ships), making texts of `model.text.context_length` tokens.
 
-  Sets `data.vocab` to the file found, and `model.text.vocab_size` to the
-  file's size when it is 0.
+  An unset `data.vocab` stays unset, so that a run's config.json names no
+  machine's path for it (the run can move). Sets `model.text.vocab_size` to
+  the file's size when it is 0.
   """
-  if not config.data.vocab:
-    found = tokenizer_lib.find_clip_vocab()
-    if found is None:
+  vocab = config.data.vocab
+  if not vocab:
+    vocab = tokenizer_lib.find_clip_vocab()
+    if vocab is None:
       raise errors.PathError(
-        "data.vocab is unset and no CLIP vocabulary was found",
-        hint="pass --config.data.vocab=PATH to CLIP's "
-        f"{tokenizer_lib.CLIP_VOCAB_FILE} (`pip install open_clip_torch` "
-        "ships it, and then it is found)",
+        "data.vocab is unset and CLIP's vocabulary is not in this install "
+        f"of vidjax ({tokenizer_lib.SHIPPED_VOCAB})",
+        hint="reinstall vidjax (pip install -e .), or pass "
+        f"--config.data.vocab=PATH to CLIP's {tokenizer_lib.CLIP_VOCAB_FILE}",
       )
-    logging.info("data.vocab: CLIP's vocabulary from %s", found)
-    config.data.vocab = found
-  check_paths(config, ["data.vocab"])
+    logging.info("data.vocab: CLIP's vocabulary (%s)", vocab)
+  else:
+    check_paths(config, ["data.vocab"])
   try:
     tokenizer = tokenizer_lib.Tokenizer(
-      config.data.vocab, context_length=config.model.text.context_length
+      vocab, context_length=config.model.text.context_length
     )
   except ValueError as e:
     raise errors.ConfigError(
@@ -125,7 +127,7 @@ def load_tokenizer(
     text.vocab_size = tokenizer.vocab_size
   elif tokenizer.vocab_size > text.vocab_size:
     raise errors.ConfigError(
-      f"{config.data.vocab} has {tokenizer.vocab_size} tokens but "
+      f"{vocab} has {tokenizer.vocab_size} tokens but "
       f"model.text.vocab_size is {text.vocab_size}",
       hint=f"set --config.model.text.vocab_size={tokenizer.vocab_size} (or 0:"
       " the vocabulary's size)",

@@ -10,8 +10,9 @@ context length with the end token kept last, as OpenCLIP does.
 The vocabulary is the `bpe_simple_vocab_16e6.txt.gz` format: gzip text, one
 header line, then one merge (`a b`) per line. Only the first
 `49152 - 256 - 2` merges are used, as CLIP does, giving 49408 ids with the
-start and end tokens at 49406 and 49407. Nothing is downloaded: OpenCLIP's
-wheel ships the file (`open_clip/bpe_simple_vocab_16e6.txt.gz`).
+start and end tokens at 49406 and 49407. Nothing is downloaded: vidjax
+ships CLIP's file (`vidjax/data/vocab/`, OpenAI's MIT license beside it,
+`SHIPPED_VOCAB`), byte for byte the one OpenCLIP's wheel ships.
 
 ftfy (optional; OpenCLIP depends on it) is used when importable, as CLIP
 does. It repairs mojibake ('fÃ¼r' -> 'für'), straightens curly quotes
@@ -38,7 +39,12 @@ from vidjax.config import defaults
 # CLIP keeps the first 49152 - 256 - 2 merges of the file.
 NUM_MERGES = 49152 - 256 - 2
 CLIP_VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
-# Installed packages that ship CLIP's vocabulary next to their code.
+# CLIP's vocabulary as vidjax ships it (package data, with its license).
+SHIPPED_VOCAB = os.path.join(
+  os.path.dirname(__file__), "vocab", CLIP_VOCAB_FILE
+)
+# Installed packages that ship CLIP's vocabulary next to their code: where
+# it is looked for if vidjax's own copy is missing (a trimmed install).
 VOCAB_PACKAGES = ("open_clip", "clip")
 START_TOKEN = "<|startoftext|>"
 END_TOKEN = "<|endoftext|>"
@@ -125,11 +131,14 @@ def _load_merges(
 
 
 def find_clip_vocab() -> str | None:
-  """CLIP's `bpe_simple_vocab_16e6.txt.gz` from an installed package, or None.
+  """CLIP's `bpe_simple_vocab_16e6.txt.gz`: vidjax's own (`SHIPPED_VOCAB`),
+  else an installed package's, or None.
 
-  OpenCLIP (`pip install open_clip_torch`) and OpenAI's `clip` ship the
-  file; they are located without being imported (no torch import).
+  OpenCLIP and OpenAI's `clip` ship the file too; they are located without
+  being imported (no torch import).
   """
+  if os.path.isfile(SHIPPED_VOCAB):
+    return SHIPPED_VOCAB
   for package in VOCAB_PACKAGES:
     try:
       spec = importlib.util.find_spec(package)

@@ -143,14 +143,30 @@ class Encoder:
 
 
 def _run_vocab(init_from: str) -> str:
-  """The vocabulary a vidjax run trained with (its config.json), or ''."""
+  """The vocabulary a vidjax run trained with (its config.json), or '' (CLIP's,
+  which vidjax ships).
+
+  A run moved or copied elsewhere names a path that may be gone: a file of
+  the run itself (the synthetic corpus's vocabulary) is found in the run
+  where it is now, CLIP's file by its name is vidjax's own copy.
+  """
+  from vidjax.data import tokenizer
+
   here = Path(init_from)
   for directory in (here, *list(here.parents)[:3]):
     try:
       saved = json.loads((directory / rundir.CONFIG_JSON).read_text())
     except (OSError, ValueError):
       continue
-    return (saved.get("data") or {}).get("vocab") or ""
+    vocab = (saved.get("data") or {}).get("vocab") or ""
+    if not vocab or os.path.exists(vocab):
+      return vocab
+    parts = Path(vocab).parts
+    for i in range(1, len(parts)):  # Its path inside the run, longest first.
+      moved = directory.joinpath(*parts[i:])
+      if moved.is_file():
+        return os.fspath(moved)
+    return "" if Path(vocab).name == tokenizer.CLIP_VOCAB_FILE else vocab
   return ""
 
 
