@@ -385,6 +385,8 @@ def test_search_command_json_labels_and_page_in_chromium(
   assert set(out["videos"]) == set(VIDEOS)
   text = page.read_text()
   assert query in text and "own0" in text and "src='http" not in text
+  # Each hit opens at its moment; the heading names no machine's paths.
+  assert text.count("#t=") == 2 * 6 and str(clean[0]) not in text
   _check_thumbnails_render(page, tmp_path, count=6)
 
 

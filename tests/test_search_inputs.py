@@ -121,3 +121,27 @@ def test_an_output_that_cannot_be_written_exits_74(
   code, err = _main(capsys, index, "q", "--html", tmp_path / "p.html")
   assert code == errors.EXIT_WRITE_FAILED, err
   assert f"--html: could not write {tmp_path / 'p.html'}: No space" in err
+
+
+def test_a_hit_links_to_its_moment_relative_to_the_page(tmp_path):
+  store = tmp_path / "store"
+  store.mkdir()
+  source = tmp_path / "my videos" / "trip.mp4"
+  source.parent.mkdir()
+  source.write_bytes(b"")
+  (store / "manifest.jsonl").write_text(
+    json.dumps({"video_id": "trip", "chunk_seconds": 15, "source": str(source)})
+    + "\n"
+    + json.dumps({"video_id": "gone", "chunk_seconds": 15, "source": "/x.mp4"})
+    + "\n"
+  )
+  index = search.Index(_index(tmp_path / "index", store=store))
+  page = tmp_path / "pages"
+  page.mkdir()
+  hit = search.Hit(0, "trip", 32.5, 34.5, 0.3)
+  assert (
+    search.moment_link(index, hit, page) == "../my%20videos/trip.mp4#t=32.5"
+  )
+  # The source gone: the chunk holding the start, at the offset in it.
+  hit = search.Hit(0, "gone", 32.5, 34.5, 0.3)
+  assert search.moment_link(index, hit, page) == "../store/gone/30.mp4#t=2.5"

@@ -19,7 +19,9 @@ windows and its share of them.
 
 `--html PAGE.html` writes a page that opens from disk in any browser: each
 query and its hits, each with the middle frame of the window (inlined as
-JPEG), the video, the times and the score.
+JPEG), the video, the times and the score, linked to the moment (the source
+video, else its chunk, at the window's start: `#t=SECONDS`, relative to the
+page).
 
 Exit status: 0 done; 1 a damaged INDEX (its file and line named); 2 refused:
 the arguments (an empty query, labels that are not UTF-8, an output path in
@@ -39,11 +41,13 @@ import base64
 import collections
 import csv
 import dataclasses
+import functools
 import html
 import json
 import os
 from pathlib import Path
 import sys
+import urllib.parse
 
 import numpy as np
 
@@ -154,6 +158,11 @@ class Index:
       )
       self._encoder = embed.load_encoder(config)
     return self._encoder
+
+  @functools.cached_property
+  def manifest(self) -> dict[str, dict]:
+    """The chunk store's manifest entries by video id."""
+    return chunk_lib.read_manifest(self.store)
 
   def text_classes(self, classes, templates=DEFAULT_TEMPLATES) -> np.ndarray:
     """float32[C, D]: `zeroshot.class_embeddings` of `classes` (each a text
@@ -270,8 +279,31 @@ def table(query: str, hits: list[Hit]) -> str:
   return "\n".join(lines)
 
 
+def moment_link(index: Index, hit: Hit, page_dir: Path) -> str:
+  """A URL that opens a hit at its moment: the source video the chunk
+  store's manifest names (else the chunk holding the start), relative to
+  the page's folder, with a media fragment `#t=SECONDS`."""
+  store = Path(index.store)
+  entry = index.manifest.get(hit.video, {})
+  source = entry.get("source")
+  if source and os.path.isfile(source):
+    path, at = Path(source), hit.start
+  else:
+    length = float(entry.get("chunk_seconds") or 0)
+    k = int(hit.start // length) if length > 0 else 0
+    path = store / hit.video / chunk_lib.chunk_name(k, length or 1)
+    at = hit.start - k * length
+  relative = os.path.relpath(path.resolve(), page_dir.resolve())
+  return f"{urllib.parse.quote(Path(relative).as_posix())}#t={at:g}"
+
+
 def write_html(index: Index, queries, results, path) -> Path:
-  """A page of every query's hits with inlined thumbnails (no server)."""
+  """A page of every query's hits with inlined thumbnails (no server); each
+  hit links to its moment (`moment_link`). The heading names the index and
+  the weights by their last path part (the page may be shared)."""
+  path = Path(path)
+  weights = index.info.get("weights") or ""
+  weights = Path(weights).name if weights else index.info.get("description", "")
   parts = [
     "<!doctype html>\n<html><head><meta charset='utf-8'>"
     f"<title>vidjax search: {html.escape(index.path.name)}</title><style>"
@@ -280,10 +312,8 @@ def write_html(index: Index, queries, results, path) -> Path:
     ".hit{border:1px solid #ccc;padding:6px;font-size:13px}"
     ".hit img{display:block;height:"
     f"{THUMB_HEIGHT}px}}</style></head><body>",
-    f"<h1>{html.escape(str(index.path))}</h1>",
-    f"<p>{len(index)} windows; weights "
-    f"{html.escape(index.info['weights'] or index.info.get('description', ''))}"
-    "</p>",
+    f"<h1>{html.escape(index.path.resolve().name)}</h1>",
+    f"<p>{len(index)} windows; weights {html.escape(weights)}</p>",
   ]
   for query, hits in zip(queries, results):
     parts.append(
@@ -291,16 +321,17 @@ def write_html(index: Index, queries, results, path) -> Path:
     )
     for rank, hit in enumerate(hits, 1):
       image = base64.b64encode(index.thumbnail(hit)).decode("ascii")
+      link = html.escape(moment_link(index, hit, path.parent), quote=True)
       parts.append(
-        "<div class='hit'>"
+        f"<div class='hit'><a href='{link}'>"
         f"<img alt='{html.escape(hit.video)}' "
-        f"src='data:image/jpeg;base64,{image}'>"
+        f"src='data:image/jpeg;base64,{image}'></a>"
         f"<b>{rank}.</b> <span class='video'>{html.escape(hit.video)}</span>"
-        f" {hit.start:.1f}-{hit.end:.1f} s, score {hit.score:.3f}</div>"
+        f" <a href='{link}'>{hit.start:.1f}-{hit.end:.1f} s</a>, score "
+        f"{hit.score:.3f}</div>"
       )
     parts.append("</div>")
   parts.append("</body></html>\n")
-  path = Path(path)
   from vidjax.base import whole_files
 
   with whole_files.replaced(path) as f:
