@@ -115,6 +115,14 @@ def test_three_shards_side_by_side_make_the_one_store(tmp_path, capsys):
     cli.main(["--merge", str(three)])
   assert "listed twice" in capsys.readouterr().err
   lines = (part2 / "manifest.jsonl").read_text().splitlines()
+  # Its last line lost: the shard's own count says so, nothing is merged.
+  (part2 / "manifest.jsonl").write_text("\n".join(lines[:-2]) + "\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--merge", str(three)])
+  assert exit_info.value.code == 2 and (three / "shards").exists()
+  assert f"shard 2/3 chunked {len(lines) - 1} videos but its manifest" in (
+    capsys.readouterr().err
+  )
   (part2 / "manifest.jsonl").write_text("\n".join(lines[:-1]) + "\n")
   assert cli.main(["--merge", str(three)]) == 0
   assert not (three / "shards").exists()

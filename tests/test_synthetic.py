@@ -70,3 +70,21 @@ def test_prepare_leaves_user_paths_alone(tmp_path):
     config.data.root == "/mine/chunks" and not config.data.train_annotations
   )
   assert not any(tmp_path.iterdir())  # Nothing written.
+
+
+def test_a_users_evaluation_set_keeps_its_files_on_the_corpus(tmp_path):
+  # No training paths: the corpus trains, but the user's EGTEA set is theirs.
+  from vidjax import config as config_lib
+  from vidjax.data.synthetic import layouts
+
+  repo = Path(__file__).resolve().parents[1]
+  config = config_lib.load_config(
+    str(repo / "configs/clip_vitb16_ego4d.py:debug"),
+    ["eval.sets.egtea.data.eval_annotations=/mine/test_split1.txt"],
+  )
+  layouts.use_corpus(config, tmp_path)
+  sets = config.eval.sets
+  assert sets.egtea.data.eval_annotations == "/mine/test_split1.txt"
+  assert sets.egtea.data.root == ""  # Not pointed at the corpus's chunks.
+  assert sets.egomcq.data.eval_annotations.startswith(str(tmp_path))
+  assert config.data.train_annotations.startswith(str(tmp_path))

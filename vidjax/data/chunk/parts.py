@@ -317,8 +317,10 @@ def merge(dst: str | os.PathLike) -> dict:
     {"shards": N, "videos": listed in the manifest now, "failed": count}.
 
   Raises:
-    errors.DataError: no shards, a missing or unfinished shard (a gap), or
-      a video listed by two parts (a duplicate); nothing is changed then.
+    errors.DataError: no shards, a missing or unfinished shard (a gap), a
+      shard whose manifest lists fewer videos than it counted done (a lost
+      line), or a video listed by two parts (a duplicate); nothing is
+      changed then.
   """
   dst = Path(dst)
   shards = manifest_lib.shard_parts(dst)
@@ -357,6 +359,27 @@ def merge(dst: str | os.PathLike) -> dict:
     raise errors.DataError(
       f"{dst}: cannot merge: " + ", ".join(gaps),
       hint="run those shards to the end (the same command resumes one), then merge",
+    )
+  # A shard's manifest against its own count of the videos it finished: a
+  # lost line would drop a video from the store without a word.
+  lost = []
+  for (k, _), part in sorted(shards.items()):
+    path = part / manifest_lib.MANIFEST
+    listed = len(
+      {e["video_id"] for _, e in manifest_lib.manifest_lines(path)}
+      if path.exists()
+      else set()
+    )
+    if listed < blobs[k]["done"]:
+      lost.append(
+        f"shard {k}/{n} chunked {blobs[k]['done']} videos but its "
+        f"{manifest_lib.MANIFEST} lists {listed}"
+      )
+  if lost:
+    raise errors.DataError(
+      f"{dst}: cannot merge: " + "; ".join(lost) + " (lines lost)",
+      hint="run those shards again (the same --shard command chunks the "
+      "videos their manifest lacks), then merge",
     )
   whole = dst / manifest_lib.MANIFEST
   existing = {}

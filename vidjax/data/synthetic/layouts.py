@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 import pickle
 
+from absl import logging
 import ml_collections
 import numpy as np
 
@@ -283,7 +284,9 @@ def use_corpus(
   'jsonl' with `data.synthetic.relevancy` the square `relevancy_val.npy`.
   Evaluation sets in the 'ek100_mir' format (`eval.sets`) get the retrieval
   validation files; sets of the benchmarks (`defaults.benchmark_set`) their
-  files in `vidjax.data.synthetic.benchmark_files`'s layouts.
+  files in `vidjax.data.synthetic.benchmark_files`'s layouts. A set whose
+  `data.eval_annotations` the user gave keeps its files: a user's path
+  always wins.
   """
   root, data = Path(root), config.data
   if data.format not in FILES:
@@ -308,7 +311,15 @@ def use_corpus(
       _use_mir_files(data, config.eval, root, train=True)
     elif data.synthetic.relevancy:
       config.eval.relevancy = str(root / "relevancy_val.npy")
-    for eval_set in config.eval.sets.values():
+    for name, eval_set in config.eval.sets.items():
+      if eval_set.data.eval_annotations:  # The user's set: theirs whole.
+        logging.info(
+          "data: eval.sets.%s keeps its files (%s), not the synthetic "
+          "corpus's",
+          name,
+          eval_set.data.eval_annotations,
+        )
+        continue
       fmt = eval_set.data.format
       if fmt in BENCHMARK_FILES:
         eval_set.data.update(
