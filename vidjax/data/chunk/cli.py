@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     metavar="DST",
     default=argparse.SUPPRESS,
     help="join the finished shards of DST into DST/manifest.jsonl (refusing "
-    "gaps and duplicates), then exit",
+    "gaps, lost lines and duplicates), then exit",
   )
   args = parser.parse_args(argv)
   try:
