@@ -14,8 +14,10 @@ abstract arrays: nothing is allocated or compiled. What it counts:
                  ones instead of keeping them;
   fixed          what does not grow with the batch: parameters, optimizer
                  state and gradients (float32, per device under FSDP; a
-                 second gradient buffer with `accum_steps` > 1), and the
-                 residuals every clip shares (bf16 copies of the weights).
+                 second gradient buffer with `accum_steps` > 1), the
+                 untrained state (a distilled student's frozen teacher),
+                 and the residuals every clip shares (bf16 copies of the
+                 weights).
 
 The step then needs about fixed + kept x clips per device (per microbatch);
 a contrastive or MIR step in several microbatches (`accum_steps` > 1) also
@@ -221,6 +223,8 @@ def step_memories(
     gradients = _per_device_bytes(state["params"])
     fixed = (
       _per_device_bytes(state)
+      # The untrained state: a distilled student's frozen teacher.
+      + _per_device_bytes(rest)
       + gradients * (1 + (config.accum_steps > 1))
       + kept_small
       - per_clip * small

@@ -43,7 +43,7 @@ from vidjax import (
   tasks,
 )
 from vidjax.base import errors, stopping
-from vidjax.checkpoints import resume
+from vidjax.checkpoints import resume, teacher as teacher_lib
 from vidjax.config import defaults
 from vidjax.data import checks, pipeline, synthetic, tokenizer as tokenizer_lib
 from vidjax.evaluation import eval_sets
@@ -68,6 +68,7 @@ class Plan:
   reports: dict
   source: init_from.Source | None
   settled: list[str]
+  teacher: init_from.Source | None = None  # A distilled student's.
 
   def close(self) -> None:
     self.start.close()
@@ -151,6 +152,10 @@ def resolve(
     # not.
     source = resume.read_start(start, allow_pickle=config.init_allow_pickle)
     settled = facts.settle(config, source)
+    # A distilled student's frozen teacher: its sizes and checksum.
+    teacher = teacher_lib.read(config) if config.task == "distill" else None
+    if teacher is not None:
+      settled += teacher_lib.settle(config, teacher)
   except BaseException:
     start.close()
     raise
@@ -163,6 +168,7 @@ def resolve(
     reports,
     source,
     settled,
+    teacher,
   )
 
 
@@ -205,6 +211,8 @@ def build(plan: Plan) -> Run:
     run.rest = steps_lib.initial_state(config, state, rest, buffers_only=True)
   else:
     run.state, run.rest = steps_lib.initial_state(config, state, rest)
+  if plan.teacher is not None:  # Frozen: in `rest`, never trained or saved.
+    run.rest, _ = teacher_lib.load(run.rest, plan.teacher)
   if start.kind == "init_from":  # Parameters only, onto their shardings.
     params, run.init_report = init_from.load_params(
       run.state["params"],

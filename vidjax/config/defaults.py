@@ -34,9 +34,11 @@ TASK_MODELS = {
   "retrieval": "clip",
   "mae": "videomae",
   "classification": "classifier",
+  # Masked alignment to a frozen CLIP teacher (UMT): `vidjax.tasks.distill`.
+  "distill": "umt",
 }
 TASKS = tuple(TASK_MODELS)
-MODELS = ("clip", "videomae", "classifier")
+MODELS = ("clip", "videomae", "classifier", "umt")
 
 # CLIP's tokenizer and text tower: tokens per text (start and end tokens
 # included), and ids in its vocabulary (`vidjax.data.tokenizer`).
@@ -96,6 +98,11 @@ ACTIVATIONS = ("quick_gelu", "gelu")
 BACKBONES = ("videomae", "clip")  # A classifier's backbone style.
 POOLS = ("", "mean", "token")  # '': the backbone's default.
 MASK_KINDS = ("random", "tube")
+# The tokens a distilled student keeps, per frame (`vidjax.models.umt`):
+# drawn by the teacher's class-token attention (UMT), its top ones, or at
+# random; and the alignment loss on them (UMT's `clip_loss_type`).
+SELECTIONS = ("attention", "topk", "random")
+ALIGN_LOSSES = ("l2", "mse", "smooth_l1")
 OPTIMIZERS = ("adamw", "sgd", "lion")
 SCHEDULES = ("cosine", "constant")
 ERASE_MODES = ("pixel", "rand", "const")
@@ -129,6 +136,8 @@ def choices(config) -> dict[str, tuple]:
     "model.backbone": BACKBONES,
     "model.pool": POOLS,
     "model.mask_kind": MASK_KINDS,
+    "model.select": SELECTIONS,
+    "loss.align": ALIGN_LOSSES,
     "optim.name": OPTIMIZERS,
     "optim.schedule": SCHEDULES,
     "augment.erase_mode": ERASE_MODES,
@@ -252,10 +261,13 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
       scan=False,
       drop_path=0.0 if name == "videomae" else 0.1,
       drop_path_schedule="linear",
-      act={"clip": "quick_gelu", "videomae": "gelu", "classifier": ""}[name],
+      act={"clip": "quick_gelu", "videomae": "gelu", "classifier": ""}.get(
+        name, "gelu"
+      ),
       ln_eps={
         "clip": 1e-5,
         "videomae": 1e-6,
+        "umt": 1e-6,
         "classifier": config_dict.placeholder(float),
       }[name],
     )
@@ -282,6 +294,8 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
       dict(width=384, depth=4, heads=6, ln_eps=config_dict.placeholder(float))
     )
     config.norm_pix_loss = True
+  elif name == "umt":
+    _umt_config(config)
   else:
     config.num_classes = 400
     config.backbone = "videomae"
@@ -290,6 +304,34 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
     config.head_dropout = 0.0
     config.head_init_scale = 0.001
   return config
+
+
+def _umt_config(config: ml_collections.ConfigDict) -> None:
+  """The distilled student's keys (UMT's ViT-B; `vidjax.models.umt`)."""
+  config.update(tubelet=1, drop_path=0.1)  # UMT: tubelet 1, drop path 0.1.
+  config.mask_ratio = 0.8  # Of each frame's patches; the teacher picks.
+  config.select = "attention"  # `SELECTIONS`.
+  config.align_layers = 6  # The last K layers of both, aligned pairwise.
+  # The frozen CLIP vision tower, applied per frame at (H/p) x p_teacher
+  # pixels. `source` is what `init_from` reads (a vidjax run too); its
+  # sizes, activation and eps are settled from it at start-up
+  # (`vidjax.checkpoints.teacher`), and `checksum` records its weights.
+  config.teacher = ml_collections.ConfigDict(
+    dict(
+      source="",
+      allow_pickle=False,
+      checksum="",
+      variant="B/16",
+      width=config_dict.placeholder(int),
+      depth=config_dict.placeholder(int),
+      heads=config_dict.placeholder(int),
+      mlp_dim=config_dict.placeholder(int),
+      embed_dim=512,
+      act="quick_gelu",
+      ln_eps=1e-5,
+      dtype="auto",  # bfloat16 on GPU: the teacher runs in it.
+    )
+  )
 
 
 def optim_config() -> ml_collections.ConfigDict:
@@ -404,6 +446,8 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   c.loss = ml_collections.ConfigDict(
     dict(name="max_margin", margin=0.2, threshold=0.1)
   )
+  if task == "distill":
+    c.loss.align = "l2"  # `ALIGN_LOSSES`: UMT's 2 - 2 cos.
   c.eval = ml_collections.ConfigDict(
     dict(
       every_steps=0,

@@ -7,7 +7,7 @@ description, each module given its part whole). It reads these keys
 defaults):
 
 Every model
-  name          'clip' | 'videomae' | 'classifier'.
+  name          'clip' | 'videomae' | 'classifier' | 'umt'.
   variant       vision size and patch, e.g. 'Ti/16', 'S/16', 'B/16', 'L/14'
                 (sizes in `defaults.VARIANTS`; MLP width 4x).
   width, depth, heads, mlp_dim
@@ -73,6 +73,15 @@ Every model
                 ln_post); None: ln_eps.
   head_dropout  dropout before the head.
   head_init_scale  head init std is 0.02 x this (VideoMAE uses 0.001).
+'umt' (a student distilled from a frozen CLIP: `umt.py`)
+  mask_ratio    the share of each frame's patches the student drops (0.8).
+  select        'attention' (UMT: drawn by the teacher's class-token
+                attention), 'topk' or 'random'.
+  align_layers  K, the last blocks of student and teacher aligned (6).
+  teacher       the CLIP vision tower: source (what init_from reads),
+                allow_pickle, checksum, variant, width, depth, heads,
+                mlp_dim, embed_dim, act, ln_eps, dtype; settled from the
+                source at start-up (`vidjax.checkpoints.teacher`).
 
 Dropout and drop path draw from the 'dropout' stream of the `rngs` given at
 construction, or from `rngs=` given at call time (nnx.Rngs or a key).
@@ -87,6 +96,7 @@ from vidjax.base import internals
 from vidjax.models import spec as spec_lib
 from vidjax.models.clip import CLIP
 from vidjax.models.spec import resolve_dtype
+from vidjax.models.umt import UMT
 from vidjax.models.videomae import Classifier, VideoMAE
 from vidjax.models.vit import VisionTransformer
 
@@ -95,6 +105,7 @@ __all__ = [
   "Classifier",
   "VideoMAE",
   "VisionTransformer",
+  "UMT",
   "MODELS",
   "build_model",
   "resolve_dtype",
@@ -106,19 +117,21 @@ MODELS = {
   "clip": CLIP,
   "videomae": VideoMAE,
   "classifier": Classifier,
+  "umt": UMT,
 }
 _NAMES = {
   spec_lib.ClipSpec: "clip",
   spec_lib.VideoMAESpec: "videomae",
   spec_lib.ClassifierSpec: "classifier",
+  spec_lib.UMTSpec: "umt",
 }
 
 
 def build_model(
   config: ml_collections.ConfigDict | spec_lib.ModelSpec, *, rngs: nnx.Rngs
 ):
-  """Builds the model of a `config.model` ('clip', 'videomae' or
-  'classifier'), or of a spec (`spec.from_config`, or a variant of one)."""
+  """Builds the model of a `config.model` ('clip', 'videomae',
+  'classifier' or 'umt'), or of a spec (`spec.from_config`, or a variant of one)."""
   spec = config if type(config) in _NAMES else spec_lib.from_config(config)
   # Built under jax.jit or nnx.eval_shape, Flax's random draws would make
   # construction quadratic in the model's size (see internals).

@@ -53,7 +53,8 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
   Returns:
     dict with 'forward' and 'training' (forward + backward) FLOPs per
     example of the training step, plus the forward FLOPs of each part
-    ('vision', 'text', 'decoder', 'head' where they exist).
+    ('vision', 'text', 'decoder', 'head', 'align', 'teacher' where they
+    exist; a distilled student's frozen teacher runs forward only).
   """
   spec = spec_lib.from_config(config)
   tokens = {
@@ -82,8 +83,24 @@ def flops_per_example(config: ml_collections.ConfigDict) -> dict[str, int]:
       )
       + 2 * (patches - visible) * decoder.width * patch_features
     )
+  elif config.name == "umt":
+    encoder, teacher = spec.encoder, spec.teacher
+    kept, layers = tokens["vision"], spec.align_layers
+    parts["vision"] = _vision_flops(encoder, kept)
+    parts["align"] = (
+      2 * layers * kept * encoder.blocks.width * (teacher.output_dim)
+    )
+    # Every frame through the teacher, forward only; its projection of
+    # the aligned layers' patch tokens.
+    patches = teacher.grid[1] * teacher.grid[2]
+    parts["teacher"] = encoder.num_frames * (
+      _vision_flops(teacher, 1 + patches)
+      + 2 * layers * patches * teacher.blocks.width * teacher.output_dim
+    )
   else:
     parts["vision"] = _vision_flops(spec.encoder, tokens["vision"])
     parts["head"] = 2 * spec.encoder.blocks.width * spec.num_classes
   forward = sum(parts.values())
-  return dict(forward=forward, training=3 * forward, **parts)
+  # The backward pass: twice the forward of what trains (not the teacher).
+  frozen = parts.get("teacher", 0)
+  return dict(forward=forward, training=3 * forward - 2 * frozen, **parts)

@@ -9,6 +9,9 @@ count, those of the training step:
               'text' (77, causal)
   videomae    'vision' (the visible tokens only), 'decoder' (every patch)
   classifier  'vision' (every patch, + 1 with a CLIP backbone's class token)
+  umt         'vision' (the student's kept tokens); its frozen teacher runs
+              without a backward pass, one frame at a time (`flops.py`
+              counts it)
 
 A CLIP's evaluation (and its unmasked tuning) sees every token: the shapes
 of `unmasked(config)`.
@@ -23,6 +26,7 @@ import ml_collections
 
 from vidjax import config as config_lib
 from vidjax.models import spec as spec_lib
+from vidjax.models.umt import kept_per_frame
 from vidjax.models.videomae import num_masked_tokens
 from vidjax.models.vit import num_kept_tokens
 
@@ -82,6 +86,10 @@ def attention_shapes(
     }
   encoder = spec.encoder
   patches = math.prod(encoder.grid)
+  if config.name == "umt":
+    time, rows, columns = encoder.grid
+    kept = time * kept_per_frame(rows * columns, spec.mask_ratio)
+    return {"vision": shape(kept, encoder.blocks)}
   if config.name == "videomae":
     visible = patches - num_masked_tokens(encoder.grid, spec.mask_ratio)
     return {

@@ -8,6 +8,7 @@ tree of frozen dataclasses, and each module takes its part whole:
   ClipSpec        vision: Vision, text: Text, logit scale   -> clip.CLIP
   VideoMAESpec    encoder: Vision, decoder: Stack, masking  -> VideoMAE
   ClassifierSpec  encoder: Vision, head                     -> Classifier
+  UMTSpec         encoder: Vision, teacher: Vision, alignment -> umt.UMT
   Vision          blocks: Stack, patches, positions, pooling, projection,
                   masked training                -> vit.VisionTransformer
   Text            blocks: Stack, vocabulary, context, projection
@@ -243,7 +244,27 @@ class ClassifierSpec:
   head_init_scale: float = 0.001
 
 
-ModelSpec = ClipSpec | VideoMAESpec | ClassifierSpec
+@dataclasses.dataclass(frozen=True)
+class UMTSpec:
+  """A student distilled from a frozen CLIP (`umt.UMT`).
+
+  Attributes:
+    encoder: the student ViT (VideoMAE style, pool 'none').
+    teacher: the CLIP vision tower (one frame, pool 'none', its
+      projection; image size: the student's grid times its patch).
+    align_layers: K, the last blocks of both that are aligned.
+    mask_ratio: the share of each frame's patches dropped.
+    select: which patches a frame keeps (`defaults.SELECTIONS`).
+  """
+
+  encoder: Vision
+  teacher: Vision
+  align_layers: int = 6
+  mask_ratio: float = 0.8
+  select: str = "attention"
+
+
+ModelSpec = ClipSpec | VideoMAESpec | ClassifierSpec | UMTSpec
 
 
 @functools.cache
@@ -336,6 +357,14 @@ def from_config(config) -> ModelSpec:
         blocks=fill(Stack, text, act=config.act, compute=compute),
       ),
     )
+  if config.name == "umt":
+    switches, _ = _switches("videomae")
+    return fill(
+      UMTSpec,
+      values,
+      encoder=fill(Vision, values, **switches, pool="none", mask_ratio=0.0),
+      teacher=_teacher(config, values),
+    )
   if config.name == "videomae":
     decoder = {**config.decoder, "act": config.act, "ln_eps": config.ln_eps}
     switches, _ = _switches("videomae")
@@ -362,6 +391,36 @@ def from_config(config) -> ModelSpec:
       pool=pool,
       mask_ratio=0.0,
     ),
+  )
+
+
+def _teacher(config, values) -> Vision:
+  """A distilled student's teacher (`config.teacher`): a one-frame CLIP
+  tower whose patch grid is the student's, computing in its own dtype,
+  neither rematerialised nor scanned (it has no backward pass)."""
+  teacher = config.teacher
+  sizes = defaults.parse_variant(teacher.variant)
+  for key in ("width", "depth", "heads", "mlp_dim"):
+    if teacher[key] is not None:
+      sizes[key] = teacher[key]
+  patch = sizes.pop("patch_size")
+  size = values["image_size"]
+  height, width = (size, size) if isinstance(size, int) else size
+  student_patch = defaults.parse_variant(config.variant)["patch_size"]
+  switches, _ = _switches("clip")
+  compute = Compute(dtype=teacher.dtype, attention=config.attention)
+  return Vision(
+    blocks=Stack(
+      **sizes, act=teacher.act, ln_eps=teacher.ln_eps, compute=compute
+    ),
+    patch_size=patch,
+    image_size=(
+      height // student_patch * patch,
+      width // student_patch * patch,
+    ),
+    pool="none",
+    output_dim=teacher.embed_dim,
+    **switches,
   )
 
 

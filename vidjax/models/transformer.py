@@ -244,6 +244,7 @@ class Transformer(nnx.Module):
     deterministic: bool = True,
     rngs: nnx.Rngs | jax.Array | None = None,
     is_causal: bool = False,
+    outputs: int = 0,
   ) -> jax.Array:
     """Runs the blocks.
 
@@ -254,10 +255,15 @@ class Transformer(nnx.Module):
       rngs: optional nnx.Rngs (its 'dropout' stream is used) or a key, in
         place of the stream stored at construction.
       is_causal: causal attention (text tower).
+      outputs: > 0: return the outputs of the last `outputs` blocks
+        (a distilled student's and its teacher's aligned layers).
 
     Returns:
-      residual_dtype[B, L, D].
+      residual_dtype[B, L, D], or residual_dtype[outputs, B, L, D] (the
+      blocks in order, the last block's output last) with `outputs`.
     """
+    if not 0 <= outputs <= self.depth:
+      raise ValueError(f"outputs={outputs} of {self.depth} blocks")
     x = x.astype(self.residual_dtype)
     keys = None
     if not deterministic and max(self.drop_rates) > 0:
@@ -278,12 +284,23 @@ class Transformer(nnx.Module):
     if self.remat != "none":
       run_block = nnx.remat(run_block, policy=REMAT_POLICIES[self.remat])
     if self.scan:
+      if outputs:  # Every block's output, the last `outputs` kept.
+        scan_all = nnx.scan(
+          lambda *a: (lambda y: (y, y))(run_block(*a)),
+          in_axes=(0, nnx.Carry, 0, 0),
+          out_axes=(nnx.Carry, 0),
+        )
+        rates = jnp.asarray(self.drop_rates)
+        return scan_all(self.layers, x, rates, keys)[1][-outputs:]
       scan_blocks = nnx.scan(
         run_block, in_axes=(0, nnx.Carry, 0, 0), out_axes=nnx.Carry
       )
       return scan_blocks(self.layers, x, jnp.asarray(self.drop_rates), keys)
+    kept = []
     for i, block in enumerate(self.layers):
       x = run_block(
         block, x, self.drop_rates[i], None if keys is None else keys[i]
       )
-    return x
+      if i >= self.depth - outputs:
+        kept.append(x)
+    return jnp.stack(kept) if outputs else x

@@ -198,7 +198,7 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
   backbone = (
     model.get("backbone")
     if name == "classifier"
-    else ({"clip": "clip", "videomae": "videomae"}.get(name))
+    else ({"clip": "clip", "videomae": "videomae", "umt": "videomae"}.get(name))
   )
   if backbone not in BACKBONE_STYLES:
     return {}

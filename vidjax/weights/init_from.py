@@ -131,6 +131,19 @@ TASK_CHANGES = {
       ("encoder.norm.", "fc_norm starts fresh, as in VideoMAE"),
     ),
   ),
+  # A distilled student (`vidjax.models.umt`): its encoder is a VideoMAE
+  # encoder's; the heads that aligned it to its teacher are not used.
+  ("umt", "umt"): TaskChange(),
+  ("umt", "classifier"): TaskChange(
+    drop=(
+      ("align.", "the alignment heads of the distillation"),
+      ("encoder.norm.", "fc_norm starts fresh, as in VideoMAE"),
+    ),
+    fresh=(
+      ("head.", _NEW_HEAD),
+      ("encoder.norm.", "fc_norm starts fresh, as in VideoMAE"),
+    ),
+  ),
   ("classifier", "classifier"): TaskChange(
     fresh=(("head.", _NEW_HEAD), ("encoder.temporal_pos", _NO_TEMPORAL))
   ),

@@ -1,0 +1,303 @@
+"""Pretraining from a frozen CLIP teacher (UMT): the loss and the token
+selection against UMT's definitions written as plain code, the teacher
+against the CLIP tower's own layers, and the :debug recipe's run (resumed
+after SIGTERM, handed to k400_ft, its teacher never trained)."""
+
+import os
+import signal
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import debug_runs
+from vidjax import models, train
+from vidjax.base import errors
+from vidjax.checkpoints import checkpoint_reader, teacher as teacher_lib
+from vidjax.config import defaults
+from vidjax.models import spec as spec_lib, umt
+from vidjax.report import monitor
+from vidjax.tasks import distill
+from vidjax.weights import init_from, sources
+
+RECIPE = "umt_vitb_k400_pretrain"
+
+
+def _normalised(rng, shape):
+  x = rng.standard_normal(shape).astype(np.float32)
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_losses_are_umts():
+  """UMT's engine: l2 = (2 - 2 * (out * target).sum(-1)).mean(); mse and
+  smooth_l1 are PyTorch's MSELoss and SmoothL1Loss (means over all)."""
+  rng = np.random.default_rng(0)
+  p, t = _normalised(rng, (3, 2, 5, 8)), _normalised(rng, (3, 2, 5, 8))
+  l2 = np.mean(2 - 2 * np.sum(p * t, axis=-1))
+  mse = np.mean((p - t) ** 2)
+  d = np.abs(p - t) * 3  # Past 1 too.
+  smooth = np.mean(np.where(d < 1, 0.5 * d**2, d - 0.5))
+  for kind, want, (a, b) in (
+    ("l2", l2, (p, t)),
+    ("mse", mse, (p, t)),
+    ("smooth_l1", smooth, (3 * p, 3 * t)),
+  ):
+    per_example = distill.align_error(jnp.asarray(a), jnp.asarray(b), kind)
+    assert per_example.shape == (2,)
+    # Every example keeps as many tokens: their mean is UMT's mean.
+    np.testing.assert_allclose(np.mean(per_example), want, rtol=1e-5)
+
+
+def _umt_kept(attn, draw, mask_ratio, batch):
+  """UMT's engine, in numpy: `importance = torch.multinomial(attn, N)`
+  (here the draw's order: a draw without replacement is the order of
+  exponential noise / weight), the first N_vis visible, the mask
+  reshaped to [B, T x N]; the kept tokens, in order."""
+  frames_total, n = attn.shape
+  n_vis = n - int(n * mask_ratio)
+  importance = np.argsort(draw / attn, axis=1, kind="stable")
+  masked = np.ones((frames_total, n), bool)
+  for row in range(frames_total):
+    masked[row, importance[row, :n_vis]] = False
+  masked = masked.reshape(batch, -1)
+  return np.stack([np.flatnonzero(~row) for row in masked])
+
+
+def test_attention_selection_keeps_what_umt_keeps():
+  rng = np.random.default_rng(1)
+  batch, frames, n, ratio = 2, 3, 10, 0.8
+  attn = rng.random((batch * frames, n)).astype(np.float32) + 1e-3
+  draw = rng.exponential(size=(batch * frames, n)).astype(np.float32)
+  keep = umt.kept_per_frame(n, ratio)
+  assert keep == n - int(n * ratio) == 2
+  got = umt.select_tokens(
+    attn.reshape(batch, frames, n),
+    draw.reshape(batch, frames, n),
+    keep,
+    "attention",
+  )
+  np.testing.assert_array_equal(got, _umt_kept(attn, draw, ratio, batch))
+  # 'topk': the most attended; 'random': the least noise.
+  top = umt.select_tokens(
+    attn.reshape(batch, frames, n), draw.reshape(batch, frames, n), 2, "topk"
+  )
+  want = [
+    sorted(
+      f * n + i
+      for f in range(frames)
+      for i in np.argsort(-attn[b * frames + f])[:2]
+    )
+    for b in range(batch)
+  ]
+  np.testing.assert_array_equal(top, want)
+
+
+def test_the_race_is_a_draw_without_replacement():
+  """The order of exponential noise / weight is torch.multinomial's draw
+  without replacement: P(i then j) = w_i / S x w_j / (S - w_i)."""
+  rng = np.random.default_rng(2)
+  w = np.array([0.5, 0.3, 0.2])
+  draws = 40_000
+  order = np.argsort(rng.exponential(size=(draws, 3)) / w, axis=1)
+  for i in range(3):
+    for j in range(3):
+      if i != j:
+        want = w[i] * w[j] / (1 - w[i])
+        seen = np.mean((order[:, 0] == i) & (order[:, 1] == j))
+        assert abs(seen - want) < 0.01, (i, j, seen, want)
+
+
+def _tiny_clip():
+  spec = spec_lib.of(
+    "clip",
+    variant="Ti/8",
+    width=32,
+    depth=3,
+    heads=2,
+    image_size=16,
+    num_frames=1,
+    embed_dim=16,
+    dtype="float32",
+    text=dict(vocab_size=64, width=16, heads=1, layers=1),
+  )
+  return models.build_model(spec, rngs=nnx.Rngs(3))
+
+
+def _tiny_umt(**teacher):
+  config = defaults.model_config("umt")
+  config.update(
+    variant="Ti/8", width=32, depth=2, heads=2, image_size=16, num_frames=2
+  )
+  config.update(dtype="float32", align_layers=2, mask_ratio=0.5)
+  config.teacher.update(teacher)
+  return models.build_model(config, rngs=nnx.Rngs(4))
+
+
+def test_the_teacher_is_the_clip_towers_own_layers():
+  """The teacher loaded from a CLIP run's parameters returns the tower's
+  own blocks' outputs (its norm, projection, L2), and its last block's
+  class-token attention, the heads' mean, computed here from its weights."""
+  clip = _tiny_clip()
+  params = {
+    n: np.asarray(v)
+    for n, v in (
+      (".".join(map(str, p)), v.get_value())
+      for p, v in nnx.to_flat_state(nnx.state(clip, nnx.Param))
+    )
+  }
+  source = sources.vidjax_source(params, {}, "a tiny CLIP")
+  visual = {k: v for k, v in source.tensors.items() if k.startswith("visual.")}
+  source = init_from.Source("clip", visual, {k: k for k in visual}, "tiny")
+  model = _tiny_umt(
+    variant="B/8", width=32, depth=3, heads=2, mlp_dim=128, embed_dim=16
+  )
+  graphdef, trained, rest = nnx.split(model, nnx.Param, ...)
+  rest, _ = teacher_lib.load(rest, source)
+  model = nnx.merge(graphdef, trained, rest)
+
+  video = jax.random.normal(jax.random.key(5), (2, 2, 16, 16, 3))
+  features, attention = model.teach(video)
+  assert features.shape == (2, 2, 2 * 4, 16) and attention.shape == (2, 2, 4)
+
+  tower = clip.visual
+  frames = video.reshape(4, 1, 16, 16, 3)
+  x = tower.pre_norm(tower.prepend_class_token(tower.embed(frames)))
+  outputs, inputs = [], []
+  for block in tower.blocks.layers:
+    inputs.append(x)
+    x = block(x, drop_rate=0.0, key=None)
+    outputs.append(x)
+  for k, hidden in enumerate(outputs[-2:]):
+    want = np.asarray(tower.proj(tower.norm(hidden)))[:, 1:]
+    want = want / np.linalg.norm(want, axis=-1, keepdims=True)
+    np.testing.assert_allclose(
+      features[k], want.reshape(2, 8, 16), rtol=2e-5, atol=2e-6
+    )
+  last = tower.blocks.layers[-1]
+  qkv = np.asarray(last.attn.qkv(last.norm1(inputs[-1]))).reshape(
+    4, 5, 3, 2, 16
+  )
+  logits = np.einsum("bhd,bkhd->bhk", qkv[:, 0, 0], qkv[:, :, 1]) / 4.0
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  np.testing.assert_allclose(
+    attention, weights.mean(1)[:, 1:].reshape(2, 2, 4), rtol=1e-5, atol=1e-7
+  )
+
+
+def test_a_run_needs_a_teacher(tmp_path):
+  config = debug_runs.load(RECIPE)
+  with pytest.raises(errors.ConfigError, match="model.teacher.source"):
+    teacher_lib.read(config)
+
+
+# ------------------------------------------------------- the :debug recipe
+
+
+def _teacher_run(tmp_path_factory):
+  """The :debug CLIP pretraining (shared with test_configs, test_handoff)."""
+  return debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")[0]
+
+
+def _losses(workdir) -> list[float]:
+  return [
+    r["train/loss"] for r in monitor.read_metrics(workdir) if "train/loss" in r
+  ]
+
+
+@pytest.mark.xdist_group("debug_runs")
+def test_debug_resumes_exactly_after_sigterm_and_never_trains_its_teacher(
+  tmp_path, tmp_path_factory, monkeypatch
+):
+  source = f"--config.model.teacher.source={_teacher_run(tmp_path_factory)}"
+  uninterrupted, final = debug_runs.run(tmp_path_factory, RECIPE, source)
+  expected = _losses(uninterrupted)
+  assert len(expected) == 2 and np.all(np.isfinite(expected))
+  assert np.isfinite(final["eval/loss"])
+
+  runs = []
+  setup = train.setup
+
+  def setup_and_keep(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    runs.append((run, teacher_lib.leaves(run.rest)))
+    return run
+
+  config = debug_runs.load(RECIPE, source)
+  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
+  with monkeypatch.context() as patch:
+    patch.setattr(train, "setup", setup_and_keep)
+
+    def stop_in_first_step(*args, **kwargs):
+      run = setup_and_keep(*args, **kwargs)
+      step = run.steps.train
+
+      def sending(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return step(*a, **k)
+
+      patch.setattr(run.steps, "train", sending)
+      return run
+
+    patch.setattr(train, "setup", stop_in_first_step)
+    with pytest.raises(errors.Preempted):
+      train.train_and_evaluate(config, workdir)
+    assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
+    patch.setattr(train, "setup", setup_and_keep)
+    train.train_and_evaluate(debug_runs.load(RECIPE, source), workdir)
+  assert _losses(workdir) == expected
+
+  # The teacher: out of the trained state, named in the checkpoint, and
+  # bit-identical to its weights after training.
+  weights = teacher_lib.read(config)
+  params, saved = checkpoint_reader.read_params(workdir / "checkpoints", 2)
+  assert not [n for n in params if "teacher" in n]
+  assert {n.split(".")[0] for n in params} == {"encoder", "align"}
+  named = saved["model"]["teacher"]
+  assert named["source"] == config.model.teacher.source
+  assert named["checksum"] == teacher_lib.checksum(weights)
+  for run, before in runs:
+    after = teacher_lib.leaves(run.rest)
+    assert after.keys() == before.keys() and len(after) > 10
+    for name, value in after.items():
+      np.testing.assert_array_equal(value, before[name])
+      want = weights.tensors[f"visual.{name}"]
+      if want.shape == value.shape:  # Not the resized temporal table.
+        np.testing.assert_array_equal(value, want)
+
+
+@pytest.mark.xdist_group("debug_runs")
+def test_its_checkpoint_starts_k400_ft_with_the_students_weights(
+  tmp_path, tmp_path_factory
+):
+  source = f"--config.model.teacher.source={_teacher_run(tmp_path_factory)}"
+  pretrained, _ = debug_runs.run(tmp_path_factory, RECIPE, source)
+  config = debug_runs.load("k400_ft", f"--config.init_from={pretrained}")
+  workdir = debug_runs.prepare(config, tmp_path / "ft", tmp_path_factory)
+  run = train.setup(config, workdir)
+  report = run.init_report
+  assert set(report.fresh) == {
+    "head.kernel",
+    "head.bias",
+    "encoder.norm.scale",
+    "encoder.norm.bias",
+  }
+  assert {n for n in report.dropped if n.startswith("align.")} == {
+    f"align.{k}.{part}"
+    for k in range(2)
+    for part in ("proj.kernel", "proj.bias", "norm.scale", "norm.bias")
+  }
+  # k400_ft's tubelets of 2: the one-frame patch kernel is inflated.
+  assert list(report.resized) == ["encoder.patch_embed.kernel"]
+  saved, _ = checkpoint_reader.read_params(pretrained / "checkpoints", 2)
+  encoder = run.state["params"]["encoder"]
+  for path in (
+    "blocks.layers.1.attn.qkv.kernel",
+    "blocks.layers.0.mlp.fc2.bias",
+  ):
+    node = encoder
+    for key in path.split("."):
+      node = node[int(key) if key.isdigit() else key]
+    np.testing.assert_array_equal(node[...], saved[f"encoder.{path}"])
