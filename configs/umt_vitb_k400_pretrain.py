@@ -59,9 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # --mask_type attention --mask_ratio 0.8, --clip_return_layer 6
   # (interval 1), --clip_loss_type l2; the heads map 768 to the teacher's
   # 512 (--clip_decoder_embed_dim 768 --clip_output_dim 512).
-  c.model.update(
-    tubelet=1, drop_path=0.1, mask_ratio=0.8, select="attention"
-  )
+  c.model.update(tubelet=1, drop_path=0.1, mask_ratio=0.8, select="attention")
   c.model.align_layers = 6
   # --clip_teacher clip_b16: OpenAI's CLIP ViT-B/16, in bfloat16 on GPUs;
   # its sizes are read from the weights at start-up.
