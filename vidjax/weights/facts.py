@@ -41,6 +41,7 @@ projection of another size than `model.embed_dim` starts fresh
 
 from __future__ import annotations
 
+import json
 import math
 
 from absl import logging
@@ -62,6 +63,13 @@ FACT_KEYS = (
 )
 
 Facts = dict  # {key of config.model: (value, why)}
+
+# Where `python -m vidjax.export` records a model's facts in what it writes
+# (a safetensors header's metadata, AVION's `args`, a Hugging Face
+# config.json), and the run's config (its own safetensors format): the
+# export's facts win over its format's usual ones.
+RECORDED = "vidjax_facts"
+RUN_CONFIG = "vidjax_config"
 
 _CLIP = {
   "backbone": ("clip", "a CLIP: class token, learned positions"),
@@ -232,6 +240,17 @@ def run_facts(saved: dict, temperature: float | None = None) -> Facts:
     eps = (model.get("decoder") or {}).get("ln_eps")
     facts["decoder.ln_eps"] = (facts["ln_eps"][0] if eps is None else eps, why)
   return {k: v for k, v in facts.items() if v[0] is not None}
+
+
+def recorded(extras: dict) -> Facts:
+  """The facts `vidjax.export` recorded in a file, from what it holds besides
+  tensors (`tensor_io.load_state_dict`'s `extras`, a config.json): {} if
+  none."""
+  blob = extras.get(RECORDED) or (extras.get("args") or {}).get(RECORDED)
+  if isinstance(blob, str):
+    blob = json.loads(blob)
+  why = "recorded by vidjax.export from the run's config"
+  return {key: (value, why) for key, value in (blob or {}).items()}
 
 
 def _activation(name: str, where: str) -> str:

@@ -1,6 +1,8 @@
 """What `init_from` names, as an `init_from.Source`.
 
-* a weights file: `tensor_io.load_state_dict`, then `weights.convert`;
+* a weights file: `tensor_io.load_state_dict`, then `weights.convert`, with
+  the facts `vidjax.export` recorded in it (`facts.recorded`); its own
+  safetensors format (vidjax's names and the run's config) as a run's;
 * a Hugging Face `save_pretrained` directory: its config.json (what the
   model computed with, `facts`) and its weights (`HF_WEIGHTS`, sharded or
   not);
@@ -93,7 +95,9 @@ def _hugging_face_source(path: str, allow_pickle: bool) -> init_from.Source:
     state_dict.update(
       load_state_dict(os.path.join(path, file), allow_pickle=allow_pickle)
     )
-  return convert(state_dict, path, hf_config=config)
+  source = convert(state_dict, path, hf_config=config)
+  source.facts.update(facts_lib.recorded(config))
+  return source
 
 
 def is_hugging_face(path: str) -> bool:
@@ -130,4 +134,11 @@ def read_source(path: str, *, allow_pickle: bool = False) -> init_from.Source:
       f"save_pretrained directory (config.json and one of {HF_WEIGHTS})"
       + (f"; to load a weights file, name it: {files}" if files else "")
     )
-  return convert(load_state_dict(path, allow_pickle=allow_pickle), path)
+  extras = {}
+  state_dict = load_state_dict(path, allow_pickle=allow_pickle, extras=extras)
+  if facts_lib.RUN_CONFIG in extras:  # vidjax.export's own format.
+    config = json.loads(extras[facts_lib.RUN_CONFIG])
+    return vidjax_source(state_dict, config, path)
+  source = convert(state_dict, path)
+  source.facts.update(facts_lib.recorded(extras))
+  return source

@@ -121,7 +121,7 @@ _DAMAGED = (
 
 
 def load_state_dict(
-  path: str, *, allow_pickle: bool = False
+  path: str, *, allow_pickle: bool = False, extras: dict | None = None
 ) -> dict[str, np.ndarray]:
   """Reads a checkpoint file into {name: float32/int numpy array}.
 
@@ -135,6 +135,9 @@ def load_state_dict(
       TorchScript archives that need their own code to load with
       torch.jit.load; both run whatever code the file holds: only for files
       you trust.
+    extras: if given, filled with what the file holds besides tensors: a
+      safetensors header's metadata ({str: str}), a pickle's other entries
+      (an `argparse.Namespace` such as AVION's `args` as a dict).
 
   Returns:
     The state dict.
@@ -156,6 +159,8 @@ def load_state_dict(
     if suffix == ".safetensors":  # bfloat16 as ml_dtypes.bfloat16.
       with safetensors.safe_open(path, framework="numpy") as f:
         raw = {name: f.get_tensor(name) for name in f.keys()}
+        if extras is not None:
+          extras.update(f.metadata() or {})
     elif suffix == ".npz":
       with np.load(path) as npz:  # A .npy has no `with`: a TypeError.
         raw = dict(npz)
@@ -174,6 +179,12 @@ def load_state_dict(
     )
   for wrapper in ("state_dict", "model", "module"):
     if isinstance(raw.get(wrapper), dict):
+      if extras is not None and suffix != ".safetensors":
+        extras.update(
+          (k, vars(v) if isinstance(v, argparse.Namespace) else v)
+          for k, v in raw.items()
+          if k != wrapper
+        )
       raw = raw[wrapper]
       break
   state_dict = {
@@ -189,7 +200,9 @@ def load_state_dict(
 # ------------------------------------- foreign names -> canonical ones
 
 
-def _renamed(name: str, rules) -> str:
+def renamed(name: str, rules) -> str:
+  """A foreign name -> the canonical one: each (old, new) rule in order, an
+  infix ('.x.') replaced once, a prefix replaced at the start."""
   for old, new in rules:
     name = (
       name.replace(old, new, 1)
@@ -197,6 +210,23 @@ def _renamed(name: str, rules) -> str:
       else (new + name[len(old) :] if name.startswith(old) else name)
     )
   return name
+
+
+def foreign_name(name: str, rules, *, undo: bool = True) -> str:
+  """A canonical name -> the foreign one that `rules` rename to it: the
+  rules undone in reverse order (`undo`), or the name as it is (a part of
+  a model kept in the canonical names). A rule that drops a prefix is not
+  undone: the caller adds it. Checked: raises ValueError if the foreign
+  name does not rename back to `name`."""
+  foreign = name
+  for old, new in reversed(rules if undo else ()):
+    if new.startswith("."):
+      foreign = foreign.replace(new, old, 1)
+    elif new and foreign.startswith(new):
+      foreign = old + foreign[len(new) :]
+  if renamed(foreign, rules) != name:
+    raise ValueError(f"{name}: no foreign name renames to it ({foreign})")
+  return foreign
 
 
 HF_CLIP = [  # transformers' CLIPModel -> OpenAI's names
@@ -250,15 +280,15 @@ def canonical_clip(sd: dict) -> tuple[dict, str]:
         if leaf.startswith("q_proj."):
           kind = leaf.split(".")[1]
           parts = [sd[f"{stem}.self_attn.{p}_proj.{kind}"] for p in "qkv"]
-          out[_renamed(f"{stem}.attn.in_proj_{kind}", HF_CLIP)] = (
-            np.concatenate(parts)
+          out[renamed(f"{stem}.attn.in_proj_{kind}", HF_CLIP)] = np.concatenate(
+            parts
           )
       elif name == "visual_projection.weight":  # Linear: [E, D]
         out["visual.proj"] = value.T
       elif name == "text_projection.weight":
         out["text_projection"] = value.T
       else:
-        out[_renamed(name, HF_CLIP)] = value
+        out[renamed(name, HF_CLIP)] = value
     return out, "Hugging Face CLIP"
   avion = any(
     k.startswith(("textual.", "fc_cls.", "visual.image_projection"))
@@ -267,13 +297,37 @@ def canonical_clip(sd: dict) -> tuple[dict, str]:
   )
   if not avion:
     return sd, "OpenAI/OpenCLIP CLIP"
-  out = {_renamed(name, AVION_CLIP): value for name, value in sd.items()}
+  out = {renamed(name, AVION_CLIP): value for name, value in sd.items()}
   conv = out.get("visual.conv1.weight")
   if conv is not None and conv.ndim == 2:  # --use-fast-conv1: (c, y, x)
     patch = math.isqrt(conv.shape[1] // 3)
     out["visual.conv1.weight"] = conv.reshape(conv.shape[0], 3, patch, patch)
   kind = "video classifier" if "head.weight" in out else "CLIP"
   return out, f"AVION {kind}"
+
+
+HF_VIDEOMAE = [  # transformers' VideoMAE classes -> the original names
+  (
+    "videomae.embeddings.patch_embeddings.projection.",
+    "encoder.patch_embed.proj.",
+  ),
+  ("videomae.encoder.layer.", "encoder.blocks."),
+  ("decoder.decoder_layers.", "decoder.blocks."),
+  ("videomae.layernorm.", "encoder.norm."),
+  ("fc_norm.", "encoder.fc_norm."),
+  ("classifier.", "encoder.head."),
+  # in order: 'attention.output.dense' before 'output.dense'
+  (".attention.attention.", ".attn."),
+  (".attention.output.dense.", ".attn.proj."),
+  (".layernorm_before.", ".norm1."),
+  (".layernorm_after.", ".norm2."),
+  (".intermediate.dense.", ".mlp.fc1."),
+  (".output.dense.", ".mlp.fc2."),
+]
+AVION_VIDEOMAE = [  # AVION's flash-attention blocks -> the original names
+  (".attn.Wqkv.", ".attn.qkv."),
+  (".attn.out_proj.", ".attn.proj."),
+]
 
 
 def canonical_videomae(sd: dict) -> tuple[dict, str]:
@@ -287,54 +341,35 @@ def canonical_videomae(sd: dict) -> tuple[dict, str]:
   and `--channel-last` stores the patch embedding as a Linear over
   (channel, frame, row, column).
   """
-  hf = [
-    (
-      "videomae.embeddings.patch_embeddings.projection.",
-      "encoder.patch_embed.proj.",
-    ),
-    ("videomae.encoder.layer.", "encoder.blocks."),
-    ("decoder.decoder_layers.", "decoder.blocks."),
-    ("videomae.layernorm.", "encoder.norm."),
-    ("fc_norm.", "encoder.fc_norm."),
-    ("classifier.", "encoder.head."),
-    # in order: 'attention.output.dense' before 'output.dense'
-    (".attention.attention.", ".attn."),
-    (".attention.output.dense.", ".attn.proj."),
-    (".layernorm_before.", ".norm1."),
-    (".layernorm_after.", ".norm2."),
-    (".intermediate.dense.", ".mlp.fc1."),
-    (".output.dense.", ".mlp.fc2."),
-  ]
-  avion = [(".attn.Wqkv.", ".attn.qkv."), (".attn.out_proj.", ".attn.proj.")]
   if any(name.startswith("embeddings.patch_embeddings.") for name in sd):
     # A VideoMAEModel's own save_pretrained: its names without 'videomae.'.
     sd = {f"videomae.{name}": value for name, value in sd.items()}
   is_hf = any(name.startswith("videomae.") for name in sd)
   is_finetuned = "patch_embed.proj.weight" in sd
   is_avion = any(".attn.Wqkv." in name for name in sd)
-  renamed = {}
+  named = {}
   for name, value in sd.items():
     if is_hf:
-      name = _renamed(name, hf)
+      name = renamed(name, HF_VIDEOMAE)
     elif is_finetuned:
       name = f"encoder.{name}"
-    renamed[_renamed(name, avion)] = value
+    named[renamed(name, AVION_VIDEOMAE)] = value
   out = {}
-  for name, value in renamed.items():
+  for name, value in named.items():
     stem, _, leaf = name.rpartition(".attn.")
     if leaf == "query.weight":
       out[f"{stem}.attn.qkv.weight"] = np.concatenate(
         [
           value,
-          renamed[f"{stem}.attn.key.weight"],
-          renamed[f"{stem}.attn.value.weight"],
+          named[f"{stem}.attn.key.weight"],
+          named[f"{stem}.attn.value.weight"],
         ]
       )
     elif leaf in ("key.weight", "value.weight"):
       continue
     elif leaf == "q_bias":
       out[f"{stem}.attn.qkv.bias"] = np.concatenate(
-        [value, np.zeros_like(value), renamed[f"{stem}.attn.v_bias"]]
+        [value, np.zeros_like(value), named[f"{stem}.attn.v_bias"]]
       )
     elif leaf != "v_bias":
       out[name] = value
@@ -373,6 +408,18 @@ def conv_to_kernel(weight: np.ndarray) -> np.ndarray:
   if weight.ndim == 4:
     weight = weight[:, :, None]
   return weight.transpose(2, 3, 4, 1, 0).reshape(-1, weight.shape[0])
+
+
+def kernel_to_conv(
+  kernel: np.ndarray, *, tubelet: int, channels: int = 3
+) -> np.ndarray:
+  """Our patch kernel [t*p*p*C, D] -> a PyTorch conv weight: [D, C, p, p]
+  for t = 1 (Conv2d), else [D, C, t, p, p] (Conv3d); `conv_to_kernel`'s
+  inverse."""
+  patch = math.isqrt(kernel.shape[0] // (tubelet * channels))
+  weight = kernel.reshape(tubelet, patch, patch, channels, -1)
+  weight = weight.transpose(4, 3, 0, 1, 2)
+  return weight[:, :, 0] if tubelet == 1 else weight
 
 
 def inflate_kernel(
