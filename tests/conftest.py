@@ -62,8 +62,16 @@ def _has_gpu() -> bool:
     return False
 
 
+def _has_gpu_compiler() -> bool:
+  """Whether JAX's CUDA plugin is installed (`vidjax.compile`)."""
+  from vidjax.compile import __main__ as command
+
+  return any(command.found(name) for name in command.PLUGINS)
+
+
 def pytest_collection_modifyitems(config, items):
-  """Runs the slow tests first; skips `gpu` tests unless JAX sees a GPU.
+  """Runs the slow tests first; skips `gpu` tests unless JAX sees a GPU,
+  `gpu_compile` tests without the [gpu-compile] extra.
 
   Order: the `:debug` runs' group, then the other groups (each a unit one
   process runs whole: shared runs or expensive fixtures) and the `slow`
@@ -82,6 +90,14 @@ def pytest_collection_modifyitems(config, items):
     return 1 if group or item.get_closest_marker("slow") else 2
 
   items.sort(key=rank)  # Stable: collection order within a rank.
+
+  compile_items = [item for item in items if "gpu_compile" in item.keywords]
+  if compile_items and not _has_gpu_compiler():
+    skip = pytest.mark.skip(
+      reason='needs XLA\'s GPU compiler: pip install -e ".[gpu-compile]"'
+    )
+    for item in compile_items:
+      item.add_marker(skip)
 
   gpu_items = [item for item in items if "gpu" in item.keywords]
   if gpu_items and not _has_gpu():

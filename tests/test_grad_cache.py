@@ -77,3 +77,18 @@ def test_accumulated_gradients_of_a_batch_loss_equal_the_whole_batchs():
       np.testing.assert_allclose(
         g4, g, rtol=1e-4, atol=1e-6 * scale, err_msg=f"{task} {path}"
       )
+
+
+def test_accumulation_by_embedding_cache_traces_under_every_remat_policy():
+  """The cached embeddings are computed in a loop that carries the
+  parameters: a model merged from values closed over from outside the loop
+  cannot run nnx.remat's blocks (it failed to trace for any policy but
+  'none')."""
+  from vidjax import config as config_lib, startup
+  from vidjax.data import batches
+
+  config = load("demo", "--config.accum_steps=2", "--config.model.remat=full")
+  _, _, (state, rest, steps) = startup.build_abstract(config_lib.lock(config))
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  batch = batches.batch_spec(config, config.batch_size)
+  steps.train.trace(state, rest, batch, key)  # Raised TraceContextError.

@@ -219,6 +219,17 @@ def test_xla_out_of_memory_is_recognised():
   assert not internals.is_out_of_memory(RuntimeError("INTERNAL: other"))
 
 
+def test_default_triton_tiles_rejected_is_recognised():
+  # XLA's GPU compiler without autotuning (a GPU target compiled on a CPU:
+  # configs/demo.py's float32 step at jax 0.10.2).
+  error = RuntimeError(
+    "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.308 "
+    "= f32[308,64]{1,0} dot(%bitcast.702, %parameter_1.17)"
+  )
+  assert internals.is_default_tiles_rejected(error)
+  assert not internals.is_default_tiles_rejected(RuntimeError("INTERNAL"))
+
+
 def test_flax_imports_ipython_and_the_command_start_does_not():
   """The reason for `import_flax_without_ipython` (Flax and treescope
   import IPython as they load), and what it does: flax loads without it,

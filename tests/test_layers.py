@@ -36,7 +36,7 @@ LAYERS = [
   {"startup"},
   {"train"},
   # The command lines.
-  {"main", "search", "embed", "plot", "checksums", "export"},
+  {"main", "search", "embed", "plot", "checksums", "compile", "export"},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 RUNTIMES = ("jax", "flax", "grain", "orbax", "av", "optax", "torch")

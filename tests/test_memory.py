@@ -12,7 +12,7 @@ import pytest
 
 import debug_runs
 from debug_runs import counting_compiles
-from vidjax import config as config_lib, main, memory, models
+from vidjax import config as config_lib, main, memory, models, startup
 from vidjax.base import errors
 from vidjax.data.synthetic import layouts
 from vidjax.models import attention
@@ -227,6 +227,9 @@ def test_own_videos_on_a_gpu_of_20_gib_get_a_verdict(
   )
   verdicts = []
   check = memory.check_step_fits
+  # A host that could train what passes (its own check: the next test).
+  host = types.SimpleNamespace(available=2**50)
+  monkeypatch.setattr(psutil, "virtual_memory", lambda: host)
 
   def check_then_stop(config, built=None):
     verdicts.append(check(config, built))
@@ -270,6 +273,48 @@ def test_a_gpu_recipe_on_a_cpu_is_refused_naming_its_cpu_variant(
     f"{spec},cpu", ["--config.model.text.vocab_size=1024"]
   )
   assert memory.check_step_fits(small).remat == "none"
+
+
+def test_a_plan_for_a_gpu_on_a_cpu_checks_the_host_too(monkeypatch):
+  """`device_memory_gib` on a CPU: the plan's verdict, then the host's own
+  memory, which the run would train in (held as on a CPU: remat 'none')."""
+  demo = config_lib.load_config(
+    str(CONFIGS / "demo.py:debug"), ["--config.device_memory_gib=20"]
+  )
+  host = types.SimpleNamespace(available=8 * memory.MiB)
+  monkeypatch.setattr(psutil, "virtual_memory", lambda: host)
+  with pytest.raises(memory.StepTooLarge) as e:
+    memory.check_step_fits(demo)
+  text = e.value.describe()
+  assert e.value.on_host and e.value.exit_code == errors.EXIT_USAGE
+  assert "it fits the 20.0 GiB per device planned (device_memory_gib)" in text
+  assert "python -m vidjax.compile" in e.value.hint
+  host.available = 2**40
+  assert memory.check_step_fits(demo).remat == demo.model.remat
+
+
+def test_on_a_gpu_the_compiled_step_is_held_against_the_device(monkeypatch):
+  """The GPU path, simulated: the step compiled first (here for the CPU)
+  and XLA's figure held against the device; the estimate where it does not
+  compile, and for the hints, which say so."""
+  demo = config_lib.load_config(
+    str(CONFIGS / "demo.py:debug"), ["--config.device_memory_gib=1"]
+  )
+  host = types.SimpleNamespace(available=2**40)
+  monkeypatch.setattr(psutil, "virtual_memory", lambda: host)
+  monkeypatch.setattr(memory, "compiles_first", lambda: True)
+  built = startup.build_abstract(config_lib.lock(demo))[2]
+  compiled = memory.compiled_step_bytes(demo, built)
+  assert 0 < compiled < memory.GiB
+  figures = iter([None, 2 * memory.GiB])
+  monkeypatch.setattr(memory, "compiled_step_bytes", lambda *a: next(figures))
+  assert memory.check_step_fits(demo, built).remat == demo.model.remat
+  with pytest.raises(memory.StepTooLarge) as e:
+    memory.check_step_fits(demo, built)
+  text = e.value.describe()
+  assert not e.value.on_host
+  assert "about 2.0 GiB per device (as XLA compiled the step;" in text
+  assert "hint: by the analytic estimate: " in text
 
 
 def test_out_of_memory_during_a_run_ends_in_two_lines():

@@ -34,6 +34,11 @@ fragmentation): what a GPU reports, or `device_memory_gib`, or on a CPU the
 host's available memory shared by its devices; it refuses a configuration
 that will not fit, naming a remat policy and a batch per device that would
 (on a CPU, the recipe's CPU variant first: a GPU recipe typed on a CPU).
+On a GPU the step is compiled first and XLA's own figure is held against
+the device (`compiled_bytes`; the estimate where it does not compile, and
+for the hints); `python -m vidjax.compile` gives the same figure for a GPU
+on any machine. A CPU run that plans for a GPU (`device_memory_gib`) gets
+the plan's verdict, then its own memory checked: it would train there.
 `python -m benchmarks.memory` prints the same estimate for every policy,
 as on a GPU with cuDNN.
 """
@@ -108,6 +113,24 @@ class StepMemory:
       + self.kept_bytes_per_clip * clips_per_device
       + self.cached_bytes(clips_per_device, accum)
     )
+
+
+def compiled_bytes(compiled) -> int:
+  """A compiled program's memory per device, from XLA's buffer assignment:
+  arguments + outputs - what the outputs alias (donated arguments) + the
+  temporaries. (`peak_memory_in_bytes` means different sums across jaxlib
+  0.10 releases.)
+
+  Args:
+    compiled: a `jax.stages.Compiled`.
+  """
+  a = compiled.memory_analysis()
+  return (
+    a.argument_size_in_bytes
+    + a.output_size_in_bytes
+    - a.alias_size_in_bytes
+    + a.temp_size_in_bytes
+  )
 
 
 def clips_per_device(config: ml_collections.ConfigDict) -> int:
@@ -312,9 +335,23 @@ def check_step_fits(
   limit = device_memory_bytes(config)
   if limit is None:
     return None
+  compiled = None
+  if built is not None and compiles_first():
+    compiled = compiled_step_bytes(config, built)
   estimate = _check_fits(
-    config, "the training step", limit, "accum_steps", built
+    config, "the training step", limit, "accum_steps", built, compiled
   )
+  if planned_on_cpu(config):
+    # The plan's verdict is given; this CPU would go on to train the step,
+    # so its own memory is checked too.
+    _check_fits(
+      config,
+      "the training step",
+      _host_bytes(),
+      "accum_steps",
+      built,
+      planned=limit,
+    )
   if steps_lib.unmask_start(config) is not None:
     # The unmasked tuning keeps every token, in its own microbatches (the
     # same global batch): checked as a second step.
@@ -327,13 +364,66 @@ def check_step_fits(
   return estimate
 
 
-def _check_fits(config, step_name: str, limit: int, accum_key: str, built=None):
+def compiles_first() -> bool:
+  """Whether the start-up check holds the compiled step against the device:
+  on a GPU, whose compiler's buffer assignment is the step's memory (the
+  step compiled once, before its first run, as MaxText does)."""
+  return jax.default_backend() == "gpu"
+
+
+def compiled_step_bytes(config, built: tuple) -> int | None:
+  """The training step's memory per device as XLA compiles it here
+  (`compiled_bytes`); the step's first run reuses the compilation. None
+  where it does not compile: the analytic estimate decides then.
+
+  Args:
+    config: the run config.
+    built: the run's abstract (state, rest, steps).
+  """
+  state, rest, steps = built
+  batch = batches.batch_spec(config, config.batch_size)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  try:
+    compiled = steps.train.lower(state, rest, batch, key).compile()
+  except Exception as e:  # noqa: BLE001  (the run itself will say why)
+    logging.warning(
+      "the training step did not compile for the memory check (%s); the "
+      "analytic estimate decides",
+      internals.error_reason(e),
+    )
+    return None
+  return compiled_bytes(compiled)
+
+
+def planned_on_cpu(config: ml_collections.ConfigDict) -> bool:
+  """Whether a CPU run plans for a GPU (`device_memory_gib` stated): the
+  plan's verdict, then the host's own memory, which the run would use."""
+  return config.device_memory_gib > 0 and jax.default_backend() == "cpu"
+
+
+def _host_bytes() -> int:
+  """The host's available memory per local device."""
+  return psutil.virtual_memory().available // jax.local_device_count()
+
+
+def _check_fits(
+  config,
+  step_name: str,
+  limit: int,
+  accum_key: str,
+  built=None,
+  compiled: int | None = None,
+  planned: int | None = None,
+):
   """`check_step_fits` for one step, its microbatches `config.accum_steps`
-  (the hint names `accum_key` to change them)."""
+  (the hint names `accum_key` to change them). `compiled`: the compiled
+  step's bytes per device, held against `limit` instead of the estimate
+  (the hints still come from the estimates). `planned`: the memory per
+  device a CPU run planned for and passed; `limit` is then the host's."""
   usable = (1 - HEADROOM) * limit
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
-  host = on_host(config)
+  host = on_host(config) or planned is not None
   if host:  # XLA's CPU scheduler does not delay recomputation: on a CPU
     remat = "none"  # every policy keeps what 'none' keeps.
   # The configured policy, then (only if it does not fit) those keeping less.
@@ -343,12 +433,14 @@ def _check_fits(config, step_name: str, limit: int, accum_key: str, built=None):
     built,
   )
   estimate = next(estimates)
-  need = estimate.total_bytes(clips)
+  need = estimate.total_bytes(clips) if compiled is None else compiled
+  figure = "estimated" if compiled is None else "compiled"
   logging.info(
-    "%s: about %.1f GiB per device of %.1f GiB usable (remat %r, "
+    "%s: about %.1f GiB per device (%s) of %.1f GiB usable (remat %r, "
     "%s attention, %d clips per device)",
     step_name,
     need / GiB,
+    figure,
     usable / GiB,
     estimate.remat,
     estimate.attention,
@@ -357,6 +449,12 @@ def _check_fits(config, step_name: str, limit: int, accum_key: str, built=None):
   if need <= usable:
     return estimate
   if host:  # A GPU recipe typed on a CPU, most likely: say so first.
+    verdict = (
+      f"; it fits the {planned / GiB:.1f} GiB per device planned "
+      "(device_memory_gib), but this CPU would train it"
+      if planned is not None
+      else ""
+    )
     raise StepTooLarge(
       f"{step_name} will not fit in this host's memory: about "
       f"{need * jax.local_device_count() / GiB:.1f} GiB for "
@@ -364,22 +462,29 @@ def _check_fits(config, step_name: str, limit: int, accum_key: str, built=None):
       "remat policy keeps what 'none' keeps) against "
       f"{usable * jax.local_device_count() / GiB:.1f} GiB usable of the "
       f"{limit * jax.local_device_count() / GiB:.1f} GiB available on this "
-      "CPU",
-      hint=_what_fits_on_host(config, estimate, usable),
+      f"CPU{verdict}",
+      hint=_what_fits_on_host(config, estimate, usable, planned),
       on_host=True,
     )
   fitting = next((e for e in estimates if e.total_bytes(clips) <= usable), None)
   cached = estimate.cached_bytes(clips, config.accum_steps)
   cached = f" + {cached / MiB:.0f} MiB of cached embeddings" if cached else ""
+  breakdown = (
+    f"{estimate.fixed_bytes / GiB:.1f} GiB of parameters, optimizer state "
+    f"and gradients + {estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per "
+    f"clip x {clips} clips per device{cached}"
+    if compiled is None
+    else "as XLA compiled the step"
+  )
+  hint = _what_fits(config, estimate, fitting, usable, accum_key)
+  if compiled is not None:
+    hint = f"by the analytic estimate: {hint}"
   raise StepTooLarge(
     f"{step_name} will not fit in the device's memory: about "
-    f"{need / GiB:.1f} GiB per device ({estimate.fixed_bytes / GiB:.1f} GiB "
-    f"of parameters, optimizer state and gradients + "
-    f"{estimate.kept_bytes_per_clip / MiB:.0f} MiB kept per clip x {clips} "
-    f"clips per device{cached}; remat {estimate.remat!r}, {estimate.attention} "
-    f"attention) against {usable / GiB:.1f} GiB usable of "
-    f"{limit / GiB:.1f} GiB",
-    hint=_what_fits(config, estimate, fitting, usable, accum_key),
+    f"{need / GiB:.1f} GiB per device ({breakdown}; remat "
+    f"{estimate.remat!r}, {estimate.attention} attention) against "
+    f"{usable / GiB:.1f} GiB usable of {limit / GiB:.1f} GiB",
+    hint=hint,
     on_host=False,
   )
 
@@ -391,9 +496,11 @@ CPU_VARIANT = (
 )
 
 
-def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
+def _what_fits_on_host(
+  config, estimate: StepMemory, usable: float, planned: int | None = None
+) -> str:
   """A GPU recipe on a CPU: the CPU variant, the batch that fits here, and
-  how to check the configuration for a GPU instead."""
+  how to check the configuration for a GPU instead (`planned`: it was)."""
   most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
   step = jax.device_count() * config.accum_steps  # What a batch divides by.
   ways = [f"train {CPU_VARIANT}"]
@@ -401,6 +508,12 @@ def _what_fits_on_host(config, estimate: StepMemory, usable: float) -> str:
     ways.append(
       f"--config.batch_size={most * step} (at most {most} clips per device "
       "fit here)"
+    )
+  if planned is not None:
+    return (
+      f"the plan's verdict is above; to train on this CPU, "
+      f"{', or '.join(ways)}; python -m vidjax.compile --gpu NAME compiles "
+      "the step for a GPU without training it"
     )
   return (
     f"this is a GPU-sized run: on a CPU, {', or '.join(ways)}; to check it "

@@ -182,11 +182,7 @@ def build(plan: Plan) -> Run:
   to close), refusing one that does not fit.
   """
   config = plan.config
-  mesh = sharding.make_mesh(fsdp=config.fsdp)
-  task = tasks.get_task(config.task)
-  state, rest, steps = steps_lib.build_state_and_steps(
-    config, task, mesh, abstract=True
-  )
+  mesh, task, (state, rest, steps) = build_abstract(config)
   if "train" in plan.splits:  # Before compiling: a step that cannot fit.
     memory.check_step_fits(config, built=(state, rest, steps))
   stopping.check()
@@ -238,6 +234,22 @@ def build(plan: Plan) -> Run:
       state=run.data_state,
     )
   return run
+
+
+def build_abstract(config, devices=None) -> tuple:
+  """The run's mesh, task and abstract (state, rest, steps), as `build`
+  makes them: nothing computed or allocated (`steps.build_state_and_steps`
+  with `abstract=True`).
+
+  Args:
+    config: the run config, settled.
+    devices: the mesh's devices; default every device here
+      (`vidjax.compile` passes a GPU topology's, to compile for it).
+  """
+  mesh = sharding.make_mesh(fsdp=config.fsdp, devices=devices)
+  task = tasks.get_task(config.task)
+  built = steps_lib.build_state_and_steps(config, task, mesh, abstract=True)
+  return mesh, task, built
 
 
 def _check_files(config, splits: tuple[str, ...]) -> None:

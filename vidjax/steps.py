@@ -123,7 +123,15 @@ def _cached_accumulate(embed_fn, head_fn, accum: int, params, rest, batch, key):
   """
   micro = _microbatches(batch, accum)
   keys = jax.random.split(key, accum)
-  cached = jax.lax.map(lambda xs: embed_fn(params, rest, *xs), (micro, keys))
+  # The parameters enter the loop as its carry, not closed over: a model
+  # merged inside the loop from values of the trace outside it cannot run
+  # nnx.remat's blocks (flax's TraceContextError), so a remat policy
+  # failed to trace with accumulation (found compiling every recipe).
+  _, cached = jax.lax.scan(
+    lambda carried, xs: (carried, embed_fn(*carried, *xs)),
+    (params, rest),
+    (micro, keys),
+  )
   (loss, metrics), (grads, cotangents) = jax.value_and_grad(
     head_fn, argnums=(0, 2), has_aux=True
   )(params, rest, _whole_batch(cached), batch)

@@ -314,6 +314,13 @@ def is_out_of_memory(error: BaseException) -> bool:
   return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
+def is_default_tiles_rejected(error: BaseException) -> bool:
+  """Whether XLA's GPU compiler says its default Triton tiles fit no GEMM
+  of a shape (compiling without a GPU: nothing autotunes;
+  `vidjax.compile`)."""
+  return "Couldn't find output tile sizes" in str(error)
+
+
 def absl_flag_error(error: BaseException) -> str:
   """An absl flag parsing error without absl's 'flag ' prefix."""
   return str(error).removeprefix("flag ")
