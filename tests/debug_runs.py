@@ -130,6 +130,22 @@ def run(tmp_path_factory, name: str, *overrides: str) -> tuple[Path, dict]:
   return _runs[key]
 
 
+def teacher_override(tmp_path_factory) -> str:
+  """`umt_vitb_k400_pretrain.py:debug`'s teacher: the :debug CLIP
+  pretraining's run (`clip_vitb16_ego4d`, shared)."""
+  teacher, _ = run(tmp_path_factory, "clip_vitb16_ego4d")
+  return f"--config.model.teacher.source={teacher}"
+
+
+def umt(tmp_path_factory) -> tuple[Path, dict]:
+  """(workdir, final eval metrics) of the :debug UMT pretraining."""
+  return run(
+    tmp_path_factory,
+    "umt_vitb_k400_pretrain",
+    teacher_override(tmp_path_factory),
+  )
+
+
 def compiles(
   tmp_path_factory, name: str, *overrides: str
 ) -> collections.Counter:

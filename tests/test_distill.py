@@ -13,14 +13,22 @@ import numpy as np
 import pytest
 
 import debug_runs
-from vidjax import models, train
+from vidjax import (
+  config as config_lib,
+  models,
+  sharding,
+  steps as steps_lib,
+  tasks,
+  train,
+)
 from vidjax.base import errors
 from vidjax.checkpoints import checkpoint_reader, teacher as teacher_lib
 from vidjax.config import defaults
-from vidjax.models import spec as spec_lib, umt
+from vidjax.data import batches
+from vidjax.models import flops as flops_lib, shapes, spec as spec_lib, umt
 from vidjax.report import monitor
 from vidjax.tasks import distill
-from vidjax.weights import init_from, sources
+from vidjax.weights import init_from
 
 RECIPE = "umt_vitb_k400_pretrain"
 
@@ -109,7 +117,8 @@ def test_the_race_is_a_draw_without_replacement():
         assert abs(seen - want) < 0.01, (i, j, seen, want)
 
 
-def _tiny_clip():
+def _tiny_clip_tower():
+  """A CLIP's vision tower (one frame; class token, learned positions)."""
   spec = spec_lib.of(
     "clip",
     variant="Ti/8",
@@ -120,9 +129,8 @@ def _tiny_clip():
     num_frames=1,
     embed_dim=16,
     dtype="float32",
-    text=dict(vocab_size=64, width=16, heads=1, layers=1),
-  )
-  return models.build_model(spec, rngs=nnx.Rngs(3))
+  ).vision
+  return models.VisionTransformer(spec, rngs=nnx.Rngs(3))
 
 
 def _tiny_umt(**teacher):
@@ -136,19 +144,14 @@ def _tiny_umt(**teacher):
 
 
 def test_the_teacher_is_the_clip_towers_own_layers():
-  """The teacher loaded from a CLIP run's parameters returns the tower's
-  own blocks' outputs (its norm, projection, L2), and its last block's
+  """The teacher loaded from a CLIP's weights returns the tower's own
+  blocks' outputs (its norm, projection, L2), and its last block's
   class-token attention, the heads' mean, computed here from its weights."""
-  clip = _tiny_clip()
-  params = {
-    n: np.asarray(v)
-    for n, v in (
-      (".".join(map(str, p)), v.get_value())
-      for p, v in nnx.to_flat_state(nnx.state(clip, nnx.Param))
-    )
+  tower = _tiny_clip_tower()
+  visual = {
+    "visual." + ".".join(map(str, p)): np.asarray(v.get_value())
+    for p, v in nnx.to_flat_state(nnx.state(tower, nnx.Param))
   }
-  source = sources.vidjax_source(params, {}, "a tiny CLIP")
-  visual = {k: v for k, v in source.tensors.items() if k.startswith("visual.")}
   source = init_from.Source("clip", visual, {k: k for k in visual}, "tiny")
   model = _tiny_umt(
     variant="B/8", width=32, depth=3, heads=2, mlp_dim=128, embed_dim=16
@@ -156,29 +159,31 @@ def test_the_teacher_is_the_clip_towers_own_layers():
   graphdef, trained, rest = nnx.split(model, nnx.Param, ...)
   rest, _ = teacher_lib.load(rest, source)
   model = nnx.merge(graphdef, trained, rest)
-
   video = jax.random.normal(jax.random.key(5), (2, 2, 16, 16, 3))
-  features, attention = model.teach(video)
+  features, attention = nnx.jit(lambda m, v: m.teach(v))(model, video)
   assert features.shape == (2, 2, 2 * 4, 16) and attention.shape == (2, 2, 4)
 
-  tower = clip.visual
-  frames = video.reshape(4, 1, 16, 16, 3)
-  x = tower.pre_norm(tower.prepend_class_token(tower.embed(frames)))
-  outputs, inputs = [], []
-  for block in tower.blocks.layers:
-    inputs.append(x)
-    x = block(x, drop_rate=0.0, key=None)
-    outputs.append(x)
-  for k, hidden in enumerate(outputs[-2:]):
-    want = np.asarray(tower.proj(tower.norm(hidden)))[:, 1:]
+  @nnx.jit
+  def own_layers(tower, frames):
+    """Each block's input and output, the tower's own code."""
+    x = tower.pre_norm(tower.prepend_class_token(tower.embed(frames)))
+    inputs, outputs = [], []
+    for block in tower.blocks.layers:
+      inputs.append(x)
+      x = block(x, drop_rate=0.0, key=None)
+      outputs.append(x)
+    last = tower.blocks.layers[-1]
+    qkv = last.attn.qkv(last.norm1(inputs[-1]))
+    return [tower.proj(tower.norm(y)) for y in outputs], qkv
+
+  projected, qkv = own_layers(tower, video.reshape(4, 1, 16, 16, 3))
+  for k, hidden in enumerate(projected[-2:]):
+    want = np.asarray(hidden)[:, 1:]
     want = want / np.linalg.norm(want, axis=-1, keepdims=True)
     np.testing.assert_allclose(
       features[k], want.reshape(2, 8, 16), rtol=2e-5, atol=2e-6
     )
-  last = tower.blocks.layers[-1]
-  qkv = np.asarray(last.attn.qkv(last.norm1(inputs[-1]))).reshape(
-    4, 5, 3, 2, 16
-  )
+  qkv = np.asarray(qkv).reshape(4, 5, 3, 2, 16)
   logits = np.einsum("bhd,bkhd->bhk", qkv[:, 0, 0], qkv[:, :, 1]) / 4.0
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
@@ -193,12 +198,42 @@ def test_a_run_needs_a_teacher(tmp_path):
     teacher_lib.read(config)
 
 
+def test_the_teacher_counts_forward_only_in_the_flops():
+  """UMT ViT-B/16: 8 frames through the teacher (a ViT-B/16 forward each),
+  the student on 8 x 40 kept tokens; training is 3x the student's forward
+  and 1x the teacher's."""
+  config = config_lib.load_config(str(debug_runs.CONFIGS / f"{RECIPE}.py"))
+  flops = flops_lib.flops_per_example(config.model)
+  assert shapes.attention_shapes(config.model)["vision"].tokens == 8 * 40
+  image = flops_lib.transformer_flops(197, 768, 12, 3072)
+  embed = 2 * 196 * 16 * 16 * 3 * 768
+  projection = 2 * 6 * 196 * 768 * 512
+  assert flops["teacher"] == 8 * (image + embed + projection)
+  student = flops["vision"] + flops["align"]
+  assert flops["training"] == 3 * student + flops["teacher"]
+  # 0.47 TFLOP per clip, 61% of it the teacher's forward.
+  assert 0.60 < flops["teacher"] / flops["training"] < 0.62
+
+
+def test_repeated_views_and_microbatches_trace():
+  """`data.repeats` (the teacher on every view) and `accum_steps` (the
+  mean over examples of microbatches) on the :debug recipe's step."""
+  config = debug_runs.load(
+    RECIPE, "--config.data.repeats=2", "--config.accum_steps=2"
+  )
+  mesh = sharding.make_mesh(fsdp=1)
+  task = tasks.get_task(config.task)
+  state, rest, steps = steps_lib.build_state_and_steps(
+    config, task, mesh, abstract=True
+  )
+  batch = batches.batch_spec(config, 8)
+  (loss, _), grads = jax.eval_shape(
+    steps.gradients, state["params"], rest, batch, jax.random.key(0)
+  )
+  assert loss.shape == () and set(grads) == {"encoder", "align"}
+
+
 # ------------------------------------------------------- the :debug recipe
-
-
-def _teacher_run(tmp_path_factory):
-  """The :debug CLIP pretraining (shared with test_configs, test_handoff)."""
-  return debug_runs.run(tmp_path_factory, "clip_vitb16_ego4d")[0]
 
 
 def _losses(workdir) -> list[float]:
@@ -211,8 +246,8 @@ def _losses(workdir) -> list[float]:
 def test_debug_resumes_exactly_after_sigterm_and_never_trains_its_teacher(
   tmp_path, tmp_path_factory, monkeypatch
 ):
-  source = f"--config.model.teacher.source={_teacher_run(tmp_path_factory)}"
-  uninterrupted, final = debug_runs.run(tmp_path_factory, RECIPE, source)
+  source = debug_runs.teacher_override(tmp_path_factory)
+  uninterrupted, final = debug_runs.umt(tmp_path_factory)
   expected = _losses(uninterrupted)
   assert len(expected) == 2 and np.all(np.isfinite(expected))
   assert np.isfinite(final["eval/loss"])
@@ -272,8 +307,7 @@ def test_debug_resumes_exactly_after_sigterm_and_never_trains_its_teacher(
 def test_its_checkpoint_starts_k400_ft_with_the_students_weights(
   tmp_path, tmp_path_factory
 ):
-  source = f"--config.model.teacher.source={_teacher_run(tmp_path_factory)}"
-  pretrained, _ = debug_runs.run(tmp_path_factory, RECIPE, source)
+  pretrained, _ = debug_runs.umt(tmp_path_factory)
   config = debug_runs.load("k400_ft", f"--config.init_from={pretrained}")
   workdir = debug_runs.prepare(config, tmp_path / "ft", tmp_path_factory)
   run = train.setup(config, workdir)
