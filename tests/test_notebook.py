@@ -66,7 +66,16 @@ def test_quickstart_runs_headless(tmp_path, monkeypatch):
   assert (workdir / "plots" / "loss.png").exists()
   # Its videos indexed and searched (vidjax.search.embed, vidjax.search).
   assert re.search(r"indexed \d+ videos", text), text
-  assert "right video first for" in text
+  # Its showcase shows what search does: on the held-out videos alone, most
+  # held-out captions find their own video first, far above chance.
+  found = re.search(
+    r"right video first for (\d+) of (\d+) held-out captions \(chance "
+    r"about ([\d.]+)",
+    text,
+  )
+  assert found, text
+  right, total, chance = int(found[1]), int(found[2]), float(found[3])
+  assert right / total > max(0.5, chance + 0.25), found[0]
   assert (workdir / "index" / "embeddings.npy").exists()
   assert (workdir / "hits.html").exists()
 
