@@ -20,6 +20,7 @@ from vidjax import (
   tasks,
   train,
 )
+from vidjax.base import errors
 from vidjax.checkpoints import checkpoint, checksums
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,3 +98,40 @@ def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
     resumed.config.model.remat = "full"
   assert resumed.config.to_dict() == plan.config.to_dict()
   assert not config.data.root  # (The synthetic corpus: the run's copy.)
+
+
+def test_a_gpu_recipe_on_a_cpu_without_paths_says_everything_in_one_run(
+  tmp_path,
+):
+  # clip_vitb16_ego4d.py as typed from the docs on a CPU: every unset path
+  # (the set its best checkpoint is kept by too) and the memory verdict,
+  # naming the CPU variants, in one refusal at start-up (nothing compiled).
+  config = config_lib.load_config(str(REPO / "configs/clip_vitb16_ego4d.py"))
+  with pytest.raises(errors.ConfigError) as refused:
+    startup.resolve(config, tmp_path / "run", splits=("train", "eval"))
+  said = refused.value.describe()
+  assert said.startswith("2 things to fix before this run can start:"), said
+  for unset in (
+    "data.root = '' (unset)",
+    "data.train_annotations = '' (unset)",
+    "eval.sets.ek100_mir.data.eval_annotations = '' (unset)",
+    "the training step will not fit in this host's memory",
+    ",cpu, or a recipe's :debug",
+  ):
+    assert unset in said, said
+  assert refused.value.exit_code == 2
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_pickle_without_the_opt_in_is_said_with_the_paths(tmp_path):
+  config = config_lib.load_config(
+    str(REPO / "configs/clip_vitb16_ego4d.py:debug"),
+    ["data.train_annotations=/data/ego4d_train.pkl", "data.root=/data/chunks"],
+  )
+  with pytest.raises(errors.ConfigError) as refused:
+    startup.resolve(config, tmp_path / "run", splits=("train", "eval"))
+  said = refused.value.describe()
+  assert said.startswith("2 things to fix"), said
+  assert "data.root = '/data/chunks' (not found)" in said
+  assert "data.train_annotations name pickles" in said
+  assert "--config.data.allow_pickle=True" in said

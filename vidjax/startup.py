@@ -126,7 +126,7 @@ def resolve(
   synthetic.prepare(config, workdir)
   stopping.check()  # Between the phases: a SIGTERM/Ctrl-C stops here.
   if splits:
-    _check_files(config, splits)
+    _check_start_up(config, splits)
   needs_text = defaults.needs_text(config.task)
   tokenizer = checks.load_tokenizer(config) if needs_text else None
   reports = (
@@ -250,6 +250,63 @@ def build_abstract(config, devices=None) -> tuple:
   task = tasks.get_task(config.task)
   built = steps_lib.build_state_and_steps(config, task, mesh, abstract=True)
   return mesh, task, built
+
+
+def _check_start_up(config, splits: tuple[str, ...]) -> None:
+  """What the config alone decides, said together in one run before any file
+  is read or anything compiled: the files `splits` read (every unset or
+  missing path), pickles without the opt-in, and, with either, whether the
+  training step fits this machine (a GPU recipe typed on a CPU).
+
+  Raises:
+    errors.ConfigError: every problem found, each with its hint (one
+      problem: its own error).
+  """
+  found: list[errors.UserError] = []
+  try:
+    _check_files(config, splits)
+  except errors.PathError as e:
+    found.append(e)
+  pickles = [
+    f"data.{k}"
+    for k in ("train_annotations", "train_relevancy")
+    if "train" in splits
+    and str(config.data[k]).endswith(".pkl")
+    and not config.data.allow_pickle
+  ]
+  if pickles:
+    found.append(
+      errors.ConfigError(
+        f"{' and '.join(pickles)} name pickles: unpickling can run code "
+        "stored in a file",
+        hint="pass --config.data.allow_pickle=True if you trust them, or "
+        "convert them once (python -m vidjax.data.annotations convert-ego4d "
+        "SRC OUT --allow-pickle)",
+      )
+    )
+  if found and "train" in splits:
+    # Sizes the data decide later (0: the vocabulary's, the labels'): CLIP's
+    # vocabulary and one class, for the estimate only.
+    sized = config_lib.copy(config)
+    text = sized.model.get("text")
+    if text is not None and not text.vocab_size:
+      text.vocab_size = defaults.VOCAB_SIZE
+    if "num_classes" in sized.model and not sized.model.num_classes:
+      sized.model.num_classes = 1
+    try:  # Abstract: seconds, nothing compiled.
+      memory.check_step_fits(sized)
+    except errors.UserError as e:
+      found.append(e)
+  if len(found) == 1:
+    raise found[0]
+  if found:
+    raise errors.ConfigError(
+      f"{len(found)} things to fix before this run can start:\n"
+      + "\n".join(
+        f"{i}. " + e.describe().replace("\n", "\n   ")
+        for i, e in enumerate(found, 1)
+      )
+    )
 
 
 def _check_files(config, splits: tuple[str, ...]) -> None:

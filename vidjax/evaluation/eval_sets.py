@@ -94,7 +94,8 @@ def eval_sets(config: ml_collections.ConfigDict) -> list[EvalSet]:
 def required_paths(
   config: ml_collections.ConfigDict, needs_text: bool
 ) -> list[str]:
-  """Config keys of the files a run reads: training data and every set's."""
+  """Config keys of the files a run reads: training data and every set's
+  (with no set to evaluate, the one the run's best checkpoint is kept by)."""
   keys = ["data.root", "data.train_annotations"]
   keys += ["data.vocab"] if needs_text else []
   keys += [
@@ -120,20 +121,33 @@ def required_paths(
       for k in ("classes", "train_annotations")
       if (spec.data.get(k) if es.name else k == "classes" and config.data[k])
     ]
+  if config.eval.sets and not eval_sets(config):
+    # Every named set skipped and no main one: nothing would evaluate. The
+    # set the run keeps its best checkpoint by is named (else the first).
+    best = config.checkpoint.get("best_metric") or ""
+    name = next(
+      (n for n in config.eval.sets if best.startswith(f"eval/{n}/")),
+      next(iter(config.eval.sets)),
+    )
+    keys.append(f"eval.sets.{name}.data.eval_annotations")
   return keys
 
 
 def check_files(config: ml_collections.ConfigDict) -> None:
   """Start-up checks beyond existence: relevancy shapes against the clips
   and captions they go with; says which named sets are skipped."""
-  for name, spec in config.eval.sets.items():
-    if not spec.data.eval_annotations:
-      logging.warning(
-        "evaluation set %r skipped: set eval.sets.%s.data."
-        "eval_annotations (and its other files) to run it",
-        name,
-        name,
-      )
+  skipped = [
+    name
+    for name, spec in config.eval.sets.items()
+    if not spec.data.eval_annotations
+  ]
+  if skipped:  # One line, however many.
+    logging.warning(
+      "evaluation set%s %s skipped: set eval.sets.NAME.data."
+      "eval_annotations (and its other files) to run one",
+      "s" if len(skipped) > 1 else "",
+      ", ".join(skipped),
+    )
   for es in eval_sets(config):
     c = es.config
     if c.eval.kind:
