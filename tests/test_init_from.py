@@ -110,6 +110,10 @@ def test_videomae_to_classifier_drops_the_decoder_and_starts_fc_norm_fresh():
   assert "encoder.blocks.layers.0.attn.qkv.bias" in values
 
 
+def small_clip_text() -> dict:
+  return dict(vocab_size=50, context_length=12, width=64, heads=1, layers=1)
+
+
 def small_clip(embed_dim, **keys):
   """A CLIP of ViT-64/8 (2 blocks) and a 64-wide text tower of 1 block."""
   keys = {
@@ -121,7 +125,7 @@ def small_clip(embed_dim, **keys):
       heads=1,
       image_size=16,
       num_frames=4,
-      text=dict(vocab_size=50, context_length=12, width=64, heads=1, layers=1),
+      text=small_clip_text(),
       drop_path=0.0,
       dtype="float32",
     ),
@@ -164,6 +168,17 @@ def test_misfits_are_named_projections_start_fresh_where_they_do_not_fit():
   assert "visual.proj.kernel" in values and "text.proj.kernel" not in values
   assert report.fresh["text.proj.kernel"] == "config.init_keep"
   assert report.dropped["text_projection"] == "config.init_keep"
+  # A text tower of another width alone: init_keep for it can work.
+  with pytest.raises(init_from.InitFromError) as error:
+    init_from.fill(
+      shapes(small_clip(16, text=dict(small_clip_text(), width=32))),
+      conversion.convert(sd),
+      "clip",
+    )
+  assert error.value.hint == (
+    "to start that part fresh instead, name it in config.init_keep: "
+    "--config.init_keep=\"('text.',)\""
+  )
   with pytest.raises(
     init_from.InitFromError,
     match="holds a videomae model; it cannot initialise a clip model",
@@ -253,3 +268,28 @@ def test_a_directory_without_a_vidjax_checkpoint_is_named(tmp_path):
     r"checkpoint.*name it: \['model.safetensors'\]",
   ):
     resume.read_init_from(str(tmp_path))
+
+
+def test_weights_of_another_architecture_are_named_so_in_two_lines():
+  # The demo's tiny CLIP into a wider, deeper recipe: both towers misfit.
+  # Said as another architecture, side by side, with a hint that can work
+  # (not config.init_keep), before anything compiles (startup.build fits
+  # the weights to the abstract state first).
+  source = conversion.convert(random_clip_state_dict(layers=1), "tiny.pt")
+  wide = small_clip(
+    16, width=128, depth=3, text=dict(small_clip_text(), width=96)
+  )
+  with pytest.raises(init_from.InitFromError) as error:
+    init_from.fill(shapes(wide), source, "clip")
+  lines = str(error.value).splitlines()
+  assert lines[0].startswith(
+    "tiny.pt (OpenAI/OpenCLIP CLIP) holds another architecture than the "
+    "configured clip model ("
+  ), lines
+  assert lines[1] == (
+    "  the weights: text 1 layers, visual 1 layers; the model: text 1 "
+    "layers, visual 3 layers"
+  )
+  assert lines[2].startswith("  e.g. ") and len(lines) == 3
+  assert "init_keep" not in error.value.hint
+  assert "the recipe it trained with" in error.value.hint

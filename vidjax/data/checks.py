@@ -377,6 +377,9 @@ def check_annotations(
     s: data.train_annotations if s == "train" else data.eval_annotations
     for s in splits
   }
+  # Unset: no such set (the evaluation is its named sets'): not checked.
+  splits = [s for s in splits if paths[s]]
+  paths = {s: paths[s] for s in splits}
   files = list(paths.values())
   if needs_label:  # num_classes comes from the training labels.
     files += [p for p in (data.train_annotations, data.eval_annotations) if p]
@@ -393,8 +396,8 @@ def check_annotations(
         if data.format in annotations.FORMATS
         else "see docs/data.md for the formats",
       ) from None
-  for split in splits:  # Unset: no such set (named evaluation sets only).
-    if paths[split] and not records[paths[split]]:
+  for split in splits:
+    if not records[paths[split]]:
       raise errors.DataFileError(
         f"{paths[split]}: no annotation rows",
         hint=f"data.{split}_annotations should name a file with clips",

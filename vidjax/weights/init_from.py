@@ -20,9 +20,11 @@ What the source computes beyond its tensors (activation, LayerNorm eps,
 pooling, temperature: `Source.facts`) sets the model's config before the
 model is built (`vidjax.weights.facts`).
 
-`load_params` puts each tensor on the sharding of the live parameter it
-replaces (the model is never built a second time); a `Report` says what was
-loaded, resized, dropped and left at its initial value.
+`load_params` (`fit_params`, then `place_params`: a run fits the weights to
+its abstract state before compiling) puts each tensor on the sharding of the
+live parameter it replaces (the model is never built a second time); a
+`Report` says what was loaded, resized, dropped and left at its initial
+value.
 """
 
 from __future__ import annotations
@@ -342,7 +344,7 @@ def fill(
       name, value = tensors[present[0]][1], tensors[present[0]][0]
       why = _match(path, change.fresh)
       if why is None:
-        mismatched.append(f"{name} {value.shape} -> {path} {tuple(shape)}")
+        mismatched.append((name, value.shape, path, tuple(shape)))
       else:
         report.dropped[name] = f"{value.shape} does not fit {tuple(shape)}"
         report.fresh[path] = why
@@ -363,28 +365,91 @@ def fill(
       unexpected.append(tensors[path][1])
   if missing or unexpected or mismatched:
     raise InitFromError(
-      _problems(source, kind, missing, unexpected, mismatched, keep_init)
+      *_problems(
+        source,
+        kind,
+        missing,
+        unexpected,
+        mismatched,
+        keep_init,
+        tensors,
+        target,
+      )
     )
   return values, report
 
 
-def _problems(source, kind, missing, unexpected, mismatched, keep_init) -> str:
+_SHOWN = 3  # Names shown per kind of problem; the rest are counted.
+
+
+def _layers(names, depth_of=None) -> dict[str, int]:
+  """{tower: layers}: from per-layer names ('visual.blocks.layers.3.mlp...'),
+  and with `depth_of` {path: shape} from stacked paths' leading axis."""
+  out: dict[str, int] = {}
+  for path, shape in (depth_of or {}).items():
+    if is_stacked(path):
+      tower = path.split(".")[0]
+      out[tower] = max(out.get(tower, 0), shape[0])
+  for name in names:
+    found = re.match(r"([^.]+)\..*?\.layers\.(\d+)\.", name)
+    if found:
+      tower = found[1]
+      out[tower] = max(out.get(tower, 0), int(found[2]) + 1)
+  return out
+
+
+def _problems(
+  source, kind, missing, unexpected, mismatched, keep_init, tensors, target
+) -> tuple[str, str]:
+  """(message, hint) for weights that do not fit: a few names of each kind
+  of problem; weights of another architecture (misfits in two towers, or
+  other depths) named as such, both side by side, with a hint that can
+  work; a misfit in one tower: config.init_keep for it."""
+
   def listing(title, names):
-    shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    shown = ", ".join(names[:_SHOWN]) + more
     return f"\n  {title} ({len(names)}): {shown}" if names else ""
 
+  misfits = [f"{n} {a} -> {p} {b}" for n, a, p, b in mismatched]
+  towers = {p.split(".")[0] for p in missing} | {
+    p.split(".")[0] for _, _, p, _ in mismatched
+  }
+  theirs, ours = _layers(tensors), _layers(target, target)
+  other_depth = any(theirs.get(t, n) != n for t, n in ours.items())
+  if len(towers) > 1 or (other_depth and mismatched):
+
+    def sizes(layers):
+      return ", ".join(f"{t} {n} layers" for t, n in sorted(layers.items()))
+
+    example = (
+      f"\n  e.g. {mismatched[0][2]}: {mismatched[0][1]} in the weights, "
+      f"{mismatched[0][3]} in the model"
+      if mismatched
+      else ""
+    )
+    return (
+      f"{source.description} holds another architecture than the "
+      f"configured {kind} model ({len(missing)} tensors missing, "
+      f"{len(mismatched)} of other shapes):\n  the weights: "
+      f"{sizes(theirs) or '?'}; the model: {sizes(ours) or '?'}" + example,
+      "configure the weights' architecture (a vidjax run's: the recipe it "
+      "trained with, e.g. configs/demo.py for the demo's), or start from "
+      "weights of this one",
+    )
   hint = ""
   if mismatched and not keep_init:
+    (tower,) = towers
     hint = (
-      "\n  (to start a part of another size fresh, name it in "
-      "config.init_keep, e.g. ('text.',) for the whole text tower)"
+      "to start that part fresh instead, name it in config.init_keep: "
+      f"--config.init_keep=\"('{tower}.',)\""
     )
   return (
     f"{source.description} does not fit the {kind} model:"
     + listing("missing", sorted(missing))
     + listing("unexpected", sorted(unexpected))
-    + listing("shapes differ", mismatched)
-    + hint
+    + listing("shapes differ", misfits),
+    hint,
   )
 
 
@@ -399,27 +464,28 @@ def layer_names(path: str, depth: int) -> list[str]:
   return [path.replace(".layers.", f".layers.{i}.", 1) for i in range(depth)]
 
 
-def load_params(
+def fit_params(
   params,
   model_config,
   source: Source,
   *,
   keep_init=(),
   patch_inflation: str = "center",
-):
-  """Fills a live parameter tree; each loaded array lands on its sharding.
+) -> tuple[dict[str, np.ndarray], Report]:
+  """The source's arrays fitted to a parameter tree's shapes (`fill`),
+  before anything is initialised or compiled: weights that do not fit are
+  refused here.
 
   Args:
-    params: the model's parameters (an nnx.State of jax.Arrays, e.g. from
-      the sharded train state, or of ShapeDtypeStructs).
+    params: the model's parameters: an nnx.State of jax.Arrays or of
+      ShapeDtypeStructs (the abstract state: only shapes are read).
     model_config: `config.model` (its `name` and `tubelet` are read).
     source: from `vidjax.checkpoints.resume.read_start`.
     keep_init: see `fill` (`config.init_keep`).
     patch_inflation: see `fill`.
 
   Returns:
-    (params with the loaded values, `Report`). Parameters the source does
-    not provide keep their value.
+    ({parameter name: array of its shape}, `Report`), for `place_params`.
   """
   if model_config.name == "classifier" and model_config.backbone not in (
     "",
@@ -430,18 +496,23 @@ def load_params(
       "backbone but config.model.backbone is "
       f"{model_config.backbone!r}"
     )
-  leaves = {
-    keypaths.name(k): v
-    for k, v in jax.tree_util.tree_flatten_with_path(params)[0]
-  }
-  values, report = fill(
-    {name: leaf.shape for name, leaf in leaves.items()},
+  return fill(
+    {
+      keypaths.name(k): leaf.shape
+      for k, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    },
     source,
     model_config.name,
     tubelet=model_config.tubelet,
     keep_init=keep_init,
     patch_inflation=patch_inflation,
   )
+
+
+def place_params(params, values: dict[str, np.ndarray]):
+  """`params` with `fit_params`'s arrays in place, each on its leaf's
+  sharding (every process holds the whole array; each device takes its
+  slice); the others keep their value."""
 
   def put(keypath, leaf):
     value = values.get(keypaths.name(keypath))
@@ -451,12 +522,22 @@ def load_params(
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
       return jnp.asarray(value)
-    # Every process holds the whole array; each device takes its slice.
     return jax.make_array_from_callback(
       value.shape, sharding, lambda index: value[index]
     )
 
-  return jax.tree_util.tree_map_with_path(put, params), report
+  return jax.tree_util.tree_map_with_path(put, params)
+
+
+def load_params(params, model_config, source: Source, **kw):
+  """Fills a live parameter tree: `fit_params` then `place_params`.
+
+  Returns:
+    (params with the loaded values, `Report`). Parameters the source does
+    not provide keep their value.
+  """
+  values, report = fit_params(params, model_config, source, **kw)
+  return place_params(params, values), report
 
 
 def build(make: Callable[[], nnx.Module], source: Source, kind: str, **kw):
