@@ -21,7 +21,8 @@ reads with its default, and states only what differs:
 Top-level keys of the base config (sections are documented where they are
 read):
   seed            seeds the parameters, the data order and the augmentations
-  task            'contrastive' | 'retrieval' | 'mae' | 'classification'
+  task            'contrastive' | 'retrieval' | 'mae' | 'classification' |
+                  'distill'
   total_steps     optimizer steps of the run
   total_epochs    > 0: replaces total_steps by as many epochs of the checked
                   training records, at start-up (so do `eval.every_epochs`

@@ -1,8 +1,9 @@
 """Training objectives: one module per task, each a `Task`.
 
 `get_task(config.task)` returns the task's module (`contrastive`,
-`retrieval`, `mae`, `classification`); a module is a `Task` by having the
-functions below (a `typing.Protocol`, checked by type checkers and by
+`retrieval`, `mae`, `classification`, `distill`); a module is a `Task`
+by having the functions below (a `typing.Protocol`, checked by type
+checkers and by
 `isinstance`). Contrastive tasks are also `EmbeddingTask`s (their loss
 couples the batch: `vidjax.steps` accumulates it by GradCache). Retrieval
 tasks are also `RetrievalTask`s, which
