@@ -15,6 +15,8 @@ from vidjax.data.annotations import ek100, ek100_classes
 from vidjax.report import monitor
 
 SMS = "ek100_mir_ft:sms"
+# The :debug corpus, made once in the group's process.
+pytestmark = pytest.mark.xdist_group("debug_runs")
 
 
 def _losses(workdir):

@@ -15,7 +15,8 @@ Config keys (`vidjax.config.defaults.optim_config()` has them all):
   schedule: 'cosine' (to min_lr at total_steps) or 'constant' (after warmup).
   weight_decay: decoupled for AdamW and Lion, added to the gradient for SGD.
     Never applied to params whose path matches `no_decay_names` or that have
-    fewer than 2 dims (biases, norm scales, scalars).
+    fewer than 2 dims (biases, norm scales, scalars), but for
+    `DECAYED_VECTORS` (AVION decays them).
   no_decay_names: substrings of a param path that exclude it from decay.
   b1, b2: AdamW/Lion betas. eps: AdamW epsilon.
   momentum, nesterov: SGD momentum; nesterov also selects NAdamW for 'adamw'.
@@ -27,6 +28,8 @@ Config keys (`vidjax.config.defaults.optim_config()` has them all):
   embed_regex: regex for embedding params (layer id 0).
   mu_dtype: dtype of first moments / momentum, e.g. 'bfloat16'; '' keeps the
     params' dtype.
+  frozen: parameter path prefixes (e.g. 'encoder') never updated: no step,
+    no weight decay, no optimizer state (a probe's frozen encoder).
 
 Param paths are the pytree key path joined with '/', with the '.value' that
 flax nnx Variables add dropped: 'blocks/3/attn/qkv/kernel'. Layer ids follow
@@ -51,6 +54,9 @@ from vidjax.base import keypaths
 from vidjax.config import defaults
 
 LayerIdFn = Callable[[str, int], int]
+# Vectors here that the released layouts hold as [1, 1, D] (VideoMAE's
+# mask_token): AVION's rule (2 dims or more) decays them, so ours does.
+DECAYED_VECTORS = ("mask_token",)
 
 
 def decay_mask(params, no_decay_names: Sequence[str]):
@@ -58,7 +64,8 @@ def decay_mask(params, no_decay_names: Sequence[str]):
 
   def decays(path, x):
     name = keypaths.name(path, "/")
-    return len(jnp.shape(x)) >= 2 and not any(s in name for s in no_decay_names)
+    shaped = len(jnp.shape(x)) >= 2 or name.split("/")[-1] in DECAYED_VECTORS
+    return shaped and not any(s in name for s in no_decay_names)
 
   return jax.tree_util.tree_map_with_path(decays, params)
 
@@ -278,4 +285,24 @@ def make_optimizer(
         config.layer_regex,
       )
     )
-  return optax.chain(*parts), schedule
+  tx = optax.chain(*parts)
+  if config.get("frozen"):
+    tx = optax.multi_transform(
+      {"train": tx, "frozen": optax.set_to_zero()},
+      lambda params: frozen_labels(params, tuple(config.frozen)),
+    )
+  return tx, schedule
+
+
+def frozen_labels(params, prefixes: Sequence[str]):
+  """Pytree of 'frozen' (path under one of `prefixes`) or 'train'."""
+
+  def label(path, x):
+    del x
+    name = keypaths.name(path, "/")
+    under = any(
+      name == p or name.startswith(p.rstrip("/") + "/") for p in prefixes
+    )
+    return "frozen" if under else "train"
+
+  return jax.tree_util.tree_map_with_path(label, params)

@@ -46,7 +46,7 @@ from vidjax.base import errors, stopping
 from vidjax.checkpoints import resume, teacher as teacher_lib
 from vidjax.config import defaults
 from vidjax.data import checks, pipeline, synthetic, tokenizer as tokenizer_lib
-from vidjax.evaluation import eval_sets
+from vidjax.evaluation import eval_sets, feature_cache
 from vidjax.weights import facts, init_from
 
 
@@ -183,14 +183,6 @@ def build(plan: Plan) -> Run:
   """
   config = plan.config
   mesh, task, (state, rest, steps) = build_abstract(config)
-  fitted = None
-  if plan.start.kind == "init_from":  # Before compiling: weights that misfit.
-    fitted = init_from.fit_params(
-      state["params"],
-      config.model,
-      plan.source,
-      keep_init=tuple(config.init_keep),
-    )
   if "train" in plan.splits:  # Before compiling: a step that cannot fit.
     memory.check_step_fits(config, built=(state, rest, steps))
   stopping.check()
@@ -218,14 +210,24 @@ def build(plan: Plan) -> Run:
   if plan.teacher is not None:  # Frozen: in `rest`, never trained or saved.
     run.rest, _ = teacher_lib.load(run.rest, plan.teacher)
   if start.kind == "init_from":  # Parameters only, onto their shardings.
-    values, run.init_report = fitted
-    params = init_from.place_params(run.state["params"], values)
+    params, run.init_report = init_from.load_params(
+      run.state["params"],
+      config.model,
+      plan.source,
+      keep_init=tuple(config.init_keep),
+    )
     run.init_report.settled = plan.settled
     run.state = dict(run.state, params=params)
   if "train" in plan.reports:
     run.train_records = plan.reports["train"].kept_records()
   stopping.check()
-  if "train" in plan.splits and run.train_records:
+  if "train" in plan.splits and run.train_records and config.model.get("probe"):
+    # A probe trains on its frozen encoder's features, cached by the first
+    # batch it asks for.
+    run.train_batches = feature_cache.FeatureBatches(
+      run, config, run.data_state
+    )
+  elif "train" in plan.splits and run.train_records:
     # Before anything is written: refuses a saved data position that does
     # not fit. (No rows left: `checks.report` says why.)
     run.train_batches = pipeline.make_pipeline(

@@ -221,6 +221,10 @@ class Steps:
   embed: Callable[[Any, Any, Batch, jax.Array], dict] | None = None
   unmasked_train: TrainStep | None = None
   unmask_start: int | None = None
+  # A probe's (params, rest, raw eval batch) -> {features, label, index,
+  # view, valid}: the frozen encoder's features it trains on
+  # (`vidjax.evaluation.feature_cache`).
+  features: Callable[[Any, Any, Batch], dict[str, jax.Array]] | None = None
 
   def train_at(self, step: int) -> TrainStep:
     """The training step to run from a state at `step`."""
@@ -313,6 +317,12 @@ def make_steps(
   def text_step(params, rest, tokens):
     return nnx.merge(graphdef, params, rest).encode_text(tokens)
 
+  def features_step(params, rest, batch):
+    batch = eval_augment(batch, jax.random.key(0))
+    features = nnx.merge(graphdef, params, rest).features(batch["video"])
+    keys = EVAL_KEYS + ("label",)
+    return {"features": features, **{k: batch[k] for k in keys}}
+
   def raw_batch_loss(params, rest, batch, key):
     aug_key, drop_key = jax.random.split(key)
     return loss_fn(params, rest, train_augment(batch, aug_key), drop_key)
@@ -355,6 +365,13 @@ def make_steps(
       out_shardings=batch,
     ),
     text=jax.jit(text_step),
+    features=jax.jit(
+      features_step,
+      in_shardings=(state_shardings["params"], rest_shardings, batch),
+      out_shardings=batch,
+    )
+    if config.model.get("probe")
+    else None,
   )
 
 

@@ -347,6 +347,8 @@ def make_augment(
   repeats, view_spec = int(config["repeats"]), config["views"]
 
   def augment(batch: dict[str, Array], key: Array) -> dict[str, Array]:
+    if "video" not in batch and "features" in batch:
+      return dict(batch)  # A probe's cached features: the model's input.
     if "video" not in batch:
       raise KeyError(f"augment: batch has no 'video' (keys: {sorted(batch)})")
     if repeats > 1:  # A key of its own: the other draws stay as at R=1.

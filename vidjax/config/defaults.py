@@ -113,6 +113,10 @@ MODES = ("train", "eval")  # `python -m vidjax.main --mode`.
 # positive's relevancy, and SMS; the last two read every in-batch pair's
 # relevancy from the training matrix's classes.
 LOSSES = ("max_margin", "relevancy_max_margin", "sms")
+# `model.probe` of a classifier (`vidjax.models.videomae.Classifier`): none
+# (fine-tuning), the head on the frozen averaged patch tokens, or an attentive probe
+# over the frozen patch tokens (V-JEPA 2's evaluations).
+PROBES = ("", "linear", "attentive")
 
 
 def choices(config) -> dict[str, tuple]:
@@ -145,6 +149,7 @@ def choices(config) -> dict[str, tuple]:
     "eval.kind": EVAL_KINDS,
     "eval.views": VIEW_REDUCTIONS,
     "loss.name": LOSSES,
+    "model.probe": PROBES,
   }
 
 
@@ -303,6 +308,9 @@ def model_config(name: str = "clip") -> ml_collections.ConfigDict:
     config.head_ln_eps = config_dict.placeholder(float)
     config.head_dropout = 0.0
     config.head_init_scale = 0.001
+    # '' fine-tunes the whole model; 'linear' or 'attentive' trains a probe
+    # on the frozen encoder's features, cached once (`PROBES`).
+    config.probe = ""
   return config
 
 
@@ -343,6 +351,9 @@ def optim_config() -> ml_collections.ConfigDict:
       min_lr=1e-6,
       warmup_steps=0,
       warmup_lr=0.0,  # Where the warmup starts (AVION's --lr-start).
+      # Parameter path prefixes left as they are (e.g. a probe's frozen
+      # "encoder"): no update, no weight decay, no optimizer state.
+      frozen=(),
       schedule="cosine",
       weight_decay=0.05,
       no_decay_names=(

@@ -307,11 +307,15 @@ def batch_spec(
     dict of `jax.ShapeDtypeStruct`: video uint8[B, T, H, W, 3]; tokens
     int32[B, L] for video-text tasks (L: `model.text.context_length`);
     label int32[B] for classification (and verb, noun for data.format
-    'ek100_cls'); with a relevancy-aware loss in training, verb,
+    'ek100_cls'); a probe's training batches (`model.probe`) hold its
+    cached `features` float32[B, D] (attentive: [B, N, D], N patch
+    tokens) instead of video; with a relevancy-aware loss in training, verb,
     relevancy_row, relevancy_column, caption_verb int32[B] and nouns,
     caption_nouns int32[B, data.max_nouns]; index, view, skipped int32[B];
     valid bool[B].
   """
+  if train and config.model.get("probe"):
+    return _probe_batch_spec(config, batch_size)
   text = config.model.get("text")
   repeats = config.data.get("repeats", 1) if train else 1
   batch_size //= repeats
@@ -325,3 +329,25 @@ def batch_spec(
     k: jax.ShapeDtypeStruct((batch_size,) + shape, dtype)
     for k, (shape, dtype) in spec.items()
   }
+
+
+def _probe_batch_spec(
+  config: ml_collections.ConfigDict, batch_size: int
+) -> dict[str, jax.ShapeDtypeStruct]:
+  """A probe's training batches: the frozen encoder's cached features
+  (`vidjax.evaluation.feature_cache`), label, index, view, valid."""
+  model, data = config.model, config.data
+  sizes = defaults.parse_variant(model.variant)
+  width = model.get("width") or sizes["width"]
+  shape = (width,)
+  if model.probe == "attentive":
+    height, wide = (
+      data.size if isinstance(data.size, (tuple, list)) else ((data.size,) * 2)
+    )
+    patch = sizes["patch_size"]
+    frames = data.num_frames // model.get("tubelet", 1)
+    shape = (frames * (height // patch) * (wide // patch), width)
+  out = {"features": ((batch_size, *shape), np.float32)}
+  out.update({k: ((batch_size,), np.int32) for k in ("label", "index", "view")})
+  out["valid"] = ((batch_size,), np.bool_)
+  return {k: jax.ShapeDtypeStruct(*v) for k, v in out.items()}

@@ -236,12 +236,16 @@ class ClassifierSpec:
     num_classes: the head's size.
     head_dropout: dropout before the head.
     head_init_scale: the head's init std is 0.02 x this.
+    probe: '' (fine-tune everything), or a probe on the frozen encoder:
+      'linear' (the head on the averaged patch tokens) or 'attentive'
+      (`probe.AttentiveProbe` over the patch tokens); `defaults.PROBES`.
   """
 
   encoder: Vision
   num_classes: int
   head_dropout: float = 0.0
   head_init_scale: float = 0.001
+  probe: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from vidjax.models.probe import AttentiveProbe
 from vidjax.models.transformer import Transformer, dropout_stream
 from vidjax.models.vit import VisionTransformer, patchify, sincos_table
 
@@ -220,6 +221,11 @@ class Classifier(nnx.Module):
   `head` (kernel [D, num_classes]). `spec.from_config` gives the encoder
   its backbone's style (`BACKBONE_STYLES`) where the config leaves the
   activation, the LayerNorm eps or the pooling empty.
+
+  A probe (`spec.probe`) classifies the frozen encoder's `features`
+  (gradients stop there): 'linear', the head on the averaged patch tokens;
+  'attentive', an `AttentiveProbe` (`probe`) over them. The probe's
+  training reads features cached once (`classify` on them).
   """
 
   def __init__(self, spec, *, rngs: nnx.Rngs):
@@ -237,16 +243,45 @@ class Classifier(nnx.Module):
       kernel_init=nnx.initializers.normal(0.02 * spec.head_init_scale),
       rngs=rngs,
     )
+    if spec.probe == "attentive":
+      self.probe = AttentiveProbe(
+        spec.encoder.blocks.width,
+        spec.num_classes,
+        heads=spec.encoder.blocks.heads,
+        rngs=rngs,
+      )
+
+  def features(self, video: jax.Array) -> jax.Array:
+    """What a probe reads: the encoder's patch tokens (no class token),
+    each through its final norm: float32[B, N, D] for the attentive probe,
+    averaged, float32[B, D], for the linear one (whatever the encoder's
+    own pooling: V-JEPA 2's probes read the patch tokens)."""
+    encoder = self.encoder
+    tokens = encoder.prepend_class_token(encoder.embed(video))
+    tokens = encoder.encode_tokens(tokens)[:, int(encoder.has_class_token) :]
+    tokens = encoder.norm(tokens).astype(jnp.float32)
+    return tokens if self.spec.probe == "attentive" else tokens.mean(axis=1)
+
+  def classify(
+    self, features: jax.Array, *, deterministic: bool = True, rngs=None
+  ) -> jax.Array:
+    """`features` (the encoder's, or `features`') -> float32[B, classes]."""
+    if self.spec.probe == "attentive":
+      return self.probe(features)
+    features = self.head_dropout(
+      features, deterministic=deterministic, rngs=rngs
+    )
+    return self.head(features).astype(jnp.float32)
 
   def __call__(
     self, video: jax.Array, *, deterministic: bool = True, rngs=None
   ) -> jax.Array:
     """float32[B, T, H, W, 3] normalised video -> float32[B, num_classes]."""
     encoder_rngs, head_rngs = _split_key(rngs)
-    features = self.encoder(
-      video, deterministic=deterministic, rngs=encoder_rngs
-    )
-    features = self.head_dropout(
-      features, deterministic=deterministic, rngs=head_rngs
-    )
-    return self.head(features).astype(jnp.float32)
+    if self.spec.probe:
+      features = jax.lax.stop_gradient(self.features(video))
+    else:
+      features = self.encoder(
+        video, deterministic=deterministic, rngs=encoder_rngs
+      )
+    return self.classify(features, deterministic=deterministic, rngs=head_rngs)

@@ -1,7 +1,9 @@
 """Action classification fine-tuning (Kinetics, EPIC-Kitchens-100).
 
 Loss: softmax cross-entropy on mixup/cutmix soft targets with label smoothing
-(from `augment`), or on hard labels, averaged over the valid examples.
+(from `augment`), or on hard labels, averaged over the valid examples. A
+probe (`model.probe`) trains on its frozen encoder's features, cached once
+(`vidjax.evaluation.feature_cache`), without augmentation.
 Eval: top-1 (and top-5 with more than 5 classes) and mean class accuracy
 (AVION's) with multi-view averaging of softmax scores, and the chance level
 `chance_top1` (1 / classes); for EK-100 actions also verb and noun
@@ -22,7 +24,7 @@ LABELS = ("label", "verb", "noun")
 
 def augment_config(config, *, train: bool) -> dict:
   augment = dict(config.augment)
-  if not train:
+  if not train or config.model.get("probe"):  # A probe: cached features.
     return common.eval_augment(augment)
   return {
     **augment,
@@ -33,7 +35,10 @@ def augment_config(config, *, train: bool) -> dict:
 
 def loss(model, batch, key, config):
   del config
-  logits = model(batch["video"], deterministic=False, rngs=key)
+  if "features" in batch:  # A probe's cached features of the frozen encoder.
+    logits = model.classify(batch["features"], deterministic=False, rngs=key)
+  else:
+    logits = model(batch["video"], deterministic=False, rngs=key)
   valid = batch.get("valid")
   # Soft targets (mixup/cutmix, label smoothing) when augment made them.
   value = losses.softmax_cross_entropy(
