@@ -28,8 +28,8 @@ AVION's reported numbers (not ours), ViT-B, EK-100 validation, top-1 verb /
 noun / action: 67.9 / 57.6 / 47.3 from its baseline Ego4D pretraining, 70.0
 / 59.4 / 49.5 from the LLM-augmented (LaViLa) one (its MODEL_ZOO.md), on 8x
 NVIDIA A5000 (24 GB). Hyper-parameters: AVION's MODEL_ZOO.md and
-scripts/main_lavila_finetune_cls.py (lr scaled by batch / 128); see
-`get_config`.
+scripts/main_lavila_finetune_cls.py (lr scaled by batch / 128). The
+numbers to beat per benchmark: docs/scoreboard.md.
 """
 
 import ml_collections
@@ -83,6 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     momentum=0.9,  # momentum = betas[0], no nesterov
     # AVION scales lr and lr_end by batch / 128; cosine after the warmup.
     lr=3e-3 * c.batch_size / 128,  # 0.012
+    warmup_lr=1e-6 * c.batch_size / 128,  # --lr-start, scaled as lr: 4e-6
     min_lr=1e-5 * c.batch_size / 128,  # 4e-5
     weight_decay=4e-5,
     no_decay_names=("spatial_pos",),

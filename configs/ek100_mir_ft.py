@@ -77,6 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   )
   c.optim.update(
     lr=3e-5,
+    warmup_lr=1e-6,  # --lr-start: the warmup starts there, not at 0
     min_lr=1e-5,  # cosine after the warmup
     b2=0.999,
     eps=1e-8,

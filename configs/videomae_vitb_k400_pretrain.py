@@ -70,7 +70,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     b2=0.95,
     # AVION scales lr and lr_end by batch / 256; cosine after the warmup.
     lr=1.5e-4 * c.batch_size / 256,
+    warmup_lr=1e-6 * c.batch_size / 256,  # --lr-start, scaled as lr
     min_lr=1e-5 * c.batch_size / 256,
+    # AVION decays the decoder's mask token (a [1, 1, D] tensor there).
+    no_decay_names=tuple(
+      n for n in c.optim.no_decay_names if n != "mask_token"
+    ),
   )
 
   c.augment.update(  # Flipped at decode time (data.hflip).

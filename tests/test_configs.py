@@ -164,6 +164,18 @@ def test_recipes_keep_avions_schedules():
     ) == schedule, spec
   # Evaluated every epoch, and :lavila's epochs are twice as long.
   assert load("clip_vitb16_ego4d", "lavila").eval.every_steps == 19530 // 5
+  # The warmup starts at AVION's --lr-start 1e-6, scaled by the batch as its
+  # scripts scale lr (MIR: unscaled; CLS: / 128; VideoMAE: / 256).
+  for spec, start in [
+    ("ek100_mir_ft", 1e-6),
+    ("ek100_cls_ft", 1e-6 * 512 / 128),
+    ("videomae_vitb_k400_pretrain", 1e-6 * 256 / 256),
+    ("k400_ft", 1e-6 * 256 / 256),
+  ]:
+    assert load(spec).optim.warmup_lr == pytest.approx(start), spec
+  # AVION's VideoMAE pretraining decays its mask token.
+  names = load("videomae_vitb_k400_pretrain").optim.no_decay_names
+  assert "mask_token" not in names and "pos_embed" in names
 
 
 def test_flip_is_the_recipe_masked_with_flips_batch_and_unmasked_tuning():

@@ -80,6 +80,14 @@ def test_parameter_names_are_keystr_less_a_final_value():
   assert names == ["b", "value.a.0", "value.a.1"]
 
 
+def test_mask_token_decays_as_in_avion():
+  # A vector here, [1, 1, D] in AVION's VideoMAE, whose rule decays it.
+  mask = optim.decay_mask(
+    {"mask_token": jnp.zeros(8), "bias": jnp.zeros(8)}, ("pos_embed",)
+  )
+  assert mask == {"mask_token": True, "bias": False}
+
+
 def test_decay_mask_on_nnx_state():
   model = nnx.Sequential(
     nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.LayerNorm(4, rngs=nnx.Rngs(0))
