@@ -26,7 +26,7 @@ its best). Zero-shot, no training: the same command with `--mode eval`.
 
 LaViLa's reported numbers (not ours): Charades-Ego mAP 33.7 (TSF-B) / 36.1
 (TSF-L) fine-tuned; zero-shot 26.8 / 28.9, from the epoch-1 checkpoints (its
-MODEL_ZOO.md).
+MODEL_ZOO.md). The numbers to beat per benchmark: docs/scoreboard.md.
 """
 
 import ml_collections

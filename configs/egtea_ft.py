@@ -23,7 +23,8 @@ LaViLa's reported numbers (not ours), EGTEA mean class accuracy: 70.1
 (TSF-B) / 76.0 (TSF-L), fine-tuned from its epoch-5 / epoch-3 Ego4D
 pretraining (its MODEL_ZOO.md). Not reproduced here: LaViLa's backbone at
 0.1x the head's learning rate, and its views' logits averaged before the
-softmax (vidjax averages the softmax scores, as AVION).
+softmax (vidjax averages the softmax scores, as AVION). The numbers to
+beat per benchmark, a probe on a frozen encoder too: docs/scoreboard.md.
 """
 
 import ml_collections

@@ -231,8 +231,9 @@ def sms_loss(
   `threshold` of it, relu(|w m - d| - threshold); one more relevant is pulled
   above it, relu(d - w m). The loss is the mean of the 2 B (B - 1) terms, as
   the reference's `SymmetricMultiSimiliarityLoss` (fix_norm). It takes the
-  relevancies as given: the reference's uint8 matrix is the caller's (see
-  the EK-100 MIR task).
+  relevancies as given: the EK-100 MIR task passes EPIC's exact values, not
+  the reference's uint8 truncations of M x 240 (whose ties differ: 1/18 and
+  1/20 tie there, not here; `vidjax.tasks.retrieval`, docs/recipes.md).
 
   Args:
     similarity: float[B, B] cosine similarities, video i (rows) vs text j.

@@ -18,8 +18,9 @@ even as the reference's uint8, 8.6 GB as the released float64), and no host
 needs another host's rows: the pairs of a global batch span every host's
 items. So that the loss's input is the matrix's, `check_matrix` compares the
 formula with the whole training matrix at start-up, refusing a run where any
-entry differs by more than `TOLERANCE`. The values stay exact (no uint8
-quantisation): SMS tells ties apart by `losses.SMS_EPS` anyway.
+entry differs by more than `TOLERANCE`. The values stay exact: the SMS
+reference truncates M x 240 to uint8 (so 1/18 and 1/20 tie there); here
+relevancies tie when within `losses.SMS_EPS` (docs/recipes.md).
 """
 
 from __future__ import annotations
