@@ -42,20 +42,19 @@ def test_the_class_formula_is_the_corpus_matrix_and_refuses_another(
   )
   path = root / "caption_relevancy_ek100_retrieval_train.pkl"
   matrix = ek100.load_relevancy(path, allow_pickle=True)
-  clips = ek100.load_ek100_mir(files[0])
-  classes = ek100_classes.PairClasses.load(clips, *files, max_nouns=16)
+  classes = ek100_classes.PairClasses.load(*files, max_nouns=16)
   formula = ek100_classes.class_relevancy(
     classes.verb, classes.nouns, classes.caption_verb, classes.caption_nouns
   )
   np.testing.assert_allclose(formula, matrix, atol=ek100_classes.TOLERANCE)
   assert {0.0, 0.5, 1.0} <= set(np.unique(matrix))
-  ek100_classes.check_matrix(matrix, path, *files, max_nouns=16)
+  ek100_classes.check_matrix(matrix, path, classes, *files)
   off = matrix.copy()
   off[3, 5] += 0.25
   with pytest.raises(errors.DataFileError, match=r"entry \(3, 5\)"):
-    ek100_classes.check_matrix(off, path, *files, max_nouns=16)
+    ek100_classes.check_matrix(off, path, classes, *files)
   with pytest.raises(errors.DataFileError, match="data.max_nouns=0"):
-    ek100_classes.check_matrix(matrix, path, *files, max_nouns=0)
+    ek100_classes.PairClasses.load(*files, max_nouns=0)
 
 
 def _stop_in_first_step(monkeypatch):

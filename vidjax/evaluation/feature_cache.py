@@ -116,14 +116,11 @@ class CachedRows:
     if self._arrays is None:
       self._arrays = self._load()
     n = len(self._arrays["label"])
-    positions = self.position + np.arange(self.batch_size)
-    epochs, within = np.divmod(positions, n)
-    rows = np.array(
-      [
-        np.random.default_rng((self.seed, int(e))).permutation(n)[i]
-        for e, i in zip(epochs, within)
-      ]
-    )
+    epochs, within = np.divmod(self.position + np.arange(self.batch_size), n)
+    rows = np.empty(self.batch_size, np.int64)
+    for epoch in np.unique(epochs):  # One or two (or more: a tiny cache).
+      order = np.random.default_rng((self.seed, int(epoch))).permutation(n)
+      rows[epochs == epoch] = order[within[epochs == epoch]]
     self.position += self.batch_size
     share = self.batch_size // jax.process_count()
     rows = rows[jax.process_index() * share : (jax.process_index() + 1) * share]

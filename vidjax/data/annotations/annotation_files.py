@@ -138,10 +138,12 @@ def caption_positives(
   )
   if not pairs:
     return positives
+  clips = ek100.load_ek100_mir(files[0])
+  every = ek100_classes.PairClasses.load(
+    files[0], data.train_sentences, data.max_nouns, records=clips
+  )
   ek100_classes.check_matrix(
-    matrix, data.train_relevancy, files[0], data.train_sentences, data.max_nouns
+    matrix, data.train_relevancy, every, files[0], data.train_sentences
   )
-  classes = ek100_classes.PairClasses.load(
-    records, files[0], data.train_sentences, data.max_nouns
-  )
-  return positives, classes
+  rows = {r.extra["narration_id"]: i for i, r in enumerate(clips)}
+  return positives, every.take([rows[r.extra["narration_id"]] for r in records])

@@ -125,24 +125,36 @@ class PairClasses:
   @classmethod
   def load(
     cls,
-    records: Sequence[ClipRecord],
     clips_file: PathLike,
     sentences: PathLike,
     max_nouns: int,
+    records: Sequence[ClipRecord] | None = None,
   ) -> PairClasses:
-    """The classes of `records` (rows of `clips_file`, by narration_id) and
-    of the captions of `sentences` (EPIC_100_retrieval_train_sentence.csv)."""
-    clips = ek100.load_ek100_mir(clips_file)
-    rows = {r.extra["narration_id"]: i for i, r in enumerate(clips)}
+    """The classes of the clips of `clips_file` (EPIC_100_retrieval_train.csv)
+    and of the captions of `sentences` (its sentence CSV).
+
+    Args:
+      clips_file, sentences: the files.
+      max_nouns: K, `data.max_nouns`.
+      records: `load_ek100_mir(clips_file)`, if read already.
+    """
+    clips = ek100.load_ek100_mir(clips_file) if records is None else records
     verbs, nouns = _caption_classes(sentences)
-    kept = np.asarray([rows[r.extra["narration_id"]] for r in records])
     clip_nouns = [r.extra.get("all_noun_classes", []) for r in clips]
     return cls(
-      row=kept.astype(np.int32),
-      verb=np.asarray([r.extra["verb_class"] for r in clips], np.int32)[kept],
-      nouns=_noun_rows(clip_nouns, max_nouns, os.fspath(clips_file))[kept],
+      row=np.arange(len(clips), dtype=np.int32),
+      verb=np.asarray([r.extra["verb_class"] for r in clips], np.int32),
+      nouns=_noun_rows(clip_nouns, max_nouns, os.fspath(clips_file)),
       caption_verb=np.asarray(verbs, np.int32),
       caption_nouns=_noun_rows(nouns, max_nouns, os.fspath(sentences)),
+    )
+
+  def take(self, rows: Sequence[int]) -> PairClasses:
+    """These classes for the records of matrix rows `rows` (the checked
+    records, in their order); the captions' stay."""
+    rows = np.asarray(rows, np.int64)
+    return dataclasses.replace(
+      self, row=self.row[rows], verb=self.verb[rows], nouns=self.nouns[rows]
     )
 
   def element(self, index: int, column: int) -> dict[str, np.ndarray]:
@@ -163,9 +175,9 @@ class PairClasses:
 def check_matrix(
   matrix: np.ndarray,
   path: PathLike,
+  classes: PairClasses,
   clips_file: PathLike,
   sentences: PathLike,
-  max_nouns: int,
 ) -> None:
   """Raises unless `class_relevancy` gives every entry of `matrix`.
 
@@ -173,18 +185,17 @@ def check_matrix(
     matrix: float[clips, captions], the training relevancy (a memory map
       of a .npy is read a block of rows at a time).
     path: its file, for the message.
-    clips_file, sentences: the retrieval CSV and its sentence CSV.
-    max_nouns: `data.max_nouns`.
+    classes: `PairClasses.load` of every clip (row i: the matrix's row i).
+    clips_file, sentences: the retrieval CSV and its sentence CSV, for the
+      message.
 
   Raises:
     errors.DataFileError: an entry differs by more than `TOLERANCE`.
   """
-  clips = ek100.load_ek100_mir(clips_file)
-  all_clips = PairClasses.load(clips, clips_file, sentences, max_nouns)
   # Distinct noun sets on each side: their IoUs once (intersections by a
   # product of incidence matrices), a table look-up after.
-  sets_a, of_a = np.unique(all_clips.nouns, axis=0, return_inverse=True)
-  sets_b, of_b = np.unique(all_clips.caption_nouns, axis=0, return_inverse=True)
+  sets_a, of_a = np.unique(classes.nouns, axis=0, return_inverse=True)
+  sets_b, of_b = np.unique(classes.caption_nouns, axis=0, return_inverse=True)
   width = int(max(sets_a.max(initial=0), sets_b.max(initial=0))) + 2
   incidence = []
   for sets in (sets_a, sets_b):
@@ -198,9 +209,7 @@ def check_matrix(
   of_a, of_b = of_a.reshape(-1), of_b.reshape(-1)
   for start in range(0, matrix.shape[0], _ROWS_PER_CHUNK):
     stop = min(start + _ROWS_PER_CHUNK, matrix.shape[0])
-    same_verb = np.equal.outer(
-      all_clips.verb[start:stop], all_clips.caption_verb
-    )
+    same_verb = np.equal.outer(classes.verb[start:stop], classes.caption_verb)
     formula = 0.5 * same_verb + 0.5 * iou[of_a[start:stop]][:, of_b]
     diff = np.abs(np.asarray(matrix[start:stop], np.float64) - formula)
     if (diff > TOLERANCE).any():
