@@ -150,8 +150,9 @@ def element_spec(
   `max_nouns`: K, the noun classes of the relevancy pairs' keys."""
   height, width = spec.size
   out = {"video": ((spec.num_frames, height, width, 3), np.uint8)}
-  lengths = {"tokens": context_length, "nouns": max_nouns}
-  lengths["caption_nouns"] = max_nouns
+  lengths = dict(
+    tokens=context_length, nouns=max_nouns, caption_nouns=max_nouns
+  )
   for key in TARGETS:
     if key in targets:
       out[key] = ((lengths[key],) if key in lengths else (), np.int32)

@@ -10,13 +10,13 @@ file: a permutation per epoch drawn from the seed, the position in rows
 saved with each checkpoint, so a resumed run continues with the same
 batches, reading the file instead of the videos. The cache is made by the
 first batch asked for, after start-up, and kept by a resumed run (it
-recomputes it if the file is gone or holds another encoder's features:
-the file records the run's `init_from` and the shapes).
+recomputes it if the file is gone or was made for another encoder: the
+file records the run's `init_from`, probe and frames per clip).
 
 Sizes: a pooled feature is D float32 (3 KB at ViT-B's 768), a clip's patch
 tokens for the attentive probe N x D (16 frames of 224 at ViT-B/16: 1568 x
 768 = 4.8 MB; EGTEA's 8,299 clips: 40 GB): the attentive probe suits
-short clips, few tokens or small sets (docs/own_videos.md).
+short clips, few tokens or small sets (docs/recipes.md).
 """
 
 from __future__ import annotations

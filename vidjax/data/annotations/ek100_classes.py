@@ -42,8 +42,13 @@ TOLERANCE = 1e-6
 _ROWS_PER_CHUNK = 2048  # Bounds the temporaries of `check_matrix`.
 # The keys a training element carries for the in-batch relevancy (beside
 # `verb`, the clip's verb class, which the loader carries already).
-KEYS = ("relevancy_row", "relevancy_column", "nouns", "caption_verb")
-KEYS += ("caption_nouns",)
+KEYS = (
+  "relevancy_row",
+  "relevancy_column",
+  "nouns",
+  "caption_verb",
+  "caption_nouns",
+)
 
 
 def class_relevancy(verb_a, nouns_a, verb_b, nouns_b, xp=np):
