@@ -171,6 +171,9 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
     first.communicate()
   assert first.returncode == -signal.SIGKILL
   assert (part / "vidjax.lock").exists()  # Left by the kill: taken over.
+  # Its lock is fresh, but its PID is gone on this host: stopped, no ETA.
+  status = parts.status(dst)
+  assert f"shard {k}/2    stopped" in status and ", ETA" not in status, status
   rerun = _chunker(src, dst, *args)
   out, err = limits.communicate(rerun, "the rerun's end")
   assert rerun.returncode == 0, err

@@ -238,3 +238,25 @@ def test_a_damaged_lock_is_refused_then_taken_over(tmp_path):
   with rundir.claim(workdir):
     assert _lock(workdir)["pid"] == os.getpid()
   assert not lock.exists()
+
+
+def test_a_lock_deleted_by_hand_is_taken_back_by_its_run(
+  tmp_path, caplog, monkeypatch
+):
+  monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  lock = workdir / rundir.LOCK_FILE
+  with rundir.claim(workdir):
+    token = _lock(workdir)["token"]
+    lock.unlink()
+    limits.wait_for(
+      lambda: "was deleted while this run held it: taken back" in caplog.text,
+      "the deleted lock taken back",
+      poll_s=0.01,
+    )
+    assert _lock(workdir)["token"] == token
+    # So a second run is refused, as while the lock was never touched.
+    with pytest.raises(errors.WorkdirError, match="in use by another run"):
+      rundir.WorkdirLock(workdir).acquire()
+  assert not lock.exists()

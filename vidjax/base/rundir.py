@@ -38,7 +38,9 @@ too (Ctrl-C pressed twice included). A second run is refused at start-up, naming
 holder is gone is taken over, saying so: on the same host when its process
 no longer exists; from another host when it has not been touched for
 `STALE_AFTER_S` seconds (the hosts' clocks are assumed to agree within a
-minute). Deleting the file by hand releases it too.
+minute). A lock deleted by hand while its run lives is taken back by the
+run at its next heartbeat (a second run into the workdir is then refused);
+one that another run took meanwhile is said as an error.
 """
 
 from __future__ import annotations
@@ -264,6 +266,23 @@ def _read(path: Path) -> tuple[dict | None, float | None]:
   return (holder if isinstance(holder, dict) else None), age
 
 
+def holder_gone(lock: str | os.PathLike) -> bool:
+  """Whether the run holding a lock file is known to be gone: no lock, or a
+  lock of this host whose process no longer exists (another host's run is
+  not known here: its heartbeat's age tells)."""
+  holder, age = _read(Path(lock))
+  if age is None:
+    return True
+  if (
+    not holder
+    or (holder.get("host"), holder.get("machine"))
+    != (socket.gethostname(), _machine())
+    or not isinstance(holder.get("pid"), int)
+  ):
+    return False
+  return not _alive(holder["pid"], holder.get("process_start"))
+
+
 class WorkdirLock:
   """WORKDIR/vidjax.lock, held by one run (see the module docstring)."""
 
@@ -307,6 +326,17 @@ class WorkdirLock:
     )
 
   def _create(self) -> bool:
+    """Creates the lock (O_EXCL) and starts its heartbeat; False if a lock
+    exists."""
+    if not self._write():
+      return False
+    self._thread = threading.Thread(
+      target=self._heartbeat, daemon=True, name="vidjax-workdir-lock"
+    )
+    self._thread.start()
+    return True
+
+  def _write(self) -> bool:
     try:
       fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -330,10 +360,6 @@ class WorkdirLock:
         "command",
       ) from None
     self.held = True
-    self._thread = threading.Thread(
-      target=self._heartbeat, daemon=True, name="vidjax-workdir-lock"
-    )
-    self._thread.start()
     return True
 
   def _gone(self, holder: dict | None, age: float) -> str | None:
@@ -402,7 +428,17 @@ class WorkdirLock:
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
-      holder, _ = _read(self.path)
+      holder, age = _read(self.path)
+      if age is None:  # Deleted by hand: taken back, before a second run.
+        with contextlib.suppress(errors.WorkdirError):
+          if self._write():
+            logging.warning(
+              "the workdir lock %s was deleted while this run held it: "
+              "taken back (a second run into this workdir is refused)",
+              self.path,
+            )
+            continue
+        holder, _ = _read(self.path)  # Another run's, created meanwhile.
       if not holder or holder.get("token") != self._me["token"]:
         logging.error(
           "the workdir lock %s was %s: another run may now write this workdir",

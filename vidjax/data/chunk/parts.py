@@ -176,14 +176,17 @@ def _duration(seconds: float) -> str:
 
 def _state(part: Path, blob: dict, now: float) -> str:
   """finished, running (its lock touched lately: the holder does so every
-  HEARTBEAT_S seconds) or stopped."""
+  HEARTBEAT_S seconds, and on this host its process lives) or stopped."""
   if blob["finished"]:
     return "finished"
+  lock = part / manifest_lib.LOCK
   try:
-    idle = now - (part / manifest_lib.LOCK).stat().st_mtime
+    idle = now - lock.stat().st_mtime
   except FileNotFoundError:
     idle = math.inf
-  return "running" if idle < 2.5 * rundir.HEARTBEAT_S else "stopped"
+  if idle < 2.5 * rundir.HEARTBEAT_S and not rundir.holder_gone(lock):
+    return "running"
+  return "stopped"
 
 
 def _rate(blob: dict, state: str, now: float) -> tuple[str, float | None]:
