@@ -140,6 +140,20 @@ def test_egomcq_questions_become_five_records_each(tmp_path):
   assert r.extra == {"question": 1, "choice": 3, "answer": 1, "types": 2}
 
 
+def test_egomcq_clips_before_the_start_are_read_from_0_as_egovlp(
+  tmp_path, caplog
+):
+  items = _mcq()
+  items["1"]["choices"]["2"].update(clip_start=-0.5, clip_end=0.4)
+  items["1"]["choices"]["3"].update(clip_start=-2.0, clip_end=-1.0)
+  path = tmp_path / "egomcq.json"
+  path.write_text(json.dumps(items))
+  caplog.set_level("INFO")
+  records = annotations.load_records("egomcq", path)
+  assert [(r.start, r.end) for r in records[7:9]] == [(0.0, 0.4), (0.0, 0.0)]
+  assert "2 candidate clips start before 0 s: read from 0 s" in caplog.text
+
+
 @pytest.mark.parametrize(
   "change, problem",
   [

@@ -39,8 +39,9 @@ RECIPES = {
     "eval/ek100_mir/mAP_avg",
     "eval/ek100_mir/nDCG_avg",
     # LaViLa's zero-shot list, on the corpus's files in their layouts.
-    "eval/egomcq/inter_video",
+    "eval/egomcq/inter_video",  # LaViLa's scoring (unnormalised dot products)
     "eval/egomcq/intra_video",
+    "eval/egomcq/intra_video_cosine",  # And cosine beside it.
     "eval/egtea/mean_class_acc",
     "eval/charades_ego/mAP",
     "eval/ek100_cls/top1",

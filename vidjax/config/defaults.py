@@ -470,7 +470,6 @@ def base_config(task: str) -> ml_collections.ConfigDict:
       kind="",
       templates=("{}",),
       views="mean",
-      egomcq_cosine=True,
       sets=ml_collections.ConfigDict(),
     )
   )

@@ -71,7 +71,7 @@ read):
                   `vidjax.tasks.retrieval`
   eval            every_steps (0: only at the end), every_epochs,
                   batch_size, relevancy, sentences, save_embeddings,
-                  kind, templates, views, egomcq_cosine (the field's
+                  kind, templates, views (the field's
                   benchmarks: `vidjax.evaluation.scoreboard`) and named `sets`
                   (`defaults.eval_set`, `defaults.benchmark_set`;
                   `vidjax.evaluation.eval_sets`)

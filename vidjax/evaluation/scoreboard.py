@@ -20,10 +20,12 @@ go through the run's video tower as any set's, on a video-text (CLIP) task:
               mean) and `chance_mAP` (a random ranking's, about each
               class's share of positives).
   'egomcq'    EgoMCQ ('egomcq'): each question's narration against its 5
-              candidate clips, cosine by default (`eval.egomcq_cosine=False`:
-              the dot product of unnormalised embeddings, as LaViLa scores).
-              Metrics `inter_video`, `intra_video` (by the `types` value:
-              1 inter, 2 intra; the reference prints them swapped),
+              candidate clips, scored both ways: `inter_video`,
+              `intra_video` by the dot product of the unnormalised
+              embeddings (LaViLa's `validate_mcq`: the figure its tables
+              give), `inter_video_cosine`, `intra_video_cosine` by cosine
+              (by the `types` value: 1 inter, 2 intra; the reference prints
+              them swapped),
               `chance_acc` (0.2) and `questions_left_out` (a candidate
               clip that could not be read).
 
@@ -224,15 +226,16 @@ def _egomcq(config, records, out, emb):
   where = np.full(len(records), -1)
   where[ids] = np.arange(len(ids))
   rows = where.reshape(questions, k)[complete]  # [Q', 5] into ids.
-  scores = metrics.egomcq_scores(
-    text_emb[rows[:, 0]], video_emb[rows], cosine=config.eval.egomcq_cosine
-  )
   first = [records[k * q] for q in np.flatnonzero(complete)]
-  result = metrics.egomcq_accuracy(
-    scores,
-    np.array([r.extra["answer"] for r in first]),
-    np.array([r.extra["types"] for r in first]),
-  )
+  answers = np.array([r.extra["answer"] for r in first])
+  types = np.array([r.extra["types"] for r in first])
+  result = {}
+  for cosine, suffix in ((False, ""), (True, "_cosine")):  # LaViLa's first.
+    scores = metrics.egomcq_scores(
+      text_emb[rows[:, 0]], video_emb[rows], cosine=cosine
+    )
+    accuracy = metrics.egomcq_accuracy(scores, answers, types)
+    result.update({f"{n}{suffix}": v for n, v in accuracy.items()})
   result["chance_acc"] = 1.0 / k
   result["questions_left_out"] = int(questions - complete.sum())
   emb["text"] = zeroshot.l2_normalize(text_emb[rows[:, 0]])

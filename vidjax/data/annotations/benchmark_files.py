@@ -36,6 +36,8 @@ import math
 import os
 from pathlib import Path
 
+from absl import logging
+
 from vidjax.base import errors
 from vidjax.data.annotations.records import (
   ClipRecord,
@@ -230,7 +232,12 @@ def _mcq_clip(obj, where: str, what: str) -> tuple[str, float, float]:
     raise error(
       where, f"{what} needs video_uid, clip_start and clip_end, got {obj!r:.80}"
     )
-  start, end = span(obj["clip_start"], obj["clip_end"], f"{where} {what}")
+  start, end = obj["clip_start"], obj["clip_end"]
+  try:  # EgoVLP reads a time before the video's start as 0 s.
+    start, end = (max(float(t), 0.0) for t in (start, end))
+  except (TypeError, ValueError):
+    pass  # `span` names them.
+  start, end = span(start, end, f"{where} {what}")
   return str(obj["video_uid"]), start, end
 
 
@@ -249,7 +256,7 @@ def load_egomcq(path: PathLike) -> list[ClipRecord]:
     str(i) for i in range(len(items))
   ]:
     raise error(name, 'expected an object keyed "0" .. "N-1" (egomcq.json)')
-  records = []
+  records, clamped = [], 0
   for q in range(len(items)):
     where, item = f'{name}["{q}"]', items[str(q)]
     if not isinstance(item, dict) or not {
@@ -274,10 +281,26 @@ def load_egomcq(path: PathLike) -> list[ClipRecord]:
     if types not in (1, 2):
       raise error(where, f"types {types!r} is not 1 (inter) or 2 (intra)")
     for k in range(EGOMCQ_CHOICES):
-      uid, start, end = _mcq_clip(choices[str(k)], where, f'choice "{k}"')
+      choice = choices[str(k)]
+      uid, start, end = _mcq_clip(choice, where, f'choice "{k}"')
+      clamped += _before_zero(choice)
       extra = {"question": q, "choice": k, "answer": answer, "types": types}
       records.append(ClipRecord(uid, start, end, text, None, extra))
+  if clamped:
+    logging.info(
+      "%s: %d candidate clips start before 0 s: read from 0 s, as EgoVLP "
+      "reads them",
+      name,
+      clamped,
+    )
   return records
+
+
+def _before_zero(clip: dict) -> bool:
+  try:
+    return float(clip["clip_start"]) < 0
+  except (TypeError, ValueError):
+    return False
 
 
 def _as_int(key: str) -> int:
