@@ -59,6 +59,7 @@ def test_a_linear_probe_on_cached_features_labels_held_out_clips(
   full_step = np.median(_rows(fine_tune, "perf/step_time_s"))
   # Measured: 9 ms against 280 ms (2 loaded cores), with twice the clips.
   assert probe_step < full_step / 4
+  assert not _rows(workdir, "perf/mfu")  # No model FLOPs in its steps.
 
 
 def test_an_attentive_probe_labels_them_too(tmp_path_factory):

@@ -312,6 +312,9 @@ def _train(
     """Of the step run from `step`: the tokens it processes (the kept ones
     under masking, every one in the unmasked tuning), and the second
     forward pass of accumulation by embedding cache."""
+    if config.model.get("probe"):  # Its steps run the probe alone, on the
+      # cached features: no model FLOPs to count, no MFU to claim.
+      return 0.0
     masked = unmask_at is None or step < unmask_at
     model = config.model if masked else shapes.unmasked(config.model)
     accum = config.accum_steps if masked else steps_lib.unmask_accum(config)
