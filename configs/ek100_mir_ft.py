@@ -27,7 +27,7 @@ Published, not ours (mAP / nDCG, avg): AVION ViT-B 52.0 / 66.5 (its
 MODEL_ZOO.md). With SMS, leaderboard entries on AVION's dual encoder: 63.76
 / 74.25 (arXiv 2406.12256: ensemble, flip at test), 66.78 / 82.08 (arXiv
 2506.10550, CR-CLIP: "without using ensemble", its own cross-attention
-module). A single ViT-B with SMS alone: docs/scoreboard.md.
+module); a single ViT-B with SMS alone: not pinned (docs/scoreboard.md).
 """
 
 import ml_collections
