@@ -189,3 +189,44 @@ def test_a_shard_killed_mid_video_resumes_and_a_second_is_refused(tmp_path):
   out, err = limits.communicate(other, "the refusal")
   assert other.returncode == 2
   assert f"the sources are not those shard {k}/2 of {dst} started from" in err
+
+
+def _children(pid: int) -> list[int]:
+  """The live child processes of `pid` (from /proc)."""
+  out = []
+  for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == pid and fields[0] != "Z":
+      out.append(int(stat.parent.name))
+  return out
+
+
+def test_the_workers_end_with_a_chunker_killed_by_sigkill(tmp_path):
+  src, dst = tmp_path / "src", tmp_path / "dst"
+  src.mkdir()
+  for name in ("long1", "long2"):
+    vf.write_numbered_video(
+      src / f"{name}.mp4", 1000, fps=25, width=96, height=64
+    )
+  chunker = _chunker(src, dst, "--chunk-seconds", "0.4", "--workers", "2")
+  limits.wait_for(  # Both workers at work: a chunk written.
+    lambda: list(dst.glob("long*/0.mp4")) or chunker.poll() is not None,
+    "the first chunk",
+    poll_s=0.005,
+  )
+  workers = _children(chunker.pid)
+  assert chunker.poll() is None and workers
+  os.kill(chunker.pid, signal.SIGKILL)
+  chunker.communicate()
+  limits.wait_for(lambda: not any(map(_alive, workers)), "the workers' end")
+
+
+def _alive(pid: int) -> bool:
+  try:
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return False
+  return state != "Z"  # A zombie has ended (its parent reaps it).

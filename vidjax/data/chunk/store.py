@@ -27,6 +27,8 @@ import os
 from pathlib import Path
 import shutil
 import sys
+import threading
+import time
 
 import tqdm
 
@@ -47,6 +49,8 @@ VIDEO_EXTENSIONS = (
   ".ts",
   ".3gp",
 )
+# How soon a pool worker notices that its chunker is gone (`_end_with`).
+_WATCH_S = 0.5
 
 
 def find_videos(src: str | os.PathLike) -> list[Path]:
@@ -177,6 +181,19 @@ def _chunk_in_workers(
       suspects.extend(lost)
 
 
+def _end_with(parent: int) -> None:
+  """A pool worker's start: a thread that ends the worker once the chunker
+  that started it is gone (a `kill -9` leaves none to stop the workers,
+  which would go on encoding their videos)."""
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(_WATCH_S)
+    os._exit(1)
+
+  threading.Thread(target=watch, daemon=True, name="vidjax-chunk-watch").start()
+
+
 def _chunk_in_pool(
   queue: collections.deque,
   dst: Path,
@@ -188,7 +205,9 @@ def _chunk_in_pool(
   worker dies; returns the videos that were in flight when it died."""
   running: dict[futures.Future, tuple[str, Path]] = {}
   ctx = multiprocessing.get_context("spawn")
-  with futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+  with futures.ProcessPoolExecutor(
+    workers, mp_context=ctx, initializer=_end_with, initargs=(os.getpid(),)
+  ) as pool:
     try:
       while queue or running:
         while queue and len(running) < workers:  # A crash loses no more.
