@@ -633,6 +633,148 @@ def bf16_safetensors(path: Path | None = None) -> dict[str, np.ndarray]:
   return {k: v.float().numpy() for k, v in tensors.items()}
 
 
+# ---------------------------------------- python -m vidjax.export, in torch
+
+# The :debug runs exported (tests/debug_runs.py): run name -> (format,
+# --frames). A 4-frame video CLIP and a CLIP classifier to AVION's layout,
+# the CLIP as it embeds one frame to OpenCLIP's, VideoMAE's pretraining and
+# classifier to Hugging Face's.
+EXPORTS = {
+  "avion_clip": ("clip_vitb16_ego4d", "avion", None),
+  "avion_cls": ("ek100_cls_ft", "avion", None),
+  "open_clip": ("clip_vitb16_ego4d", "open_clip", 1),
+  "hf_pretrain": ("videomae_vitb_k400_pretrain", "hf", None),
+  "hf_cls": ("k400_ft", "hf", None),
+}
+
+
+def export_inputs(seed: int = 5) -> dict[str, np.ndarray]:
+  """The clip and captions the exports are run on: `video` float32[1, 4,
+  64, 64, 3] (normalised pixels, frames last as vidjax takes them),
+  `tokens` int64[2, 77] (the end-of-text id 1023 the largest), `mask`
+  bool[1, 32]: 14 of each time step's 16 tubes masked, as tubes."""
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((2, 77), np.int64)
+  tokens[:, :6] = rng.integers(1, 1000, (2, 6))
+  tokens[:, 6] = 1023
+  mask = np.zeros((2, 16), bool)
+  mask[:, rng.permutation(16)[:14]] = True
+  return {
+    "video": rng.standard_normal((1, 4, 64, 64, 3)).astype(np.float32),
+    "tokens": tokens,
+    "mask": mask.reshape(1, 32),
+  }
+
+
+def export_fingerprint(directory) -> np.ndarray:
+  """uint8[32]: the SHA-256 of an export's tensors (names and float32
+  bytes): which trained weights the committed outputs were made from."""
+  import hashlib
+
+  import safetensors.numpy
+
+  path = next(Path(directory).glob("*.safetensors"))
+  digest = hashlib.sha256()
+  for name, value in sorted(safetensors.numpy.load_file(path).items()):
+    digest.update(name.encode() + np.asarray(value, np.float32).tobytes())
+  return np.frombuffer(digest.digest(), np.uint8)
+
+
+def export_outputs(directories: dict, inputs: dict) -> dict[str, np.ndarray]:
+  """Each export (`EXPORTS` name -> its OUT) loaded by its format's own
+  code, through its model card's snippet (AVION's model as plain torch,
+  `avion_model`; OpenCLIP; transformers, offline), run on `inputs`.
+
+  Returns:
+    {NAME/OUTPUT: float32 array}: avion_clip/video and /text,
+    avion_cls/logits, open_clip/image (the first frame) and /text,
+    hf_cls/logits, hf_pretrain/logits (the masked tubes' pixels); [1, ...]
+    for the clip, [2, ...] for the captions.
+  """
+  import torch
+
+  from reference import avion_model
+  from vidjax.export import card
+
+  os.environ["HF_HUB_OFFLINE"] = "1"
+  avion_model.install()
+  video = torch.from_numpy(inputs["video"])
+  tokens = torch.from_numpy(inputs["tokens"])
+  out = {}
+  for name, directory in directories.items():
+    namespace = {}
+    text = (Path(directory) / "README.md").read_text()
+    exec(card.snippet_of(text), namespace)  # The card's own snippet.
+    model = namespace["model"].float().eval()
+    with torch.no_grad():
+      if name.startswith("avion"):
+        clip = video.permute(0, 4, 1, 2, 3)  # [B, C, T, H, W]
+        if name == "avion_clip":
+          out[f"{name}/video"] = model.encode_image(clip)
+          out[f"{name}/text"] = model.encode_text(tokens)
+        else:
+          out[f"{name}/logits"] = model(clip)
+      elif name == "open_clip":
+        out[f"{name}/image"] = model.encode_image(
+          video[:, 0].permute(0, 3, 1, 2)
+        )
+        out[f"{name}/text"] = model.encode_text(tokens)
+      else:
+        clip = video.permute(0, 1, 4, 2, 3)  # [B, T, C, H, W]
+        if name == "hf_cls":
+          out[f"{name}/logits"] = model(pixel_values=clip).logits
+        else:
+          from transformers import VideoMAEForPreTraining
+
+          model = VideoMAEForPreTraining.from_pretrained(directory).eval()
+          for line in text.splitlines():  # The card's eps settings.
+            if line.startswith("- transformers builds decoder.norm"):
+              model.decoder.norm.eps = float(
+                line.split("set model.")[1].split()[2]
+              )
+          mask = torch.from_numpy(inputs["mask"])
+          out[f"{name}/logits"] = model(
+            pixel_values=clip, bool_masked_pos=mask
+          ).logits
+  return {k: v.float().numpy() for k, v in out.items()}
+
+
+def exports() -> dict[str, np.ndarray]:
+  """The :debug runs (trained here, as tests/debug_runs.py does, under the
+  test suite's XLA flags: tests/conftest.py) exported by `python -m
+  vidjax.export`, then run by their formats' own code: `export_inputs()`,
+  each export's `export_fingerprint` and `export_outputs()`'s outputs."""
+  import tempfile
+
+  sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # tests/, vidjax
+  import conftest  # noqa: F401  (the suite's XLA flags, 8 CPU devices)
+  import debug_runs
+  from vidjax import export
+
+  class Temp:  # pytest's tmp_path_factory, as debug_runs uses it.
+    def __init__(self, root):
+      self.root, self.count = Path(root), 0
+
+    def mktemp(self, name):
+      self.count += 1
+      path = self.root / f"{name}{self.count}"
+      path.mkdir()
+      return path
+
+  with tempfile.TemporaryDirectory() as root:
+    factory, directories = Temp(root), {}
+    for name, (run, fmt, frames) in EXPORTS.items():
+      workdir, _ = debug_runs.run(factory, run)
+      directories[name] = Path(root) / f"export_{name}"
+      export.export(workdir, directories[name], fmt, frames=frames)
+    inputs = export_inputs()
+    fingerprints = {
+      f"{name}/fingerprint": export_fingerprint(directory)
+      for name, directory in directories.items()
+    }
+    return {**inputs, **fingerprints, **export_outputs(directories, inputs)}
+
+
 # name -> (the function, the modules it needs, the extra files it writes).
 REFERENCES = {
   "openclip": (openclip, ("torch", "open_clip"), ("openclip_vit.pt",)),
@@ -641,6 +783,7 @@ REFERENCES = {
   "hf_videomae": (hf_videomae_outputs, ("torch",), ()),
   "temporal_resize": (temporal_resize, ("torch",), ()),
   "bf16_safetensors": (bf16_safetensors, ("torch",), ("bf16.safetensors",)),
+  "exports": (exports, ("torch", "open_clip", "transformers"), ()),
 }
 
 
