@@ -249,14 +249,23 @@ def test_a_killed_trainer_takes_its_workers_and_blocks_with_it(
     proc.kill()
 
 
-def _mapped(pid: int) -> set[str]:
-  """The /dev/shm names process `pid` maps (its semaphores and blocks)."""
-  with open(f"/proc/{pid}/maps") as f:
-    return {
-      line.split("/dev/shm/", 1)[1].split()[0]
-      for line in f
-      if " /dev/shm/" in line
-    }
+def _mapped(*pids: int) -> set[str]:
+  """The /dev/shm names these processes map, by inode: a semaphore is mapped
+  under the temporary name glibc made it with, then linked to its own."""
+  inodes = set()
+  for pid in pids:
+    with open(f"/proc/{pid}/maps") as f:
+      inodes |= {tuple(line.split()[3:5]) for line in f}
+  names = set()
+  for name in os.listdir(workers.SHM_DIR):
+    try:
+      st = os.stat(os.path.join(workers.SHM_DIR, name))
+    except OSError:
+      continue
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    if (dev, str(st.st_ino)) in inodes:
+      names.add(name)
+  return names
 
 
 @pytest.mark.slow
@@ -266,17 +275,21 @@ def test_a_process_group_killed_at_once_leaves_nothing_in_dev_shm(
   """SIGKILL to the trainer's whole process group at once (how SLURM
   cancels: its workers and Python's resource tracker die with it): the
   janitor unlinks its blocks and semaphores (this trainer's only: named
-  after its pid, or mapped by it)."""
+  after its pid, or mapped by it or its workers, whose semaphores most are)."""
   # Its own group, as a job step's.
   proc = _start_trainer(tmp_path, tmp_path_factory, start_new_session=True)
   try:
     assert proc.stdout.readline() == "ready\n"
     left = lambda: (
-      {n for n in _mapped(proc.pid) if n.startswith("sem.")}
+      {
+        n
+        for n in _mapped(proc.pid, *workers_of(proc.pid))
+        if n.startswith(("sem.mp-", "psm_"))
+      }
       | set(blocks_of(proc.pid))
     )
     names = wait_for(left, "its semaphores and blocks")
-    assert any(n.startswith("sem.") for n in names) and blocks_of(proc.pid)
+    assert any(n.startswith("sem.mp-") for n in names) and blocks_of(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     wait_for(

@@ -280,13 +280,14 @@ def _unlink(name: str) -> None:
 
 # The janitor: a small process of its own session (a kill of the trainer's
 # process group, as SLURM cancels a job, does not reach it) that notes the
-# /dev/shm names the trainer maps (Grain's semaphores, Python's blocks) and,
+# /dev/shm names the trainer and its child processes map (Grain's
+# semaphores, most of them its workers', Python's blocks) and,
 # once the trainer is gone, unlinks those still there and every block named
 # after the trainer. Python's resource tracker does the same, but is in the
-# trainer's group and dies with it. It reads the trainer's memory map (~1 ms
-# for a process with jax) only when /dev/shm has a name it has not placed
-# yet, each new name at most `tries` times, so it costs next to nothing
-# while a run trains. Plain Python (-S, -I): nothing to import.
+# trainer's group and dies with it. It reads the memory maps (~1 ms for a
+# process with jax) only when /dev/shm has a name it has not placed yet,
+# each new name at most `tries` times, so it costs next to nothing while a
+# run trains. Plain Python (-S, -I): nothing to import.
 _JANITOR = """
 import os, sys, time
 trainer, prefix, shm, every = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
@@ -301,8 +302,25 @@ while os.getppid() == trainer:
         maps = f.read()
     except OSError:
       break
+    for pid in os.listdir("/proc"):  # Its workers' too: theirs are theirs.
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if int(f.read().rsplit(")", 1)[1].split()[1]) != trainer:
+            continue
+        with open(f"/proc/{pid}/maps") as f:
+          maps += f.read()
+      except (OSError, ValueError, IndexError):
+        pass
+    # By inode: glibc maps a semaphore under the temporary name it made it
+    # with, then links it to its own.
+    mapped = {tuple(line.split()[3:5]) for line in maps.splitlines()}
     for name in new:
-      if f" {shm}/{name}\\n" in maps:
+      try:
+        st = os.stat(os.path.join(shm, name))
+      except OSError:
+        continue
+      dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+      if (dev, str(st.st_ino)) in mapped:
         seen.add(name)
       looked[name] = looked.get(name, 0) + 1
   time.sleep(every)
