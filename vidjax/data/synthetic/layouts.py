@@ -314,8 +314,7 @@ def use_corpus(
     for name, eval_set in config.eval.sets.items():
       if eval_set.data.eval_annotations:  # The user's set: theirs whole.
         logging.info(
-          "data: eval.sets.%s keeps its files (%s), not the synthetic "
-          "corpus's",
+          "data: eval.sets.%s keeps its files (%s), not the synthetic corpus's",
           name,
           eval_set.data.eval_annotations,
         )
