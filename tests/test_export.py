@@ -34,8 +34,9 @@ import safetensors.numpy
 import debug_runs
 from reference import make_reference
 from vidjax import export, models
+from vidjax.base import errors
 from vidjax.checkpoints import checkpoint_reader, resume
-from vidjax.export import __main__ as command, card
+from vidjax.export import __main__ as command, card, formats
 from vidjax.weights import facts, init_from
 
 pytestmark = pytest.mark.xdist_group("debug_runs")
@@ -217,6 +218,10 @@ def test_refusals_in_the_users_words(exported, tmp_path, capsys):
   ):
     code, err = _command(capsys, run, tmp_path / "o", f"--format={fmt}")
     assert code == 2 and what in err, err
+  student = formats.Model("umt", None, {}, {}, {}, {})
+  for fmt in ("avion", "open_clip", "hf"):
+    with pytest.raises(errors.ConfigError, match="a distilled student"):
+      formats.FORMATS[fmt](student)
   before = sorted(os.listdir(out))
   code, err = _command(capsys, workdir, out, "--format=avion")
   assert code == 2 and "never overwrites" in err

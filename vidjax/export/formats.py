@@ -96,6 +96,18 @@ def _refuse(fmt: str, what: str, hint: str) -> errors.ConfigError:
   return errors.ConfigError(f"--format {fmt} cannot hold {what}", hint=hint)
 
 
+def _refuse_student(model: Model, fmt: str) -> None:
+  """A distilled student (UMT): no format but vidjax's holds its heads."""
+  if model.kind == "umt":
+    raise _refuse(
+      fmt,
+      "a distilled student (UMT): its format has no place for the heads "
+      "that aligned it to its teacher",
+      "fine-tune it (--config.init_from=RUN, e.g. configs/k400_ft.py) and "
+      "export the classifier, or use --format safetensors",
+    )
+
+
 def _one_frame(model: Model, fmt: str) -> dict:
   """A CLIP's tensors with its temporal table gone: kept (AVION, several
   frames), or folded into the patch rows of the positional table where the
@@ -146,6 +158,7 @@ def _computed(model: Model, keys) -> dict:
 def avion(model: Model) -> Files:
   """AVION's CLIP_VITB16 / VideoClassifier layout (flash attention, fast
   conv1), .pt with torch and .safetensors."""
+  _refuse_student(model, "avion")
   if model.fact("backbone") != "clip" or model.kind not in (
     "clip",
     "classifier",
@@ -206,6 +219,7 @@ def avion(model: Model) -> Files:
 
 def open_clip(model: Model) -> Files:
   """A one-frame CLIP for OpenCLIP's create_model('local-dir:OUT')."""
+  _refuse_student(model, "open_clip")
   if model.kind != "clip":
     raise _refuse(
       "open_clip",
@@ -268,6 +282,7 @@ def preprocess(model: Model) -> dict:
 
 def hf(model: Model) -> Files:
   """A VideoMAE as transformers' save_pretrained writes it."""
+  _refuse_student(model, "hf")
   backbone = model.fact("backbone")
   if model.kind not in ("videomae", "classifier") or backbone != "videomae":
     raise _refuse(
