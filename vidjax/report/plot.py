@@ -198,7 +198,12 @@ def plot_run(workdir: str | os.PathLike) -> list[Path]:
   Returns:
     Paths of the PNG files written (figures whose metrics the run never
     logged are skipped).
+
+  Raises:
+    ModuleNotFoundError: no matplotlib (the `[plots]` extra); nothing written.
   """
+  import matplotlib  # noqa: F401  (missing: said before anything is written)
+
   metrics = load_metrics(workdir)
   out = rundir.path(workdir, rundir.PLOTS)
   out.mkdir(parents=True, exist_ok=True)
