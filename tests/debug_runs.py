@@ -7,8 +7,10 @@ corpus) instead of training their own.
 
 import collections
 import contextlib
+import os
 from pathlib import Path
 import shutil
+import signal
 
 from jax import monitoring
 
@@ -152,3 +154,25 @@ def compiles(
   """The compilations of `run(tmp_path_factory, name, *overrides)`, by name."""
   run(tmp_path_factory, name, *overrides)
   return _compiles[(name, overrides)]
+
+
+def stop_in_first_step(monkeypatch) -> None:
+  """The next `train.train_and_evaluate` gets SIGTERM as its first step
+  starts (in this process: it saves the step's checkpoint and raises
+  `errors.Preempted`)."""
+  setup = train.setup
+
+  def setup_then_signal(*args, **kwargs):
+    run = setup(*args, **kwargs)
+    step, calls = run.steps.train, []
+
+    def sending(*a, **k):
+      calls.append(1)
+      if len(calls) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return step(*a, **k)
+
+    monkeypatch.setattr(run.steps, "train", sending)
+    return run
+
+  monkeypatch.setattr(train, "setup", setup_then_signal)

@@ -2,9 +2,6 @@
 features cached once, labels held-out clips well above chance, at a
 fraction of the fine-tune's step time, and resumes exactly."""
 
-import os
-import signal
-
 import numpy as np
 import pytest
 
@@ -70,25 +67,6 @@ def test_an_attentive_probe_labels_them_too(tmp_path_factory):
   assert cache["features"].shape[1:] == (4 * 4 * 4, 64)  # 4 frames of 4 x 4.
 
 
-def _stop_in_first_step(monkeypatch):
-  setup = train.setup
-
-  def setup_then_signal(*args, **kwargs):
-    run = setup(*args, **kwargs)
-    step, calls = run.steps.train, []
-
-    def sending(*a, **k):
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-      return step(*a, **k)
-
-    monkeypatch.setattr(run.steps, "train", sending)
-    return run
-
-  monkeypatch.setattr(train, "setup", setup_then_signal)
-
-
 def test_the_probe_resumes_exactly_from_its_cache_across_sigterm(
   tmp_path, tmp_path_factory, monkeypatch
 ):
@@ -99,7 +77,7 @@ def test_the_probe_resumes_exactly_from_its_cache_across_sigterm(
   config = debug_runs.load(*args)
   workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
   with monkeypatch.context() as patch:
-    _stop_in_first_step(patch)
+    debug_runs.stop_in_first_step(patch)
     with pytest.raises(errors.Preempted):
       train.train_and_evaluate(config, workdir)
   assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1

@@ -1,9 +1,6 @@
 """Repeated sampling (`data.repeats`): the device's views, the runs with
 them, and the runs without them unchanged."""
 
-import os
-import signal
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,25 +149,6 @@ def test_one_view_per_clip_gives_the_losses_of_before(name, tmp_path_factory):
   assert _losses(workdir) == BEFORE[name]
 
 
-def _stop_in_first_step(monkeypatch):
-  setup = train.setup
-
-  def setup_then_signal(*args, **kwargs):
-    run = setup(*args, **kwargs)
-    step, calls = run.steps.train, []
-
-    def sending(*a, **k):
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-      return step(*a, **k)
-
-    monkeypatch.setattr(run.steps, "train", sending)
-    return run
-
-  monkeypatch.setattr(train, "setup", setup_then_signal)
-
-
 def test_classification_trains_on_labelled_views():
   """K400's training augment with repeats (RandAugment, erasing, label
   smoothing): R rows of soft targets per clip (traced, not run)."""
@@ -201,7 +179,7 @@ def test_videomae_resumes_repeated_views_exactly_across_sigterm(
   config = debug_runs.load(name, *REPEATS)
   workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
   with monkeypatch.context() as patch:
-    _stop_in_first_step(patch)
+    debug_runs.stop_in_first_step(patch)
     with pytest.raises(errors.Preempted):
       train.train_and_evaluate(config, workdir)
   assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1

@@ -1,9 +1,6 @@
 """`configs/ek100_mir_ft.py:sms`: SMS on the training matrix's relevancy of
 every in-batch pair, computed from the classes (`ek100_classes`)."""
 
-import os
-import signal
-
 import numpy as np
 import pytest
 
@@ -57,25 +54,6 @@ def test_the_class_formula_is_the_corpus_matrix_and_refuses_another(
     ek100_classes.PairClasses.load(*files, max_nouns=0)
 
 
-def _stop_in_first_step(monkeypatch):
-  setup = train.setup
-
-  def setup_then_signal(*args, **kwargs):
-    run = setup(*args, **kwargs)
-    step, calls = run.steps.train, []
-
-    def sending(*a, **k):
-      calls.append(1)
-      if len(calls) == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-      return step(*a, **k)
-
-    monkeypatch.setattr(run.steps, "train", sending)
-    return run
-
-  monkeypatch.setattr(train, "setup", setup_then_signal)
-
-
 def test_sms_debug_trains_and_resumes_exactly_across_sigterm(
   tmp_path, tmp_path_factory, monkeypatch
 ):
@@ -88,7 +66,7 @@ def test_sms_debug_trains_and_resumes_exactly_across_sigterm(
   config = debug_runs.load(SMS)
   workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
   with monkeypatch.context() as patch:
-    _stop_in_first_step(patch)
+    debug_runs.stop_in_first_step(patch)
     with pytest.raises(errors.Preempted):
       train.train_and_evaluate(config, workdir)
   assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
