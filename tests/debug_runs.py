@@ -15,6 +15,8 @@ import signal
 from jax import monitoring
 
 from vidjax import config as config_lib, train
+from vidjax.base import errors
+from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import synthetic
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -176,3 +178,22 @@ def stop_in_first_step(monkeypatch) -> None:
     return run
 
   monkeypatch.setattr(train, "setup", setup_then_signal)
+
+
+def preempted(monkeypatch, tmp_path_factory, workdir: Path, name, *overrides):
+  """`load(name, *overrides)` trained in WORKDIR (its corpus prepared) until
+  SIGTERM stops its first step: the run saved step 1 and raised
+  `errors.Preempted`. The same call of `train.train_and_evaluate` resumes it.
+  """
+  config = load(name, *overrides)
+  prepare(config, workdir, tmp_path_factory)
+  with monkeypatch.context() as patch:
+    stop_in_first_step(patch)
+    try:
+      train.train_and_evaluate(config, workdir)
+    except errors.Preempted:
+      pass
+    else:
+      raise AssertionError("the run was not preempted")
+  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
+  return workdir

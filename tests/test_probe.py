@@ -7,8 +7,6 @@ import pytest
 
 import debug_runs
 from vidjax import train
-from vidjax.base import errors
-from vidjax.checkpoints import checkpoint_reader
 from vidjax.evaluation import feature_cache
 from vidjax.report import monitor
 
@@ -74,13 +72,9 @@ def test_the_probe_resumes_exactly_from_its_cache_across_sigterm(
   expected = _rows(uninterrupted, "train/loss")
   encoder = debug_runs.demo_reference(tmp_path_factory)
   args = ("probe:demo", f"--config.init_from={encoder}", *PROBE)
-  config = debug_runs.load(*args)
-  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
-  with monkeypatch.context() as patch:
-    debug_runs.stop_in_first_step(patch)
-    with pytest.raises(errors.Preempted):
-      train.train_and_evaluate(config, workdir)
-  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
+  workdir = debug_runs.preempted(
+    monkeypatch, tmp_path_factory, tmp_path / "run", *args
+  )
   cached = feature_cache.cache_file(workdir).stat().st_mtime_ns
   train.train_and_evaluate(debug_runs.load(*args), workdir)
   assert feature_cache.cache_file(workdir).stat().st_mtime_ns == cached

@@ -10,7 +10,6 @@ import debug_runs
 from vidjax import augment, config as config_lib, tasks, train
 from vidjax.augment import views
 from vidjax.base import errors
-from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import batches, crop as crop_lib, loader
 from vidjax.report import console, monitor
 
@@ -176,12 +175,8 @@ def test_videomae_resumes_repeated_views_exactly_across_sigterm(
   for r in perf:
     assert r["perf/views_per_s"] == pytest.approx(4 * r["perf/clips_per_s"])
 
-  config = debug_runs.load(name, *REPEATS)
-  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
-  with monkeypatch.context() as patch:
-    debug_runs.stop_in_first_step(patch)
-    with pytest.raises(errors.Preempted):
-      train.train_and_evaluate(config, workdir)
-  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
+  workdir = debug_runs.preempted(
+    monkeypatch, tmp_path_factory, tmp_path / "run", name, *REPEATS
+  )
   train.train_and_evaluate(debug_runs.load(name, *REPEATS), workdir)
   assert _losses(workdir) == expected

@@ -7,7 +7,6 @@ import pytest
 import debug_runs
 from vidjax import train
 from vidjax.base import errors
-from vidjax.checkpoints import checkpoint_reader
 from vidjax.data.annotations import ek100, ek100_classes
 from vidjax.report import monitor
 
@@ -63,12 +62,8 @@ def test_sms_debug_trains_and_resumes_exactly_across_sigterm(
   assert expected[0] > 0  # SMS's terms: pairs of 0, 0.5 and 1 relevancy.
   assert "eval/mAP_avg" in metrics
 
-  config = debug_runs.load(SMS)
-  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
-  with monkeypatch.context() as patch:
-    debug_runs.stop_in_first_step(patch)
-    with pytest.raises(errors.Preempted):
-      train.train_and_evaluate(config, workdir)
-  assert checkpoint_reader.latest_complete_step(workdir / "checkpoints") == 1
+  workdir = debug_runs.preempted(
+    monkeypatch, tmp_path_factory, tmp_path / "run", SMS
+  )
   train.train_and_evaluate(debug_runs.load(SMS), workdir)
   assert _losses(workdir) == expected
