@@ -183,6 +183,14 @@ def build(plan: Plan) -> Run:
   """
   config = plan.config
   mesh, task, (state, rest, steps) = build_abstract(config)
+  fitted = None
+  if plan.start.kind == "init_from":  # Before compiling: weights that misfit.
+    fitted = init_from.fit_params(
+      state["params"],
+      config.model,
+      plan.source,
+      keep_init=tuple(config.init_keep),
+    )
   if "train" in plan.splits:  # Before compiling: a step that cannot fit.
     memory.check_step_fits(config, built=(state, rest, steps))
   stopping.check()
@@ -210,12 +218,8 @@ def build(plan: Plan) -> Run:
   if plan.teacher is not None:  # Frozen: in `rest`, never trained or saved.
     run.rest, _ = teacher_lib.load(run.rest, plan.teacher)
   if start.kind == "init_from":  # Parameters only, onto their shardings.
-    params, run.init_report = init_from.load_params(
-      run.state["params"],
-      config.model,
-      plan.source,
-      keep_init=tuple(config.init_keep),
-    )
+    values, run.init_report = fitted
+    params = init_from.place_params(run.state["params"], values)
     run.init_report.settled = plan.settled
     run.state = dict(run.state, params=params)
   if "train" in plan.reports:
