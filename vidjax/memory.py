@@ -9,9 +9,12 @@
 abstract arrays: nothing is allocated or compiled. What it counts:
 
   kept per clip  the activations the backward pass keeps for one clip: JAX's
-                 saved residuals of the loss (`jax.ad_checkpoint`), an upper
-                 bound, since XLA's fusion may recompute cheap elementwise
-                 ones instead of keeping them;
+                 saved residuals of the loss (`jax.ad_checkpoint`). XLA's
+                 fusion may recompute cheap elementwise ones instead of
+                 keeping them (remat 'none': the estimate is over the
+                 compiled step), but under the policies that recompute part
+                 of a block XLA's GPU program keeps more than they save
+                 (measured with `python -m vidjax.compile`: BENCHMARKS.md);
   fixed          what does not grow with the batch: parameters, optimizer
                  state and gradients (float32, per device under FSDP; a
                  second gradient buffer with `accum_steps` > 1), the
