@@ -192,10 +192,13 @@ def test_the_teacher_is_the_clip_towers_own_layers():
   )
 
 
-def test_a_run_needs_a_teacher(tmp_path):
+def test_a_run_needs_a_teacher_named_by_its_absolute_path(tmp_path):
   config = debug_runs.load(RECIPE)
   with pytest.raises(errors.ConfigError, match="model.teacher.source"):
     teacher_lib.read(config)
+  config = debug_runs.load(RECIPE, "--config.model.teacher.source=demo_run")
+  config_lib.make_paths_absolute(config)
+  assert config.model.teacher.source == os.path.abspath("demo_run")
 
 
 def test_the_teacher_counts_forward_only_in_the_flops():

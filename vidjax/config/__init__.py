@@ -679,6 +679,8 @@ def make_paths_absolute(config: ml_collections.ConfigDict) -> None:
     (config, PATH_KEYS[""], False),
     (_get(config, "data", {}), PATH_KEYS["data"], True),
     (_get(config, "eval", {}), PATH_KEYS["eval"], True),
+    # A distilled student's teacher, named so in its checkpoints.
+    (_get(config, "model.teacher", {}), ("source",), False),
   ]
   for spec in _get(config, "eval.sets", {}).values():  # Its `eval` keys are
     sections += [
