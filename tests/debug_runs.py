@@ -141,6 +141,30 @@ def teacher_override(tmp_path_factory) -> str:
   return f"--config.model.teacher.source={teacher}"
 
 
+def stand_in_teacher(monkeypatch) -> None:
+  """A teacher's shapes without a trained one, for runs that stop before
+  the weights are loaded (`vidjax.checkpoints.teacher.read` replaced): the
+  :debug CLIP's vision tower (width 64, patch 16) with 12 blocks, all
+  zeros."""
+  import numpy as np
+
+  from vidjax.checkpoints import teacher
+  from vidjax.weights import init_from
+
+  shapes = {
+    "visual.patch_embed.kernel": (3 * 16 * 16, 64),
+    "visual.proj.kernel": (64, 64),
+    **{
+      f"visual.blocks.layers.{i}.mlp.fc1.kernel": (64, 256) for i in range(12)
+    },
+  }
+  tensors = {
+    name: np.zeros(shape, np.float32) for name, shape in shapes.items()
+  }
+  source = init_from.Source("clip", tensors, {}, "a stand-in teacher")
+  monkeypatch.setattr(teacher, "read", lambda config: source)
+
+
 def umt(tmp_path_factory) -> tuple[Path, dict]:
   """(workdir, final eval metrics) of the :debug UMT pretraining."""
   return run(

@@ -236,6 +236,28 @@ def test_repeated_views_and_microbatches_trace():
   assert loss.shape == () and set(grads) == {"encoder", "align"}
 
 
+def test_a_teacher_is_settled_from_its_weights_and_must_have_the_layers():
+  shapes = {
+    "visual.patch_embed.kernel": (3 * 8 * 8, 128),
+    "visual.proj.kernel": (128, 32),
+    **{
+      f"visual.blocks.layers.{i}.mlp.fc1.kernel": (128, 512) for i in range(3)
+    },
+  }
+  tensors = {k: np.ones(v, np.float32) for k, v in shapes.items()}
+  source = init_from.Source("clip", tensors, {}, "three blocks")
+  config = debug_runs.load(RECIPE, "--config.model.align_layers=3")
+  lines = teacher_lib.settle(config, source)
+  teacher = config.model.teacher
+  assert (teacher.variant, teacher.width, teacher.depth) == ("B/8", 128, 3)
+  assert (teacher.heads, teacher.mlp_dim, teacher.embed_dim) == (2, 512, 32)
+  assert teacher.checksum == teacher_lib.checksum(source) and len(lines) == 7
+  with pytest.raises(errors.ConfigError, match="align_layers=6 but"):
+    teacher_lib.settle(
+      debug_runs.load(RECIPE, "--config.model.align_layers=6"), source
+    )
+
+
 # ------------------------------------------------------- the :debug recipe
 
 

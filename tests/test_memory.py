@@ -187,6 +187,7 @@ def test_what_the_files_decide_is_settled_before_a_model_is_built(
     "--config.device_memory_gib=20",
     "--config.total_epochs=3",
   )
+  debug_runs.stand_in_teacher(monkeypatch)  # A distilled student's.
   builds, seen = [], {}
   build = models.build_model
   monkeypatch.setattr(

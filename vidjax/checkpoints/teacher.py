@@ -153,6 +153,13 @@ def settle(config, source: init_from.Source) -> list[str]:
       continue
     lines.append(f"model.teacher.{key}: {teacher[key]!r} -> {value!r}")
     teacher[key] = value
+  layers = config.model.align_layers
+  if teacher.depth < layers:
+    raise errors.ConfigError(
+      f"model.align_layers={layers} but the teacher {source.description} "
+      f"has {teacher.depth} blocks",
+      hint=f"set --config.model.align_layers to {teacher.depth} or fewer",
+    )
   if conflicts:
     raise errors.InitFromError(
       f"the teacher {source.description} is not the one the command line "
