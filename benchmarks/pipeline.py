@@ -13,8 +13,8 @@ process and its workers, so load from other processes counts little):
   the transfer thread, device arrays) and of `read_clip` alone (the CPU
   time of its calls, timed in the worker as it runs them:
   `benchmarks.timed_reads`), and their ratio, for AVION's 4-frame clips
-  (one frame in each of 4 segments of 2 s) and VideoMAE's 16x4 clips (16
-  frames, stride 4), both to 224x224;
+  (one frame in each of 4 segments of 2 s), VideoMAE's 16x4 clips (16
+  frames, stride 4) and UMT's 8 sparse frames, all to 224x224;
 - views with `data.repeats=4` against 1 (16x4: the host decodes a quarter
   of the clips, each its canvas; the views are made on the device);
 - a worker's start-up: seconds to the first batch, its memory (RSS) and
@@ -22,8 +22,10 @@ process and its workers, so load from other processes counts little):
   and as Grain would (the trainer's main module);
 - the sparse chunk profile against the defaults: decoded frames per
   delivered frame, 4-frame clips per CPU-second, MB per minute of video;
-- the cores needed to feed 900 and 1,800 AVION clips/s and VideoMAE at
-  ~1,860 clips/s (an H200's rate, masked 90 %), from the measured rates;
+- the cores needed to feed 900 and 1,800 AVION clips/s, VideoMAE at
+  ~1,860 clips/s (an H200's rate, masked 90 %) and UMT's 8 sparse frames
+  (one from each of 8 segments of a 10 s clip, default and sparse chunks)
+  at ~836 (VideoMAE's TFLOP/s), from the measured rates;
 - the training order's cost per clip, Grain's `MapDataset.shuffle` against
   `order.EpochShuffle`, from 12 records to 1M.
 
@@ -235,9 +237,17 @@ def memory(config, mesh, batch: int, clips: int) -> tuple[float, float]:
 SHAPES = {
   "4-frame": (dict(num_frames=4, sampling="segment"), 2.0),
   "16x4": (dict(num_frames=16, sampling="stride", stride=4), 4.0),
+  # UMT's: one frame from each of 8 segments of a whole Kinetics clip.
+  "8-sparse": (dict(num_frames=8, sampling="segment"), 10.0),
 }
+# The shapes measured on the sparse chunk profile too.
+SPARSE_SHAPES = ("4-frame", "8-sparse")
 TARGETS = (900, 1800)  # AVION ViT-B clips/s on an H200: unmasked, 50 % masked.
 VIDEOMAE_RATE = 1860  # VideoMAE ViT-B 16x4 clips/s on an H200, 90 % masked.
+# UMT ViT-B 8-frame clips/s on an H200 at VideoMAE's TFLOP/s: 1860 x 212.6
+# / 472.9 GFLOP per training clip (`vidjax.models.flops`; the frozen
+# teacher's forward is 61% of UMT's).
+UMT_RATE = 836
 # Batches before the count starts: the worker's start, and the /dev/shm
 # blocks and batch arrays the pipeline then reuses made (as many as it has
 # in flight at once: a few batches' worth).
@@ -403,7 +413,7 @@ def report(
   )
   for shape in SHAPES:
     for profile in (
-      ("default", "sparse") if shape == "4-frame" else ("default",)
+      ("default", "sparse") if shape in SPARSE_SHAPES else ("default",)
     ):
       config = shape_config(stores[profile], work, video_id, shape)
       batch = 32 if shape == "4-frame" else 16
@@ -471,6 +481,11 @@ def report(
   rows.append(
     ("VideoMAE 16x4, repeats=4", VIDEOMAE_RATE, cores(four, VIDEOMAE_RATE))
   )
+  for profile in ("default", "sparse"):
+    rate = out[("8-sparse", profile)]["clips_per_cpu_s"]
+    rows.append(
+      (f"UMT 8 sparse, {profile} chunks", UMT_RATE, cores(rate, UMT_RATE))
+    )
   for name, target, n in rows:
     print(f"{name:<34} {target:8d} {n:6.1f}")
   out["cores"] = rows
