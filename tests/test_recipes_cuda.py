@@ -56,6 +56,8 @@ def test_recipe_steps_lower_for_cuda_with_cudnn_attention(recipe):
     config.model.text.layers = BLOCKS
   if "decoder" in config.model:
     config.model.decoder.depth = min(BLOCKS, config.model.decoder.depth)
+  if "align_layers" in config.model:  # UMT aligns the last K of them.
+    config.model.align_layers = min(BLOCKS, config.model.align_layers)
   task = tasks.get_task(config.task)
   mesh = sharding.make_mesh(fsdp=config.get("fsdp", 1))
   batch = batches.batch_spec(config, 8)
