@@ -55,9 +55,7 @@ from vidjax.checkpoints import checkpoint_reader
 from vidjax.data import (
   annotations,
   chunk,
-  crop as crop_lib,
   pipeline,
-  sampling,
   video,
 )
 
@@ -86,7 +84,6 @@ STUDENT = (
   "--config.device_memory_gib=-1",
 )
 SMOKE_CORPUS = ("--config.data.synthetic.num_videos=8",)
-KINETICS_SECONDS = 10.0  # A Kinetics clip: UMT's 8 segments span it.
 
 
 # ------------------------------------------------------------ training
@@ -255,32 +252,6 @@ def _eval_records(config):
 # ------------------------------------------------------------ decoding
 
 
-def sparse_clips(info, num_clips: int, seed: int):
-  """UMT's clips: 8 frames, one from each of 8 segments of a random
-  10-second window (a whole Kinetics clip), AVION's random-resized crop."""
-  rng = np.random.default_rng(seed)
-  length = min(int(KINETICS_SECONDS * float(info.frame_rate)), info.num_frames)
-  clips = []
-  for _ in range(num_clips):
-    start = int(rng.integers(0, max(1, info.num_frames - length)))
-    ids = sampling.segment_frame_ids(start, start + length, 8, rng)
-    box = crop_lib.random_resized_crop(
-      rng, info.height, info.width, scale=(0.5, 1.0)
-    )
-    clips.append(
-      (
-        ids,
-        (
-          box.x / info.width,
-          box.y / info.height,
-          box.w / info.width,
-          box.h / info.height,
-        ),
-      )
-    )
-  return clips
-
-
 def decode_cost(args, work: Path) -> list[dict]:
   """read_clip's cost on the two recipes' clips (module docstring)."""
   source = footage.prepare_source(work, args.seconds, 568, 320)
@@ -290,7 +261,9 @@ def decode_cost(args, work: Path) -> list[dict]:
     store = footage.store_for(source, opts, work)
     info = video.video_info(store, source.stem)
     shapes = {
-      "8 sparse (UMT)": sparse_clips(info, args.clips, args.seed),
+      "8 sparse (UMT)": footage.sample_clips(
+        "8seg", args.clips, info, args.seed
+      ),
       "16x4 (VideoMAE)": footage.sample_clips(
         "16x4", args.clips, info, args.seed
       ),

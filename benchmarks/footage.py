@@ -147,8 +147,10 @@ def sample_clips(
   crop.
 
   Args:
-    shape: "16x4" (16 frames at stride 4) or "4seg" (AVION pretraining: one
-      frame from each of 4 segments of a window of 1-3 seconds).
+    shape: "16x4" (16 frames at stride 4), "4seg" (AVION pretraining: one
+      frame from each of 4 segments of a window of 1-3 seconds) or "8seg"
+      (UMT: one frame from each of 8 segments of a 10-second window, a
+      whole Kinetics clip).
     num_clips: how many.
     info: the stored video.
     seed: random seed.
@@ -159,6 +161,10 @@ def sample_clips(
     if shape == "16x4":
       start = int(rng.integers(0, info.num_frames - 61))
       ids = start + 4 * np.arange(16)
+    elif shape == "8seg":
+      length = min(int(10 * float(info.frame_rate)), info.num_frames)
+      start = int(rng.integers(0, max(1, info.num_frames - length)))
+      ids = sampling.segment_frame_ids(start, start + length, 8, rng)
     else:
       length = max(4, int(rng.uniform(1, 3) * float(info.frame_rate)))
       start = int(rng.integers(0, info.num_frames - length))

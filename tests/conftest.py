@@ -66,7 +66,7 @@ def _has_gpu_compiler() -> bool:
   """Whether JAX's CUDA plugin is installed (`vidjax.compile`)."""
   from vidjax.compile import __main__ as command
 
-  return any(command.found(name) for name in command.PLUGINS)
+  return command.plugin_installed()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -91,21 +91,18 @@ def pytest_collection_modifyitems(config, items):
 
   items.sort(key=rank)  # Stable: collection order within a rank.
 
-  compile_items = [item for item in items if "gpu_compile" in item.keywords]
-  if compile_items and not _has_gpu_compiler():
-    skip = pytest.mark.skip(
-      reason='needs XLA\'s GPU compiler: pip install -e ".[gpu-compile]"'
-    )
-    for item in compile_items:
-      item.add_marker(skip)
-
-  gpu_items = [item for item in items if "gpu" in item.keywords]
-  if gpu_items and not _has_gpu():
-    skip = pytest.mark.skip(
-      reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)"
-    )
-    for item in gpu_items:
-      item.add_marker(skip)
+  for marker, available, reason in (
+    (
+      "gpu_compile",
+      _has_gpu_compiler,
+      'needs XLA\'s GPU compiler: pip install -e ".[gpu-compile]"',
+    ),
+    ("gpu", _has_gpu, "needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda,cpu)"),
+  ):
+    marked = [item for item in items if marker in item.keywords]
+    if marked and not available():
+      for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(trylast=True)

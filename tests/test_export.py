@@ -1,7 +1,7 @@
 """`python -m vidjax.export`: the :debug runs out, in the layouts PyTorch
 code loads, computing what they computed here.
 
-The session's :debug runs (`debug_runs`: the video CLIP, a CLIP classifier,
+The test run's :debug runs (`debug_runs`: the video CLIP, a CLIP classifier,
 VideoMAE's pretraining and its fine-tune) are exported once each
 (`make_reference.EXPORTS`). By default (no torch):
 
@@ -16,7 +16,7 @@ VideoMAE's pretraining and its fine-tune) are exported once each
   existing OUT, a write stopped half way (OUT never appears).
 
 With the `[parity]` extra (VIDJAX_PARITY=live in CI) the formats' own code
-runs live on this session's exports: each model card's snippet, AVION's
+runs live on this test run's exports: each model card's snippet, AVION's
 model definition loading the state dict with no missing or unexpected key,
 transformers' `from_pretrained` offline.
 """
@@ -166,9 +166,9 @@ def test_exports_compute_what_their_formats_code_computed(name, exported):
   if not np.array_equal(fingerprint, want[f"{name}/fingerprint"]):
     # A :debug classifier's two steps move its encoder by Adam's normalised
     # steps on near-zero gradients: float math of another machine can train
-    # other weights. The live test compares this session's export.
+    # other weights. The live test compares this test run's own export.
     pytest.skip(
-      f"this session's {EXPORTS[name][0]} run trained other weights "
+      f"this test run's {EXPORTS[name][0]} run trained other weights "
       "than the reference's (made by make_reference.exports)"
     )
   got = vidjax_outputs(name, _file(out), want)

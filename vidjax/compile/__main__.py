@@ -37,9 +37,14 @@ class PluginMissing(errors.UserError):
   """XLA's GPU compiler is not installed."""
 
 
+def plugin_installed() -> bool:
+  """Whether JAX's CUDA plugin (XLA's GPU compiler) is installed."""
+  return any(found(name) for name in PLUGINS)
+
+
 def check_plugin() -> None:
   """Refuses, naming the extra, where JAX's CUDA plugin is not installed."""
-  if not any(found(name) for name in PLUGINS):
+  if not plugin_installed():
     raise PluginMissing(
       "compiling for a GPU needs XLA's GPU compiler, which JAX's CUDA "
       "plugin brings; it is not installed",
