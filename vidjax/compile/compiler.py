@@ -49,6 +49,23 @@ STAND_INS = {
   "model.text.vocab_size": defaults.VOCAB_SIZE,
   "model.num_classes": 100,
 }
+# How the step's work is ordered, which sets what is alive at once.
+# 'memory': XLA's list scheduler, which orders for the least memory: the
+# step's need, the figure the analytic estimate bounds. 'gpu': as the GPU
+# compiles it by default. There, for GPUs in a mesh, XLA's latency-hiding
+# scheduler (with its speed-of-light cost model on Hopper) moves work to
+# overlap the collectives, and spends the device's free memory doing so, up
+# to a limit it keeps under the device's memory: measured for 8 H100s,
+# own_videos at 128 clips per GPU needs 15.5 GiB scheduled for memory and
+# compiles to 60.8 GiB by default (BENCHMARKS.md). Such a step still fits:
+# the scheduler gives the overlap up before the device's memory.
+SCHEDULES = {
+  "memory": {
+    "xla_gpu_enable_latency_hiding_scheduler": False,
+    "xla_gpu_enable_analytical_sol_latency_estimator": False,
+  },
+  "gpu": {},
+}
 # What `model.dtype` 'auto' is on a GPU (`models.resolve_dtype`); the
 # backend here is the CPU, so the config says it.
 GPU_AUTO_DTYPE = "bfloat16"
@@ -85,14 +102,14 @@ def topology(target: Target, devices: int):
   )
 
 
-def _compiled(jitted, args, config) -> tuple[dict, str]:
+def _compiled(jitted, args, config, schedule) -> tuple[dict, str]:
   """(the step's figures, its optimised HLO) of `jitted` compiled for
-  `args`."""
+  `args`, its work ordered by `schedule` (`SCHEDULES`)."""
   start = time.perf_counter()
   lowered = jitted.lower(*args)
   options = {}
   try:
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=dict(SCHEDULES[schedule]))
   except jax.errors.JaxRuntimeError as e:
     # Without autotuning a GEMM gets XLA's default Triton tiles, which
     # some shapes reject; on the GPU autotuning finds others. Compiled
@@ -100,7 +117,9 @@ def _compiled(jitted, args, config) -> tuple[dict, str]:
     if not internals.is_default_tiles_rejected(e):
       raise
     options = {"xla_gpu_enable_triton_gemm": False}
-    compiled = lowered.compile(compiler_options=options)
+    compiled = lowered.compile(
+      compiler_options={**SCHEDULES[schedule], **options}
+    )
   seconds = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   text = compiled.as_text()
@@ -134,6 +153,7 @@ def compile_run(
   devices: int,
   *,
   eval_step: bool = True,
+  schedule: str = "memory",
   hlo_texts: dict | None = None,
 ) -> dict:
   """The run's steps compiled for `devices` GPUs of `target`.
@@ -145,11 +165,13 @@ def compile_run(
       (`python -m vidjax.compile` makes the CPU's so), which size
       `vidjax.memory`'s estimate.
     eval_step: compile the evaluation step too.
+    schedule: how XLA orders the steps' work (`SCHEDULES`): 'memory' for
+      the steps' need, 'gpu' as a GPU compiles them by default.
     hlo_texts: if given, filled with each step's optimised HLO by name.
 
   Returns:
     A JSON-able dict: 'target', 'devices', 'batch_size',
-    'clips_per_device', 'remat', 'stood_in' and 'steps' {name: {
+    'clips_per_device', 'remat', 'schedule', 'stood_in' and 'steps' {name: {
     'compile_seconds', 'memory' (bytes per device: argument, output,
     alias, temp, total), 'estimate' (bytes, training steps), 'attention'
     {tower: {forward, backward}}, 'custom_calls', 'fusions',
@@ -179,6 +201,7 @@ def compile_run(
     "accum_steps": config.accum_steps,
     "clips_per_device": memory.clips_per_device(config),
     "remat": config.model.remat,
+    "schedule": schedule,
     "stood_in": dict(stood_in),
     "jax": jax.__version__,
     "steps": {},
@@ -207,7 +230,7 @@ def compile_run(
       )
       todo["eval"] = (steps.eval, (state["params"], rest, eval_batch))
     for name, (jitted, args) in todo.items():
-      figures, text = _compiled(jitted, args, locked)
+      figures, text = _compiled(jitted, args, locked, schedule)
       if hlo_texts is not None:
         hlo_texts[name] = text
       report["steps"][name] = figures
