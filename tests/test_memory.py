@@ -57,7 +57,7 @@ def test_a_step_that_cannot_fit_is_refused_before_compiling(tmp_path_factory):
   assert e.value.exit_code == errors.EXIT_USAGE
   text = e.value.describe()
   assert (
-    "will not fit in the device's memory: about 129.8 GiB per device" in text
+    "will not fit in the device's memory: about 130.0 GiB per device" in text
   ), text
   assert "256 clips per device; remat 'save_dots_and_attention', xla" in text
   assert "against 113.2 GiB usable of 125.8 GiB" in text

@@ -9,15 +9,18 @@
 abstract arrays: nothing is allocated or compiled. What it counts:
 
   kept per clip  the activations the backward pass keeps for one clip: JAX's
-                 saved residuals of the loss (`jax.ad_checkpoint`). XLA's
-                 fusion may recompute cheap elementwise ones instead of
-                 keeping them (remat 'none': the estimate is over the
-                 compiled step), but under the policies that recompute part
-                 of a block XLA's GPU program keeps more than they save
-                 (measured with `python -m vidjax.compile`: BENCHMARKS.md);
+                 saved residuals of the loss (`jax.ad_checkpoint`), scaled
+                 by what XLA's GPU program keeps of them under the policy
+                 (`XLA_KEEPS`: its fusion recomputes cheap elementwise
+                 values; a recomputing policy's backward pass holds one
+                 block's recomputed activations), measured for every recipe
+                 with `python -m vidjax.compile` (BENCHMARKS.md): the
+                 estimate is 1.0-1.3x the compiled step's need; and the
+                 clip's share of the step's input batch;
   fixed          what does not grow with the batch: parameters, optimizer
-                 state and gradients (float32, per device under FSDP; a
-                 second gradient buffer with `accum_steps` > 1), the
+                 state and gradients (float32, per device under FSDP, none
+                 for `optim.frozen` parameters; a second gradient buffer
+                 with `accum_steps` > 1), the
                  untrained state (a distilled student's frozen teacher),
                  and the residuals every clip shares (bf16 copies of the
                  weights).
@@ -61,6 +64,7 @@ import psutil
 from vidjax import (
   config as config_lib,
   models,
+  optim,
   sharding,
   steps as steps_lib,
   tasks,
@@ -74,6 +78,32 @@ HEADROOM = 0.10  # Of the device's memory, kept free for what is not counted.
 # The policies under which the backward pass keeps XLA attention's weights
 # (the logits are a matmul's output; 'save_attention' keeps only its output).
 KEEP_ATTENTION_WEIGHTS = ("none", "save_dots_and_attention", "dots_saveable")
+# What XLA's GPU program keeps of the residuals JAX saves, by policy, for
+# a program with cuDNN attention: measured by compiling every recipe for 8
+# H100s, its work ordered for the least memory, at 1 clip per GPU up to 4x
+# the recipe's batch, and egtea_ft under every policy (`python -m
+# vidjax.compile`, BENCHMARKS.md), rounded up. Under 'none' XLA's fusion
+# recomputes the LayerNorm and activation values JAX saves (0.49-0.78 of
+# them kept: egtea_ft, k400_ft, videomae, umt); under the policies that
+# recompute, the backward pass of each block holds that block's recomputed
+# activations beside what the policy keeps (1.06x under
+# save_dots_and_attention, 1.08x under dots_with_no_batch_dims_saveable,
+# 1.35x under save_attention, 1.54x under full). XLA casts the weights to
+# bf16 inside the GEMMs too, so the casts JAX saves once for every clip are
+# not counted. A policy not measured takes the largest factor; programs
+# with XLA's attention (no cuDNN) are estimated from JAX's residuals as
+# they are.
+XLA_KEEPS = {
+  "none": 0.80,
+  "save_dots_and_attention": 1.10,
+  "dots_with_no_batch_dims_saveable": 1.12,
+  "save_attention": 1.40,
+  "full": 1.60,
+}
+# The loss's and the optimizer's small temporaries that no residual counts
+# (logits and their gradients, the update's intermediates): a probe's whole
+# step holds ~1 MiB of them.
+SMALL_TEMPORARIES = 16 * MiB
 # From the policy that keeps the most to the one that keeps the least: the
 # first that fits after the configured one is the fastest to suggest.
 REMAT_ORDER = (
@@ -116,6 +146,13 @@ class StepMemory:
       + self.kept_bytes_per_clip * clips_per_device
       + self.cached_bytes(clips_per_device, accum)
     )
+
+  def most_clips(self, usable_bytes: float, cached_bytes: float = 0.0) -> int:
+    """The most clips per device (per microbatch) that fit in
+    `usable_bytes`, beside `cached_bytes` of cached embeddings (0 if none
+    fit)."""
+    free = usable_bytes - self.fixed_bytes - cached_bytes
+    return max(0, int(free // self.kept_bytes_per_clip))
 
 
 def compiled_bytes(compiled) -> int:
@@ -189,6 +226,28 @@ def _kept_for_backward(config, steps, state, rest):
   return kept
 
 
+def _batch_bytes(config, batch_size: int) -> int:
+  """Bytes of the step's input batch at global `batch_size`."""
+  spec = batches.batch_spec(config, batch_size)
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(spec))
+
+
+def _trained_bytes(params, optim_config: ml_collections.ConfigDict) -> int:
+  """Bytes per device of the parameters that get gradients: all but those
+  under `optim.frozen` (a probe's encoder)."""
+  frozen = tuple(optim_config.get("frozen") or ())
+  if not frozen:
+    return _per_device_bytes(params)
+  labels = optim.frozen_labels(params, frozen)
+  return _per_device_bytes(
+    [
+      x
+      for x, label in zip(jax.tree.leaves(params), jax.tree.leaves(labels))
+      if label == "train"
+    ]
+  )
+
+
 def vision_attention(model: ml_collections.ConfigDict) -> str:
   """The attention implementation the model's vision tower will run."""
   shape = shapes.attention_shapes(model)["vision"]
@@ -244,20 +303,27 @@ def step_memories(
     small = jax.device_count() * config.data.get("repeats", 1)
     large = 2 * small
     kept = _kept_for_backward(config, steps, state, rest)
-    kept_small, kept_large = kept(small), kept(large)
-    per_clip = (kept_large - kept_small) / (large - small)
-    gradients = _per_device_bytes(state["params"])
+    per_clip = (kept(large) - kept(small)) / (large - small)
+    shared = kept(small) - per_clip * small
+    attention_kind = vision_attention(config.model)
+    if attention_kind == "cudnn":  # XLA's GPU program, as measured.
+      per_clip *= XLA_KEEPS.get(remat, max(XLA_KEEPS.values()))
+      shared = 0.0  # The weights' bf16 casts: fused into the GEMMs.
+    per_clip += (_batch_bytes(config, large) - _batch_bytes(config, small)) / (
+      large - small
+    )
+    gradients = _trained_bytes(state["params"], config.optim)
     fixed = (
       _per_device_bytes(state)
       # The untrained state: a distilled student's frozen teacher.
       + _per_device_bytes(rest)
       + gradients * (1 + (config.accum_steps > 1))
-      + kept_small
-      - per_clip * small
+      + shared
+      + SMALL_TEMPORARIES
     )
     yield StepMemory(
       remat,
-      vision_attention(config.model),
+      attention_kind,
       per_clip,
       fixed,
       cached_bytes_per_clip=_cached_per_clip(config, steps, state, rest),
@@ -504,7 +570,7 @@ def _what_fits_on_host(
 ) -> str:
   """A GPU recipe on a CPU: the CPU variant, the batch that fits here, and
   how to check the configuration for a GPU instead (`planned`: it was)."""
-  most = int((usable - estimate.fixed_bytes) // estimate.kept_bytes_per_clip)
+  most = estimate.most_clips(usable)
   step = jax.device_count() * config.accum_steps  # What a batch divides by.
   ways = [f"train {CPU_VARIANT}"]
   if most >= 1:
@@ -542,9 +608,7 @@ def _what_fits(
     )
   per_step = clips * config.accum_steps  # Clips per device and step.
   cached = estimate.cached_bytes(per_step, 2)  # The same for any accum > 1.
-  most = int(
-    (usable - estimate.fixed_bytes - cached) // estimate.kept_bytes_per_clip
-  )
+  most = estimate.most_clips(usable, cached)
   accum = next(
     (
       a
