@@ -23,7 +23,10 @@ by the estimate a training run checks at start-up (`vidjax.memory`):
   total GiB      fixed + kept x clips per microbatch + cached. Compare it with the GPU's
                  memory less ~10% (cuDNN workspaces, the input batch, the
                  allocator's fragmentation); `benchmarks.gpu_check`
-                 compiles and runs the step for the real figure.
+                 compiles and runs the step for the real figure;
+  most on GPU    the most clips per GPU (per microbatch) that fit in 90% of
+                 an A5000 (24 GB, AVION's), an H100 (80 GB), an H200
+                 (141 GB): the batch advice in the recipes' comments.
 
 It prints the step's FLOPs too, with the extra forward pass that keeps a
 contrastive loss over the whole batch under accumulation (4/3 the FLOPs).
@@ -52,10 +55,14 @@ from vidjax import (
   steps as steps_lib,
   tasks,
 )
+from vidjax.compile import compiler, targets
 from vidjax.data import batches
 from vidjax.models import flops as flops_lib
 
-DEFAULT_REMATS = "none,save_dots_and_attention,save_attention,full"
+DEFAULT_REMATS = ",".join(memory.REMAT_ORDER)
+# The GPUs whose memory the table sizes batches for: AVION's A5000 (24 GB),
+# an H100 (80 GB), an H200 (141 GB) (`vidjax.compile.targets`).
+GPUS = ("a5000", "h100", "h200")
 RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
 
 
@@ -78,12 +85,19 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
   with contextlib.nullcontext() if on_gpu else cuda_trace.forced_cudnn():
     estimate = memory.step_memory(config, remat=remat)
   micro = batch_per_device // config.accum_steps
+  cached = estimate.cached_bytes(micro, config.accum_steps)
   return dict(
     remat=remat,
     kept_mib_per_clip=estimate.kept_bytes_per_clip / memory.MiB,
     fixed_gib=estimate.fixed_bytes / memory.GiB,
-    cached_mib=estimate.cached_bytes(micro, config.accum_steps) / memory.MiB,
+    cached_mib=cached / memory.MiB,
     total_gib=estimate.total_bytes(micro) / memory.GiB,
+    most_clips={
+      gpu: estimate.most_clips(
+        (1 - memory.HEADROOM) * targets.load(gpu).memory_bytes, cached
+      )
+      for gpu in GPUS
+    },
   )
 
 
@@ -160,7 +174,8 @@ def main(argv=None) -> list[dict]:
       1,
     )
 
-  config = config_lib.load_config(args.config)
+  # As a GPU run settles it: 'auto' dtypes, the sizes its files give.
+  config, stood_in = compiler.settle(config_lib.load_config(args.config))
   if args.residual_dtype:
     config.model.residual_dtype = args.residual_dtype
   per_device = args.batch_per_device or config.batch_size // RECIPE_GPUS
@@ -184,10 +199,16 @@ def main(argv=None) -> list[dict]:
     f"device{micro}; attention as on a GPU with cuDNN; jax "
     f"{jax.__version__}, backend {jax.default_backend()}"
   )
+  if stood_in:
+    print(
+      "stood in for the run's files: "
+      + ", ".join(f"{k}={v}" for k, v in stood_in)
+    )
   print(flops_line(config, per_device))
   header = (
-    f"{'remat':<26}{'kept MiB/clip':>14}{'fixed GiB':>11}"
+    f"{'remat':<34}{'kept MiB/clip':>14}{'fixed GiB':>11}"
     f"{'cached MiB':>12}{'total GiB':>11}"
+    f"{'most on ' + '/'.join(GPUS):>24}"
     + (f"{'compiled GiB':>14}" if args.compile_batch else "")
     + (
       f"{'microbatch GiB':>16}"
@@ -202,9 +223,10 @@ def main(argv=None) -> list[dict]:
     start = time.perf_counter()
     row = policy_memory(config, remat, per_device)
     line = (
-      f"{remat:<26}{row['kept_mib_per_clip']:>14.1f}"
+      f"{remat:<34}{row['kept_mib_per_clip']:>14.1f}"
       f"{row['fixed_gib']:>11.2f}{row['cached_mib']:>12.1f}"
       f"{row['total_gib']:>11.1f}"
+      f"{'/'.join(str(n) for n in row['most_clips'].values()):>24}"
     )
     if args.compile_batch:
       row["compiled_gib"] = compiled_memory(config, remat, args.compile_batch)

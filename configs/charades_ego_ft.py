@@ -44,6 +44,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     workers=16,
     threads=4,
   )
+  # 47 GiB per GPU at 64 clips (`python -m benchmarks.memory --config
+  # configs/charades_ego_ft.py`: 27 / 98 / 177 clips fit 24 / 80 / 141 GB;
+  # "save_attention" 69 / 247 / 447).
   c.model.update(drop_path=0.1, remat="save_dots_and_attention")
   c.batch_size = 8 * 64
   # 10 epochs of the trimmed clips found at start-up (their number is the

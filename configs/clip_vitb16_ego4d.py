@@ -61,13 +61,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     embed_dim=256,  # --project-embed-dim 256 (fresh projections).
     drop_path=0.0,  # --drop-path-rate 0
     learn_logit_scale=False,  # --freeze-temperature: stays at 1/0.07.
-    # GPU memory at 256 clips per GPU, by remat policy (upper bounds,
-    # `python -m benchmarks.memory --config configs/clip_vitb16_ego4d.py`):
-    # none 134 GiB, save_dots_and_attention 45, save_attention 15, full 12
-    # (AVION's --grad-checkpointing, for its 24 GB cards). The default,
-    # which recomputes only elementwise work, fits 80 GB GPUs; "none"
-    # does not fit even a 141 GB one (~113 GiB usable); on 24-48 GB use
-    # "save_attention". A run refuses at start-up what will not fit.
+    # GPU memory at 256 clips per GPU, by remat policy (1.0-1.3x what XLA
+    # compiles; `python -m benchmarks.memory --config
+    # configs/clip_vitb16_ego4d.py`, which also prints the most clips per
+    # GPU that fit 24 / 80 / 141 GB): none 107 GiB (304 on a 141 GB GPU),
+    # save_dots_and_attention 49 (105 / 375 / 678 clips), save_attention 21
+    # (265 / 947 / 1713), full 17 (AVION's --grad-checkpointing). The
+    # default, which recomputes only elementwise work, fits 80 GB GPUs; on
+    # 24-48 GB use "save_attention". A run refuses at start-up what will
+    # not fit.
     remat="save_dots_and_attention",
   )
 

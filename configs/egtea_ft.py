@@ -55,6 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     drop_path=0.1,  # --drop-path-rate 0.1
     head_dropout=0.5,  # --dropout-ratio 0.5
     head_init_scale=0.5,
+    # 12 GiB per GPU at 16 clips (`python -m benchmarks.memory --config
+    # configs/egtea_ft.py`: 29 / 101 / 182 clips fit 24 / 80 / 141 GB).
     remat="save_dots_and_attention",
   )
   # 100 epochs, 1 of warmup, 16 clips per GPU on 8 GPUs.

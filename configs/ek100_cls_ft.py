@@ -61,12 +61,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     drop_path=0.1,  # --drop-path-rate 0.1
     head_dropout=0.5,  # --dropout-rate 0.5
     head_init_scale=0.5,  # fc_cls ~ N(0, 0.01) = 0.02 x 0.5
-    # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-    # `python -m benchmarks.memory --config configs/ek100_cls_ft.py`):
-    # none 134 GiB, save_dots_and_attention 41, save_attention 14, full 10
-    # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
-    # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
-    # pass, the costly part at 16 frames).
+    # GPU memory at 64 clips per GPU, by remat policy (1.0-1.3x what XLA
+    # compiles; `python -m benchmarks.memory --config
+    # configs/ek100_cls_ft.py`, with the most clips per GPU that fit
+    # 24 / 80 / 141 GB): none 108 GiB (42 / 75 clips on 80 / 141 GB),
+    # save_dots_and_attention 45 (29 / 101 / 182), save_attention 19
+    # (74 / 255 / 457), full 15 (AVION's --grad-checkpointing). The default
+    # fits 80 GB GPUs; on 24-48 GB use "save_attention" (no second
+    # attention pass, the costly part at 16 frames).
     remat="save_dots_and_attention",
   )
 

@@ -58,12 +58,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     embed_dim=256,  # The pretraining's --project-embed-dim.
     drop_path=0.0,  # --drop-path-rate 0
     learn_logit_scale=False,  # freeze_temperature=True
-    # GPU memory at 64 clips per GPU, by remat policy (upper bounds,
-    # `python -m benchmarks.memory --config configs/ek100_mir_ft.py`):
-    # none 127 GiB, save_dots_and_attention 43, save_attention 15, full 11
-    # (AVION's --grad-checkpointing, for its 24 GB cards). The default fits
-    # 80 GB GPUs; on 24-48 GB use "save_attention" (no second attention
-    # pass, the costly part at 16 frames).
+    # GPU memory at 64 clips per GPU, by remat policy (1.0-1.3x what XLA
+    # compiles; `python -m benchmarks.memory --config
+    # configs/ek100_mir_ft.py`, with the most clips per GPU that fit
+    # 24 / 80 / 141 GB): none 102 GiB (44 / 79 clips on 80 / 141 GB),
+    # save_dots_and_attention 47 (27 / 98 / 177), save_attention 20
+    # (69 / 247 / 447), full 17 (AVION's --grad-checkpointing). The default
+    # fits 80 GB GPUs; on 24-48 GB use "save_attention" (no second
+    # attention pass, the costly part at 16 frames).
     remat="save_dots_and_attention",
   )
 

@@ -53,9 +53,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # The VideoMAE ViT-B/16 (tubelets of 2), mean pool + fc_norm, no
   # --grad-checkpointing in AVION's command. GPU memory at 32 clips per GPU
-  # (upper bounds, `python -m benchmarks.memory --config
-  # configs/k400_ft.py`): none 34 GiB, save_dots_and_attention 11,
-  # save_attention 4: on 24 GB cards use "save_dots_and_attention".
+  # (1.0-1.3x what XLA compiles; `python -m benchmarks.memory --config
+  # configs/k400_ft.py`, with the most clips per GPU that fit
+  # 24 / 80 / 141 GB): none 28 GiB (24 / 84 / 152 clips),
+  # save_dots_and_attention 12 (60 / 209 / 376), save_attention 5: on
+  # 24 GB cards use "save_dots_and_attention".
   c.model.update(
     num_classes=400,  # --nb-classes 400
     drop_path=0.1,  # --drop-path-rate 0.1

@@ -50,7 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     threads=4,
   )
 
-  # ViT-B/16 at 224 px; CLIP mean/std.
+  # ViT-B/16 at 224 px; CLIP mean/std. "full" remat: 3.2 GiB per GPU at 8
+  # clips, 167 / 597 / 1080 clips fit 24 / 80 / 141 GB
+  # (`python -m benchmarks.memory --config configs/own_videos.py`).
   c.model.update(tubelet=1, remat="full")
   if labels:
     c.model.update(backbone="clip", num_classes=0)  # 0: from the labels.

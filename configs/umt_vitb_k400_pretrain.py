@@ -59,6 +59,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # --mask_type attention --mask_ratio 0.8, --clip_return_layer 6
   # (interval 1), --clip_loss_type l2; the heads map 768 to the teacher's
   # 512 (--clip_decoder_embed_dim 768 --clip_output_dim 512).
+  # 53 GiB per GPU at 256 clips, no remat (`python -m benchmarks.memory
+  # --config configs/umt_vitb_k400_pretrain.py`: 99 / 347 / 625 clips fit
+  # 24 / 80 / 141 GB; "save_dots_and_attention" 178 / 623 / 1122).
   c.model.update(tubelet=1, drop_path=0.1, mask_ratio=0.8, select="attention")
   c.model.align_layers = 6
   # --clip_teacher clip_b16: OpenAI's CLIP ViT-B/16, in bfloat16 on GPUs;

@@ -52,9 +52,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ViT-B/16 on tubelets of 2, exact GELU; --mask-ratio 0.9,
   # --normalize-target, --drop-path-rate 0; a 384-wide 4-layer decoder.
   # No --grad-checkpointing in AVION's command: at 32 clips per GPU the
-  # step holds at most 10 GiB (`python -m benchmarks.memory --config
-  # configs/videomae_vitb_k400_pretrain.py`), the encoder seeing 10% of
-  # the tokens.
+  # step holds 8.4 GiB (1.0-1.3x what XLA compiles; up to 89 / 306 / 550
+  # clips per GPU fit 24 / 80 / 141 GB: `python -m benchmarks.memory
+  # --config configs/videomae_vitb_k400_pretrain.py`), the encoder seeing
+  # 10% of the tokens.
 
   # 800 epochs (40 of warmup) at 32 clips per GPU on 8 GPUs (AVION's 4 x
   # 64): 937 steps each.
