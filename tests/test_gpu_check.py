@@ -1,5 +1,8 @@
 """The GPU check: its CPU dry run writes every field; its plan; its failure
-rules (a cuDNN failure is a result, XLA is still measured)."""
+rules (a cuDNN failure is a result, XLA is still measured). Its offline
+section compiles the measured step with XLA's GPU compiler where JAX's CUDA
+plugin is installed (the `gpu_compile` test, and the dry run there), and is
+skipped, saying so, where it is not."""
 
 import contextlib
 import dataclasses
@@ -20,9 +23,10 @@ import types
 import jax
 import pytest
 
-from benchmarks import cuda_trace, gpu_check, gpu_measure
+from benchmarks import cuda_trace, gpu_check, gpu_measure, gpu_offline
 import limits
 from vidjax import config as config_lib
+from vidjax.compile import __main__ as compile_command
 from vidjax.models import attention
 
 # The dry run (a module fixture) is made once: the tests stay in one process.
@@ -64,6 +68,35 @@ MEASURES = (
   "note",
   "error",
 )
+# The offline section's fields where it compiled (else only 'skipped').
+OFFLINE = (
+  "step",
+  "target",
+  "target_name",
+  "device_kind",
+  "devices",
+  "global_batch",
+  "schedule",
+  "cudnn_version",
+  "command",
+  "offline_gib",
+  *(f"offline_split_gib.{k}" for k in ("argument", "output", "alias", "temp")),
+  "gpu_gib",
+  "offline_over_gpu",
+  *(
+    f"offline_cudnn_calls.{tower}.{d}"
+    for tower in ("vision", "text")
+    for d in ("forward", "backward")
+  ),
+  "gpu_cudnn_calls.forward",
+  "gpu_cudnn_calls.backward",
+  "gpu_calls_source",
+  "cudnn_calls_match",
+  "fusions",
+  "collectives",
+  "compile_s",
+)
+COMPILER = compile_command.plugin_installed()  # The [gpu-compile] extra.
 # Every field the GPU run writes, by section (nested dicts by key path).
 FIELDS = {
   "environment": [
@@ -148,6 +181,7 @@ FIELDS = {
     "skipped_reads",
     "shm_need_gib",
   ],
+  "offline": list(OFFLINE) if COMPILER else ["skipped"],
   "verdict": [
     "cudnn_attention",
     "cudnn_error",
@@ -161,6 +195,8 @@ FIELDS = {
     "breakdown",
     "data_bound",
     "data_wait_fraction",
+    "offline_over_gpu",
+    "offline_cudnn_match",
     "errors",
     "line",
   ],
@@ -199,6 +235,12 @@ NULL_HERE = {
       "cudnn.error",
       *(f"cudnn.{m}" for m in MEASURES[:5]),
     )
+  ),
+  # Skipped without JAX's CUDA plugin: no comparison to give.
+  *(
+    ()
+    if COMPILER
+    else ("verdict.offline_over_gpu", "verdict.offline_cudnn_match")
   ),
 }
 
@@ -293,6 +335,142 @@ def test_dry_run_measures_what_it_says(dry_run):
   assert verdict["line"].startswith(
     "VERDICT: cuDNN attention not measured (dry run); best "
   )
+  offline = result["offline"]
+  if COMPILER:
+    _check_offline(offline, steps["cudnn/none"])
+    assert verdict["offline_cudnn_match"] is True
+    assert "; offline compile " in verdict["line"]
+  else:  # Nothing in the verdict for a skipped comparison.
+    assert "[gpu-compile] extra" in offline["skipped"]
+    assert "offline" not in verdict["line"]
+
+
+def _check_offline(offline: dict, step: dict) -> None:
+  """The offline section's figures against the dry run's cuDNN `step`:
+  the same step (2 vision + 2 text layers, no remat) compiled for 8 H100s."""
+  assert offline["step"] == "cudnn/none", offline
+  assert offline["target"] == "vidjax/compile/targets/h100_sxm.txtpb"
+  assert offline["target_name"] == "NVIDIA H100 80GB HBM3"
+  assert offline["devices"] == jax.device_count() == 8
+  assert offline["global_batch"] == step["global_batch"]
+  assert offline["schedule"] == "gpu" and offline["cudnn_version"] > 0
+  assert offline["command"].startswith(
+    "python -m vidjax.compile --config configs/clip_vitb16_ego4d.py:debug "
+    "--config.model.remat=none --config.batch_size=16 "
+    "--config.model.attention=cudnn --config.model.dtype=bfloat16 "
+  )
+  split = offline["offline_split_gib"]
+  assert offline["offline_gib"] == pytest.approx(
+    split["argument"] + split["output"] - split["alias"] + split["temp"]
+  )
+  assert 0 < offline["offline_gib"] < 0.1  # A toy model: MiB.
+  assert offline["gpu_gib"] == step["compiled_gib"]
+  assert offline["offline_over_gpu"] == pytest.approx(
+    offline["offline_gib"] / offline["gpu_gib"]
+  )
+  # A CPU's float32 stand-in against bf16 for a GPU: the same order only.
+  assert 0.1 < offline["offline_over_gpu"] < 10
+  assert offline["offline_cudnn_calls"] == {
+    "vision": {"forward": 2, "backward": 2},
+    "text": {"forward": 2, "backward": 2},
+  }
+  assert offline["gpu_cudnn_calls"] == {"forward": 4, "backward": 4}
+  assert offline["gpu_calls_source"] == "lowered for CUDA (dry run)"
+  assert offline["cudnn_calls_match"] is True
+  assert sum(offline["fusions"].values()) > 0
+  assert sum(offline["collectives"].values()) > 0  # 8 devices: a mesh.
+  assert offline["compile_s"] > 0
+
+
+@pytest.mark.gpu_compile
+def test_the_offline_section_compiles_the_measured_step_for_a_gpu(
+  monkeypatch,
+):
+  """The dry run's cuDNN step, measured on the CPU, then compiled by XLA's
+  GPU compiler in a subprocess (`python -m vidjax.compile`) for 8 H100s: its
+  memory beside the CPU's and its cuDNN calls beside those counted in the
+  step lowered for CUDA, and one line for them in the verdict."""
+  real = gpu_measure.step_plan
+
+  def cudnn_only(plan, remats=None):  # The XLA step compares nothing here.
+    planned = real(plan, remats)
+    return dict(planned, steps=planned["steps"][:1])
+
+  monkeypatch.setattr(gpu_measure, "step_plan", cudnn_only)
+  result, _, printed = _dry_run(
+    "--remat", "none", "--sections", "training,offline"
+  )
+  assert list(result["training"]["steps"]) == ["cudnn/none"]
+  _check_offline(result["offline"], result["training"]["steps"]["cudnn/none"])
+  verdict = result["verdict"]
+  assert verdict["errors"] == {}
+  assert verdict["offline_over_gpu"] == result["offline"]["offline_over_gpu"]
+  assert verdict["offline_cudnn_match"] is True
+  assert printed[-1] == verdict["line"]
+  assert printed[-1].endswith(
+    f"; offline compile {verdict['offline_over_gpu']:.2f}x the GPU's memory, "
+    "cuDNN calls match"
+  )
+
+
+def test_the_offline_section_says_why_it_does_not_compare(monkeypatch):
+  """Skipped without the CUDA plugin, without a measured cuDNN step, near
+  the time limit, or for a GPU no shipped target names; a compile that
+  fails is an error holding the end of its stderr."""
+  target = gpu_offline.target_for("NVIDIA H100 80GB HBM3")
+  assert target.source.name == "h100_sxm.txtpb"
+  assert gpu_offline.target_for("NVIDIA B200") is None
+  dry = gpu_measure.make_plan(dry=True)
+  step = dict(attention="cudnn", remat="none", global_batch=16, clips_per_s=1)
+  xla = dict(step, attention="xla", clips_per_s=2)
+  results = {"environment": {}, "training": {"steps": {"cudnn/none": step}}}
+  deadline = gpu_check.Deadline(600, lambda: None)
+
+  def offline(plan=dry, results=results, deadline=deadline):
+    return gpu_offline.check_offline(plan, results, Path(), deadline)
+
+  monkeypatch.setattr(compile_command, "plugin_installed", lambda: False)
+  assert "[gpu-compile] extra" in offline()["skipped"]
+  monkeypatch.setattr(compile_command, "plugin_installed", lambda: True)
+  no_cudnn = {"training": {"steps": {"xla/none": xla, "cudnn/none": {}}}}
+  assert offline(results=no_cudnn)["skipped"].startswith(
+    "no cuDNN training step was measured"
+  )
+  no_time = types.SimpleNamespace(left=lambda: 20.0)
+  assert offline(deadline=no_time)["skipped"].startswith("time limit: 20 s")
+  on_a_gpu = dataclasses.replace(dry, dry=False)  # Named 'cpu' here.
+  unknown = offline(plan=on_a_gpu)
+  assert unknown["device_kind"] == "cpu"
+  assert unknown["skipped"].startswith(
+    "no shipped target is named 'cpu', this GPU's name (vidjax/compile/"
+    "targets: a100, "
+  )
+  # On a GPU: the measured step's settings, as recipe_config made them.
+  argv = gpu_offline.command(on_a_gpu, step, target, 90800, Path("r.json"))
+  assert argv[1:] == [
+    "-m",
+    "vidjax.compile",
+    "--config",
+    "configs/clip_vitb16_ego4d.py:debug",
+    "--config.model.remat=none",
+    "--config.batch_size=16",
+    "--config.model.attention=cudnn",
+    "--config.model.dtype=bfloat16",
+    "--devices=8",
+    "--no-eval",
+    "--schedule=gpu",
+    "--gpu=h100_sxm",
+    "--json=r.json",
+    "--cudnn-version=90800",
+  ]
+  fails = "import sys; print('noise', file=sys.stderr); sys.exit('failed')"
+  monkeypatch.setattr(
+    gpu_offline, "command", lambda *a: [sys.executable, "-c", fails]
+  )
+  failed = offline()
+  assert failed["error"] == "exit code 1: noise\nfailed"
+  assert failed["command"].startswith("python -c ")
+  deadline.cancel()
 
 
 def test_a_cudnn_failure_is_a_result_and_xla_is_still_measured(monkeypatch):
