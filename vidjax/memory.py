@@ -22,8 +22,9 @@ abstract arrays: nothing is allocated or compiled. What it counts:
                  for `optim.frozen` parameters; a second gradient buffer
                  with `accum_steps` > 1), the
                  untrained state (a distilled student's frozen teacher),
-                 and the residuals every clip shares (bf16 copies of the
-                 weights).
+                 the residuals every clip shares (bf16 copies of the
+                 weights, which a cuDNN program casts inside its GEMMs
+                 instead), and `SMALL_TEMPORARIES`.
 
 The step then needs about fixed + kept x clips per device (per microbatch);
 a contrastive or MIR step in several microbatches (`accum_steps` > 1) also
