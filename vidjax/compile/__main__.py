@@ -140,6 +140,12 @@ def format_report(report: dict, spec: str) -> str:
         "without a GPU): compiled with "
         + ", ".join(f"{k}={v}" for k, v in step["compiler_options"].items())
       )
+    if step["unknown_options"]:
+      lines.append(
+        "  this XLA does not know "
+        + ", ".join(step["unknown_options"])
+        + ": the work is ordered as it orders it by default"
+      )
     line = (
       f"  memory per device: {_gib(m['total'])} compiled (argument "
       f"{_gib(m['argument'])} + output {_gib(m['output'])} - alias "

@@ -29,6 +29,7 @@ from the config where set, else stood in for (`STAND_INS`) and reported.
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -102,24 +103,33 @@ def topology(target: Target, devices: int):
   )
 
 
+def _compile(lowered, schedule: str) -> tuple:
+  """(compiled, the options added to `schedule`'s, the schedule's options
+  this XLA does not know: left out, it orders the work as by default)."""
+  options, added, unknown = dict(SCHEDULES[schedule]), {}, []
+  while True:
+    try:
+      return lowered.compile(compiler_options=options), added, unknown
+    except jax.errors.JaxRuntimeError as e:
+      name = re.search(r"No such compile option: '(\w+)'", str(e))
+      if name and name.group(1) in options:
+        unknown.append(name.group(1))
+        del options[name.group(1)]
+      elif internals.is_default_tiles_rejected(e) and not added:
+        # Without autotuning a GEMM gets XLA's default Triton tiles, which
+        # some shapes reject; on the GPU autotuning finds others. Compiled
+        # with cuBLAS's GEMMs instead, and said.
+        added = {"xla_gpu_enable_triton_gemm": False}
+        options.update(added)
+      else:
+        raise
+
+
 def _compiled(jitted, args, config, schedule) -> tuple[dict, str]:
   """(the step's figures, its optimised HLO) of `jitted` compiled for
   `args`, its work ordered by `schedule` (`SCHEDULES`)."""
   start = time.perf_counter()
-  lowered = jitted.lower(*args)
-  options = {}
-  try:
-    compiled = lowered.compile(compiler_options=dict(SCHEDULES[schedule]))
-  except jax.errors.JaxRuntimeError as e:
-    # Without autotuning a GEMM gets XLA's default Triton tiles, which
-    # some shapes reject; on the GPU autotuning finds others. Compiled
-    # with cuBLAS's GEMMs instead, and said.
-    if not internals.is_default_tiles_rejected(e):
-      raise
-    options = {"xla_gpu_enable_triton_gemm": False}
-    compiled = lowered.compile(
-      compiler_options={**SCHEDULES[schedule], **options}
-    )
+  compiled, options, unknown = _compile(jitted.lower(*args), schedule)
   seconds = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   text = compiled.as_text()
@@ -133,6 +143,7 @@ def _compiled(jitted, args, config, schedule) -> tuple[dict, str]:
       "total": memory.compiled_bytes(compiled),
     },
     "compiler_options": options,
+    "unknown_options": unknown,
     "attention": hlo.cudnn_attention(text, config.model),
     **hlo.other_calls(text),
   }
