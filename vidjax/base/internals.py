@@ -321,6 +321,13 @@ def is_default_tiles_rejected(error: BaseException) -> bool:
   return "Couldn't find output tile sizes" in str(error)
 
 
+def unknown_compile_option(error: BaseException) -> str | None:
+  """The compile option XLA says it does not know (a flag a newer XLA
+  dropped; `vidjax.compile`), or None."""
+  found = re.search(r"No such compile option: '(\w+)'", str(error))
+  return found.group(1) if found else None
+
+
 def absl_flag_error(error: BaseException) -> str:
   """An absl flag parsing error without absl's 'flag ' prefix."""
   return str(error).removeprefix("flag ")

@@ -29,7 +29,6 @@ from the config where set, else stood in for (`STAND_INS`) and reported.
 
 from __future__ import annotations
 
-import re
 import time
 
 import jax
@@ -111,10 +110,10 @@ def _compile(lowered, schedule: str) -> tuple:
     try:
       return lowered.compile(compiler_options=options), added, unknown
     except jax.errors.JaxRuntimeError as e:
-      name = re.search(r"No such compile option: '(\w+)'", str(e))
-      if name and name.group(1) in options:
-        unknown.append(name.group(1))
-        del options[name.group(1)]
+      name = internals.unknown_compile_option(e)
+      if name in options:
+        unknown.append(name)
+        del options[name]
       elif internals.is_default_tiles_rejected(e) and not added:
         # Without autotuning a GEMM gets XLA's default Triton tiles, which
         # some shapes reject; on the GPU autotuning finds others. Compiled
