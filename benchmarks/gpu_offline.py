@@ -143,8 +143,8 @@ def _why_not(results: dict, deadline) -> str | None:
   """Why the section does not compile (skipped), or None."""
   if not compile_command.plugin_installed():
     return (
-      "XLA's GPU compiler is not installed (JAX's CUDA plugin: the "
-      "[gpu-compile] extra, pip install -e '.[gpu-compile]')"
+      "XLA's GPU compiler is not installed (the [gpu-compile] extra): "
+      + compile_command.INSTALL
     )
   if cudnn_step(results.get("training", {})) is None:
     return "no cuDNN training step was measured (the training section)"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 
 import jax
@@ -64,6 +65,14 @@ DEFAULT_REMATS = ",".join(memory.REMAT_ORDER)
 # an H100 (80 GB), an H200 (141 GB) (`vidjax.compile.targets`).
 GPUS = ("a5000", "h100", "h200")
 RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
+
+
+@functools.cache
+def usable_bytes() -> dict[str, float]:
+  """{gpu: its memory less `memory.HEADROOM`} for `GPUS`, read once."""
+  return {
+    gpu: (1 - memory.HEADROOM) * targets.load(gpu).memory_bytes for gpu in GPUS
+  }
 
 
 def policy_memory(config, remat: str, batch_per_device: int) -> dict:
@@ -93,10 +102,8 @@ def policy_memory(config, remat: str, batch_per_device: int) -> dict:
     cached_mib=cached / memory.MiB,
     total_gib=estimate.total_bytes(micro) / memory.GiB,
     most_clips={
-      gpu: estimate.most_clips(
-        (1 - memory.HEADROOM) * targets.load(gpu).memory_bytes, cached
-      )
-      for gpu in GPUS
+      gpu: estimate.most_clips(usable, cached)
+      for gpu, usable in usable_bytes().items()
     },
   )
 

@@ -304,8 +304,9 @@ def step_memories(
     small = jax.device_count() * config.data.get("repeats", 1)
     large = 2 * small
     kept = _kept_for_backward(config, steps, state, rest)
-    per_clip = (kept(large) - kept(small)) / (large - small)
-    shared = kept(small) - per_clip * small
+    kept_small, kept_large = kept(small), kept(large)
+    per_clip = (kept_large - kept_small) / (large - small)
+    shared = kept_small - per_clip * small
     attention_kind = vision_attention(config.model)
     if attention_kind == "cudnn":  # XLA's GPU program, as measured.
       per_clip *= XLA_KEEPS.get(remat, max(XLA_KEEPS.values()))
