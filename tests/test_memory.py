@@ -303,12 +303,14 @@ def test_on_a_gpu_the_compiled_step_is_held_against_the_device(monkeypatch):
   )
   host = types.SimpleNamespace(available=2**40)
   monkeypatch.setattr(psutil, "virtual_memory", lambda: host)
-  monkeypatch.setattr(memory, "compiles_first", lambda: True)
+  monkeypatch.setattr(memory.check, "compiles_first", lambda: True)
   built = startup.build_abstract(config_lib.lock(demo))[2]
   compiled = memory.compiled_step_bytes(demo, built)
   assert 0 < compiled < memory.GiB
   figures = iter([None, 2 * memory.GiB])
-  monkeypatch.setattr(memory, "compiled_step_bytes", lambda *a: next(figures))
+  monkeypatch.setattr(
+    memory.check, "compiled_step_bytes", lambda *a: next(figures)
+  )
   assert memory.check_step_fits(demo, built).remat == demo.model.remat
   with pytest.raises(memory.StepTooLarge) as e:
     memory.check_step_fits(demo, built)
@@ -344,7 +346,7 @@ def test_out_of_memory_during_a_run_ends_in_two_lines():
   ],
 )
 def test_one_trace_keeps_what_a_trace_at_each_batch_keeps(spec):
-  """The loss traced once (`memory._kept_for_backward`) gives the bytes
+  """The loss traced once (`memory.estimate._kept_for_backward`) gives the bytes
   kept for backward at any batch that a trace at that batch gives."""
   import numpy as np
 
@@ -363,7 +365,7 @@ def test_one_trace_keeps_what_a_trace_at_each_batch_keeps(spec):
     sharding.make_mesh(),
     abstract=True,
   )
-  kept = memory._kept_for_backward(config, built, state, rest)
+  kept = memory.estimate._kept_for_backward(config, built, state, rest)
   key = jax.eval_shape(lambda: jax.random.key(0))
   per_view = jax.device_count() * config.data.get("repeats", 1)
   for size in (per_view, 3 * per_view):

@@ -1,0 +1,63 @@
+"""What a training step holds per device, known before anything compiles.
+
+    estimate = step_memory(config)        # StepMemory: fixed + kept per clip
+    check_step_fits(config)               # start-up: refuse what cannot fit
+    check_attention(config)               # start-up: 'cudnn' that cannot run;
+                                          # a warning for 'auto' without it
+
+`estimate` holds the estimate (`StepMemory`, `step_memory`: fixed + kept
+per clip); `check` the start-up checks. The names below are the package's
+API.
+"""
+
+from vidjax.memory.check import (
+  CPU_VARIANT,
+  HEADROOM,
+  KEEP_ATTENTION_WEIGHTS,
+  REMAT_ORDER,
+  StepTooLarge,
+  check_attention,
+  check_step_fits,
+  compiled_step_bytes,
+  compiles_first,
+  device_memory_bytes,
+  on_host,
+  planned_on_cpu,
+)
+from vidjax.memory.estimate import (
+  SMALL_TEMPORARIES,
+  XLA_KEEPS,
+  GiB,
+  MiB,
+  StepMemory,
+  clips_per_device,
+  compiled_bytes,
+  step_memories,
+  step_memory,
+  vision_attention,
+)
+
+__all__ = [
+  "CPU_VARIANT",
+  "GiB",
+  "HEADROOM",
+  "KEEP_ATTENTION_WEIGHTS",
+  "MiB",
+  "REMAT_ORDER",
+  "SMALL_TEMPORARIES",
+  "StepMemory",
+  "StepTooLarge",
+  "XLA_KEEPS",
+  "check_attention",
+  "check_step_fits",
+  "clips_per_device",
+  "compiled_bytes",
+  "compiled_step_bytes",
+  "compiles_first",
+  "device_memory_bytes",
+  "on_host",
+  "planned_on_cpu",
+  "step_memories",
+  "step_memory",
+  "vision_attention",
+]
