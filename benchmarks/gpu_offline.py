@@ -58,15 +58,6 @@ def cudnn_step(training: dict) -> tuple[str, dict] | None:
   return key, steps[key]
 
 
-def target_for(device_kind: str) -> targets.Target | None:
-  """The shipped target whose name is `device_kind`, or None."""
-  for path in sorted(targets.TARGETS_DIR.glob("*.txtpb")):
-    target = targets.load(str(path))
-    if target.name == device_kind:
-      return target
-  return None
-
-
 def command(
   plan: gpu_measure.Plan,
   step: dict,
@@ -194,7 +185,7 @@ def check_offline(
   device_kind = jax.devices()[0].device_kind
   if plan.dry:
     target = targets.load(DRY_TARGET)
-  elif (target := target_for(device_kind)) is None:
+  elif (target := targets.of_device(device_kind)) is None:
     return {
       "skipped": f"no shipped target is named {device_kind!r}, this GPU's "
       f"name (vidjax/compile/targets: {', '.join(targets.names())})",

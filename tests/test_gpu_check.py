@@ -26,7 +26,7 @@ import pytest
 from benchmarks import cuda_trace, gpu_check, gpu_measure, gpu_offline
 import limits
 from vidjax import config as config_lib
-from vidjax.compile import __main__ as compile_command
+from vidjax.compile import __main__ as compile_command, targets
 from vidjax.models import attention
 
 # The dry run (a module fixture) is made once: the tests stay in one process.
@@ -417,9 +417,9 @@ def test_the_offline_section_says_why_it_does_not_compare(monkeypatch):
   """Skipped without the CUDA plugin, without a measured cuDNN step, near
   the time limit, or for a GPU no shipped target names; a compile that
   fails is an error holding the end of its stderr."""
-  target = gpu_offline.target_for("NVIDIA H100 80GB HBM3")
+  target = targets.of_device("NVIDIA H100 80GB HBM3")
   assert target.source.name == "h100_sxm.txtpb"
-  assert gpu_offline.target_for("NVIDIA B200") is None
+  assert targets.of_device("NVIDIA B200") is None
   dry = gpu_measure.make_plan(dry=True)
   step = dict(attention="cudnn", remat="none", global_batch=16, clips_per_s=1)
   xla = dict(step, attention="xla", clips_per_s=2)

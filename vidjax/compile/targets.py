@@ -58,6 +58,16 @@ def names() -> list[str]:
   return sorted([p.stem for p in TARGETS_DIR.glob("*.txtpb")] + list(ALIASES))
 
 
+def of_device(device_kind: str) -> Target | None:
+  """The shipped target a GPU's name (JAX's `device_kind`, e.g. 'NVIDIA
+  H100 80GB HBM3') names, or None."""
+  for path in sorted(TARGETS_DIR.glob("*.txtpb")):
+    target = load(str(path))
+    if target.name == device_kind:
+      return target
+  return None
+
+
 def _path(gpu: str) -> Path:
   shipped = TARGETS_DIR / f"{ALIASES.get(gpu, gpu)}.txtpb"
   if shipped.is_file():
