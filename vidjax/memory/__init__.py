@@ -6,26 +6,20 @@
                                           # a warning for 'auto' without it
 
 `estimate` holds the estimate (`StepMemory`, `step_memory`: fixed + kept
-per clip); `check` the start-up checks. The names below are the package's
-API.
+per clip); `check` the start-up checks. The names below are what other
+modules use.
 """
 
 from vidjax.memory.check import (
   CPU_VARIANT,
   HEADROOM,
-  KEEP_ATTENTION_WEIGHTS,
   REMAT_ORDER,
   StepTooLarge,
   check_attention,
   check_step_fits,
   compiled_step_bytes,
-  compiles_first,
-  device_memory_bytes,
-  on_host,
-  planned_on_cpu,
 )
 from vidjax.memory.estimate import (
-  SMALL_TEMPORARIES,
   XLA_KEEPS,
   GiB,
   MiB,
@@ -34,17 +28,14 @@ from vidjax.memory.estimate import (
   compiled_bytes,
   step_memories,
   step_memory,
-  vision_attention,
 )
 
 __all__ = [
   "CPU_VARIANT",
   "GiB",
   "HEADROOM",
-  "KEEP_ATTENTION_WEIGHTS",
   "MiB",
   "REMAT_ORDER",
-  "SMALL_TEMPORARIES",
   "StepMemory",
   "StepTooLarge",
   "XLA_KEEPS",
@@ -53,11 +44,6 @@ __all__ = [
   "clips_per_device",
   "compiled_bytes",
   "compiled_step_bytes",
-  "compiles_first",
-  "device_memory_bytes",
-  "on_host",
-  "planned_on_cpu",
   "step_memories",
   "step_memory",
-  "vision_attention",
 ]
