@@ -346,8 +346,8 @@ def test_out_of_memory_during_a_run_ends_in_two_lines():
   ],
 )
 def test_one_trace_keeps_what_a_trace_at_each_batch_keeps(spec):
-  """The loss traced once (`memory.estimate._kept_for_backward`) gives the bytes
-  kept for backward at any batch that a trace at that batch gives."""
+  """The loss traced once (`memory.estimate._kept_for_backward`) gives the
+  bytes kept for backward at any batch that a trace at that batch gives."""
   import numpy as np
 
   from vidjax import sharding, steps, tasks

@@ -59,7 +59,7 @@ def device_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
   if stated:
     return int(stated * GiB) if stated > 0 else None
   if on_host(config):
-    return psutil.virtual_memory().available // jax.local_device_count()
+    return _host_bytes()
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit") if jax.default_backend() == "gpu" else None
 
