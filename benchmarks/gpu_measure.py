@@ -159,7 +159,7 @@ def usable_memory_bytes() -> float | None:
   stats = jax.devices()[0].memory_stats() or {}
   if jax.default_backend() != "gpu" or "bytes_limit" not in stats:
     return None
-  return (1 - memory.HEADROOM) * stats["bytes_limit"]
+  return memory.usable_bytes(stats["bytes_limit"])
 
 
 # ------------------------------------------------------------------------ plan

@@ -71,7 +71,7 @@ RECIPE_GPUS = 8  # The recipes' batch sizes are for one 8-GPU machine.
 def usable_bytes() -> dict[str, float]:
   """{gpu: its memory less `memory.HEADROOM`} for `GPUS`, read once."""
   return {
-    gpu: (1 - memory.HEADROOM) * targets.load(gpu).memory_bytes for gpu in GPUS
+    gpu: memory.usable_bytes(targets.load(gpu).memory_bytes) for gpu in GPUS
   }
 
 

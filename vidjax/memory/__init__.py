@@ -18,6 +18,7 @@ from vidjax.memory.check import (
   check_attention,
   check_step_fits,
   compiled_step_bytes,
+  usable_bytes,
 )
 from vidjax.memory.estimate import (
   XLA_KEEPS,
@@ -46,4 +47,5 @@ __all__ = [
   "compiled_step_bytes",
   "step_memories",
   "step_memory",
+  "usable_bytes",
 ]

@@ -51,6 +51,11 @@ REMAT_ORDER = (
 )
 
 
+def usable_bytes(limit: float) -> float:
+  """What a step may use of a device with `limit` bytes: less `HEADROOM`."""
+  return (1 - HEADROOM) * limit
+
+
 def device_memory_bytes(config: ml_collections.ConfigDict) -> int | None:
   """The memory per device to plan with: `device_memory_gib` when stated
   (> 0), else what a GPU reports, else on a CPU the host's available
@@ -185,7 +190,7 @@ def _check_fits(
   step's bytes per device, held against `limit` instead of the estimate
   (the hints still come from the estimates). `planned`: the memory per
   device a CPU run planned for and passed; `limit` is then the host's."""
-  usable = (1 - HEADROOM) * limit
+  usable = usable_bytes(limit)
   clips = clips_per_device(config)
   remat, order = config.model.remat, list(REMAT_ORDER)
   host = on_host(config) or planned is not None
