@@ -41,7 +41,7 @@ from vidjax import config as config_lib, sharding, steps as steps_lib, tasks
 from vidjax.data import checks, pipeline, synthetic
 from vidjax.data.annotations import annotation_files
 from vidjax.evaluation import zeroshot
-from vidjax.search import embed
+from vidjax.search import embed, towers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +154,7 @@ def main(argv=None) -> dict:
     state, rest, steps = steps_lib.build_state_and_steps(
       config, tasks.get_task(config.task), mesh
     )
-    encoder = embed.make_encoder(
+    encoder = towers.make_encoder(
       config, mesh, state["params"], rest, tokenizer, "random parameters"
     )
     window_s = args.window_s or embed.default_window_s(config.data)

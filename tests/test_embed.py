@@ -25,7 +25,7 @@ from video_fixtures import write_video
 from vidjax import search, train
 from vidjax.base import errors, rundir
 from vidjax.data import synthetic
-from vidjax.search import embed
+from vidjax.search import embed, towers
 
 pytestmark = pytest.mark.xdist_group("demo_reference")  # Its corpus and step.
 REPO = Path(__file__).resolve().parents[1]
@@ -342,7 +342,7 @@ def test_a_moved_run_serves_its_vocabulary(tmp_path):
     ("/gone/words.txt.gz", "/gone/words.txt.gz"),  # Said as not found.
   ):
     rundir.write_json(run / rundir.CONFIG_JSON, {"data": {"vocab": saved}})
-    assert embed._run_vocab(str(run / "checkpoints" / "32")) == str(found)
+    assert towers._run_vocab(str(run / "checkpoints" / "32")) == str(found)
 
 
 def test_search_command_json_labels_and_page_in_chromium(

@@ -54,7 +54,7 @@ import numpy as np
 from vidjax.base import errors
 from vidjax.data import chunk as chunk_lib
 from vidjax.evaluation import zeroshot
-from vidjax.search import embed
+from vidjax.search import embed, towers
 
 DEFAULT_TEMPLATES = ("{}",)
 CONFIG_JSON = "config.json"  # The model's config, as vidjax.embed wrote it.
@@ -88,7 +88,7 @@ class Index:
   """
 
   def __init__(self, path: str | os.PathLike, encoder=None):
-    """`encoder`: the model, if already loaded (`vidjax.search.embed.Encoder`);
+    """`encoder`: the model, if already loaded (`vidjax.search.towers.Encoder`);
     None loads the index's (its config.json and weights) when needed."""
     self.path = Path(path)
     try:
@@ -148,7 +148,7 @@ class Index:
     return len(self.embeddings)
 
   @property
-  def encoder(self) -> embed.Encoder:
+  def encoder(self) -> towers.Encoder:
     """The model that made the index (loaded on first use)."""
     if self._encoder is None:
       import ml_collections
@@ -156,7 +156,7 @@ class Index:
       config = ml_collections.ConfigDict(
         json.loads((self.path / CONFIG_JSON).read_text())
       )
-      self._encoder = embed.load_encoder(config)
+      self._encoder = towers.load_encoder(config)
     return self._encoder
 
   @functools.cached_property
