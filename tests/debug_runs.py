@@ -45,7 +45,7 @@ TINY_DEMO = (
   "--config.model.embed_dim=16",
   "--config.model.text.heads=1",
 )
-_corpus: list[Path] = []
+_corpora: dict[tuple, Path] = {}
 _runs: dict[tuple, tuple[Path, dict]] = {}
 _compiles: dict[tuple, collections.Counter] = {}
 
@@ -72,24 +72,37 @@ def load(name: str, *overrides: str, check_memory: bool = False):
   )
 
 
-def prepare(config, workdir: Path, tmp_path_factory) -> Path:
-  """Puts the session's synthetic corpus into WORKDIR/synthetic."""
-  if not _corpus:
-    spec = config.data.synthetic  # The same in every :debug recipe.
-    _corpus.append(
-      synthetic.make_corpus(
-        tmp_path_factory.mktemp("corpus"),
-        num_videos=spec.num_videos,
-        segments_per_video=spec.segments_per_video,
-        segment_seconds=spec.segment_seconds,
-        height=spec.height,
-        width=spec.width,
-        seed=spec.seed,
-        progress=False,
-      )
+def corpus(spec, tmp_path_factory) -> Path:
+  """The synthetic corpus of `config.data.synthetic` SPEC, made once per
+  test process for each spec."""
+  key = (
+    spec.num_videos,
+    spec.segments_per_video,
+    spec.segment_seconds,
+    spec.height,
+    spec.width,
+    spec.seed,
+  )
+  if key not in _corpora:
+    _corpora[key] = synthetic.make_corpus(
+      tmp_path_factory.mktemp("corpus"),
+      num_videos=spec.num_videos,
+      segments_per_video=spec.segments_per_video,
+      segment_seconds=spec.segment_seconds,
+      height=spec.height,
+      width=spec.width,
+      seed=spec.seed,
+      progress=False,
     )
+  return _corpora[key]
+
+
+def prepare(config, workdir: Path, tmp_path_factory) -> Path:
+  """Puts the config's synthetic corpus (`corpus`) into WORKDIR/synthetic."""
   workdir.mkdir(parents=True, exist_ok=True)
-  shutil.copytree(_corpus[0], workdir / "synthetic")
+  shutil.copytree(
+    corpus(config.data.synthetic, tmp_path_factory), workdir / "synthetic"
+  )
   return workdir
 
 

@@ -20,7 +20,7 @@ from vidjax import (
   tasks,
 )
 from vidjax.checkpoints import checkpoint_reader
-from vidjax.data import annotations, synthetic
+from vidjax.data import annotations
 from vidjax.report import monitor
 
 # The :debug runs are made once per test process (debug_runs.py): keep the
@@ -208,38 +208,10 @@ def test_unknown_variant_is_refused(name):
     load(name, "nope")
 
 
-@pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
-  """Synthetic corpora by spec, each made once for the whole module."""
-  made = {}
-
-  def corpus(spec) -> Path:
-    key = (
-      spec.num_videos,
-      spec.segments_per_video,
-      spec.segment_seconds,
-      spec.height,
-      spec.width,
-      spec.seed,
-    )
-    if key not in made:
-      made[key] = synthetic.make_corpus(
-        tmp_path_factory.mktemp("corpus"),
-        num_videos=spec.num_videos,
-        segments_per_video=spec.segments_per_video,
-        segment_seconds=spec.segment_seconds,
-        height=spec.height,
-        width=spec.width,
-        seed=spec.seed,
-        progress=False,
-      )
-    return made[key]
-
-  return corpus
-
-
-def test_synthetic_relevancy_grades_shared_verb_and_noun(corpora):
-  root = corpora(load("ek100_mir_ft", "debug").data.synthetic)
+def test_synthetic_relevancy_grades_shared_verb_and_noun(tmp_path_factory):
+  root = debug_runs.corpus(
+    load("ek100_mir_ft", "debug").data.synthetic, tmp_path_factory
+  )
   matrix = np.load(root / "relevancy_val.npy")
   texts = [r.text for r in annotations.load_jsonl(root / "val.jsonl")]
   assert matrix.dtype == np.float32 and matrix.shape == (len(texts),) * 2

@@ -147,7 +147,14 @@ def test_index_holds_rows_windows_and_provenance(own, clean):
   assert [f["video"] for f in failed] == [broken]
 
 
-def test_search_ranks_the_right_video_first(own, clean):
+@pytest.fixture(scope="module")
+def index(clean):
+  """The clean INDEX opened once: its encoder loaded and traced once for
+  the tests that query it."""
+  return search.Index(clean[0])
+
+
+def test_search_ranks_the_right_video_first(own, index):
   """Each distinct caption of the ten videos searched once: the rank of
   its first window in a video showing that caption (several may) is
   better than chance (the right windows anywhere among the 90).
@@ -160,7 +167,6 @@ def test_search_ranks_the_right_video_first(own, clean):
   windows or text tower do not match falls back to chance.
   """
   _, _, moments = own
-  index = search.Index(clean[0])
   captions = sorted({m[3] for m in moments})
   shown_in = {c: {v for v, _, _, cc in moments if cc == c} for c in captions}
   hits = index.query(captions, top=len(index.videos))
@@ -206,9 +212,8 @@ def _at_least(k: int, chances) -> float:
   [(0, list(synthetic.COLOURS)), (1, list(synthetic.SHAPES))],
   ids=["colours", "shapes"],
 )
-def test_labels_beat_chance(own, clean, part, words):
+def test_labels_beat_chance(own, index, part, words):
   _, _, moments = own
-  index = search.Index(clean[0])
   centres = (index.starts + index.ends) / 2
   truth = []
   for v, t in zip(index.videos, centres):

@@ -37,12 +37,12 @@ def _counting(monkeypatch, owner, name: str, counts: collections.Counter):
 
 
 def test_a_resumed_run_reads_its_checkpoint_once_and_builds_its_model_once(
-  tmp_path, monkeypatch
+  tmp_path, tmp_path_factory, monkeypatch
 ):
   config = config_lib.load_config(
     str(REPO / "configs/demo.py:debug"), debug_runs.TINY_DEMO
   )
-  workdir = tmp_path / "run"
+  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
   plan = startup.resolve(config, workdir)  # A state of the run to save.
   plan.close()
   target = steps.build_state_and_steps(

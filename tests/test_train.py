@@ -219,7 +219,7 @@ def test_gradient_accumulation_matches_one_big_batch():
     np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
-def test_init_from_released_clip_weights(tmp_path):
+def test_init_from_released_clip_weights(tmp_path, tmp_path_factory):
   from flax import nnx
 
   from test_models_weights import random_clip_state_dict
@@ -239,7 +239,8 @@ def test_init_from_released_clip_weights(tmp_path):
       *debug_runs.TINY_DEMO,
     ],
   )
-  run = train.setup(config, tmp_path / "run")
+  workdir = debug_runs.prepare(config, tmp_path / "run", tmp_path_factory)
+  run = train.setup(config, workdir)
   expected = nnx.split(
     conversion.clip_from_state_dict(sd, num_frames=4), nnx.Param, ...
   )[1]
