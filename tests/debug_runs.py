@@ -75,24 +75,21 @@ def load(name: str, *overrides: str, check_memory: bool = False):
 def corpus(spec, tmp_path_factory) -> Path:
   """The synthetic corpus of `config.data.synthetic` SPEC, made once per
   test process for each spec."""
-  key = (
-    spec.num_videos,
-    spec.segments_per_video,
-    spec.segment_seconds,
-    spec.height,
-    spec.width,
-    spec.seed,
-  )
+  settings = {
+    key: spec[key]
+    for key in (
+      "num_videos",
+      "segments_per_video",
+      "segment_seconds",
+      "height",
+      "width",
+      "seed",
+    )
+  }
+  key = tuple(settings.values())
   if key not in _corpora:
     _corpora[key] = synthetic.make_corpus(
-      tmp_path_factory.mktemp("corpus"),
-      num_videos=spec.num_videos,
-      segments_per_video=spec.segments_per_video,
-      segment_seconds=spec.segment_seconds,
-      height=spec.height,
-      width=spec.width,
-      seed=spec.seed,
-      progress=False,
+      tmp_path_factory.mktemp("corpus"), **settings, progress=False
     )
   return _corpora[key]
 
